@@ -1,0 +1,298 @@
+//! `convert dequantize`: GGUF (or, later, bundle) tensors to a safetensors file of f32, f16 or
+//! bf16, streamed one tensor at a time.
+//!
+//! Memory: the safetensors header is computed from shapes alone; each tensor is dequantized
+//! only when the writer asks for its bytes and dropped once written, so peak memory is about
+//! one output tensor (plus 64 KiB per thread), not the model.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use globset::{Glob, GlobSet, GlobSetBuilder};
+use indicatif::ProgressBar;
+use rayon::prelude::*;
+use safetensors::tensor::{Dtype, View};
+
+use crate::ggml::GgmlType;
+use crate::gguf::{GgufError, GgufFile, TensorInfo};
+use crate::quant;
+use crate::util::{self, OutputError};
+
+/// Element type of the output file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutDtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl OutDtype {
+    pub fn size(self) -> usize {
+        match self {
+            OutDtype::F32 => 4,
+            OutDtype::F16 | OutDtype::Bf16 => 2,
+        }
+    }
+    fn safetensors(self) -> Dtype {
+        match self {
+            OutDtype::F32 => Dtype::F32,
+            OutDtype::F16 => Dtype::F16,
+            OutDtype::Bf16 => Dtype::BF16,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            OutDtype::F32 => "f32",
+            OutDtype::F16 => "f16",
+            OutDtype::Bf16 => "bf16",
+        }
+    }
+}
+
+/// Errors of [`dequantize_gguf`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExportError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(
+        "{file}: tensor {tensor:?}: unsupported type {ty} (ggml type id {id}) for dequantization"
+    )]
+    Unsupported {
+        file: PathBuf,
+        tensor: String,
+        ty: GgmlType,
+        id: u32,
+    },
+    #[error("--tensor {glob:?}: {detail}")]
+    BadGlob { glob: String, detail: String },
+    #[error("{file}: --tensor {glob:?} matches no tensor")]
+    NoMatch { file: PathBuf, glob: String },
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    #[error("{path}: writing safetensors failed: {detail}")]
+    Write { path: PathBuf, detail: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// What to dequantize.
+#[derive(Clone, Debug)]
+pub struct DequantizeOptions {
+    pub dtype: OutDtype,
+    /// Tensor-name globs; empty means every tensor. A tensor is kept if any glob matches.
+    pub tensor_globs: Vec<String>,
+    pub quiet: bool,
+}
+
+/// What [`dequantize_gguf`] wrote.
+#[derive(Clone, Debug)]
+pub struct DequantizeSummary {
+    pub tensors: usize,
+    pub elements: u64,
+    pub bytes_written: u64,
+    pub source_sha256: String,
+}
+
+/// Converts f32 values to the output element type, little-endian: f16 and bf16 round to
+/// nearest, ties to even (`half::f16::from_f32`, `half::bf16::from_f32`).
+pub fn encode_f32(values: &[f32], dtype: OutDtype, out: &mut [u8]) {
+    match dtype {
+        OutDtype::F32 => {
+            for (v, o) in values.iter().zip(out.chunks_exact_mut(4)) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        OutDtype::F16 => {
+            for (v, o) in values.iter().zip(out.chunks_exact_mut(2)) {
+                o.copy_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+            }
+        }
+        OutDtype::Bf16 => {
+            for (v, o) in values.iter().zip(out.chunks_exact_mut(2)) {
+                o.copy_from_slice(&half::bf16::from_f32(*v).to_le_bytes());
+            }
+        }
+    }
+}
+
+/// Dequantizes one GGUF tensor's bytes into `dtype` bytes (row-major), in parallel chunks.
+pub fn dequantize_tensor_bytes(
+    ty: GgmlType,
+    src: &[u8],
+    dtype: OutDtype,
+) -> Result<Vec<u8>, quant::DequantError> {
+    let (bs, ts) = (ty.block_size(), ty.type_size());
+    if !ty.can_dequantize() {
+        return Err(quant::DequantError::Unsupported { ty, id: ty.id() });
+    }
+    let n = src.len() / ts * bs;
+    let mut out = vec![0u8; n * dtype.size()];
+    let blocks_per_chunk = (16384 / bs).max(1);
+    src.par_chunks(blocks_per_chunk * ts)
+        .zip(out.par_chunks_mut(blocks_per_chunk * bs * dtype.size()))
+        .try_for_each(|(s, o)| {
+            let mut buf = vec![0f32; s.len() / ts * bs];
+            quant::dequantize(ty, s, &mut buf)?;
+            encode_f32(&buf, dtype, o);
+            Ok(())
+        })?;
+    Ok(out)
+}
+
+/// A tensor whose bytes are produced when the safetensors writer asks for them.
+struct LazyTensor<'a> {
+    file: &'a GgufFile,
+    info: &'a TensorInfo,
+    dtype: OutDtype,
+    shape: Vec<usize>,
+    progress: &'a ProgressBar,
+}
+
+impl View for LazyTensor<'_> {
+    fn dtype(&self) -> Dtype {
+        self.dtype.safetensors()
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        let bytes =
+            dequantize_tensor_bytes(self.info.ty, self.file.tensor_data(self.info), self.dtype)
+                // The type was checked before writing began and the length when the file was
+                // opened; neither can fail here.
+                .expect("tensor validated before writing");
+        self.progress.inc(bytes.len() as u64);
+        Cow::Owned(bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.dtype.size()
+    }
+}
+
+fn glob_set(globs: &[String]) -> Result<GlobSet, ExportError> {
+    let mut b = GlobSetBuilder::new();
+    for g in globs {
+        b.add(Glob::new(g).map_err(|e| ExportError::BadGlob {
+            glob: g.clone(),
+            detail: e.kind().to_string(),
+        })?);
+    }
+    b.build().map_err(|e| ExportError::BadGlob {
+        glob: globs.join(", "),
+        detail: e.to_string(),
+    })
+}
+
+/// Selects tensors by glob; every glob must match at least one tensor.
+pub fn select_tensors<'a>(
+    file: &Path,
+    names: impl Iterator<Item = &'a str> + Clone,
+    globs: &[String],
+) -> Result<Vec<&'a str>, ExportError> {
+    if globs.is_empty() {
+        return Ok(names.collect());
+    }
+    let set = glob_set(globs)?;
+    for (i, g) in globs.iter().enumerate() {
+        if !names.clone().any(|n| set.matches(n).contains(&i)) {
+            return Err(ExportError::NoMatch {
+                file: file.to_path_buf(),
+                glob: g.clone(),
+            });
+        }
+    }
+    Ok(names.filter(|n| set.is_match(n)).collect())
+}
+
+/// Dequantizes a GGUF file into a new safetensors file at `output` (which must not exist).
+/// Shapes are row-major (GGML `ne` reversed). The header metadata names the source file and
+/// its SHA256.
+pub fn dequantize_gguf(
+    input: &Path,
+    output: &Path,
+    opts: &DequantizeOptions,
+) -> Result<DequantizeSummary, ExportError> {
+    util::refuse_existing(output)?;
+    let file = GgufFile::open(input)?;
+    let names = select_tensors(
+        input,
+        file.tensors.iter().map(|t| t.name.as_str()),
+        &opts.tensor_globs,
+    )?;
+    let infos: Vec<&TensorInfo> = names.iter().filter_map(|n| file.tensor(n)).collect();
+    for t in &infos {
+        if !t.ty.can_dequantize() {
+            return Err(ExportError::Unsupported {
+                file: input.to_path_buf(),
+                tensor: t.name.clone(),
+                ty: t.ty,
+                id: t.ty.id(),
+            });
+        }
+    }
+    let source_sha256 = util::sha256_hex(file.bytes());
+    let total: u64 = infos
+        .iter()
+        .map(|t| t.n_elements() * opts.dtype.size() as u64)
+        .sum();
+    let progress = util::progress_bar(total, opts.quiet, true);
+    let views: Vec<(String, LazyTensor)> = infos
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                LazyTensor {
+                    file: &file,
+                    info: t,
+                    dtype: opts.dtype,
+                    shape: t.shape().iter().map(|&d| d as usize).collect(),
+                    progress: &progress,
+                },
+            )
+        })
+        .collect();
+    let mut meta = HashMap::new();
+    meta.insert("format".to_string(), "pt".to_string());
+    meta.insert(
+        "source_file".to_string(),
+        input
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    );
+    meta.insert("source_sha256".to_string(), source_sha256.clone());
+    meta.insert("source_gguf_version".to_string(), file.version.to_string());
+    if let Some(a) = file.architecture() {
+        meta.insert("source_architecture".to_string(), a);
+    }
+    meta.insert("dtype".to_string(), opts.dtype.name().to_string());
+    meta.insert(
+        "producer".to_string(),
+        format!("lowbit {} convert dequantize", env!("CARGO_PKG_VERSION")),
+    );
+    let n = views.len();
+    let written = util::write_file_atomically(output, |tmp| {
+        safetensors::serialize_to_file(views, Some(meta), tmp).map_err(|e| ExportError::Write {
+            path: output.to_path_buf(),
+            detail: e.to_string(),
+        })
+    })?;
+    written?;
+    progress.finish_and_clear();
+    Ok(DequantizeSummary {
+        tensors: n,
+        elements: infos.iter().map(|t| t.n_elements()).sum(),
+        bytes_written: std::fs::metadata(output)
+            .map_err(|source| ExportError::Io {
+                path: output.to_path_buf(),
+                source,
+            })?
+            .len(),
+        source_sha256,
+    })
+}

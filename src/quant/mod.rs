@@ -1,0 +1,161 @@
+//! Dequantization of GGML block formats to f32, bit-exact with gguf-py's
+//! `gguf.quants.dequantize` (PyPI `gguf` 0.19.0).
+//!
+//! Input: the tensor's raw bytes, `n_blocks * type_size` long. Output: `n_blocks *
+//! block_size` f32 values in the order they are stored, which for a GGUF tensor is row-major
+//! with `ne[0]` fastest.
+//!
+//! Bit-exactness rests on three rules, each matching numpy's evaluation of gguf-py's code:
+//! every f16 scale widens exactly to f32; every product and sum is an f32 operation rounded on
+//! its own (Rust never contracts `a * b + c` into a fused multiply-add, and this crate never
+//! calls `mul_add`); and integer fields wrap exactly as numpy's fixed-width integers do.
+//!
+//! Speed: the same loop bodies are compiled twice, once for the baseline target and once with
+//! AVX2 enabled, and the AVX2 copy is chosen at run time when the CPU has it. Only the
+//! instruction selection differs; the f32 operations and their order do not, so both give the
+//! same bits (checked by `tests/dequant_vectors.rs`).
+
+pub mod float;
+pub mod kquants;
+pub mod legacy;
+pub mod ternary;
+
+use rayon::prelude::*;
+
+use crate::ggml::GgmlType;
+
+/// Why a dequantization could not run.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DequantError {
+    /// The type has no dequantizer here.
+    #[error("unsupported type {ty} (ggml type id {id}): dequantize supports F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0")]
+    Unsupported { ty: GgmlType, id: u32 },
+    /// Input is not a whole number of blocks, or output length does not match.
+    #[error("{ty}: {src_len} input bytes and {dst_len} output values do not describe whole blocks of {block_size} elements / {type_size} bytes")]
+    Length {
+        ty: GgmlType,
+        src_len: usize,
+        dst_len: usize,
+        block_size: usize,
+        type_size: usize,
+    },
+}
+
+/// Widens an IEEE binary16 scale stored little-endian. Exact for every input.
+#[inline(always)]
+pub fn f16_to_f32(b: [u8; 2]) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes(b)).to_f32()
+}
+
+/// Which code path [`dequantize`] uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// The baseline build (SSE2 on x86-64), available everywhere.
+    Scalar,
+    /// The same code compiled with AVX2 enabled.
+    Avx2,
+}
+
+/// The fastest path this CPU supports.
+pub fn detected_path() -> Path {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            return Path::Avx2;
+        }
+    }
+    Path::Scalar
+}
+
+fn check_len(ty: GgmlType, src: &[u8], dst: &[f32]) -> Result<usize, DequantError> {
+    if !ty.can_dequantize() {
+        return Err(DequantError::Unsupported { ty, id: ty.id() });
+    }
+    let (bs, ts) = (ty.block_size(), ty.type_size());
+    let n_blocks = src.len() / ts;
+    if src.len() % ts != 0 || n_blocks.checked_mul(bs) != Some(dst.len()) {
+        return Err(DequantError::Length {
+            ty,
+            src_len: src.len(),
+            dst_len: dst.len(),
+            block_size: bs,
+            type_size: ts,
+        });
+    }
+    Ok(n_blocks)
+}
+
+/// Dequantizes `src` (whole blocks of `ty`) into `dst` on the calling thread, using
+/// [`detected_path`].
+pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), DequantError> {
+    dequantize_with(detected_path(), ty, src, dst)
+}
+
+/// As [`dequantize`] with an explicit code path (for testing that paths agree). A path the
+/// CPU lacks falls back to [`Path::Scalar`].
+pub fn dequantize_with(
+    path: Path,
+    ty: GgmlType,
+    src: &[u8],
+    dst: &mut [f32],
+) -> Result<(), DequantError> {
+    check_len(ty, src, dst)?;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if path == Path::Avx2 && std::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is present, checked on the line above.
+            unsafe { dequant_avx2(ty, src, dst) };
+            return Ok(());
+        }
+    }
+    let _ = path;
+    dequant_body(ty, src, dst);
+    Ok(())
+}
+
+/// Dequantizes on the rayon pool, splitting the blocks into chunks of about 64 KiB of
+/// output. Same bits as [`dequantize`] whatever the thread count.
+pub fn dequantize_par(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), DequantError> {
+    let n_blocks = check_len(ty, src, dst)?;
+    let (bs, ts) = (ty.block_size(), ty.type_size());
+    let blocks_per_chunk = (16384 / bs).max(1);
+    let path = detected_path();
+    if n_blocks <= blocks_per_chunk {
+        return dequantize_with(path, ty, src, dst);
+    }
+    src.par_chunks(blocks_per_chunk * ts)
+        .zip(dst.par_chunks_mut(blocks_per_chunk * bs))
+        .try_for_each(|(s, d)| dequantize_with(path, ty, s, d))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dequant_avx2(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+    dequant_body(ty, src, dst)
+}
+
+/// The one implementation; lengths are already checked.
+#[inline(always)]
+fn dequant_body(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+    use bytemuck::cast_slice;
+    match ty {
+        GgmlType::F32 => float::dequant_f32(src, dst),
+        GgmlType::F16 => float::dequant_f16(src, dst),
+        GgmlType::BF16 => float::dequant_bf16(src, dst),
+        GgmlType::Q4_0 => legacy::dequant_q4_0(cast_slice(src), dst),
+        GgmlType::Q4_1 => legacy::dequant_q4_1(cast_slice(src), dst),
+        GgmlType::Q5_0 => legacy::dequant_q5_0(cast_slice(src), dst),
+        GgmlType::Q5_1 => legacy::dequant_q5_1(cast_slice(src), dst),
+        GgmlType::Q8_0 => legacy::dequant_q8_0(cast_slice(src), dst),
+        GgmlType::Q2_K => kquants::dequant_q2_k(cast_slice(src), dst),
+        GgmlType::Q3_K => kquants::dequant_q3_k(cast_slice(src), dst),
+        GgmlType::Q4_K => kquants::dequant_q4_k(cast_slice(src), dst),
+        GgmlType::Q5_K => kquants::dequant_q5_k(cast_slice(src), dst),
+        GgmlType::Q6_K => kquants::dequant_q6_k(cast_slice(src), dst),
+        GgmlType::TQ1_0 => ternary::dequant_tq1_0(cast_slice(src), dst),
+        GgmlType::TQ2_0 => ternary::dequant_tq2_0(cast_slice(src), dst),
+        // check_len refused every other type.
+        _ => unreachable!("unsupported type passed the length check"),
+    }
+}

@@ -1,0 +1,105 @@
+//! Small shared helpers: hashing, progress bars, output paths that are never half-written.
+
+use std::io::{IsTerminal, Read};
+use std::path::{Path, PathBuf};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use sha2::{Digest, Sha256};
+
+/// Lowercase hex SHA256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Lowercase hex SHA256 of a file's contents, read in 1 MiB pieces.
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// A progress bar on stderr, drawn only when stderr is a terminal and `quiet` is false.
+pub fn progress_bar(len: u64, quiet: bool, bytes: bool) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    let template = if bytes {
+        "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({bytes_per_sec}) {msg}"
+    } else {
+        "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}"
+    };
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        pb.set_style(style);
+    }
+    pb
+}
+
+/// Errors from [`write_file_atomically`].
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error("{0}: output already exists; refusing to overwrite it")]
+    Exists(PathBuf),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Refuses an output path that already exists (file, directory or dangling symlink).
+pub fn refuse_existing(out: &Path) -> Result<(), OutputError> {
+    if out.symlink_metadata().is_ok() {
+        return Err(OutputError::Exists(out.to_path_buf()));
+    }
+    Ok(())
+}
+
+/// Creates `out` by writing a temporary file beside it with `write` and renaming it into place
+/// only after `write` succeeded. `out` must not exist; if it appears meanwhile the rename
+/// refuses to replace it. After any failure nothing is left at `out` and the temporary file is
+/// removed.
+pub fn write_file_atomically<E>(
+    out: &Path,
+    write: impl FnOnce(&Path) -> Result<(), E>,
+) -> Result<Result<(), E>, OutputError> {
+    refuse_existing(out)?;
+    let dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".partial")
+        .tempfile_in(&dir)
+        .map_err(|source| OutputError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+    if let Err(e) = write(tmp.path()) {
+        return Ok(Err(e));
+    }
+    tmp.persist_noclobber(out).map_err(|e| {
+        if e.error.kind() == std::io::ErrorKind::AlreadyExists {
+            OutputError::Exists(out.to_path_buf())
+        } else {
+            OutputError::Io {
+                path: out.to_path_buf(),
+                source: e.error,
+            }
+        }
+    })?;
+    Ok(Ok(()))
+}
