@@ -292,6 +292,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Header, GgufError> {
                 },
             ));
         }
+        let ne_at = c.pos;
         let mut ne = Vec::with_capacity(n_dims as usize);
         for d in 0..n_dims as usize {
             let at = c.pos;
@@ -332,15 +333,16 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Header, GgufError> {
                 ))
             }
         };
+        let offset_at = c.pos;
         let offset = c.u64(&format!("offset of tensor {name:?}"))?;
         let n_elements = ne.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
         let Some(n_elements) = n_elements.filter(|n| *n <= i64::MAX as u64) else {
-            return Err(c.err_at(info_offset, ErrorKind::ShapeOverflow { tensor: name, ne }));
+            return Err(c.err_at(ne_at, ErrorKind::ShapeOverflow { tensor: name, ne }));
         };
         let ne0 = ne.first().copied().unwrap_or(1);
         if ne0 % ty.block_size() as u64 != 0 {
             return Err(c.err_at(
-                info_offset,
+                ne_at,
                 ErrorKind::NotBlockMultiple {
                     tensor: name,
                     ty: ty.name(),
@@ -350,11 +352,11 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Header, GgufError> {
             ));
         }
         let Some(n_bytes) = ty.bytes_for(n_elements) else {
-            return Err(c.err_at(info_offset, ErrorKind::ShapeOverflow { tensor: name, ne }));
+            return Err(c.err_at(ne_at, ErrorKind::ShapeOverflow { tensor: name, ne }));
         };
         if offset % alignment != 0 {
             return Err(c.err_at(
-                info_offset,
+                offset_at,
                 ErrorKind::Misaligned {
                     tensor: name,
                     offset,
