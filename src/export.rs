@@ -14,6 +14,9 @@ use indicatif::ProgressBar;
 use rayon::prelude::*;
 use safetensors::tensor::{Dtype, View};
 
+use crate::bundle::manifest::{Encoding, TensorEntry};
+use crate::bundle::reader::Bundle;
+use crate::bundle::BundleError;
 use crate::ggml::GgmlType;
 use crate::gguf::{GgufError, GgufFile, TensorInfo};
 use crate::quant;
@@ -71,6 +74,8 @@ pub enum ExportError {
     NoMatch { file: PathBuf, glob: String },
     #[error(transparent)]
     Output(#[from] OutputError),
+    #[error(transparent)]
+    Bundle(#[from] BundleError),
     #[error("{path}: writing safetensors failed: {detail}")]
     Write { path: PathBuf, detail: String },
     #[error("{path}: {source}")]
@@ -144,10 +149,15 @@ pub fn dequantize_tensor_bytes(
     Ok(out)
 }
 
+/// Where a lazily produced tensor comes from.
+enum TensorSource<'a> {
+    Gguf(&'a GgufFile, &'a TensorInfo),
+    Bundle(&'a Bundle, &'a TensorEntry),
+}
+
 /// A tensor whose bytes are produced when the safetensors writer asks for them.
 struct LazyTensor<'a> {
-    file: &'a GgufFile,
-    info: &'a TensorInfo,
+    source: TensorSource<'a>,
     dtype: OutDtype,
     shape: Vec<usize>,
     progress: &'a ProgressBar,
@@ -161,11 +171,22 @@ impl View for LazyTensor<'_> {
         &self.shape
     }
     fn data(&self) -> Cow<'_, [u8]> {
-        let bytes =
-            dequantize_tensor_bytes(self.info.ty, self.file.tensor_data(self.info), self.dtype)
-                // The type was checked before writing began and the length when the file was
-                // opened; neither can fail here.
-                .expect("tensor validated before writing");
+        // Types were checked before writing began and lengths when the file was opened;
+        // neither can fail here.
+        let bytes = match self.source {
+            TensorSource::Gguf(file, info) => {
+                dequantize_tensor_bytes(info.ty, file.tensor_data(info), self.dtype)
+                    .expect("tensor validated before writing")
+            }
+            TensorSource::Bundle(b, t) => {
+                let values = b.tensor_f32(t).expect("tensor validated before writing");
+                let mut out = vec![0u8; values.len() * self.dtype.size()];
+                out.par_chunks_mut(16384 * self.dtype.size())
+                    .zip(values.par_chunks(16384))
+                    .for_each(|(o, v)| encode_f32(v, self.dtype, o));
+                out
+            }
+        };
         self.progress.inc(bytes.len() as u64);
         Cow::Owned(bytes)
     }
@@ -247,8 +268,7 @@ pub fn dequantize_gguf(
             (
                 t.name.clone(),
                 LazyTensor {
-                    file: &file,
-                    info: t,
+                    source: TensorSource::Gguf(&file, t),
                     dtype: opts.dtype,
                     shape: t.shape().iter().map(|&d| d as usize).collect(),
                     progress: &progress,
@@ -275,6 +295,18 @@ pub fn dequantize_gguf(
         "producer".to_string(),
         format!("lowbit {} convert dequantize", env!("CARGO_PKG_VERSION")),
     );
+    let elements = infos.iter().map(|t| t.n_elements()).sum();
+    write_views(output, views, meta, &progress, elements, source_sha256)
+}
+
+fn write_views(
+    output: &Path,
+    views: Vec<(String, LazyTensor)>,
+    meta: HashMap<String, String>,
+    progress: &ProgressBar,
+    elements: u64,
+    source_sha256: String,
+) -> Result<DequantizeSummary, ExportError> {
     let n = views.len();
     let written = util::write_file_atomically(output, |tmp| {
         safetensors::serialize_to_file(views, Some(meta), tmp).map_err(|e| ExportError::Write {
@@ -286,7 +318,7 @@ pub fn dequantize_gguf(
     progress.finish_and_clear();
     Ok(DequantizeSummary {
         tensors: n,
-        elements: infos.iter().map(|t| t.n_elements()).sum(),
+        elements,
         bytes_written: std::fs::metadata(output)
             .map_err(|source| ExportError::Io {
                 path: output.to_path_buf(),
@@ -295,4 +327,75 @@ pub fn dequantize_gguf(
             .len(),
         source_sha256,
     })
+}
+
+/// Reconstructs a bundle's tensors exactly as the runtime defines them (ternary
+/// `d * (code - 1)`, carried GGUF encodings dequantized) into a new safetensors file. The
+/// bundle is fully checked against its manifest first. The header metadata names the bundle,
+/// its digest and its source.
+pub fn dequantize_bundle(
+    input: &Path,
+    output: &Path,
+    opts: &DequantizeOptions,
+) -> Result<DequantizeSummary, ExportError> {
+    util::refuse_existing(output)?;
+    let bundle = Bundle::open(input)?;
+    let m = &bundle.manifest;
+    let names = select_tensors(
+        input,
+        m.tensors.iter().map(|t| t.name.as_str()),
+        &opts.tensor_globs,
+    )?;
+    let entries: Vec<&TensorEntry> = names.iter().filter_map(|n| bundle.tensor(n)).collect();
+    for t in &entries {
+        if let Encoding::Gguf { ggml_type, .. } = &t.encoding {
+            let ty = GgmlType::from_name(ggml_type).unwrap_or(GgmlType::Q8_K);
+            if !ty.can_dequantize() {
+                return Err(ExportError::Unsupported {
+                    file: input.to_path_buf(),
+                    tensor: t.name.clone(),
+                    ty,
+                    id: ty.id(),
+                });
+            }
+        }
+    }
+    let elements: u64 = entries
+        .iter()
+        .map(|t| t.shape.iter().product::<u64>())
+        .sum();
+    let progress = util::progress_bar(elements * opts.dtype.size() as u64, opts.quiet, true);
+    let views: Vec<(String, LazyTensor)> = entries
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                LazyTensor {
+                    source: TensorSource::Bundle(&bundle, t),
+                    dtype: opts.dtype,
+                    shape: t.shape.iter().map(|&d| d as usize).collect(),
+                    progress: &progress,
+                },
+            )
+        })
+        .collect();
+    let mut meta = HashMap::new();
+    meta.insert("format".to_string(), "pt".to_string());
+    meta.insert(
+        "bundle".to_string(),
+        input
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    );
+    meta.insert("bundle_digest".to_string(), m.bundle_digest.clone());
+    meta.insert("source_file".to_string(), m.source.file_name.clone());
+    meta.insert("source_sha256".to_string(), m.source.sha256.clone());
+    meta.insert("dtype".to_string(), opts.dtype.name().to_string());
+    meta.insert(
+        "producer".to_string(),
+        format!("lowbit {} convert dequantize", env!("CARGO_PKG_VERSION")),
+    );
+    let sha = m.source.sha256.clone();
+    write_views(output, views, meta, &progress, elements, sha)
 }

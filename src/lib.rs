@@ -6,9 +6,11 @@
 //! gguf-py; [`inspect`] and [`export`] back the `convert inspect` and `convert dequantize`
 //! commands.
 
+pub mod bundle;
 pub mod export;
 pub mod ggml;
 pub mod gguf;
 pub mod inspect;
 pub mod quant;
+pub mod ternary;
 pub mod util;

@@ -1,0 +1,231 @@
+//! The bundle manifest (`manifest.json`), format `lowbit-bundle` version 1.
+//!
+//! The JSON Schema is `schemas/bundle-manifest.v1.schema.json`; these types are its Rust
+//! form and refuse unknown fields when reading.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value as Json;
+
+/// `format` of every bundle manifest.
+pub const FORMAT: &str = "lowbit-bundle";
+/// The manifest format version this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// Every tensor, and the scales inside a ternary tensor, start at a multiple of this many
+/// bytes in its weight file (wgpu's `min_storage_buffer_offset_alignment` is at most 256).
+pub const ALIGNMENT: u64 = 256;
+/// Name of the manifest inside a bundle directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// Name of the weight file.
+pub const WEIGHTS_FILE: &str = "weights.bin";
+/// Name of the tokenizer file.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub format: String,
+    pub format_version: u32,
+    pub producer: Producer,
+    pub source: Source,
+    pub model: ModelConfig,
+    pub functions: BTreeMap<String, Function>,
+    pub tensors: Vec<TensorEntry>,
+    pub tokenizer: TokenizerRef,
+    pub files: Vec<FileEntry>,
+    /// SHA256 of [`canonical_file_list`] over `files`.
+    pub bundle_digest: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Producer {
+    pub tool: String,
+    pub version: String,
+    pub git_revision: String,
+    /// The command that made the bundle, with input and output reduced to file names so the
+    /// manifest does not depend on where the files were.
+    pub command_line: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Source {
+    pub file_name: String,
+    pub size: u64,
+    pub sha256: String,
+    pub gguf_version: u32,
+    pub architecture: String,
+    pub tensor_count: u64,
+}
+
+/// Everything the runtime needs to build the model. Values come from the GGUF metadata
+/// (`{arch}.*` keys); `hparams` keeps every one of those keys verbatim.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub architecture: String,
+    pub n_layer: u64,
+    pub n_embd: u64,
+    pub n_ff: u64,
+    pub n_head: u64,
+    pub n_head_kv: u64,
+    pub head_dim: u64,
+    pub n_vocab: u64,
+    /// `{arch}.context_length`: the context the model was trained for.
+    pub n_ctx_train: u64,
+    /// The context this bundle is built for: the `L` of `position_ids` and the KV cache.
+    pub n_ctx: u64,
+    pub norm_eps: f64,
+    pub rope: RopeConfig,
+    /// MiniCPM (and Granite-style) scales; absent for architectures without them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedding_scale: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residual_scale: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_scale: Option<f64>,
+    /// True when there is no `output.weight` and the head reuses `token_embd.weight`.
+    pub tied_embeddings: bool,
+    pub special_tokens: BTreeMap<String, u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<String>,
+    pub hparams: BTreeMap<String, Json>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RopeConfig {
+    pub freq_base: f64,
+    /// Rotated dimensions per head (`n_rot`).
+    pub dimension_count: u64,
+    /// `none`, `linear`, `yarn` or `longrope`.
+    pub scaling_type: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling_factor: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_context_length: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn_factor: Option<f64>,
+    /// Tensor names of the LongRoPE frequency factors, when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub factors_long: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub factors_short: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freq_factors: Option<String>,
+}
+
+/// A function the bundle exposes (only `main`: one decode step).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Function {
+    pub inputs: Vec<TensorSpec>,
+    pub states: Vec<TensorSpec>,
+    pub outputs: Vec<TensorSpec>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorSpec {
+    pub name: String,
+    pub dtype: String,
+    /// The largest shape.
+    pub shape: Vec<u64>,
+    /// Dimensions that may be smaller than `shape` at run time (1 up to the value in
+    /// `shape`); empty for a fully static tensor.
+    #[serde(default)]
+    pub dynamic_dims: Vec<u64>,
+    pub description: String,
+}
+
+/// One tensor in the bundle.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorEntry {
+    pub name: String,
+    /// Row-major shape (GGML `ne` reversed).
+    pub shape: Vec<u64>,
+    /// The GGML type in the source file.
+    pub source_type: String,
+    pub source_type_id: u32,
+    pub encoding: Encoding,
+    pub file: String,
+    /// Byte offset in `file`, a multiple of [`ALIGNMENT`].
+    pub offset: u64,
+    pub length: u64,
+    pub sha256: String,
+}
+
+/// How a tensor's bytes encode its values.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", deny_unknown_fields)]
+pub enum Encoding {
+    /// The source's GGML encoding, byte for byte.
+    #[serde(rename = "gguf")]
+    Gguf {
+        ggml_type: String,
+        ggml_type_id: u32,
+        block_size: u64,
+        type_size: u64,
+    },
+    /// 2-bit ternary codes and f16 block scales (layout in [`crate::ternary`]).
+    #[serde(rename = "ternary2")]
+    Ternary2 {
+        /// Elements per scale (256).
+        block_size: u64,
+        /// Codes per little-endian u32 word (16).
+        codes_per_word: u64,
+        /// `recovered` from a TQ2_0/TQ1_0 source, or `ternarized` by `--ternarize`.
+        origin: String,
+        /// Offset and length of the codes, relative to the tensor's offset.
+        codes_offset: u64,
+        codes_length: u64,
+        /// Offset and length of the f16 scales, relative to the tensor's offset.
+        scales_offset: u64,
+        scales_length: u64,
+        scale_dtype: String,
+        /// K % 512 == 0 and N % 32 == 0.
+        fast_path: bool,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizerRef {
+    pub file: String,
+    /// `tokenizer.ggml.model`: `gpt2` (byte-level BPE) or `llama` (SentencePiece), ...
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre: Option<String>,
+    pub n_vocab: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileEntry {
+    /// Relative path inside the bundle, `/`-separated, no `..`.
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+}
+
+/// The text the bundle digest is the SHA256 of: one line per file, sorted by path,
+/// `"<sha256> <size> <path>\n"`. `manifest.json` itself is not in the list.
+pub fn canonical_file_list(files: &[FileEntry]) -> String {
+    let mut sorted: Vec<&FileEntry> = files.iter().collect();
+    sorted.sort_by(|a, b| a.path.cmp(&b.path));
+    let mut s = String::new();
+    for f in sorted {
+        s.push_str(&format!("{} {} {}\n", f.sha256, f.size, f.path));
+    }
+    s
+}
+
+/// Whether `s` is a lowercase hex SHA256.
+pub fn is_sha256(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}

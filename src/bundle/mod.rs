@@ -1,0 +1,95 @@
+//! Static-[1,1] bundles: a directory of weight files, a tokenizer and `manifest.json`.
+//!
+//! ```text
+//! OUT.bundle/
+//!   manifest.json    format, producer, source fingerprint, model config, the decode function
+//!                    contract "main", every tensor (shape, encoding, file, offset, length,
+//!                    SHA256), every file's SHA256, the bundle digest
+//!   weights.bin      every tensor, each starting at a multiple of 256 bytes, little-endian
+//!   tokenizer.json   the GGUF tokenizer.* metadata, verbatim
+//! ```
+//!
+//! [`writer`] makes bundles (`convert pack`, `convert gguf-to-ternary`), [`reader`] opens and
+//! checks them, [`verify`] compares them with their source (`convert verify`).
+
+pub mod config;
+pub mod manifest;
+pub mod reader;
+pub mod verify;
+pub mod writer;
+
+use std::path::PathBuf;
+
+use crate::gguf::GgufError;
+use crate::ternary::BlockFault;
+use crate::util::OutputError;
+
+/// Errors of bundle writing and reading.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BundleError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// `gguf-to-ternary` on a file with no TQ2_0/TQ1_0 tensor.
+    #[error("{file}: no TQ2_0 or TQ1_0 tensor; to quantize its linear weights to ternary pass --ternarize, or to compress them with lookup tables use `convert palettize`; `convert pack` carries a model unchanged")]
+    NoTernary { file: PathBuf },
+    /// A weight whose K (`ne[0]`) is not a multiple of 256 cannot be ternary-packed.
+    #[error("{file}: tensor {tensor:?}: K = ne[0] = {k} is not a multiple of the ternary block size 256")]
+    KNotMultiple {
+        file: PathBuf,
+        tensor: String,
+        k: u64,
+    },
+    /// A block that is not ternary, or whose two recovery routes disagree.
+    #[error("{file}: tensor {tensor:?}: block {block} (row {row}, elements {start}..{end} of the row): {fault}")]
+    Block {
+        file: PathBuf,
+        tensor: String,
+        block: u64,
+        row: u64,
+        start: u64,
+        end: u64,
+        fault: BlockFault,
+    },
+    /// A tensor that `--ternarize` would quantize is not a 2-D matrix or has an unsupported type.
+    #[error("{file}: tensor {tensor:?}: {detail}")]
+    Tensor {
+        file: PathBuf,
+        tensor: String,
+        detail: String,
+    },
+    /// Metadata the model configuration needs is missing or malformed.
+    #[error("{file}: metadata key {key:?}: {detail}")]
+    Config {
+        file: PathBuf,
+        key: String,
+        detail: String,
+    },
+    /// The manifest cannot be read or is not a manifest this build understands.
+    #[error("{path}: {detail}")]
+    Manifest { path: PathBuf, detail: String },
+    /// The bundle does not match its manifest (a flipped byte, a missing, extra or truncated
+    /// file, a wrong digest).
+    #[error("{path}: {detail}")]
+    Integrity { path: PathBuf, detail: String },
+    /// Test hook: a failure injected after the given number of tensors.
+    #[error("injected failure after {0} tensors")]
+    Injected(usize),
+}
+
+impl BundleError {
+    /// Exit code for the command line: 1 when the bundle failed a check, 2 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            BundleError::Integrity { .. } => 1,
+            _ => 2,
+        }
+    }
+}

@@ -1,0 +1,482 @@
+//! Opens bundles: reads and validates the manifest, checks every file and tensor against it,
+//! and gives access to tensors as stored or reconstructed as the runtime defines them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::path::{Component, Path, PathBuf};
+
+use memmap2::Mmap;
+use serde_json::Value as Json;
+
+use super::manifest::*;
+use super::BundleError;
+use crate::ggml::GgmlType;
+use crate::quant;
+use crate::ternary;
+use crate::util;
+
+/// The largest manifest accepted (a manifest holds no tensor data; real ones are < 1 MiB).
+pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+
+fn manifest_err(path: &Path, detail: impl Into<String>) -> BundleError {
+    BundleError::Manifest {
+        path: path.to_path_buf(),
+        detail: detail.into(),
+    }
+}
+
+/// Checks that a manifest path stays inside the bundle: relative, `/`-separated, no `.`/`..`,
+/// no empty components, no backslashes or NULs.
+pub fn safe_relative_path(p: &str) -> bool {
+    if p.is_empty() || p.contains('\\') || p.contains('\0') || p.starts_with('/') {
+        return false;
+    }
+    let path = Path::new(p);
+    path.components().all(|c| matches!(c, Component::Normal(_)))
+        && p.split('/').all(|s| !s.is_empty() && s != "." && s != "..")
+}
+
+/// Reads `manifest.json`, checks its format and version, parses it strictly, and checks that
+/// every hash is well formed and every path stays inside the bundle. Errors here mean the
+/// manifest is unusable ([`BundleError::Manifest`]).
+pub fn read_manifest(dir: &Path) -> Result<Manifest, BundleError> {
+    let mpath = dir.join(MANIFEST_FILE);
+    let meta = std::fs::symlink_metadata(dir).map_err(|source| BundleError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    if !meta.is_dir() {
+        return Err(manifest_err(dir, "not a bundle directory"));
+    }
+    let mmeta = std::fs::symlink_metadata(&mpath).map_err(|source| BundleError::Io {
+        path: mpath.clone(),
+        source,
+    })?;
+    if !mmeta.is_file() {
+        return Err(manifest_err(
+            &mpath,
+            "not a regular file (symlinks are refused)",
+        ));
+    }
+    if mmeta.len() > MAX_MANIFEST_BYTES {
+        return Err(manifest_err(
+            &mpath,
+            format!(
+                "{} bytes is larger than the limit of {MAX_MANIFEST_BYTES}",
+                mmeta.len()
+            ),
+        ));
+    }
+    let bytes = std::fs::read(&mpath).map_err(|source| BundleError::Io {
+        path: mpath.clone(),
+        source,
+    })?;
+    let json: Json = serde_json::from_slice(&bytes)
+        .map_err(|e| manifest_err(&mpath, format!("not valid JSON: {e}")))?;
+    match json.get("format").and_then(|v| v.as_str()) {
+        Some(FORMAT) => {}
+        other => {
+            return Err(manifest_err(
+                &mpath,
+                format!("format is {other:?}, expected {FORMAT:?}: not a lowbit bundle manifest"),
+            ))
+        }
+    }
+    match json.get("format_version").and_then(|v| v.as_u64()) {
+        Some(v) if v == FORMAT_VERSION as u64 => {}
+        other => {
+            return Err(manifest_err(
+                &mpath,
+                format!(
+                    "unsupported format_version {}: this build reads version {FORMAT_VERSION}",
+                    other
+                        .map(|v| v.to_string())
+                        .unwrap_or_else(|| "(missing)".into())
+                ),
+            ))
+        }
+    }
+    let m: Manifest = serde_json::from_value(json)
+        .map_err(|e| manifest_err(&mpath, format!("malformed manifest: {e}")))?;
+    let bad_hash = |what: String, h: &str| -> Result<(), BundleError> {
+        if is_sha256(h) {
+            Ok(())
+        } else {
+            Err(manifest_err(
+                &mpath,
+                format!("{what}: malformed sha256 {h:?} (expected 64 lowercase hex digits)"),
+            ))
+        }
+    };
+    bad_hash("bundle_digest".into(), &m.bundle_digest)?;
+    bad_hash("source.sha256".into(), &m.source.sha256)?;
+    let mut paths = BTreeSet::new();
+    for f in &m.files {
+        if !safe_relative_path(&f.path) || f.path == MANIFEST_FILE {
+            return Err(manifest_err(
+                &mpath,
+                format!(
+                    "file path {:?} escapes the bundle or is not a plain relative path",
+                    f.path
+                ),
+            ));
+        }
+        if !paths.insert(f.path.as_str()) {
+            return Err(manifest_err(
+                &mpath,
+                format!("file {:?} listed twice", f.path),
+            ));
+        }
+        bad_hash(format!("file {:?}", f.path), &f.sha256)?;
+    }
+    let mut names = BTreeSet::new();
+    for t in &m.tensors {
+        if !names.insert(t.name.as_str()) {
+            return Err(manifest_err(
+                &mpath,
+                format!("tensor {:?} listed twice", t.name),
+            ));
+        }
+        bad_hash(format!("tensor {:?}", t.name), &t.sha256)?;
+        if !paths.contains(t.file.as_str()) {
+            return Err(manifest_err(
+                &mpath,
+                format!(
+                    "tensor {:?}: file {:?} is not in the file list",
+                    t.name, t.file
+                ),
+            ));
+        }
+    }
+    if !paths.contains(m.tokenizer.file.as_str()) {
+        return Err(manifest_err(
+            &mpath,
+            format!(
+                "tokenizer file {:?} is not in the file list",
+                m.tokenizer.file
+            ),
+        ));
+    }
+    Ok(m)
+}
+
+/// Resolves a manifest path inside `dir`, refusing symlinks anywhere along it.
+fn resolve(dir: &Path, rel: &str) -> Result<PathBuf, String> {
+    let mut p = dir.to_path_buf();
+    for part in rel.split('/') {
+        p.push(part);
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(format!("{rel}: is or passes through a symlink; refused"))
+            }
+            Ok(_) => {}
+            Err(_) => return Err(format!("{rel}: missing")),
+        }
+    }
+    Ok(p)
+}
+
+/// Every regular file and symlink under `dir`, as `/`-separated relative paths.
+fn list_files(dir: &Path, rel: &str, out: &mut Vec<String>) -> std::io::Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let r = if rel.is_empty() {
+            name
+        } else {
+            format!("{rel}/{name}")
+        };
+        let ft = e.file_type()?;
+        if ft.is_dir() {
+            list_files(&e.path(), &r, out)?;
+        } else {
+            out.push(r);
+        }
+    }
+    Ok(())
+}
+
+/// Checks the bundle against its manifest: every listed file present, regular, of the listed
+/// size and SHA256; no unlisted file; the bundle digest; every tensor inside its file, aligned,
+/// consistent with its encoding and shape, and of the listed SHA256. Returns the memory maps
+/// of the files and every failure found (empty when the bundle is intact).
+pub fn check_integrity(
+    dir: &Path,
+    m: &Manifest,
+) -> Result<(BTreeMap<String, Mmap>, Vec<String>), BundleError> {
+    let mut failures = Vec::new();
+    let mut maps = BTreeMap::new();
+    for f in &m.files {
+        let p = match resolve(dir, &f.path) {
+            Ok(p) => p,
+            Err(e) => {
+                failures.push(e);
+                continue;
+            }
+        };
+        let meta = std::fs::symlink_metadata(&p).map_err(|source| BundleError::Io {
+            path: p.clone(),
+            source,
+        })?;
+        if !meta.is_file() {
+            failures.push(format!("{}: not a regular file", f.path));
+            continue;
+        }
+        if meta.len() != f.size {
+            failures.push(format!(
+                "{}: {} bytes, the manifest says {} (truncated or extended)",
+                f.path,
+                meta.len(),
+                f.size
+            ));
+            continue;
+        }
+        let file = File::open(&p).map_err(|source| BundleError::Io {
+            path: p.clone(),
+            source,
+        })?;
+        // SAFETY: read-only map; bundles must not be modified while open.
+        let map = unsafe { Mmap::map(&file) }.map_err(|source| BundleError::Io {
+            path: p.clone(),
+            source,
+        })?;
+        let h = util::sha256_hex(&map);
+        if h != f.sha256 {
+            failures.push(format!(
+                "{}: sha256 {h} does not match the manifest's {}",
+                f.path, f.sha256
+            ));
+            continue;
+        }
+        maps.insert(f.path.clone(), map);
+    }
+    let mut present = Vec::new();
+    list_files(dir, "", &mut present).map_err(|source| BundleError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let listed: BTreeSet<&str> = m.files.iter().map(|f| f.path.as_str()).collect();
+    for p in present {
+        if p != MANIFEST_FILE && !listed.contains(p.as_str()) {
+            failures.push(format!("{p}: extra file not listed in the manifest"));
+        }
+    }
+    let digest = util::sha256_hex(canonical_file_list(&m.files).as_bytes());
+    if digest != m.bundle_digest {
+        failures.push(format!(
+            "bundle digest {digest} over the file list does not match the manifest's {}",
+            m.bundle_digest
+        ));
+    }
+    for t in &m.tensors {
+        if let Err(e) = check_tensor_layout(t) {
+            failures.push(format!("tensor {:?}: {e}", t.name));
+            continue;
+        }
+        let Some(map) = maps.get(&t.file) else {
+            continue; // the file's own failure is already reported
+        };
+        let end = t.offset.checked_add(t.length);
+        match end {
+            Some(e) if e <= map.len() as u64 => {
+                let h = util::sha256_hex(&map[t.offset as usize..e as usize]);
+                if h != t.sha256 {
+                    failures.push(format!(
+                        "tensor {:?}: sha256 {h} does not match the manifest's {}",
+                        t.name, t.sha256
+                    ));
+                }
+            }
+            _ => failures.push(format!(
+                "tensor {:?}: bytes {}..{} run past the end of {} ({} bytes)",
+                t.name,
+                t.offset,
+                t.offset.saturating_add(t.length),
+                t.file,
+                map.len()
+            )),
+        }
+    }
+    Ok((maps, failures))
+}
+
+/// Elements of a row-major shape, checked.
+fn n_elements(shape: &[u64]) -> Option<u64> {
+    shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d))
+}
+
+/// Checks that a tensor's length, alignment and encoding parameters agree with its shape.
+pub fn check_tensor_layout(t: &TensorEntry) -> Result<(), String> {
+    if t.offset % ALIGNMENT != 0 {
+        return Err(format!(
+            "offset {} is not a multiple of {ALIGNMENT}",
+            t.offset
+        ));
+    }
+    let n = n_elements(&t.shape).ok_or("shape overflows")?;
+    let k = t.shape.last().copied().unwrap_or(1);
+    match &t.encoding {
+        Encoding::Gguf {
+            ggml_type,
+            ggml_type_id,
+            block_size,
+            type_size,
+        } => {
+            let ty =
+                GgmlType::from_name(ggml_type).ok_or(format!("unknown ggml type {ggml_type:?}"))?;
+            if ty.id() != *ggml_type_id
+                || ty.block_size() as u64 != *block_size
+                || ty.type_size() as u64 != *type_size
+            {
+                return Err(format!("type {ggml_type} does not match id/block/type size {ggml_type_id}/{block_size}/{type_size}"));
+            }
+            if k % *block_size != 0 {
+                return Err(format!(
+                    "row length {k} is not a multiple of the {ggml_type} block size"
+                ));
+            }
+            let want = ty.bytes_for(n).ok_or("size overflows")?;
+            if want != t.length {
+                return Err(format!(
+                    "length {} but {ggml_type} of shape {:?} needs {want}",
+                    t.length, t.shape
+                ));
+            }
+        }
+        Encoding::Ternary2 {
+            block_size,
+            codes_per_word,
+            codes_offset,
+            codes_length,
+            scales_offset,
+            scales_length,
+            scale_dtype,
+            ..
+        } => {
+            if *block_size != ternary::BLOCK as u64
+                || *codes_per_word != ternary::CODES_PER_WORD as u64
+                || scale_dtype != "float16"
+            {
+                return Err("ternary2 parameters must be block_size 256, codes_per_word 16, scale_dtype float16".into());
+            }
+            if k % 256 != 0 {
+                return Err(format!("row length {k} is not a multiple of 256"));
+            }
+            if *codes_offset != 0 || *codes_length != n / 4 {
+                return Err(format!(
+                    "codes at {codes_offset} of length {codes_length}, expected 0 and {}",
+                    n / 4
+                ));
+            }
+            if *scales_length != n / 256 * 2
+                || *scales_offset < *codes_length
+                || *scales_offset % ALIGNMENT != 0
+            {
+                return Err(format!(
+                    "scales at {scales_offset} of length {scales_length} do not fit the layout"
+                ));
+            }
+            if scales_offset.checked_add(*scales_length) != Some(t.length) {
+                return Err(format!(
+                    "length {} does not end at the scales' end",
+                    t.length
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An opened, checked bundle.
+pub struct Bundle {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+    maps: BTreeMap<String, Mmap>,
+}
+
+impl Bundle {
+    /// Opens a bundle and checks it completely (manifest, every file's SHA256, the digest,
+    /// every tensor) before returning; any failure is an error.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Bundle, BundleError> {
+        let dir = dir.as_ref();
+        let manifest = read_manifest(dir)?;
+        let (maps, failures) = check_integrity(dir, &manifest)?;
+        if !failures.is_empty() {
+            return Err(BundleError::Integrity {
+                path: dir.to_path_buf(),
+                detail: failures.join("; "),
+            });
+        }
+        Ok(Bundle {
+            dir: dir.to_path_buf(),
+            manifest,
+            maps,
+        })
+    }
+
+    /// A file's bytes (checked at open).
+    pub fn file(&self, path: &str) -> Option<&[u8]> {
+        self.maps.get(path).map(|m| &m[..])
+    }
+
+    /// A tensor entry by name.
+    pub fn tensor(&self, name: &str) -> Option<&TensorEntry> {
+        self.manifest.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// A tensor's stored bytes.
+    pub fn tensor_bytes(&self, t: &TensorEntry) -> &[u8] {
+        // Range checked at open.
+        &self.maps[&t.file][t.offset as usize..(t.offset + t.length) as usize]
+    }
+
+    /// A ternary tensor's packed words and f16 scale bits.
+    pub fn ternary_parts(&self, t: &TensorEntry) -> Option<(Vec<u32>, Vec<u16>)> {
+        let Encoding::Ternary2 {
+            codes_offset,
+            codes_length,
+            scales_offset,
+            scales_length,
+            ..
+        } = &t.encoding
+        else {
+            return None;
+        };
+        let b = self.tensor_bytes(t);
+        let codes = &b[*codes_offset as usize..(*codes_offset + *codes_length) as usize];
+        let scales = &b[*scales_offset as usize..(*scales_offset + *scales_length) as usize];
+        Some((
+            codes
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            scales
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect(),
+        ))
+    }
+
+    /// A tensor's values as the runtime defines them, row-major: ternary `d * (code - 1)`,
+    /// GGUF encodings dequantized as gguf-py does.
+    pub fn tensor_f32(&self, t: &TensorEntry) -> Result<Vec<f32>, quant::DequantError> {
+        let n = n_elements(&t.shape).unwrap_or(0) as usize;
+        let mut out = vec![0f32; n];
+        match &t.encoding {
+            Encoding::Gguf { ggml_type, .. } => {
+                let ty = GgmlType::from_name(ggml_type).expect("checked at open");
+                quant::dequantize_par(ty, self.tensor_bytes(t), &mut out)?;
+            }
+            Encoding::Ternary2 { .. } => {
+                let (words, scales) = self.ternary_parts(t).expect("ternary");
+                let k = t.shape.last().copied().unwrap_or(1) as usize;
+                use rayon::prelude::*;
+                out.par_chunks_mut(k)
+                    .zip(words.par_chunks(k / 16))
+                    .zip(scales.par_chunks(k / 256))
+                    .for_each(|((o, w), s)| ternary::row_values(w, s, o));
+            }
+        }
+        Ok(out)
+    }
+}

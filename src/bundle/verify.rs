@@ -1,0 +1,354 @@
+//! `convert verify`: a bundle against its manifest and, with `--source`, against the GGUF it
+//! came from.
+//!
+//! Ternary tensors are rebuilt as the kernel defines them (`f32(d) * (code - 1)` from the
+//! packed words, [`crate::ternary::row_values`]) and compared element by element with the
+//! source dequantized by [`crate::quant`] (bit-exact with gguf-py). `maxerr = 0` means
+//! bit-identical; otherwise `max |difference| <= maxerr`. Tensors carried in their source
+//! encoding must be byte-identical.
+
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use super::manifest::*;
+use super::reader::{check_integrity, read_manifest};
+use super::BundleError;
+use crate::gguf::GgufFile;
+use crate::quant;
+use crate::ternary;
+use crate::util;
+
+#[derive(Clone, Debug)]
+pub struct VerifyOptions {
+    pub source: Option<PathBuf>,
+    pub maxerr: f64,
+}
+
+/// One tensor's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct TensorCheck {
+    pub name: String,
+    pub encoding: String,
+    /// `bytes` (carried, compared byte for byte), `values` (ternary, compared element by
+    /// element), `integrity` (no source given: SHA256 and code range only).
+    pub compared: String,
+    pub elements: u64,
+    /// Elements (or bytes, for `bytes`) whose bits differ.
+    pub mismatched: u64,
+    pub max_abs_diff: f64,
+    /// For `ternarized` tensors: max |bundle - original source value| (quantization error,
+    /// informational, not judged).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_abs_diff_vs_unquantized: Option<f64>,
+    pub passed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// The whole report (`--json` writes it).
+#[derive(Clone, Debug, Serialize)]
+pub struct VerifyReport {
+    pub passed: bool,
+    pub bundle: String,
+    pub source: Option<String>,
+    pub maxerr: f64,
+    pub bundle_digest: String,
+    pub files_checked: usize,
+    /// Everything that failed, in words.
+    pub failures: Vec<String>,
+    pub tensors: Vec<TensorCheck>,
+    pub totals: Totals,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Totals {
+    pub tensors: usize,
+    pub passed: usize,
+    pub ternary: usize,
+    pub carried: usize,
+    pub elements_compared: u64,
+    pub mismatched: u64,
+    pub max_abs_diff: f64,
+}
+
+/// Runs every check. `Err` is for problems that stop verification before it can judge
+/// (unreadable or malformed manifest, unreadable source); a bundle that fails a check gives
+/// `Ok` with `passed: false`.
+pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, BundleError> {
+    let m = read_manifest(bundle)?;
+    let (maps, mut failures) = check_integrity(bundle, &m)?;
+    let source = match &opts.source {
+        Some(p) => Some(GgufFile::open(p)?),
+        None => None,
+    };
+    if let Some(src) = &source {
+        let h = util::sha256_hex(src.bytes());
+        if h != m.source.sha256 {
+            failures.push(format!(
+                "source {} has sha256 {h}, the bundle was made from {} with sha256 {}",
+                src.path().display(),
+                m.source.file_name,
+                m.source.sha256
+            ));
+        }
+        for t in &src.tensors {
+            if !m.tensors.iter().any(|b| b.name == t.name) {
+                failures.push(format!(
+                    "tensor {:?} of the source is missing from the bundle",
+                    t.name
+                ));
+            }
+        }
+    }
+    let mut checks = Vec::with_capacity(m.tensors.len());
+    for t in &m.tensors {
+        let stored = maps.get(&t.file).and_then(|map| {
+            let end = t.offset.checked_add(t.length)?;
+            map.get(t.offset as usize..end as usize)
+        });
+        let check = match stored {
+            None => TensorCheck {
+                name: t.name.clone(),
+                encoding: encoding_name(&t.encoding),
+                compared: "none".into(),
+                elements: 0,
+                mismatched: 0,
+                max_abs_diff: 0.0,
+                max_abs_diff_vs_unquantized: None,
+                passed: false,
+                detail: Some(format!("file {} is missing or damaged", t.file)),
+            },
+            Some(bytes) => check_tensor(t, bytes, source.as_ref(), opts.maxerr),
+        };
+        if !check.passed {
+            failures.push(format!(
+                "tensor {:?}: {}",
+                t.name,
+                check.detail.clone().unwrap_or_else(|| format!(
+                    "{} of {} elements differ, max |diff| {}",
+                    check.mismatched, check.elements, check.max_abs_diff
+                ))
+            ));
+        }
+        checks.push(check);
+    }
+    let mut totals = Totals {
+        tensors: checks.len(),
+        ..Default::default()
+    };
+    for c in &checks {
+        totals.passed += c.passed as usize;
+        if c.encoding == "ternary2" {
+            totals.ternary += 1;
+        } else {
+            totals.carried += 1;
+        }
+        if c.compared == "values" {
+            totals.elements_compared += c.elements;
+        }
+        totals.mismatched += c.mismatched;
+        totals.max_abs_diff = totals.max_abs_diff.max(c.max_abs_diff);
+    }
+    Ok(VerifyReport {
+        passed: failures.is_empty(),
+        bundle: bundle.display().to_string(),
+        source: opts.source.as_ref().map(|p| p.display().to_string()),
+        maxerr: opts.maxerr,
+        bundle_digest: m.bundle_digest.clone(),
+        files_checked: m.files.len(),
+        failures,
+        tensors: checks,
+        totals,
+    })
+}
+
+fn encoding_name(e: &Encoding) -> String {
+    match e {
+        Encoding::Gguf { ggml_type, .. } => format!("gguf:{ggml_type}"),
+        Encoding::Ternary2 { .. } => "ternary2".into(),
+    }
+}
+
+fn words_and_scales(t: &TensorEntry, bytes: &[u8]) -> Option<(Vec<u32>, Vec<u16>)> {
+    let Encoding::Ternary2 {
+        codes_offset,
+        codes_length,
+        scales_offset,
+        scales_length,
+        ..
+    } = &t.encoding
+    else {
+        return None;
+    };
+    let codes = bytes.get(*codes_offset as usize..(*codes_offset + *codes_length) as usize)?;
+    let scales = bytes.get(*scales_offset as usize..(*scales_offset + *scales_length) as usize)?;
+    Some((
+        codes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        scales
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect(),
+    ))
+}
+
+/// Row-wise comparison result: (elements, bit mismatches, max |diff|, max |diff| vs the
+/// unquantized source).
+type Cmp = (u64, u64, f64, f64);
+
+fn check_tensor(
+    t: &TensorEntry,
+    bytes: &[u8],
+    source: Option<&GgufFile>,
+    maxerr: f64,
+) -> TensorCheck {
+    let mut c = TensorCheck {
+        name: t.name.clone(),
+        encoding: encoding_name(&t.encoding),
+        compared: "integrity".into(),
+        elements: t.shape.iter().product(),
+        mismatched: 0,
+        max_abs_diff: 0.0,
+        max_abs_diff_vs_unquantized: None,
+        passed: true,
+        detail: None,
+    };
+    let fail = |mut c: TensorCheck, d: String| {
+        c.passed = false;
+        c.detail = Some(d);
+        c
+    };
+    if let Err(e) = super::reader::check_tensor_layout(t) {
+        return fail(c, e);
+    }
+    let ternary = words_and_scales(t, bytes);
+    if let Some((words, _)) = &ternary {
+        // Code 3 would make the kernel compute +2d: never valid in a bundle.
+        if let Some(i) = words
+            .iter()
+            .position(|w| (0..16).any(|j| (w >> (2 * j)) & 3 == 3))
+        {
+            return fail(
+                c,
+                format!("packed word {i} holds code 3, which is not ternary"),
+            );
+        }
+    }
+    let Some(src) = source else {
+        return c;
+    };
+    let Some(st) = src.tensor(&t.name) else {
+        return fail(c, "not in the source".into());
+    };
+    if st.shape() != t.shape || st.ty.name() != t.source_type {
+        return fail(
+            c,
+            format!(
+                "source has {} {:?}, the manifest says {} {:?}",
+                st.ty,
+                st.shape(),
+                t.source_type,
+                t.shape
+            ),
+        );
+    }
+    let sbytes = src.tensor_data(st);
+    match (&t.encoding, ternary) {
+        (Encoding::Gguf { .. }, _) => {
+            c.compared = "bytes".into();
+            c.elements = sbytes.len() as u64;
+            c.mismatched = if sbytes.len() != bytes.len() {
+                sbytes.len().max(bytes.len()) as u64
+            } else {
+                sbytes.iter().zip(bytes).filter(|(a, b)| a != b).count() as u64
+            };
+            if c.mismatched != 0 {
+                let d = format!("{} bytes differ from the source", c.mismatched);
+                return fail(c, d);
+            }
+            c
+        }
+        (Encoding::Ternary2 { origin, .. }, Some((words, scales))) => {
+            c.compared = "values".into();
+            let k = st.row_len() as usize;
+            let row_bytes = st.ty.bytes_for(k as u64).unwrap_or(0) as usize;
+            let ternarized = origin == "ternarized";
+            let rows = st.n_rows() as usize;
+            let cmp: Cmp = (0..rows)
+                .into_par_iter()
+                .map_init(
+                    || (vec![0f32; k], vec![0f32; k]),
+                    |(want, got), r| {
+                        let src_row = &sbytes[r * row_bytes..(r + 1) * row_bytes];
+                        if quant::dequantize(st.ty, src_row, want).is_err() {
+                            return (k as u64, k as u64, f64::INFINITY, f64::INFINITY);
+                        }
+                        let mut vs_unq = 0f64;
+                        if ternarized {
+                            // The reference is the TQ2_0 rule (gguf-py's quantizer) applied
+                            // to the source values.
+                            for b in 0..k / ternary::BLOCK {
+                                let blk = &mut want[b * 256..(b + 1) * 256];
+                                let orig: Vec<f32> = blk.to_vec();
+                                match ternary::quantize_tq2_0_block(&orig) {
+                                    Ok(q) => {
+                                        let d = half::f16::from_bits(q.d_bits).to_f32();
+                                        for (o, code) in blk.iter_mut().zip(q.codes) {
+                                            *o = d * (code as i8 - 1) as f32;
+                                        }
+                                        for (a, b) in blk.iter().zip(&orig) {
+                                            vs_unq = vs_unq.max((*a as f64 - *b as f64).abs());
+                                        }
+                                    }
+                                    Err(_) => blk.fill(f32::NAN),
+                                }
+                            }
+                        }
+                        ternary::row_values(
+                            &words[r * k / 16..(r + 1) * k / 16],
+                            &scales[r * k / 256..(r + 1) * k / 256],
+                            got,
+                        );
+                        let mut mism = 0u64;
+                        let mut maxd = 0f64;
+                        for (a, b) in got.iter().zip(want.iter()) {
+                            if a.to_bits() != b.to_bits() {
+                                mism += 1;
+                                let d = (*a as f64 - *b as f64).abs();
+                                maxd = maxd.max(if d.is_nan() { f64::INFINITY } else { d });
+                            }
+                        }
+                        (k as u64, mism, maxd, vs_unq)
+                    },
+                )
+                .reduce(
+                    || (0, 0, 0.0, 0.0),
+                    |a, b| (a.0 + b.0, a.1 + b.1, a.2.max(b.2), a.3.max(b.3)),
+                );
+            c.elements = cmp.0;
+            c.mismatched = cmp.1;
+            c.max_abs_diff = cmp.2;
+            if ternarized {
+                c.max_abs_diff_vs_unquantized = Some(cmp.3);
+            }
+            let ok = if maxerr == 0.0 {
+                c.mismatched == 0
+            } else {
+                c.max_abs_diff <= maxerr
+            };
+            if !ok {
+                let d = format!(
+                    "{} of {} elements differ from the source, max |diff| {} > maxerr {}",
+                    c.mismatched, c.elements, c.max_abs_diff, maxerr
+                );
+                return fail(c, d);
+            }
+            c
+        }
+        (Encoding::Ternary2 { .. }, None) => fail(c, "ternary parts out of range".into()),
+    }
+}

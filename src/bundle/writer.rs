@@ -1,0 +1,564 @@
+//! Writes bundles: `convert pack` (every tensor carried in its source encoding) and
+//! `convert gguf-to-ternary` (pack plus ternary recovery of TQ2_0/TQ1_0 tensors, and with
+//! `--ternarize` quantization of other linear weights to ternary). One writer serves both.
+//!
+//! Streaming: the source is memory-mapped and read tensor by tensor; a ternary tensor is
+//! processed in chunks of rows on the rayon pool and written before the next one starts, so
+//! peak memory is about one packed tensor plus one chunk of f32 rows per thread.
+//!
+//! Determinism: tensors are written in source order, chunks are joined in row order, and
+//! nothing depends on time or thread count; the same input and flags give the same bytes.
+//!
+//! Atomicity: everything is written into a temporary directory beside the output, which is
+//! renamed into place only after the manifest is written; on any failure it is removed.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+use sha2::{Digest, Sha256};
+
+use super::config;
+use super::manifest::*;
+use super::BundleError;
+use crate::ggml::GgmlType;
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::quant;
+use crate::ternary::{self, TernaryBlock, BLOCK, WORDS_PER_BLOCK};
+use crate::util::{self, OutputError};
+
+/// Which bundle to make.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `convert pack`: every tensor carried in its source encoding.
+    Pack,
+    /// `convert gguf-to-ternary`: TQ2_0/TQ1_0 tensors recovered and repacked; with
+    /// `ternarize`, other linear weights quantized to ternary too.
+    Ternary { ternarize: bool },
+}
+
+#[derive(Clone, Debug)]
+pub struct PackOptions {
+    pub mode: Mode,
+    /// Bundle context (`position_ids` length and KV cache); `None` = default.
+    pub context: Option<u64>,
+    pub quiet: bool,
+    /// Test hook: fail after writing this many tensors.
+    #[doc(hidden)]
+    pub fail_after_tensors: Option<usize>,
+}
+
+/// What [`write_bundle`] did.
+#[derive(Clone, Debug)]
+pub struct PackSummary {
+    pub tensors: usize,
+    pub ternary: usize,
+    pub carried: usize,
+    pub source_bytes: u64,
+    pub bundle_bytes: u64,
+    pub bundle_digest: String,
+}
+
+/// Names of the linear weights `--ternarize` quantizes (`blk.N.<name>.weight`).
+const LINEAR_NAMES: &[&str] = &[
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_qkv",
+    "attn_output",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+];
+
+/// Whether `name` is a transformer linear weight (`blk.N.attn_q.weight`, ...).
+pub fn is_linear_weight(name: &str) -> bool {
+    let mut parts = name.split('.');
+    matches!(
+        (parts.next(), parts.next(), parts.next(), parts.next(), parts.next()),
+        (Some("blk"), Some(n), Some(kind), Some("weight"), None)
+            if n.parse::<u32>().is_ok() && LINEAR_NAMES.contains(&kind)
+    )
+}
+
+/// How one source tensor goes into the bundle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    Carry,
+    Recover,
+    Ternarize,
+}
+
+fn plan(mode: Mode, t: &TensorInfo) -> Plan {
+    match mode {
+        Mode::Pack => Plan::Carry,
+        Mode::Ternary { ternarize } => {
+            if matches!(t.ty, GgmlType::TQ2_0 | GgmlType::TQ1_0) {
+                Plan::Recover
+            } else if ternarize && is_linear_weight(&t.name) {
+                Plan::Ternarize
+            } else {
+                Plan::Carry
+            }
+        }
+    }
+}
+
+/// A writer that hashes and counts what passes through.
+struct HashingWriter<W: Write> {
+    inner: W,
+    hash: Sha256,
+    pos: u64,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        self.pos += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Rows per parallel work item when packing a ternary tensor.
+fn rows_per_chunk(k: u64) -> usize {
+    // About 1 MiB of f32 per chunk.
+    ((1 << 18) / k.max(1)).max(1) as usize
+}
+
+/// Packs one tensor to the ternary layout. Returns (codes as u32 words, scales as f16 bits).
+fn pack_ternary(
+    file: &GgufFile,
+    t: &TensorInfo,
+    p: Plan,
+) -> Result<(Vec<u32>, Vec<u16>), BundleError> {
+    let k = t.row_len();
+    let n = t.n_rows();
+    if k % BLOCK as u64 != 0 {
+        return Err(BundleError::KNotMultiple {
+            file: file.path().to_path_buf(),
+            tensor: t.name.clone(),
+            k,
+        });
+    }
+    if p == Plan::Ternarize && !t.ty.can_dequantize() {
+        return Err(BundleError::Tensor {
+            file: file.path().to_path_buf(),
+            tensor: t.name.clone(),
+            detail: format!("type {} cannot be dequantized for --ternarize", t.ty),
+        });
+    }
+    let data = file.tensor_data(t);
+    let blocks_per_row = (k / BLOCK as u64) as usize;
+    let row_bytes = t.ty.bytes_for(k).unwrap_or(0) as usize;
+    let chunk_rows = rows_per_chunk(k);
+    let n_chunks = (n as usize).div_ceil(chunk_rows);
+    type ChunkResult = Result<(Vec<u32>, Vec<u16>), (u64, u64, ternary::BlockFault)>;
+    let results: Vec<ChunkResult> = (0..n_chunks)
+        .into_par_iter()
+        .map(|c| {
+            let r0 = c * chunk_rows;
+            let r1 = ((c + 1) * chunk_rows).min(n as usize);
+            let mut words = vec![0u32; (r1 - r0) * blocks_per_row * WORDS_PER_BLOCK];
+            let mut scales = vec![0u16; (r1 - r0) * blocks_per_row];
+            let mut row = vec![0f32; k as usize];
+            for r in r0..r1 {
+                let src = &data[r * row_bytes..(r + 1) * row_bytes];
+                quant::dequantize(t.ty, src, &mut row)
+                    .expect("whole blocks of a dequantizable type, checked above");
+                for b in 0..blocks_per_row {
+                    let w = &row[b * BLOCK..(b + 1) * BLOCK];
+                    let blk: TernaryBlock = match p {
+                        Plan::Recover => {
+                            let ts = t.ty.type_size();
+                            let bytes = &src[b * ts..(b + 1) * ts];
+                            let (d_bits, codes) = ternary::decode_block(t.ty, bytes)
+                                .expect("TQ block of the right size");
+                            ternary::recover_block(d_bits, &codes, w)
+                        }
+                        _ => ternary::quantize_tq2_0_block(w),
+                    }
+                    .map_err(|f| (r as u64, b as u64, f))?;
+                    let i = (r - r0) * blocks_per_row + b;
+                    scales[i] = blk.d_bits;
+                    ternary::pack_block(
+                        &blk.codes,
+                        &mut words[i * WORDS_PER_BLOCK..(i + 1) * WORDS_PER_BLOCK],
+                    );
+                }
+            }
+            Ok((words, scales))
+        })
+        .collect();
+    let mut words = Vec::with_capacity((n as usize) * blocks_per_row * WORDS_PER_BLOCK);
+    let mut scales = Vec::with_capacity((n as usize) * blocks_per_row);
+    for r in results {
+        match r {
+            Ok((w, s)) => {
+                words.extend_from_slice(&w);
+                scales.extend_from_slice(&s);
+            }
+            Err((row, b, fault)) => {
+                return Err(BundleError::Block {
+                    file: file.path().to_path_buf(),
+                    tensor: t.name.clone(),
+                    block: row * blocks_per_row as u64 + b,
+                    row,
+                    start: b * BLOCK as u64,
+                    end: (b + 1) * BLOCK as u64,
+                    fault,
+                })
+            }
+        }
+    }
+    Ok((words, scales))
+}
+
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> BundleError + '_ {
+    move |source| BundleError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The `main` function contract: one decode step.
+pub fn main_function(m: &ModelConfig) -> Function {
+    let spec = |name: &str, dtype: &str, shape: Vec<u64>, dynamic: Vec<u64>, d: &str| TensorSpec {
+        name: name.into(),
+        dtype: dtype.into(),
+        shape,
+        dynamic_dims: dynamic,
+        description: d.into(),
+    };
+    let cache = vec![m.n_layer, m.n_head_kv, m.n_ctx, m.head_dim];
+    Function {
+        inputs: vec![
+            spec("input_ids", "int32", vec![1, 1], vec![], "the token at this step; static [1,1]"),
+            spec(
+                "position_ids",
+                "int32",
+                vec![1, m.n_ctx],
+                vec![1],
+                "positions 0..=p of every token so far; length p+1 <= n_ctx; the last is this step's position and KV slot",
+            ),
+        ],
+        states: vec![
+            spec("keyCache", "float16", cache.clone(), vec![], "[n_layer, n_head_kv, n_ctx, head_dim], keys after RoPE, mutated in place"),
+            spec("valueCache", "float16", cache, vec![], "[n_layer, n_head_kv, n_ctx, head_dim], mutated in place"),
+        ],
+        outputs: vec![spec(
+            "logits",
+            "float32",
+            vec![1, 1, m.n_vocab],
+            vec![],
+            "next-token logits for this step",
+        )],
+    }
+}
+
+/// Writes a bundle for `input` at `output` (which must not exist). `command_line` is recorded
+/// in the manifest as given (callers pass file names, not full paths).
+pub fn write_bundle(
+    input: &Path,
+    output: &Path,
+    opts: &PackOptions,
+    command_line: Vec<String>,
+) -> Result<PackSummary, BundleError> {
+    util::refuse_existing(output)?;
+    let file = GgufFile::open(input)?;
+    let plans: Vec<Plan> = file.tensors.iter().map(|t| plan(opts.mode, t)).collect();
+    if let Mode::Ternary { ternarize } = opts.mode {
+        if !plans.iter().any(|p| *p != Plan::Carry) {
+            return Err(BundleError::NoTernary {
+                file: input.to_path_buf(),
+            });
+        }
+        let _ = ternarize;
+    }
+    let model = config::model_config(&file, opts.context)?;
+
+    let parent = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = output
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let prefix = format!(".{name}.");
+    let tmp = tempfile::Builder::new()
+        .prefix(&prefix)
+        .suffix(".partial")
+        .tempdir_in(&parent)
+        .map_err(io_err(&parent))?;
+
+    // Hash the source on another thread while the tensors are converted.
+    let (source_sha256, written) = std::thread::scope(|s| {
+        let hasher = s.spawn(|| util::sha256_hex(file.bytes()));
+        let written = write_contents(&file, tmp.path(), &plans, opts);
+        (hasher.join().expect("hash thread"), written)
+    });
+    let (tensors, weights_entry) = written?;
+
+    let tok_bytes = serde_json::to_vec_pretty(&config::tokenizer_json(&file)).map_err(|e| {
+        BundleError::Manifest {
+            path: output.join(TOKENIZER_FILE),
+            detail: e.to_string(),
+        }
+    })?;
+    let tok_path = tmp.path().join(TOKENIZER_FILE);
+    std::fs::write(&tok_path, &tok_bytes).map_err(io_err(&tok_path))?;
+    let tokenizer_model = file
+        .get("tokenizer.ggml.model")
+        .and_then(|v| v.as_str())
+        .map(|s| s.into_owned())
+        .unwrap_or_else(|| "none".into());
+    let tokenizer = TokenizerRef {
+        file: TOKENIZER_FILE.into(),
+        model: tokenizer_model,
+        pre: file
+            .get("tokenizer.ggml.pre")
+            .and_then(|v| v.as_str())
+            .map(|s| s.into_owned()),
+        n_vocab: match file.get("tokenizer.ggml.tokens") {
+            Some(crate::gguf::Value::Array(_, t)) => t.len() as u64,
+            _ => 0,
+        },
+    };
+    let mut files = vec![
+        weights_entry,
+        FileEntry {
+            path: TOKENIZER_FILE.into(),
+            size: tok_bytes.len() as u64,
+            sha256: util::sha256_hex(&tok_bytes),
+        },
+    ];
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    let bundle_digest = util::sha256_hex(canonical_file_list(&files).as_bytes());
+    let mut functions = BTreeMap::new();
+    functions.insert("main".to_string(), main_function(&model));
+    let manifest = Manifest {
+        format: FORMAT.into(),
+        format_version: FORMAT_VERSION,
+        producer: Producer {
+            tool: "lowbit".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            git_revision: option_env!("LOWBIT_GIT_REVISION")
+                .unwrap_or("unknown")
+                .into(),
+            command_line,
+        },
+        source: Source {
+            file_name: input
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            size: file.file_len(),
+            sha256: source_sha256,
+            gguf_version: file.version,
+            architecture: model.architecture.clone(),
+            tensor_count: file.tensors.len() as u64,
+        },
+        model,
+        functions,
+        tensors,
+        tokenizer,
+        files: files.clone(),
+        bundle_digest: bundle_digest.clone(),
+    };
+    let mut mbytes = serde_json::to_vec_pretty(&manifest).map_err(|e| BundleError::Manifest {
+        path: output.join(MANIFEST_FILE),
+        detail: e.to_string(),
+    })?;
+    mbytes.push(b'\n');
+    let mpath = tmp.path().join(MANIFEST_FILE);
+    std::fs::write(&mpath, &mbytes).map_err(io_err(&mpath))?;
+
+    let summary = PackSummary {
+        tensors: manifest.tensors.len(),
+        ternary: manifest
+            .tensors
+            .iter()
+            .filter(|t| matches!(t.encoding, Encoding::Ternary2 { .. }))
+            .count(),
+        carried: manifest
+            .tensors
+            .iter()
+            .filter(|t| matches!(t.encoding, Encoding::Gguf { .. }))
+            .count(),
+        source_bytes: file.file_len(),
+        bundle_bytes: files.iter().map(|f| f.size).sum::<u64>() + mbytes.len() as u64,
+        bundle_digest,
+    };
+    rename_dir_noclobber(tmp.path(), output)?;
+    // The directory now lives at `output`; keep tempfile from removing it.
+    let _ = tmp.keep();
+    Ok(summary)
+}
+
+/// Writes `weights.bin` into `dir`. Returns the tensor entries and the file entry.
+fn write_contents(
+    file: &GgufFile,
+    dir: &Path,
+    plans: &[Plan],
+    opts: &PackOptions,
+) -> Result<(Vec<TensorEntry>, FileEntry), BundleError> {
+    let wpath = dir.join(WEIGHTS_FILE);
+    let f = File::create(&wpath).map_err(io_err(&wpath))?;
+    let mut w = HashingWriter {
+        inner: BufWriter::with_capacity(1 << 22, f),
+        hash: Sha256::new(),
+        pos: 0,
+    };
+    let total: u64 = file.tensors.iter().map(|t| t.n_bytes).sum();
+    let pb = util::progress_bar(total, opts.quiet, true);
+    let mut entries = Vec::with_capacity(file.tensors.len());
+    let zeros = [0u8; ALIGNMENT as usize];
+    for (i, (t, &p)) in file.tensors.iter().zip(plans).enumerate() {
+        if opts.fail_after_tensors == Some(i) {
+            return Err(BundleError::Injected(i));
+        }
+        pb.set_message(t.name.clone());
+        let pad = (ALIGNMENT - w.pos % ALIGNMENT) % ALIGNMENT;
+        w.write_all(&zeros[..pad as usize])
+            .map_err(io_err(&wpath))?;
+        let offset = w.pos;
+        let mut th = Sha256::new();
+        let (encoding, length) = match p {
+            Plan::Carry => {
+                let bytes = file.tensor_data(t);
+                th.update(bytes);
+                w.write_all(bytes).map_err(io_err(&wpath))?;
+                (
+                    Encoding::Gguf {
+                        ggml_type: t.ty.name().into(),
+                        ggml_type_id: t.ty.id(),
+                        block_size: t.ty.block_size() as u64,
+                        type_size: t.ty.type_size() as u64,
+                    },
+                    t.n_bytes,
+                )
+            }
+            Plan::Recover | Plan::Ternarize => {
+                let (words, scales) = pack_ternary(file, t, p)?;
+                let mut codes = Vec::with_capacity(words.len() * 4);
+                for x in &words {
+                    codes.extend_from_slice(&x.to_le_bytes());
+                }
+                let codes_len = codes.len() as u64;
+                let gap = (ALIGNMENT - codes_len % ALIGNMENT) % ALIGNMENT;
+                let mut sbytes = Vec::with_capacity(scales.len() * 2);
+                for s in &scales {
+                    sbytes.extend_from_slice(&s.to_le_bytes());
+                }
+                for part in [&codes[..], &zeros[..gap as usize], &sbytes[..]] {
+                    th.update(part);
+                    w.write_all(part).map_err(io_err(&wpath))?;
+                }
+                (
+                    Encoding::Ternary2 {
+                        block_size: BLOCK as u64,
+                        codes_per_word: ternary::CODES_PER_WORD as u64,
+                        origin: if p == Plan::Recover {
+                            "recovered".into()
+                        } else {
+                            "ternarized".into()
+                        },
+                        codes_offset: 0,
+                        codes_length: codes_len,
+                        scales_offset: codes_len + gap,
+                        scales_length: sbytes.len() as u64,
+                        scale_dtype: "float16".into(),
+                        fast_path: ternary::fast_path(t.n_rows(), t.row_len()),
+                    },
+                    codes_len + gap + sbytes.len() as u64,
+                )
+            }
+        };
+        entries.push(TensorEntry {
+            name: t.name.clone(),
+            shape: t.shape(),
+            source_type: t.ty.name().into(),
+            source_type_id: t.ty.id(),
+            encoding,
+            file: WEIGHTS_FILE.into(),
+            offset,
+            length,
+            sha256: hex::encode(th.finalize()),
+        });
+        pb.inc(t.n_bytes);
+    }
+    w.flush().map_err(io_err(&wpath))?;
+    let size = w.pos;
+    let sha256 = hex::encode(w.hash.clone().finalize());
+    w.inner
+        .into_inner()
+        .map_err(|e| BundleError::Io {
+            path: wpath.clone(),
+            source: e.into_error(),
+        })?
+        .sync_all()
+        .map_err(io_err(&wpath))?;
+    pb.finish_and_clear();
+    Ok((
+        entries,
+        FileEntry {
+            path: WEIGHTS_FILE.into(),
+            size,
+            sha256,
+        },
+    ))
+}
+
+/// Renames a directory to a path that must not exist, atomically refusing to replace one
+/// that appeared meanwhile (`renameat2(RENAME_NOREPLACE)` on Linux).
+fn rename_dir_noclobber(from: &Path, to: &Path) -> Result<(), BundleError> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        let (Ok(f), Ok(t)) = (
+            CString::new(from.as_os_str().as_bytes()),
+            CString::new(to.as_os_str().as_bytes()),
+        ) else {
+            return Err(BundleError::Io {
+                path: to.to_path_buf(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains NUL"),
+            });
+        };
+        // SAFETY: both are valid NUL-terminated paths.
+        let rc = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                f.as_ptr(),
+                libc::AT_FDCWD,
+                t.as_ptr(),
+                libc::RENAME_NOREPLACE,
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            return Err(OutputError::Exists(to.to_path_buf()).into());
+        }
+        if e.raw_os_error() != Some(libc::EINVAL) && e.raw_os_error() != Some(libc::ENOSYS) {
+            return Err(BundleError::Io {
+                path: to.to_path_buf(),
+                source: e,
+            });
+        }
+        // The file system has no RENAME_NOREPLACE: fall through to check-then-rename.
+    }
+    util::refuse_existing(to)?;
+    std::fs::rename(from, to).map_err(|source| BundleError::Io {
+        path: to.to_path_buf(),
+        source,
+    })
+}

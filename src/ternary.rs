@@ -1,0 +1,303 @@
+//! Ternary recovery, the TQ2_0 quantizer, and the packed 2-bit layout of the matvec kernel.
+//!
+//! **Recovery** (from the ternary port notes, `shared/seeds/000_*`): a TQ2_0/TQ1_0 weight
+//! dequantizes to `W = d * (q - 1)` with `q` in {0, 1, 2}. Per 256-element block along K
+//! (`ne[0]`), `d_block = max|W|` is exact (the nonzero magnitude is `|d|`), and
+//! `code = round(W / d_block) + 1`. [`recover_block`] computes that from the dequantized
+//! values and also decodes the codes straight from the block bytes, and requires both routes
+//! to agree.
+//!
+//! **Packed layout** (`ternary2` in the bundle manifest): for a weight of row-major shape
+//! `[N, K]` (`K = ne[0]`, a multiple of 256):
+//!
+//! ```text
+//! codes:  N * K/16 little-endian u32 words, row-major [N, K/16]; word w of row n holds
+//!         elements k = 16w .. 16w+15 of that row, element 16w+j in bits 2j..2j+1.
+//!         Each word lies inside one 256-element block (16 words per block).
+//! scales: N * K/256 IEEE f16 values, little-endian, row-major [N, K/256]; scale b of row n
+//!         belongs to elements 256b .. 256b+255.
+//! value:  W[n, k] = f32(scale[n, k/256]) * (code[n, k] - 1), one f32 multiply.
+//! ```
+//!
+//! The stored scale is the block's own f16 `d` (whose magnitude equals `d_block`) and the
+//! stored codes are the block's own codes, so `f32(scale) * (code - 1)` reproduces the GGUF
+//! dequantization bit for bit, signed zeros included, also for the degenerate blocks
+//! (`d = 0`, a negative `d`) where the two routes describe the same values differently.
+//!
+//! **Quantizer**: [`quantize_tq2_0_block`] is gguf-py 0.19.0's `TQ2_0.quantize_blocks`
+//! (`d = max|x|`, `q = round_half_away(x * (1/d))`), operation for operation, so its bytes
+//! equal gguf-py's.
+
+use crate::ggml::{GgmlType, QK_K};
+use crate::quant::ternary::{tq1_0_codes, tq2_0_codes, BlockTQ1_0, BlockTQ2_0};
+
+/// Elements per ternary block (`QK_K`).
+pub const BLOCK: usize = QK_K;
+/// Codes per packed u32 word.
+pub const CODES_PER_WORD: usize = 16;
+/// Words per 256-element block.
+pub const WORDS_PER_BLOCK: usize = BLOCK / CODES_PER_WORD;
+
+/// What is wrong with one block, as found by [`recover_block`] or the quantizer.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BlockFault {
+    #[error("scale d is not finite (f16 bits {d_bits:#06x})")]
+    NonFiniteScale { d_bits: u16 },
+    #[error("element {element} has TQ2_0 code 3 (value +2d), which is not ternary")]
+    CodeThree { element: usize },
+    #[error("element {element} = {value} is neither 0 nor +/-d (d = {d})")]
+    NotTernary { element: usize, value: f32, d: f32 },
+    #[error("max|W| = {max} differs from |d| = {d}")]
+    ScaleMismatch { max: f32, d: f32 },
+    #[error("element {element}: code {from_values} from the dequantized values but {from_bytes} from the block bytes")]
+    RoutesDisagree {
+        element: usize,
+        from_values: u8,
+        from_bytes: u8,
+    },
+    #[error("element {element} = {value} is not finite")]
+    NonFiniteWeight { element: usize, value: f32 },
+    #[error("max|x| = {max} does not fit an f16 scale (largest finite f16 is 65504)")]
+    ScaleOverflow { max: f32 },
+}
+
+/// One recovered block: the f16 scale bits and 256 codes in {0, 1, 2}.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TernaryBlock {
+    pub d_bits: u16,
+    pub codes: [u8; BLOCK],
+}
+
+/// Recovers one block. `d_bits` and `byte_codes` come straight from the block bytes; `w` is
+/// the block's dequantized values (from [`crate::quant::dequantize`]).
+pub fn recover_block(
+    d_bits: u16,
+    byte_codes: &[u8; BLOCK],
+    w: &[f32],
+) -> Result<TernaryBlock, BlockFault> {
+    debug_assert_eq!(w.len(), BLOCK);
+    let d = half::f16::from_bits(d_bits).to_f32();
+    if !d.is_finite() {
+        return Err(BlockFault::NonFiniteScale { d_bits });
+    }
+    if let Some(element) = byte_codes.iter().position(|&c| c > 2) {
+        return Err(BlockFault::CodeThree { element });
+    }
+    // Route 1: from the values. d_block = max|W|.
+    let mut max = 0f32;
+    for (element, &v) in w.iter().enumerate() {
+        if !v.is_finite() {
+            return Err(BlockFault::NonFiniteWeight { element, value: v });
+        }
+        max = max.max(v.abs());
+    }
+    if max == 0.0 {
+        // d = 0, or every code 1: all values are zero; every code is 1 by the rule, and the
+        // stored bytes reproduce the zeros (and their signs) exactly.
+        return Ok(TernaryBlock {
+            d_bits,
+            codes: *byte_codes,
+        });
+    }
+    if max != d.abs() {
+        return Err(BlockFault::ScaleMismatch { max, d: d.abs() });
+    }
+    for (element, (&v, &q)) in w.iter().zip(byte_codes.iter()).enumerate() {
+        let r = v / max;
+        let from_values = if r == 1.0 {
+            2u8
+        } else if r == 0.0 {
+            1
+        } else if r == -1.0 {
+            0
+        } else {
+            return Err(BlockFault::NotTernary {
+                element,
+                value: v,
+                d: max,
+            });
+        };
+        // Route 2: from the bytes. A negative d mirrors the codes.
+        let from_bytes = if d > 0.0 { q } else { 2 - q };
+        if from_values != from_bytes {
+            return Err(BlockFault::RoutesDisagree {
+                element,
+                from_values,
+                from_bytes,
+            });
+        }
+    }
+    Ok(TernaryBlock {
+        d_bits,
+        codes: *byte_codes,
+    })
+}
+
+/// Codes and scale bits of one TQ2_0 or TQ1_0 block, decoded from its bytes.
+pub fn decode_block(ty: GgmlType, bytes: &[u8]) -> Option<(u16, [u8; BLOCK])> {
+    match ty {
+        GgmlType::TQ2_0 => {
+            let b: &BlockTQ2_0 = bytemuck::try_from_bytes(bytes).ok()?;
+            Some((u16::from_le_bytes(b.d), tq2_0_codes(b)))
+        }
+        GgmlType::TQ1_0 => {
+            let b: &BlockTQ1_0 = bytemuck::try_from_bytes(bytes).ok()?;
+            Some((u16::from_le_bytes(b.d), tq1_0_codes(b)))
+        }
+        _ => None,
+    }
+}
+
+/// gguf-py's `np_roundf`: round half away from zero, as
+/// `sign(n) * (floor(|n|) + floor(2 * (|n| - floor(|n|))))` in f32.
+#[inline]
+pub fn np_roundf(n: f32) -> f32 {
+    let a = n.abs();
+    let floored = a.floor();
+    let b = floored + (2.0 * (a - floored)).floor();
+    if n > 0.0 {
+        b
+    } else if n < 0.0 {
+        -b
+    } else {
+        0.0 * b
+    }
+}
+
+/// Quantizes 256 f32 values to one TQ2_0 block exactly as gguf-py's `TQ2_0.quantize_blocks`.
+/// Non-finite inputs and a `max|x|` that overflows f16 are errors (gguf-py would write a NaN or
+/// Inf scale).
+pub fn quantize_tq2_0_block(x: &[f32]) -> Result<TernaryBlock, BlockFault> {
+    debug_assert_eq!(x.len(), BLOCK);
+    let mut d = 0f32;
+    for (element, &v) in x.iter().enumerate() {
+        if !v.is_finite() {
+            return Err(BlockFault::NonFiniteWeight { element, value: v });
+        }
+        d = d.max(v.abs());
+    }
+    let d16 = half::f16::from_f32(d);
+    if !d16.is_finite() {
+        return Err(BlockFault::ScaleOverflow { max: d });
+    }
+    let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+    let mut codes = [0u8; BLOCK];
+    for (c, &v) in codes.iter_mut().zip(x) {
+        let q = np_roundf(v * id);
+        *c = (q as i8 + 1) as u8;
+    }
+    Ok(TernaryBlock {
+        d_bits: d16.to_bits(),
+        codes,
+    })
+}
+
+/// Serializes a block in the TQ2_0 byte layout (the inverse of `tq2_0_codes`).
+pub fn tq2_0_bytes(b: &TernaryBlock) -> [u8; 66] {
+    let mut out = [0u8; 66];
+    for h in 0..2 {
+        for s in 0..4 {
+            for l in 0..32 {
+                out[h * 32 + l] |= (b.codes[h * 128 + s * 32 + l] & 3) << (2 * s);
+            }
+        }
+    }
+    out[64..66].copy_from_slice(&b.d_bits.to_le_bytes());
+    out
+}
+
+/// Packs one block's 256 codes into 16 words (element j of a word at bits 2j..2j+1).
+#[inline]
+pub fn pack_block(codes: &[u8; BLOCK], words: &mut [u32]) {
+    for (w, chunk) in words.iter_mut().zip(codes.chunks_exact(CODES_PER_WORD)) {
+        let mut v = 0u32;
+        for (j, &c) in chunk.iter().enumerate() {
+            v |= ((c & 3) as u32) << (2 * j);
+        }
+        *w = v;
+    }
+}
+
+/// The kernel's definition of one row: `out[k] = f32(scale[k/256]) * (code[k] - 1)`.
+/// `words` holds `K/16` words and `scales` `K/256` f16 bit patterns.
+#[inline]
+pub fn row_values(words: &[u32], scales: &[u16], out: &mut [f32]) {
+    for ((wb, &s), ob) in words
+        .chunks_exact(WORDS_PER_BLOCK)
+        .zip(scales)
+        .zip(out.chunks_exact_mut(BLOCK))
+    {
+        let d = half::f16::from_bits(s).to_f32();
+        for (&w, o) in wb.iter().zip(ob.chunks_exact_mut(CODES_PER_WORD)) {
+            for (j, v) in o.iter_mut().enumerate() {
+                let code = ((w >> (2 * j)) & 3) as i8;
+                *v = d * (code - 1) as f32;
+            }
+        }
+    }
+}
+
+/// Whether a `[N, K]` ternary weight fits the GPU kernel's fast path: K a multiple of 512
+/// (two blocks per SIMD lane group) and N a multiple of 32 (rows per threadgroup).
+pub fn fast_path(n: u64, k: u64) -> bool {
+    k % 512 == 0 && n % 32 == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundf_is_half_away_from_zero() {
+        assert_eq!(np_roundf(0.5), 1.0);
+        assert_eq!(np_roundf(-0.5), -1.0);
+        assert_eq!(np_roundf(0.49999997), 0.0);
+        assert_eq!(np_roundf(1.0000001), 1.0);
+        assert_eq!(np_roundf(-0.0).to_bits(), (-0.0f32).to_bits());
+    }
+
+    #[test]
+    fn pack_and_row_values_invert() {
+        let mut codes = [0u8; BLOCK];
+        for (i, c) in codes.iter_mut().enumerate() {
+            *c = (i % 3) as u8;
+        }
+        let mut words = [0u32; WORDS_PER_BLOCK];
+        pack_block(&codes, &mut words);
+        assert_eq!(words[0] & 3, 0);
+        assert_eq!((words[0] >> 2) & 3, 1);
+        assert_eq!((words[0] >> 4) & 3, 2);
+        let d = half::f16::from_f32(0.5);
+        let mut out = [0f32; BLOCK];
+        row_values(&words, &[d.to_bits()], &mut out);
+        for (i, v) in out.iter().enumerate() {
+            assert_eq!(*v, 0.5 * ((i % 3) as f32 - 1.0));
+        }
+    }
+
+    #[test]
+    fn recover_rejects_code_three_and_nonfinite() {
+        let mut codes = [1u8; BLOCK];
+        codes[7] = 3;
+        let w = [0f32; BLOCK];
+        assert_eq!(
+            recover_block(0x3c00, &codes, &w),
+            Err(BlockFault::CodeThree { element: 7 })
+        );
+        assert_eq!(
+            recover_block(0x7c00, &[1u8; BLOCK], &w),
+            Err(BlockFault::NonFiniteScale { d_bits: 0x7c00 })
+        );
+    }
+
+    #[test]
+    fn quantizer_roundtrips_through_tq2_bytes() {
+        let x: Vec<f32> = (0..BLOCK).map(|i| (i as f32 - 128.0) / 64.0).collect();
+        let b = quantize_tq2_0_block(&x).unwrap();
+        let bytes = tq2_0_bytes(&b);
+        let (d, codes) = decode_block(GgmlType::TQ2_0, &bytes).unwrap();
+        assert_eq!(d, b.d_bits);
+        assert_eq!(codes, b.codes);
+    }
+}
