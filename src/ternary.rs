@@ -71,28 +71,38 @@ pub struct TernaryBlock {
 
 /// Recovers one block. `d_bits` and `byte_codes` come straight from the block bytes; `w` is
 /// the block's dequantized values (from [`crate::quant::dequantize`]).
+///
+/// The common case runs as straight-line loops over the block that the compiler vectorizes;
+/// only a block that fails a check is walked again element by element to name the fault.
+#[inline(always)]
 pub fn recover_block(
     d_bits: u16,
     byte_codes: &[u8; BLOCK],
     w: &[f32],
 ) -> Result<TernaryBlock, BlockFault> {
-    debug_assert_eq!(w.len(), BLOCK);
+    let Ok(w) = <&[f32; BLOCK]>::try_from(w) else {
+        return Err(BlockFault::NotTernary {
+            element: w.len().min(BLOCK),
+            value: f32::NAN,
+            d: f32::NAN,
+        });
+    };
     let d = half::f16::from_bits(d_bits).to_f32();
     if !d.is_finite() {
         return Err(BlockFault::NonFiniteScale { d_bits });
     }
-    if let Some(element) = byte_codes.iter().position(|&c| c > 2) {
-        return Err(BlockFault::CodeThree { element });
-    }
     // Route 1: from the values. d_block = max|W|.
+    let mut any3 = false;
     let mut max = 0f32;
-    for (element, &v) in w.iter().enumerate() {
-        if !v.is_finite() {
-            return Err(BlockFault::NonFiniteWeight { element, value: v });
-        }
-        max = max.max(v.abs());
+    for i in 0..BLOCK {
+        any3 |= byte_codes[i] > 2;
+        let a = w[i].abs();
+        max = if a > max { a } else { max };
     }
-    if max == 0.0 {
+    if any3 {
+        return Err(recover_block_fault(d, byte_codes, w, max));
+    }
+    if max == 0.0 && w.iter().all(|v| *v == 0.0) {
         // d = 0, or every code 1: all values are zero; every code is 1 by the rule, and the
         // stored bytes reproduce the zeros (and their signs) exactly.
         return Ok(TernaryBlock {
@@ -101,37 +111,76 @@ pub fn recover_block(
         });
     }
     if max != d.abs() {
-        return Err(BlockFault::ScaleMismatch { max, d: d.abs() });
+        return Err(recover_block_fault(d, byte_codes, w, max));
     }
-    for (element, (&v, &q)) in w.iter().zip(byte_codes.iter()).enumerate() {
-        let r = v / max;
-        let from_values = if r == 1.0 {
-            2u8
-        } else if r == 0.0 {
-            1
-        } else if r == -1.0 {
+    // code = round(W / max) + 1; W is exactly -max, 0 or +max in a ternary block, so the
+    // division is exact and equality tests are the same computation without it.
+    // Route 2: from the bytes; a negative d mirrors the codes.
+    let flip = d < 0.0;
+    let mut bad = false;
+    for i in 0..BLOCK {
+        let v = w[i];
+        let from_values: u8 = if v == max {
+            2
+        } else if v == -max {
             0
         } else {
-            return Err(BlockFault::NotTernary {
-                element,
-                value: v,
-                d: max,
-            });
+            1
         };
-        // Route 2: from the bytes. A negative d mirrors the codes.
-        let from_bytes = if d > 0.0 { q } else { 2 - q };
-        if from_values != from_bytes {
-            return Err(BlockFault::RoutesDisagree {
-                element,
-                from_values,
-                from_bytes,
-            });
-        }
+        let valid = v == max || v == -max || v == 0.0;
+        let q = byte_codes[i];
+        let from_bytes = if flip { 2 - q } else { q };
+        bad |= !valid | (from_values != from_bytes);
+    }
+    if bad {
+        return Err(recover_block_fault(d, byte_codes, w, max));
     }
     Ok(TernaryBlock {
         d_bits,
         codes: *byte_codes,
     })
+}
+
+/// The slow path of [`recover_block`]: finds and names the first fault of a block that failed.
+#[cold]
+fn recover_block_fault(d: f32, byte_codes: &[u8; BLOCK], w: &[f32; BLOCK], max: f32) -> BlockFault {
+    if let Some(element) = byte_codes.iter().position(|&c| c > 2) {
+        return BlockFault::CodeThree { element };
+    }
+    if let Some(element) = w.iter().position(|v| !v.is_finite()) {
+        return BlockFault::NonFiniteWeight {
+            element,
+            value: w[element],
+        };
+    }
+    if max != d.abs() {
+        return BlockFault::ScaleMismatch { max, d: d.abs() };
+    }
+    for (element, (&v, &q)) in w.iter().zip(byte_codes.iter()).enumerate() {
+        let from_values = if v == max {
+            2u8
+        } else if v == 0.0 {
+            1
+        } else if v == -max {
+            0
+        } else {
+            return BlockFault::NotTernary {
+                element,
+                value: v,
+                d: max,
+            };
+        };
+        let from_bytes = if d > 0.0 { q } else { 2 - q };
+        if from_values != from_bytes {
+            return BlockFault::RoutesDisagree {
+                element,
+                from_values,
+                from_bytes,
+            };
+        }
+    }
+    // Unreachable for a block that failed the fast path; report the scale to be safe.
+    BlockFault::ScaleMismatch { max, d: d.abs() }
 }
 
 /// Codes and scale bits of one TQ2_0 or TQ1_0 block, decoded from its bytes.

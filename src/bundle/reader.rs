@@ -196,16 +196,68 @@ fn list_files(dir: &Path, rel: &str, out: &mut Vec<String>) -> std::io::Result<(
     Ok(())
 }
 
+/// Reads a file once, front to back, hashing the whole file and each of `ranges` (sorted by
+/// offset, not overlapping). A range that runs past the end of the file gets `None`.
+fn hash_file_and_ranges(
+    path: &Path,
+    ranges: &[(u64, u64)],
+) -> std::io::Result<(String, Vec<Option<String>>)> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut f = File::open(path)?;
+    let mut whole = Sha256::new();
+    let mut hashers: Vec<Sha256> = ranges.iter().map(|_| Sha256::new()).collect();
+    let mut buf = vec![0u8; 8 << 20];
+    let mut pos = 0u64;
+    let mut first = 0usize;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        let chunk = &buf[..n];
+        whole.update(chunk);
+        let end = pos + n as u64;
+        while first < ranges.len() && ranges[first].0 + ranges[first].1 <= pos {
+            first += 1;
+        }
+        for (i, &(off, len)) in ranges.iter().enumerate().skip(first) {
+            if off >= end {
+                break;
+            }
+            let a = off.max(pos);
+            let b = (off + len).min(end);
+            if b > a {
+                hashers[i].update(&chunk[(a - pos) as usize..(b - pos) as usize]);
+            }
+        }
+        pos = end;
+    }
+    let hashes = ranges
+        .iter()
+        .zip(hashers)
+        .map(|(&(off, len), h)| (off + len <= pos).then(|| hex::encode(h.finalize())))
+        .collect();
+    Ok((hex::encode(whole.finalize()), hashes))
+}
+
 /// Checks the bundle against its manifest: every listed file present, regular, of the listed
 /// size and SHA256; no unlisted file; the bundle digest; every tensor inside its file, aligned,
-/// consistent with its encoding and shape, and of the listed SHA256. Returns the memory maps
-/// of the files and every failure found (empty when the bundle is intact).
+/// consistent with its encoding and shape, not overlapping another, and of the listed SHA256.
+/// Files are read once with plain reads (so checking a multi-GB bundle does not make it
+/// resident) and then memory-mapped for use. Returns the maps and every failure found (empty
+/// when the bundle is intact).
 pub fn check_integrity(
     dir: &Path,
     m: &Manifest,
 ) -> Result<(BTreeMap<String, Mmap>, Vec<String>), BundleError> {
     let mut failures = Vec::new();
     let mut maps = BTreeMap::new();
+    for t in &m.tensors {
+        if let Err(e) = check_tensor_layout(t) {
+            failures.push(format!("tensor {:?}: {e}", t.name));
+        }
+    }
     for f in &m.files {
         let p = match resolve(dir, &f.path) {
             Ok(p) => p,
@@ -214,10 +266,11 @@ pub fn check_integrity(
                 continue;
             }
         };
-        let meta = std::fs::symlink_metadata(&p).map_err(|source| BundleError::Io {
+        let io = |source| BundleError::Io {
             path: p.clone(),
             source,
-        })?;
+        };
+        let meta = std::fs::symlink_metadata(&p).map_err(io)?;
         if !meta.is_file() {
             failures.push(format!("{}: not a regular file", f.path));
             continue;
@@ -231,23 +284,57 @@ pub fn check_integrity(
             ));
             continue;
         }
-        let file = File::open(&p).map_err(|source| BundleError::Io {
-            path: p.clone(),
-            source,
-        })?;
-        // SAFETY: read-only map; bundles must not be modified while open.
-        let map = unsafe { Mmap::map(&file) }.map_err(|source| BundleError::Io {
-            path: p.clone(),
-            source,
-        })?;
-        let h = util::sha256_hex(&map);
+        let mut in_file: Vec<&TensorEntry> =
+            m.tensors.iter().filter(|t| t.file == f.path).collect();
+        in_file.sort_by_key(|t| (t.offset, t.length));
+        let mut ranges = Vec::with_capacity(in_file.len());
+        let mut prev_end = 0u64;
+        let mut prev_name = "";
+        for t in &in_file {
+            if t.offset < prev_end {
+                failures.push(format!(
+                    "tensor {:?} at bytes {}.. overlaps tensor {prev_name:?} ending at {prev_end}",
+                    t.name, t.offset
+                ));
+            }
+            prev_end = prev_end.max(t.offset.saturating_add(t.length));
+            prev_name = &t.name;
+            ranges.push((t.offset, t.length));
+        }
+        let overlapping = failures.iter().any(|e| e.contains("overlaps"));
+        let (h, tensor_hashes) = if overlapping {
+            (util::sha256_file(&p).map_err(io)?, vec![None; ranges.len()])
+        } else {
+            hash_file_and_ranges(&p, &ranges).map_err(io)?
+        };
         if h != f.sha256 {
             failures.push(format!(
                 "{}: sha256 {h} does not match the manifest's {}",
                 f.path, f.sha256
             ));
-            continue;
         }
+        if !overlapping {
+            for (t, th) in in_file.iter().zip(tensor_hashes) {
+                match th {
+                    Some(th) if th == t.sha256 => {}
+                    Some(th) => failures.push(format!(
+                        "tensor {:?}: sha256 {th} does not match the manifest's {}",
+                        t.name, t.sha256
+                    )),
+                    None => failures.push(format!(
+                        "tensor {:?}: bytes {}..{} run past the end of {} ({} bytes)",
+                        t.name,
+                        t.offset,
+                        t.offset.saturating_add(t.length),
+                        t.file,
+                        f.size
+                    )),
+                }
+            }
+        }
+        let file = File::open(&p).map_err(io)?;
+        // SAFETY: read-only map; bundles must not be modified while open.
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         maps.insert(f.path.clone(), map);
     }
     let mut present = Vec::new();
@@ -267,35 +354,6 @@ pub fn check_integrity(
             "bundle digest {digest} over the file list does not match the manifest's {}",
             m.bundle_digest
         ));
-    }
-    for t in &m.tensors {
-        if let Err(e) = check_tensor_layout(t) {
-            failures.push(format!("tensor {:?}: {e}", t.name));
-            continue;
-        }
-        let Some(map) = maps.get(&t.file) else {
-            continue; // the file's own failure is already reported
-        };
-        let end = t.offset.checked_add(t.length);
-        match end {
-            Some(e) if e <= map.len() as u64 => {
-                let h = util::sha256_hex(&map[t.offset as usize..e as usize]);
-                if h != t.sha256 {
-                    failures.push(format!(
-                        "tensor {:?}: sha256 {h} does not match the manifest's {}",
-                        t.name, t.sha256
-                    ));
-                }
-            }
-            _ => failures.push(format!(
-                "tensor {:?}: bytes {}..{} run past the end of {} ({} bytes)",
-                t.name,
-                t.offset,
-                t.offset.saturating_add(t.length),
-                t.file,
-                map.len()
-            )),
-        }
     }
     Ok((maps, failures))
 }
@@ -422,6 +480,13 @@ impl Bundle {
     /// A tensor entry by name.
     pub fn tensor(&self, name: &str) -> Option<&TensorEntry> {
         self.manifest.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// Drops a tensor's pages from the resident set (see [`crate::gguf::release_range`]).
+    pub fn release(&self, t: &TensorEntry) {
+        if let Some(map) = self.maps.get(&t.file) {
+            crate::gguf::release_range(map, t.offset, t.length);
+        }
     }
 
     /// A tensor's stored bytes.

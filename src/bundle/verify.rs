@@ -84,7 +84,10 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
         None => None,
     };
     if let Some(src) = &source {
-        let h = util::sha256_hex(src.bytes());
+        let h = util::sha256_file(src.path()).map_err(|e| BundleError::Io {
+            path: src.path().to_path_buf(),
+            source: e,
+        })?;
         if h != m.source.sha256 {
             failures.push(format!(
                 "source {} has sha256 {h}, the bundle was made from {} with sha256 {}",
@@ -122,6 +125,13 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
             },
             Some(bytes) => check_tensor(t, bytes, source.as_ref(), opts.maxerr),
         };
+        // Verification reads each tensor once: let its pages go.
+        if let Some(map) = maps.get(&t.file) {
+            crate::gguf::release_range(map, t.offset, t.length);
+        }
+        if let Some(st) = source.as_ref().and_then(|s| s.tensor(&t.name)) {
+            source.as_ref().map(|s| s.release(st));
+        }
         if !check.passed {
             failures.push(format!(
                 "tensor {:?}: {}",
@@ -283,46 +293,55 @@ fn check_tensor(
                 .map_init(
                     || (vec![0f32; k], vec![0f32; k]),
                     |(want, got), r| {
-                        let src_row = &sbytes[r * row_bytes..(r + 1) * row_bytes];
-                        if quant::dequantize(st.ty, src_row, want).is_err() {
-                            return (k as u64, k as u64, f64::INFINITY, f64::INFINITY);
-                        }
-                        let mut vs_unq = 0f64;
-                        if ternarized {
-                            // The reference is the TQ2_0 rule (gguf-py's quantizer) applied
-                            // to the source values.
-                            for b in 0..k / ternary::BLOCK {
-                                let blk = &mut want[b * 256..(b + 1) * 256];
-                                let orig: Vec<f32> = blk.to_vec();
-                                match ternary::quantize_tq2_0_block(&orig) {
-                                    Ok(q) => {
-                                        let d = half::f16::from_bits(q.d_bits).to_f32();
-                                        for (o, code) in blk.iter_mut().zip(q.codes) {
-                                            *o = d * (code as i8 - 1) as f32;
+                        quant::with_simd(|| {
+                            let src_row = &sbytes[r * row_bytes..(r + 1) * row_bytes];
+                            if quant::dequantize(st.ty, src_row, want).is_err() {
+                                return (k as u64, k as u64, f64::INFINITY, f64::INFINITY);
+                            }
+                            let mut vs_unq = 0f64;
+                            if ternarized {
+                                // The reference is the TQ2_0 rule (gguf-py's quantizer) applied
+                                // to the source values.
+                                for b in 0..k / ternary::BLOCK {
+                                    let blk = &mut want[b * 256..(b + 1) * 256];
+                                    let orig: Vec<f32> = blk.to_vec();
+                                    match ternary::quantize_tq2_0_block(&orig) {
+                                        Ok(q) => {
+                                            let d = half::f16::from_bits(q.d_bits).to_f32();
+                                            for (o, code) in blk.iter_mut().zip(q.codes) {
+                                                *o = d * (code as i8 - 1) as f32;
+                                            }
+                                            for (a, b) in blk.iter().zip(&orig) {
+                                                vs_unq = vs_unq.max((*a as f64 - *b as f64).abs());
+                                            }
                                         }
-                                        for (a, b) in blk.iter().zip(&orig) {
-                                            vs_unq = vs_unq.max((*a as f64 - *b as f64).abs());
-                                        }
+                                        Err(_) => blk.fill(f32::NAN),
                                     }
-                                    Err(_) => blk.fill(f32::NAN),
                                 }
                             }
-                        }
-                        ternary::row_values(
-                            &words[r * k / 16..(r + 1) * k / 16],
-                            &scales[r * k / 256..(r + 1) * k / 256],
-                            got,
-                        );
-                        let mut mism = 0u64;
-                        let mut maxd = 0f64;
-                        for (a, b) in got.iter().zip(want.iter()) {
-                            if a.to_bits() != b.to_bits() {
-                                mism += 1;
-                                let d = (*a as f64 - *b as f64).abs();
-                                maxd = maxd.max(if d.is_nan() { f64::INFINITY } else { d });
+                            ternary::row_values(
+                                &words[r * k / 16..(r + 1) * k / 16],
+                                &scales[r * k / 256..(r + 1) * k / 256],
+                                got,
+                            );
+                            // Count bit differences branch-free (vectorizes); find the largest
+                            // difference only in rows that have any.
+                            let mism = got
+                                .iter()
+                                .zip(want.iter())
+                                .map(|(a, b)| (a.to_bits() != b.to_bits()) as u64)
+                                .sum::<u64>();
+                            let mut maxd = 0f64;
+                            if mism > 0 {
+                                for (a, b) in got.iter().zip(want.iter()) {
+                                    if a.to_bits() != b.to_bits() {
+                                        let d = (*a as f64 - *b as f64).abs();
+                                        maxd = maxd.max(if d.is_nan() { f64::INFINITY } else { d });
+                                    }
+                                }
                             }
-                        }
-                        (k as u64, mism, maxd, vs_unq)
+                            (k as u64, mism, maxd, vs_unq)
+                        })
                     },
                 )
                 .reduce(

@@ -162,37 +162,39 @@ fn pack_ternary(
     let results: Vec<ChunkResult> = (0..n_chunks)
         .into_par_iter()
         .map(|c| {
-            let r0 = c * chunk_rows;
-            let r1 = ((c + 1) * chunk_rows).min(n as usize);
-            let mut words = vec![0u32; (r1 - r0) * blocks_per_row * WORDS_PER_BLOCK];
-            let mut scales = vec![0u16; (r1 - r0) * blocks_per_row];
-            let mut row = vec![0f32; k as usize];
-            for r in r0..r1 {
-                let src = &data[r * row_bytes..(r + 1) * row_bytes];
-                quant::dequantize(t.ty, src, &mut row)
-                    .expect("whole blocks of a dequantizable type, checked above");
-                for b in 0..blocks_per_row {
-                    let w = &row[b * BLOCK..(b + 1) * BLOCK];
-                    let blk: TernaryBlock = match p {
-                        Plan::Recover => {
-                            let ts = t.ty.type_size();
-                            let bytes = &src[b * ts..(b + 1) * ts];
-                            let (d_bits, codes) = ternary::decode_block(t.ty, bytes)
-                                .expect("TQ block of the right size");
-                            ternary::recover_block(d_bits, &codes, w)
+            quant::with_simd(|| {
+                let r0 = c * chunk_rows;
+                let r1 = ((c + 1) * chunk_rows).min(n as usize);
+                let mut words = vec![0u32; (r1 - r0) * blocks_per_row * WORDS_PER_BLOCK];
+                let mut scales = vec![0u16; (r1 - r0) * blocks_per_row];
+                let mut row = vec![0f32; k as usize];
+                for r in r0..r1 {
+                    let src = &data[r * row_bytes..(r + 1) * row_bytes];
+                    quant::dequantize(t.ty, src, &mut row)
+                        .expect("whole blocks of a dequantizable type, checked above");
+                    for b in 0..blocks_per_row {
+                        let w = &row[b * BLOCK..(b + 1) * BLOCK];
+                        let blk: TernaryBlock = match p {
+                            Plan::Recover => {
+                                let ts = t.ty.type_size();
+                                let bytes = &src[b * ts..(b + 1) * ts];
+                                let (d_bits, codes) = ternary::decode_block(t.ty, bytes)
+                                    .expect("TQ block of the right size");
+                                ternary::recover_block(d_bits, &codes, w)
+                            }
+                            _ => ternary::quantize_tq2_0_block(w),
                         }
-                        _ => ternary::quantize_tq2_0_block(w),
+                        .map_err(|f| (r as u64, b as u64, f))?;
+                        let i = (r - r0) * blocks_per_row + b;
+                        scales[i] = blk.d_bits;
+                        ternary::pack_block(
+                            &blk.codes,
+                            &mut words[i * WORDS_PER_BLOCK..(i + 1) * WORDS_PER_BLOCK],
+                        );
                     }
-                    .map_err(|f| (r as u64, b as u64, f))?;
-                    let i = (r - r0) * blocks_per_row + b;
-                    scales[i] = blk.d_bits;
-                    ternary::pack_block(
-                        &blk.codes,
-                        &mut words[i * WORDS_PER_BLOCK..(i + 1) * WORDS_PER_BLOCK],
-                    );
                 }
-            }
-            Ok((words, scales))
+                Ok((words, scales))
+            })
         })
         .collect();
     let mut words = Vec::with_capacity((n as usize) * blocks_per_row * WORDS_PER_BLOCK);
@@ -299,10 +301,12 @@ pub fn write_bundle(
 
     // Hash the source on another thread while the tensors are converted.
     let (source_sha256, written) = std::thread::scope(|s| {
-        let hasher = s.spawn(|| util::sha256_hex(file.bytes()));
+        // Plain reads, not the map: hashing must not make the whole file resident.
+        let hasher = s.spawn(|| util::sha256_file(input));
         let written = write_contents(&file, tmp.path(), &plans, opts);
         (hasher.join().expect("hash thread"), written)
     });
+    let source_sha256 = source_sha256.map_err(io_err(input))?;
     let (tensors, weights_entry) = written?;
 
     let tok_bytes = serde_json::to_vec_pretty(&config::tokenizer_json(&file)).map_err(|e| {
@@ -491,6 +495,7 @@ fn write_contents(
             length,
             sha256: hex::encode(th.finalize()),
         });
+        file.release(t);
         pb.inc(t.n_bytes);
     }
     w.flush().map_err(io_err(&wpath))?;

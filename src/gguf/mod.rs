@@ -171,11 +171,40 @@ impl GgufFile {
         &self.map[t.abs_offset as usize..(t.abs_offset + t.n_bytes) as usize]
     }
 
+    /// Tells the kernel this process is done with a tensor's pages for now, so that reading
+    /// a large file once, front to back, does not keep all of it resident. The data stays
+    /// valid: a later read maps the pages in again from the file.
+    pub fn release(&self, t: &TensorInfo) {
+        release_range(&self.map, t.abs_offset, t.n_bytes);
+    }
+
     /// `general.architecture`, if present.
     pub fn architecture(&self) -> Option<String> {
         self.get("general.architecture")
             .and_then(|v| v.as_str())
             .map(|s| s.into_owned())
+    }
+}
+
+/// Drops a range of a read-only file map from this process's resident set (whole pages
+/// inside the range only). Best effort; errors are ignored.
+pub fn release_range(map: &Mmap, offset: u64, len: u64) {
+    #[cfg(unix)]
+    {
+        const PAGE: u64 = 4096;
+        let start = offset.div_ceil(PAGE) * PAGE;
+        let end = (offset + len) / PAGE * PAGE;
+        if end > start && end <= map.len() as u64 {
+            // SAFETY: the map is read-only and backed by a file, so MADV_DONTNEED only drops
+            // pages that are read back from the file on the next access.
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    start as usize,
+                    (end - start) as usize,
+                )
+            };
+        }
     }
 }
 

@@ -1,0 +1,365 @@
+//! `convert pack` and `convert verify` on SmolLM2: schema, verification against the source,
+//! determinism across thread counts, golden digest, tampering, and atomic output.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use lowbit::bundle::writer::{self, Mode, PackOptions};
+use serde_json::Value;
+
+const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+fn convert() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_convert"))
+}
+
+fn run(args: &[&str], paths: &[&Path]) -> Output {
+    let mut c = convert();
+    c.args(args);
+    for p in paths {
+        c.arg(p);
+    }
+    c.output().unwrap()
+}
+
+/// One packed SmolLM2 bundle shared by the tests (they copy it before changing it).
+fn packed() -> Option<&'static (PathBuf, PathBuf)> {
+    static B: OnceLock<Option<(tempfile::TempDir, PathBuf, PathBuf)>> = OnceLock::new();
+    B.get_or_init(|| {
+        let model = common::model(MODEL)?;
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("smollm2.bundle");
+        let o = run(&["pack", "-q", "-o"], &[&out, &model]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        Some((dir, out, model))
+    })
+    .as_ref()
+    .map(|(_, b, m)| {
+        // Leak a stable reference to the pair.
+        let pair: &'static (PathBuf, PathBuf) = Box::leak(Box::new((b.clone(), m.clone())));
+        pair
+    })
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+fn manifest(b: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(b.join("manifest.json")).unwrap()).unwrap()
+}
+
+fn write_manifest(b: &Path, m: &Value) {
+    std::fs::write(
+        b.join("manifest.json"),
+        serde_json::to_vec_pretty(m).unwrap(),
+    )
+    .unwrap();
+}
+
+fn schema() -> jsonschema::Validator {
+    let s: Value = serde_json::from_slice(
+        &std::fs::read(common::repo().join("schemas/bundle-manifest.v1.schema.json")).unwrap(),
+    )
+    .unwrap();
+    jsonschema::validator_for(&s).unwrap()
+}
+
+#[test]
+fn manifest_validates_against_schema() {
+    let Some((b, _)) = packed() else { return };
+    let m = manifest(b);
+    let v = schema();
+    let errors: Vec<String> = v.iter_errors(&m).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{errors:#?}");
+    // The schema is not vacuous: a broken manifest fails it.
+    let mut bad = m.clone();
+    bad["tensors"][0]["sha256"] = Value::from("xyz");
+    bad["files"][0]["path"] = Value::from("../weights.bin");
+    assert!(v.iter_errors(&bad).count() >= 2);
+    assert_eq!(m["format"], "lowbit-bundle");
+    assert_eq!(m["source"]["file_name"], MODEL);
+    assert_eq!(m["model"]["architecture"], "llama");
+    assert_eq!(m["model"]["n_layer"], 30);
+    assert_eq!(m["model"]["n_head_kv"], 3);
+    assert_eq!(m["model"]["tied_embeddings"], true);
+    let main = &m["functions"]["main"];
+    assert_eq!(main["inputs"][0]["name"], "input_ids");
+    assert_eq!(main["inputs"][0]["shape"], serde_json::json!([1, 1]));
+    assert_eq!(main["states"][0]["name"], "keyCache");
+    assert_eq!(
+        main["outputs"][0]["shape"],
+        serde_json::json!([1, 1, 49152])
+    );
+    assert_eq!(m["tensors"].as_array().unwrap().len(), 272);
+}
+
+#[test]
+fn verify_against_source_passes_with_maxerr_zero() {
+    let Some((b, model)) = packed() else { return };
+    let o = run(
+        &["verify", "--json", "--maxerr", "0", "--source"],
+        &[model, b],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["passed"], true);
+    assert_eq!(r["totals"]["tensors"], 272);
+    assert_eq!(r["totals"]["passed"], 272);
+    assert!(r["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|t| t["compared"] == "bytes" && t["mismatched"] == 0));
+}
+
+/// Same input, same flags: byte-identical bundles whatever the thread count.
+#[test]
+fn deterministic_across_thread_counts_and_matches_golden_digest() {
+    let Some((b, model)) = packed() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("smollm2.bundle");
+    let o = run(&["--threads", "1", "pack", "-q", "-o"], &[&out, model]);
+    assert!(o.status.success());
+    for f in ["manifest.json", "weights.bin", "tokenizer.json"] {
+        assert!(
+            std::fs::read(b.join(f)).unwrap() == std::fs::read(out.join(f)).unwrap(),
+            "{f} differs between thread counts"
+        );
+    }
+    let golden_path = common::repo().join("manifests/smollm2-135m-instruct-q4_1.pack.json");
+    let m = manifest(b);
+    let got = serde_json::json!({
+        "command": "convert pack SmolLM2-135M-Instruct.Q4_1.gguf -o smollm2.bundle",
+        "source_sha256": m["source"]["sha256"],
+        "bundle_digest": m["bundle_digest"],
+        "files": m["files"],
+    });
+    if std::env::var("LOWBIT_UPDATE_GOLDEN").as_deref() == Ok("1") {
+        std::fs::write(&golden_path, serde_json::to_vec_pretty(&got).unwrap()).unwrap();
+    }
+    let want: Value = serde_json::from_slice(&std::fs::read(&golden_path).unwrap()).unwrap();
+    assert_eq!(
+        got,
+        want,
+        "golden digest changed: {}",
+        golden_path.display()
+    );
+}
+
+fn tampered(f: impl FnOnce(&Path)) -> Option<(tempfile::TempDir, PathBuf, PathBuf)> {
+    let (b, model) = packed()?;
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("t.bundle");
+    copy_dir(b, &copy);
+    f(&copy);
+    Some((dir, copy, model.clone()))
+}
+
+fn verify_fails(copy: &Path, code: i32, needles: &[&str]) {
+    let o = run(&["verify"], &[copy]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(o.status.code(), Some(code), "{text}");
+    for n in needles {
+        assert!(text.contains(n), "expected {n:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn flipped_byte_is_caught() {
+    let Some((_d, copy, _)) = tampered(|b| {
+        let p = b.join("weights.bin");
+        let mut w = std::fs::read(&p).unwrap();
+        w[12345] ^= 0x01;
+        std::fs::write(&p, w).unwrap();
+    }) else {
+        return;
+    };
+    verify_fails(&copy, 1, &["weights.bin", "sha256", "FAILED"]);
+}
+
+#[test]
+fn truncated_file_is_caught() {
+    let Some((_d, copy, _)) = tampered(|b| {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(b.join("weights.bin"))
+            .unwrap();
+        f.set_len(1000).unwrap();
+    }) else {
+        return;
+    };
+    verify_fails(&copy, 1, &["weights.bin", "truncated"]);
+}
+
+#[test]
+fn extra_file_is_caught() {
+    let Some((_d, copy, _)) = tampered(|b| std::fs::write(b.join("extra.bin"), b"x").unwrap())
+    else {
+        return;
+    };
+    verify_fails(&copy, 1, &["extra.bin", "extra file"]);
+}
+
+#[test]
+fn missing_file_is_caught() {
+    let Some((_d, copy, _)) = tampered(|b| std::fs::remove_file(b.join("tokenizer.json")).unwrap())
+    else {
+        return;
+    };
+    verify_fails(&copy, 1, &["tokenizer.json", "missing"]);
+}
+
+#[test]
+fn symlinked_file_is_refused() {
+    let Some((_d, copy, _)) = tampered(|b| {
+        let t = b.join("tokenizer.json");
+        let elsewhere = b.parent().unwrap().join("tok-elsewhere.json");
+        std::fs::rename(&t, &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &t).unwrap();
+    }) else {
+        return;
+    };
+    verify_fails(&copy, 1, &["tokenizer.json", "symlink"]);
+}
+
+#[test]
+fn escaping_paths_are_refused() {
+    for bad in [
+        "../weights.bin",
+        "/etc/passwd",
+        "a/../../x",
+        "./weights.bin",
+    ] {
+        let Some((_d, copy, _)) = tampered(|b| {
+            let mut m = manifest(b);
+            m["files"][1]["path"] = Value::from(bad);
+            write_manifest(b, &m);
+        }) else {
+            return;
+        };
+        verify_fails(&copy, 2, &["escapes the bundle", bad]);
+    }
+}
+
+#[test]
+fn unknown_format_version_is_refused() {
+    let Some((_d, copy, _)) = tampered(|b| {
+        let mut m = manifest(b);
+        m["format_version"] = Value::from(2);
+        write_manifest(b, &m);
+    }) else {
+        return;
+    };
+    verify_fails(&copy, 2, &["unsupported format_version 2"]);
+}
+
+#[test]
+fn malformed_hash_is_refused() {
+    let Some((_d, copy, _)) = tampered(|b| {
+        let mut m = manifest(b);
+        m["files"][0]["sha256"] = Value::from("ABC");
+        write_manifest(b, &m);
+    }) else {
+        return;
+    };
+    verify_fails(&copy, 2, &["malformed sha256", "ABC"]);
+}
+
+#[test]
+fn edited_manifest_breaks_the_digest() {
+    let Some((_d, copy, _)) = tampered(|b| {
+        // A consistent-looking edit: change a file's recorded hash to another valid hash.
+        let mut m = manifest(b);
+        m["files"][0]["sha256"] = Value::from("0".repeat(64));
+        write_manifest(b, &m);
+    }) else {
+        return;
+    };
+    verify_fails(&copy, 1, &["bundle digest", "does not match"]);
+}
+
+#[test]
+fn wrong_source_is_caught() {
+    let Some((b, _)) = packed() else { return };
+    let Some(other) = common::model("gemma-3-270m-q4_k_m.gguf") else {
+        return;
+    };
+    let o = run(&["verify", "--source"], &[&other, b]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("the bundle was made from SmolLM2"), "{out}");
+}
+
+#[test]
+fn refuses_existing_output_and_leaves_nothing_after_a_failure() {
+    let Some(model) = common::model(MODEL) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.bundle");
+    std::fs::create_dir(&out).unwrap();
+    let o = run(&["pack", "-q", "-o"], &[&out, &model]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("already exists"));
+    std::fs::remove_dir(&out).unwrap();
+
+    // A failure injected mid-write (after 100 of 272 tensors): nothing at the output path,
+    // no temporary directory left beside it.
+    let opts = PackOptions {
+        mode: Mode::Pack,
+        context: None,
+        quiet: true,
+        fail_after_tensors: Some(100),
+    };
+    let err = writer::write_bundle(&model, &out, &opts, vec!["test".into()]).unwrap_err();
+    assert!(
+        err.to_string().contains("injected failure after 100"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn dequantize_bundle_equals_dequantize_source() {
+    let Some((b, model)) = packed() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.safetensors");
+    let c = dir.path().join("b.safetensors");
+    assert!(
+        run(&["dequantize", "-q", "--tensor", "blk.1*", "-o"], &[&a, b])
+            .status
+            .success()
+    );
+    assert!(run(
+        &["dequantize", "-q", "--tensor", "blk.1*", "-o"],
+        &[&c, model]
+    )
+    .status
+    .success());
+    let a = std::fs::read(a).unwrap();
+    let c = std::fs::read(c).unwrap();
+    let a = safetensors::SafeTensors::deserialize(&a).unwrap();
+    let c = safetensors::SafeTensors::deserialize(&c).unwrap();
+    assert_eq!(a.len(), 99);
+    for (name, t) in a.tensors() {
+        assert_eq!(t.data(), c.tensor(&name).unwrap().data(), "{name}");
+    }
+}
