@@ -19,7 +19,9 @@ GEMMA_SHA256 := a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 CONVERT := target/release/convert
 OUT ?= $(LOWBIT_CACHE)/out
 
-.PHONY: all demo test fetch venv build bench refvectors golden llama clean-out lint
+.DELETE_ON_ERROR:
+
+.PHONY: all demo test fetch venv build bench bench-ternary bench-dequant refvectors golden llama clean-out lint
 
 all: build
 
@@ -62,8 +64,16 @@ demo: build $(SMOLLM2)
 	rm -f $(OUT)/smollm2.safetensors
 	$(CONVERT) dequantize $(SMOLLM2) -o $(OUT)/smollm2.safetensors
 
+# TQ2_0 made from SmolLM2's real weights by gguf-py's quantizer (tests/ref/make_tq2_from_real.py).
+TERNARY := $(LOWBIT_CACHE)/ternary
+SMOLLM2_TQ2 := $(TERNARY)/smollm2-tq2_0-gguf-py.gguf
+$(SMOLLM2_TQ2): $(SMOLLM2) $(VENV)/.ok tests/ref/make_tq2_from_real.py
+	mkdir -p $(TERNARY)
+	$(VPY) tests/ref/make_tq2_from_real.py $(SMOLLM2) --out $@ --json $(TERNARY)/smollm2-tq2_0-gguf-py.json
+ternary-real: $(SMOLLM2_TQ2)
+
 # Every test, with the real models required (a missing model fails instead of skipping).
-test: fetch
+test: fetch $(SMOLLM2_TQ2)
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	LOWBIT_REQUIRE_MODELS=1 cargo test --release
@@ -80,5 +90,48 @@ golden: $(VENV)/.ok fetch
 llama:
 	bash tests/ref/build_llama.sh
 
-bench: build $(VENV)/.ok fetch
-	$(VPY) benches/dequant_bench.py --convert $(CONVERT) $(SMOLLM2) $(GEMMA)
+# Regenerate the ternary test inputs and reference vectors (gguf-py), committed under
+# testdata/ternary; ternary-llama also quantizes SmolLM2 and Gemma with llama-quantize.
+ternary-vectors: $(VENV)/.ok
+	$(VPY) tests/ref/gen_tq_quant_vectors.py --out testdata/ternary
+	$(VPY) tests/ref/make_minicpm.py --preset tiny --out testdata/ternary/minicpm-tiny-tq2_0.gguf
+	$(VPY) tests/ref/make_minicpm.py --preset tiny --linear-type f16 --out testdata/ternary/minicpm-tiny-f16.gguf
+	$(VPY) tests/ref/gen_golden_real.py --out testdata/ternary testdata/ternary/minicpm-tiny-tq2_0.gguf
+ternary-llama: $(SMOLLM2_TQ2) llama
+	VPY=$(VPY) bash tests/ref/make_tq2_llama_quantize.sh
+
+# The benchmark model: MiniCPM4-8B shapes, 224 TQ2_0 linears, Q4_K embedding and Q6_K head
+# made by llama-quantize (about 2.4 GB, generated, never committed).
+MINICPM8B := $(TERNARY)/minicpm4-8b-tq2_0.gguf
+$(MINICPM8B): tests/ref/make_minicpm.py | $(VENV)/.ok
+	$(MAKE) llama
+	mkdir -p $(TERNARY)
+	$(VPY) tests/ref/make_minicpm.py --preset minicpm4-8b --out $@
+minicpm8b: $(MINICPM8B)
+
+# Every benchmark, in one run; each compares lowbit with a reference tool timed in the same run.
+bench: bench-dequant bench-ternary
+
+# Ternary conversion and verification of the MiniCPM4-8B-shape model, next to reading and
+# hashing the input once (the anchor), in one run.
+bench-ternary: build $(MINICPM8B)
+	$(VPY) benches/ternary_bench.py --convert $(CONVERT) --json $(LOWBIT_CACHE)/bench/ternary.json $(MINICPM8B)
+
+# Dequantization throughput (GB/s of f32 output) per type and per real model, lowbit serial and
+# in rayon pools next to gguf-py on the same data; writes $(LOWBIT_CACHE)/bench/dequant.json and
+# prints a table for BENCHMARKS.md. BENCH_ARGS passes options (--threads-list, --reps, ...).
+bench-dequant: $(VENV)/.ok fetch
+	$(VPY) benches/dequant_bench.py $(BENCH_ARGS) $(SMOLLM2) $(GEMMA)
+
+# --- fuzz (added with tests/gguf_bad_input.rs; see fuzz/README.md) -------------------------
+# Fuzzes the GGUF parser (fuzz/fuzz_targets/gguf_parse.rs) for FUZZ_SECONDS, starting from the
+# committed seeds in fuzz/seeds. New inputs go to fuzz/corpus/gguf_parse, crashes to
+# fuzz/artifacts/gguf_parse (both git-ignored). Needs `cargo install cargo-fuzz`;
+# RUSTC_BOOTSTRAP=1 lets a stable toolchain take cargo-fuzz's -Z flags (nightly ignores it).
+FUZZ_SECONDS ?= 60
+
+.PHONY: fuzz
+fuzz:
+	mkdir -p fuzz/corpus/gguf_parse
+	RUSTC_BOOTSTRAP=1 cargo fuzz run gguf_parse fuzz/corpus/gguf_parse fuzz/seeds -- \
+		-max_total_time=$(FUZZ_SECONDS)
