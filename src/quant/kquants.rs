@@ -80,16 +80,25 @@ pub fn dequant_q2_k(blocks: &[BlockQ2K], out: &mut [f32]) {
     for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
         let d = f16_to_f32(b.d);
         let dmin = f16_to_f32(b.dmin);
-        for (sb, ys) in y.chunks_exact_mut(16).enumerate() {
-            let dl = d * (b.scales[sb] & 0x0F) as f32;
-            let ml = dmin * (b.scales[sb] >> 4) as f32;
-            let h = sb / 8;
-            let s = (sb % 8) / 2;
-            let l0 = (sb % 2) * 16;
-            let qs = &b.qs[h * 32 + l0..h * 32 + l0 + 16];
-            for l in 0..16 {
-                let q = (qs[l] >> (2 * s)) & 3;
-                ys[l] = dl * q as f32 - ml;
+        for (h, yh) in y.chunks_exact_mut(128).enumerate() {
+            let qs = &b.qs[h * 32..h * 32 + 32];
+            for (s, ys) in yh.chunks_exact_mut(32).enumerate() {
+                // Elements h*128 + s*32 + l: bits 2s..2s+2 of qs[h*32 + l]; sub-block
+                // h*8 + s*2 for l < 16, the next one for l >= 16.
+                let sb = h * 8 + s * 2;
+                let dl1 = d * (b.scales[sb] & 0x0F) as f32;
+                let ml1 = dmin * (b.scales[sb] >> 4) as f32;
+                let dl2 = d * (b.scales[sb + 1] & 0x0F) as f32;
+                let ml2 = dmin * (b.scales[sb + 1] >> 4) as f32;
+                let (lo, hi) = ys.split_at_mut(16);
+                for ((o, &q), (o2, &q2)) in lo
+                    .iter_mut()
+                    .zip(&qs[..16])
+                    .zip(hi.iter_mut().zip(&qs[16..]))
+                {
+                    *o = dl1 * ((q >> (2 * s)) & 3) as f32 - ml1;
+                    *o2 = dl2 * ((q2 >> (2 * s)) & 3) as f32 - ml2;
+                }
             }
         }
     }
@@ -116,18 +125,21 @@ pub fn dequant_q3_k(blocks: &[BlockQ3K], out: &mut [f32]) {
     for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
         let d = f16_to_f32(b.d);
         let sc = q3_k_scales(&b.scales);
-        for (sb, ys) in y.chunks_exact_mut(16).enumerate() {
-            let dl = d * sc[sb] as f32;
-            let e0 = sb * 16;
-            let h = e0 / 128;
-            let s = (e0 % 128) / 32;
-            let l0 = e0 % 32;
-            let bit = e0 / 32;
-            for l in 0..16 {
-                let ql = ((b.qs[h * 32 + l0 + l] >> (2 * s)) & 3) as i8;
-                let qh = ((b.hmask[l0 + l] >> bit) & 1) ^ 1;
-                let q = ql - ((qh << 2) as i8);
-                ys[l] = dl * q as f32;
+        for (h, yh) in y.chunks_exact_mut(128).enumerate() {
+            let qs = &b.qs[h * 32..h * 32 + 32];
+            for (s, ys) in yh.chunks_exact_mut(32).enumerate() {
+                // Elements h*128 + s*32 + l: low bits 2s..2s+2 of qs[h*32 + l], high bit
+                // h*4 + s of hmask[l]; sub-block h*8 + s*2 for l < 16, the next for l >= 16.
+                let sb = h * 8 + s * 2;
+                let bit = h * 4 + s;
+                let dl1 = d * sc[sb] as f32;
+                let dl2 = d * sc[sb + 1] as f32;
+                for (l, o) in ys.iter_mut().enumerate() {
+                    let ql = ((qs[l] >> (2 * s)) & 3) as i8;
+                    let qh = ((b.hmask[l] >> bit) & 1) ^ 1;
+                    let q = (ql - ((qh << 2) as i8)) as f32;
+                    *o = if l < 16 { dl1 * q } else { dl2 * q };
+                }
             }
         }
     }

@@ -122,8 +122,8 @@ pub fn dequant_q5_1(blocks: &[BlockQ5_1], out: &mut [f32]) {
 pub fn dequant_q8_0(blocks: &[BlockQ8_0], out: &mut [f32]) {
     for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK4_0)) {
         let d = f16_to_f32(b.d);
-        for j in 0..QK4_0 {
-            y[j] = (b.qs[j] as i8) as f32 * d;
+        for (o, &q) in y.iter_mut().zip(&b.qs) {
+            *o = (q as i8) as f32 * d;
         }
     }
 }

@@ -13,7 +13,8 @@
 //! Speed: the same loop bodies are compiled twice, once for the baseline target and once with
 //! AVX2 enabled, and the AVX2 copy is chosen at run time when the CPU has it. Only the
 //! instruction selection differs; the f32 operations and their order do not, so both give the
-//! same bits (checked by `tests/dequant_vectors.rs`).
+//! same bits (checked by `tests/dequant_vectors.rs`). F16 tensors on the AVX2 path use the
+//! F16C conversion instruction when present, which widens exactly as the portable code does.
 
 pub mod float;
 pub mod kquants;
@@ -50,9 +51,9 @@ pub fn f16_to_f32(b: [u8; 2]) -> f32 {
 
 /// Widens IEEE binary16 bits to f32: exact for every finite value and infinity, the same
 /// value as numpy's `astype(float32)`; a NaN stays a NaN with its sign and payload (shifted
-/// up 13 bits, quiet bit not forced). Branch-free, so a loop of it vectorizes; `half`'s
-/// `to_f32` checks for F16C at run time on every call unless the crate itself was built with
-/// F16C, which keeps such loops scalar.
+/// up 13 bits) and is made quiet, the same bits as F16C's `vcvtph2ps` and `half`.
+/// Branch-free, so a loop of it vectorizes; `half`'s `to_f32` checks for F16C at run time on
+/// every call unless the crate itself was built with F16C, which keeps such loops scalar.
 #[inline(always)]
 pub fn f16_bits_to_f32(h: u16) -> f32 {
     let h = h as u32;
@@ -61,7 +62,8 @@ pub fn f16_bits_to_f32(h: u16) -> f32 {
     let exp = em & 0x7c00;
     // Normal: rebias the exponent from 15 to 127. Inf/NaN: exponent 31 becomes 255.
     let normal = (em << 13) + ((127 - 15) << 23);
-    let inf_nan = (em << 13) + ((255 - 31) << 23);
+    let quiet = if em & 0x03ff != 0 { 0x0040_0000 } else { 0 };
+    let inf_nan = ((em << 13) + ((255 - 31) << 23)) | quiet;
     // Zero and subnormal: the value is mantissa * 2^-24, exact in f32 (a normal f32).
     let sub = (em as f32 * (1.0 / 16_777_216.0)).to_bits();
     let bits = if exp == 0x7c00 {
@@ -79,7 +81,8 @@ pub fn f16_bits_to_f32(h: u16) -> f32 {
 pub enum Path {
     /// The baseline build (SSE2 on x86-64), available everywhere.
     Scalar,
-    /// The same code compiled with AVX2 enabled.
+    /// The same code compiled with AVX2 enabled; F16 tensors use F16C's `vcvtph2ps` as well
+    /// when the CPU has it (same bits as the portable widening, see `f16_bits_to_f32`).
     Avx2,
 }
 
@@ -94,23 +97,38 @@ pub fn detected_path() -> Path {
     Path::Scalar
 }
 
-/// Runs `f` with AVX2 code generation when the CPU has it, on the baseline target otherwise.
-/// The closure's floating-point operations and their order are the same either way, so the
-/// results are the same bits; only instruction selection (vector width) differs.
-#[inline(always)]
-pub fn with_simd<R>(f: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx2")]
-        unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {
-            f()
+/// Defines a function whose body is compiled twice, for the baseline target and with AVX2
+/// enabled, and dispatches to the AVX2 copy at run time when the CPU has it. The body's
+/// floating-point operations and their order are the same in both copies (Rust never fuses
+/// or reorders them), so both give the same bits; only the vector width differs.
+///
+/// Functions called from the body must be `#[inline(always)]` to be compiled with AVX2 too.
+/// (A closure passed to a `#[target_feature]` function is not: it stays a baseline function,
+/// which is why this is a macro.)
+#[macro_export]
+macro_rules! multiversion {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$m])*
+        #[allow(clippy::too_many_arguments)]
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            #[allow(clippy::too_many_arguments)]
+            fn body($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    body($($arg),*)
+                }
+                if std::is_x86_feature_detected!("avx2") {
+                    // SAFETY: AVX2 is present, checked on the line above.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            body($($arg),*)
         }
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 is present, checked on the line above.
-            return unsafe { avx2(f) };
-        }
-    }
-    f()
+    };
 }
 
 fn check_len(ty: GgmlType, src: &[u8], dst: &[f32]) -> Result<usize, DequantError> {
@@ -149,6 +167,11 @@ pub fn dequantize_with(
     #[cfg(target_arch = "x86_64")]
     {
         if path == Path::Avx2 && std::is_x86_feature_detected!("avx2") {
+            if ty == GgmlType::F16 && std::is_x86_feature_detected!("f16c") {
+                // SAFETY: AVX2 and F16C are present, checked on the lines above.
+                unsafe { float::dequant_f16_f16c(src, dst) };
+                return Ok(());
+            }
             // SAFETY: AVX2 is present, checked on the line above.
             unsafe { dequant_avx2(ty, src, dst) };
             return Ok(());
@@ -180,6 +203,16 @@ unsafe fn dequant_avx2(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     dequant_body(ty, src, dst)
 }
 
+/// Dequantizes whole blocks without the run-time dispatch, for callers that are themselves
+/// compiled per target (see [`multiversion`]). Does nothing for a type without a
+/// dequantizer or a length that is not whole blocks (callers check both beforehand).
+#[inline(always)]
+pub fn dequantize_body_checked(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+    if check_len(ty, src, dst).is_ok() {
+        dequant_body(ty, src, dst);
+    }
+}
+
 /// The one implementation; lengths are already checked.
 #[inline(always)]
 fn dequant_body(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
@@ -209,18 +242,34 @@ fn dequant_body(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
 mod tests {
     use super::*;
 
-    /// The branch-free widening agrees with `half` on every binary16 pattern (NaN: any NaN).
+    /// The branch-free widening gives `half`'s bits for every binary16 pattern, NaNs included
+    /// (both quiet a signalling NaN and keep its payload).
     #[test]
     fn f16_bits_to_f32_matches_half() {
         for h in 0..=u16::MAX {
             let got = f16_bits_to_f32(h);
             let want = half::f16::from_bits(h).to_f32();
-            assert!(
-                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
-                "{h:#06x}: {got:e} ({:#010x}) vs {want:e} ({:#010x})",
+            assert_eq!(
                 got.to_bits(),
-                want.to_bits()
+                want.to_bits(),
+                "{h:#06x}: {got:e} vs {want:e}"
             );
+        }
+    }
+
+    /// The F16C path gives the same bits as the portable one on every binary16 pattern.
+    #[test]
+    fn f16_paths_agree_on_every_pattern() {
+        let src: Vec<u8> = (0..=u16::MAX).flat_map(|h| h.to_le_bytes()).collect();
+        // Start one element in (not 16-byte aligned) and end 4 short of a multiple of 8, so the
+        // F16C loop's unaligned loads and its scalar tail both run.
+        let src = &src[2..src.len() - 6];
+        let mut a = vec![0f32; src.len() / 2];
+        let mut b = vec![0f32; src.len() / 2];
+        dequantize_with(Path::Scalar, GgmlType::F16, src, &mut a).unwrap();
+        dequantize_with(Path::Avx2, GgmlType::F16, src, &mut b).unwrap();
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(x.to_bits(), y.to_bits(), "element {i}");
         }
     }
 }

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Ternary conversion benchmark (issue: gguf-to-ternary / verify).
+
+Converts the MiniCPM4-8B-shape TQ2_0 GGUF with `convert gguf-to-ternary`, verifies the bundle
+with `convert verify --source --maxerr 0`, and reports wall seconds, GB/s of input and peak
+resident memory of each, next to the anchor measured in the same run: reading the input once
+and hashing it with SHA256 (Python's hashlib, i.e. OpenSSL, 8 MiB reads). Page cache is warm
+for all of them (the input is read once before timing).
+
+Usage: ternary_bench.py --convert target/release/convert MODEL.gguf [--out DIR] [--threads N]
+"""
+import argparse
+import hashlib
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def read_and_hash(path):
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            b = f.read(8 << 20)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def run_child(cmd):
+    """Runs cmd; returns (seconds, peak RSS in bytes of that child)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    # ru_maxrss of RUSAGE_CHILDREN is the largest child so far; run the largest last or
+    # measure each in a fresh process (we do: see main).
+    return dt, max(after, before) * 1024
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--convert", default="target/release/convert")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("model")
+    a = ap.parse_args()
+    size = os.path.getsize(a.model)
+    read_and_hash(a.model)  # warm the page cache
+    t0 = time.perf_counter()
+    read_and_hash(a.model)
+    t_hash = time.perf_counter() - t0
+
+    work = tempfile.mkdtemp(prefix="lowbit-bench-", dir=os.path.dirname(os.path.abspath(a.model)))
+    out = os.path.join(work, "m.bundle")
+    try:
+        # Each measured command runs in its own child of a fresh Python process so that
+        # ru_maxrss is that command's own peak.
+        def measured(cmd):
+            code = (
+                "import resource,subprocess,sys,time,json;t=time.perf_counter();"
+                "p=subprocess.run(sys.argv[1:],stdout=subprocess.DEVNULL,stderr=subprocess.PIPE);"
+                "dt=time.perf_counter()-t;"
+                "print(json.dumps([p.returncode,dt,resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss*1024,p.stderr.decode()[-2000:]]))"
+            )
+            r = subprocess.run([sys.executable, "-c", code] + cmd, capture_output=True, text=True)
+            rc, dt, rss, err = json.loads(r.stdout)
+            if rc != 0:
+                sys.exit(f"failed ({rc}): {' '.join(cmd)}\n{err}")
+            return dt, rss
+
+        conv = measured([a.convert, "--threads", str(a.threads), "gguf-to-ternary", "-q", a.model, "-o", out])
+        ver = measured([a.convert, "--threads", str(a.threads), "verify", "--maxerr", "0", "--source", a.model, out])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    gb = size / 1e9
+    res = {
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count()},
+        "model": os.path.basename(a.model),
+        "input_bytes": size,
+        "threads": a.threads,
+        "anchor_read_sha256_s": t_hash,
+        "convert_s": conv[0],
+        "convert_peak_rss_bytes": conv[1],
+        "verify_s": ver[0],
+        "verify_peak_rss_bytes": ver[1],
+        "ratio_convert_plus_verify_to_anchor": (conv[0] + ver[0]) / t_hash,
+    }
+    print(f"machine: {res['machine']['cpu']}, {res['machine']['cores']} cores; threads {a.threads}")
+    print(f"input: {res['model']}, {size} bytes")
+    print()
+    print("| step | seconds | GB/s of input | peak RSS (MB) | x anchor |")
+    print("|---|---|---|---|---|")
+    print(f"| anchor: read + SHA256 once (hashlib) | {t_hash:.2f} | {gb / t_hash:.2f} | - | 1.00 |")
+    print(f"| convert gguf-to-ternary | {conv[0]:.2f} | {gb / conv[0]:.2f} | {conv[1] / 1e6:.0f} | {conv[0] / t_hash:.2f} |")
+    print(f"| convert verify --maxerr 0 | {ver[0]:.2f} | {gb / ver[0]:.2f} | {ver[1] / 1e6:.0f} | {ver[0] / t_hash:.2f} |")
+    print(f"| convert + verify | {conv[0] + ver[0]:.2f} | {gb / (conv[0] + ver[0]):.2f} | - | {res['ratio_convert_plus_verify_to_anchor']:.2f} |")
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
