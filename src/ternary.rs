@@ -184,6 +184,7 @@ fn recover_block_fault(d: f32, byte_codes: &[u8; BLOCK], w: &[f32; BLOCK], max: 
 }
 
 /// Codes and scale bits of one TQ2_0 or TQ1_0 block, decoded from its bytes.
+#[inline(always)]
 pub fn decode_block(ty: GgmlType, bytes: &[u8]) -> Option<(u16, [u8; BLOCK])> {
     match ty {
         GgmlType::TQ2_0 => {
@@ -200,7 +201,7 @@ pub fn decode_block(ty: GgmlType, bytes: &[u8]) -> Option<(u16, [u8; BLOCK])> {
 
 /// gguf-py's `np_roundf`: round half away from zero, as
 /// `sign(n) * (floor(|n|) + floor(2 * (|n| - floor(|n|))))` in f32.
-#[inline]
+#[inline(always)]
 pub fn np_roundf(n: f32) -> f32 {
     let a = n.abs();
     let floored = a.floor();
@@ -217,6 +218,7 @@ pub fn np_roundf(n: f32) -> f32 {
 /// Quantizes 256 f32 values to one TQ2_0 block exactly as gguf-py's `TQ2_0.quantize_blocks`.
 /// Non-finite inputs and a `max|x|` that overflows f16 are errors (gguf-py would write a NaN or
 /// Inf scale).
+#[inline(always)]
 pub fn quantize_tq2_0_block(x: &[f32]) -> Result<TernaryBlock, BlockFault> {
     debug_assert_eq!(x.len(), BLOCK);
     let mut d = 0f32;
@@ -257,7 +259,7 @@ pub fn tq2_0_bytes(b: &TernaryBlock) -> [u8; 66] {
 }
 
 /// Packs one block's 256 codes into 16 words (element j of a word at bits 2j..2j+1).
-#[inline]
+#[inline(always)]
 pub fn pack_block(codes: &[u8; BLOCK], words: &mut [u32]) {
     for (w, chunk) in words.iter_mut().zip(codes.chunks_exact(CODES_PER_WORD)) {
         let mut v = 0u32;
@@ -270,7 +272,7 @@ pub fn pack_block(codes: &[u8; BLOCK], words: &mut [u32]) {
 
 /// The kernel's definition of one row: `out[k] = f32(scale[k/256]) * (code[k] - 1)`.
 /// `words` holds `K/16` words and `scales` `K/256` f16 bit patterns.
-#[inline]
+#[inline(always)]
 pub fn row_values(words: &[u32], scales: &[u16], out: &mut [f32]) {
     for ((wb, &s), ob) in words
         .chunks_exact(WORDS_PER_BLOCK)

@@ -15,6 +15,7 @@ use serde::Serialize;
 use super::manifest::*;
 use super::reader::{check_integrity, read_manifest};
 use super::BundleError;
+use crate::ggml::GgmlType;
 use crate::gguf::GgufFile;
 use crate::quant;
 use crate::ternary;
@@ -210,6 +211,52 @@ fn words_and_scales(t: &TensorEntry, bytes: &[u8]) -> Option<(Vec<u32>, Vec<u16>
 /// unquantized source).
 type Cmp = (u64, u64, f64, f64);
 
+crate::multiversion! {
+    /// One row: the source dequantized (for `ternarized` tensors, then put through the TQ2_0
+    /// rule) against the kernel's definition from the packed words. Returns (elements,
+    /// elements whose bits differ, max |diff|, max |diff| against the unquantized source).
+    fn compare_row(ty: GgmlType, src_row: &[u8], ternarized: bool, words: &[u32], scales: &[u16], want: &mut [f32], got: &mut [f32]) -> Cmp {
+        let k = want.len();
+        quant::dequantize_body_checked(ty, src_row, want);
+        let mut vs_unq = 0f64;
+        if ternarized {
+            for blk in want.chunks_exact_mut(ternary::BLOCK) {
+                let orig: Vec<f32> = blk.to_vec();
+                match ternary::quantize_tq2_0_block(&orig) {
+                    Ok(q) => {
+                        let d = half::f16::from_bits(q.d_bits).to_f32();
+                        for (o, code) in blk.iter_mut().zip(q.codes) {
+                            *o = d * (code as i8 - 1) as f32;
+                        }
+                        for (a, b) in blk.iter().zip(&orig) {
+                            vs_unq = vs_unq.max((*a as f64 - *b as f64).abs());
+                        }
+                    }
+                    Err(_) => blk.fill(f32::NAN),
+                }
+            }
+        }
+        ternary::row_values(words, scales, got);
+        // Count bit differences branch-free; find the largest difference only in rows that
+        // have any.
+        let mism = got
+            .iter()
+            .zip(want.iter())
+            .map(|(a, b)| (a.to_bits() != b.to_bits()) as u64)
+            .sum::<u64>();
+        let mut maxd = 0f64;
+        if mism > 0 {
+            for (a, b) in got.iter().zip(want.iter()) {
+                if a.to_bits() != b.to_bits() {
+                    let d = (*a as f64 - *b as f64).abs();
+                    maxd = maxd.max(if d.is_nan() { f64::INFINITY } else { d });
+                }
+            }
+        }
+        (k as u64, mism, maxd, vs_unq)
+    }
+}
+
 fn check_tensor(
     t: &TensorEntry,
     bytes: &[u8],
@@ -293,55 +340,15 @@ fn check_tensor(
                 .map_init(
                     || (vec![0f32; k], vec![0f32; k]),
                     |(want, got), r| {
-                        quant::with_simd(|| {
-                            let src_row = &sbytes[r * row_bytes..(r + 1) * row_bytes];
-                            if quant::dequantize(st.ty, src_row, want).is_err() {
-                                return (k as u64, k as u64, f64::INFINITY, f64::INFINITY);
-                            }
-                            let mut vs_unq = 0f64;
-                            if ternarized {
-                                // The reference is the TQ2_0 rule (gguf-py's quantizer) applied
-                                // to the source values.
-                                for b in 0..k / ternary::BLOCK {
-                                    let blk = &mut want[b * 256..(b + 1) * 256];
-                                    let orig: Vec<f32> = blk.to_vec();
-                                    match ternary::quantize_tq2_0_block(&orig) {
-                                        Ok(q) => {
-                                            let d = half::f16::from_bits(q.d_bits).to_f32();
-                                            for (o, code) in blk.iter_mut().zip(q.codes) {
-                                                *o = d * (code as i8 - 1) as f32;
-                                            }
-                                            for (a, b) in blk.iter().zip(&orig) {
-                                                vs_unq = vs_unq.max((*a as f64 - *b as f64).abs());
-                                            }
-                                        }
-                                        Err(_) => blk.fill(f32::NAN),
-                                    }
-                                }
-                            }
-                            ternary::row_values(
-                                &words[r * k / 16..(r + 1) * k / 16],
-                                &scales[r * k / 256..(r + 1) * k / 256],
-                                got,
-                            );
-                            // Count bit differences branch-free (vectorizes); find the largest
-                            // difference only in rows that have any.
-                            let mism = got
-                                .iter()
-                                .zip(want.iter())
-                                .map(|(a, b)| (a.to_bits() != b.to_bits()) as u64)
-                                .sum::<u64>();
-                            let mut maxd = 0f64;
-                            if mism > 0 {
-                                for (a, b) in got.iter().zip(want.iter()) {
-                                    if a.to_bits() != b.to_bits() {
-                                        let d = (*a as f64 - *b as f64).abs();
-                                        maxd = maxd.max(if d.is_nan() { f64::INFINITY } else { d });
-                                    }
-                                }
-                            }
-                            (k as u64, mism, maxd, vs_unq)
-                        })
+                        compare_row(
+                            st.ty,
+                            &sbytes[r * row_bytes..(r + 1) * row_bytes],
+                            ternarized,
+                            &words[r * k / 16..(r + 1) * k / 16],
+                            &scales[r * k / 256..(r + 1) * k / 256],
+                            want,
+                            got,
+                        )
                     },
                 )
                 .reduce(

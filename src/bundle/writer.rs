@@ -131,6 +131,42 @@ fn rows_per_chunk(k: u64) -> usize {
     ((1 << 18) / k.max(1)).max(1) as usize
 }
 
+/// A chunk of packed rows, or the (row, block in row, fault) of the first bad block.
+type ChunkResult = Result<(Vec<u32>, Vec<u16>), (u64, u64, ternary::BlockFault)>;
+
+crate::multiversion! {
+    /// Packs rows `r0..r1`: recovers each block (`recover`: TQ2_0/TQ1_0 source) or quantizes
+    /// it with the TQ2_0 rule (`--ternarize`).
+    fn pack_rows(ty: GgmlType, recover: bool, data: &[u8], row_bytes: usize, k: usize, r0: usize, r1: usize) -> ChunkResult {
+        let blocks_per_row = k / BLOCK;
+        let mut words = vec![0u32; (r1 - r0) * blocks_per_row * WORDS_PER_BLOCK];
+        let mut scales = vec![0u16; (r1 - r0) * blocks_per_row];
+        let mut row = vec![0f32; k];
+        let ts = ty.type_size();
+        for r in r0..r1 {
+            let src = &data[r * row_bytes..(r + 1) * row_bytes];
+            // Whole blocks of a dequantizable type, checked by the caller.
+            quant::dequantize_body_checked(ty, src, &mut row);
+            for b in 0..blocks_per_row {
+                let w = &row[b * BLOCK..(b + 1) * BLOCK];
+                let blk: TernaryBlock = if recover {
+                    match ternary::decode_block(ty, &src[b * ts..(b + 1) * ts]) {
+                        Some((d_bits, codes)) => ternary::recover_block(d_bits, &codes, w),
+                        None => Err(ternary::BlockFault::NonFiniteScale { d_bits: 0 }),
+                    }
+                } else {
+                    ternary::quantize_tq2_0_block(w)
+                }
+                .map_err(|f| (r as u64, b as u64, f))?;
+                let i = (r - r0) * blocks_per_row + b;
+                scales[i] = blk.d_bits;
+                ternary::pack_block(&blk.codes, &mut words[i * WORDS_PER_BLOCK..(i + 1) * WORDS_PER_BLOCK]);
+            }
+        }
+        Ok((words, scales))
+    }
+}
+
 /// Packs one tensor to the ternary layout. Returns (codes as u32 words, scales as f16 bits).
 fn pack_ternary(
     file: &GgufFile,
@@ -158,43 +194,12 @@ fn pack_ternary(
     let row_bytes = t.ty.bytes_for(k).unwrap_or(0) as usize;
     let chunk_rows = rows_per_chunk(k);
     let n_chunks = (n as usize).div_ceil(chunk_rows);
-    type ChunkResult = Result<(Vec<u32>, Vec<u16>), (u64, u64, ternary::BlockFault)>;
     let results: Vec<ChunkResult> = (0..n_chunks)
         .into_par_iter()
         .map(|c| {
-            quant::with_simd(|| {
-                let r0 = c * chunk_rows;
-                let r1 = ((c + 1) * chunk_rows).min(n as usize);
-                let mut words = vec![0u32; (r1 - r0) * blocks_per_row * WORDS_PER_BLOCK];
-                let mut scales = vec![0u16; (r1 - r0) * blocks_per_row];
-                let mut row = vec![0f32; k as usize];
-                for r in r0..r1 {
-                    let src = &data[r * row_bytes..(r + 1) * row_bytes];
-                    quant::dequantize(t.ty, src, &mut row)
-                        .expect("whole blocks of a dequantizable type, checked above");
-                    for b in 0..blocks_per_row {
-                        let w = &row[b * BLOCK..(b + 1) * BLOCK];
-                        let blk: TernaryBlock = match p {
-                            Plan::Recover => {
-                                let ts = t.ty.type_size();
-                                let bytes = &src[b * ts..(b + 1) * ts];
-                                let (d_bits, codes) = ternary::decode_block(t.ty, bytes)
-                                    .expect("TQ block of the right size");
-                                ternary::recover_block(d_bits, &codes, w)
-                            }
-                            _ => ternary::quantize_tq2_0_block(w),
-                        }
-                        .map_err(|f| (r as u64, b as u64, f))?;
-                        let i = (r - r0) * blocks_per_row + b;
-                        scales[i] = blk.d_bits;
-                        ternary::pack_block(
-                            &blk.codes,
-                            &mut words[i * WORDS_PER_BLOCK..(i + 1) * WORDS_PER_BLOCK],
-                        );
-                    }
-                }
-                Ok((words, scales))
-            })
+            let r0 = c * chunk_rows;
+            let r1 = ((c + 1) * chunk_rows).min(n as usize);
+            pack_rows(t.ty, p == Plan::Recover, data, row_bytes, k as usize, r0, r1)
         })
         .collect();
     let mut words = Vec::with_capacity((n as usize) * blocks_per_row * WORDS_PER_BLOCK);
