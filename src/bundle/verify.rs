@@ -130,8 +130,10 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
         if let Some(map) = maps.get(&t.file) {
             crate::gguf::release_range(map, t.offset, t.length);
         }
-        if let Some(st) = source.as_ref().and_then(|s| s.tensor(&t.name)) {
-            source.as_ref().map(|s| s.release(st));
+        if let Some(src) = source.as_ref() {
+            if let Some(st) = src.tensor(&t.name) {
+                src.release(st);
+            }
         }
         if !check.passed {
             failures.push(format!(

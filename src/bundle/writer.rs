@@ -199,7 +199,15 @@ fn pack_ternary(
         .map(|c| {
             let r0 = c * chunk_rows;
             let r1 = ((c + 1) * chunk_rows).min(n as usize);
-            pack_rows(t.ty, p == Plan::Recover, data, row_bytes, k as usize, r0, r1)
+            pack_rows(
+                t.ty,
+                p == Plan::Recover,
+                data,
+                row_bytes,
+                k as usize,
+                r0,
+                r1,
+            )
         })
         .collect();
     let mut words = Vec::with_capacity((n as usize) * blocks_per_row * WORDS_PER_BLOCK);
