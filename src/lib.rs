@@ -12,5 +12,7 @@ pub mod ggml;
 pub mod gguf;
 pub mod inspect;
 pub mod quant;
+pub mod runtime;
 pub mod ternary;
+pub mod tokenizer;
 pub mod util;
