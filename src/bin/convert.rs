@@ -82,6 +82,51 @@ enum Command {
         #[command(flatten)]
         common: BundleArgs,
     },
+    /// Load a bundle (checking every file first) and generate text, streamed to stdout.
+    Run {
+        /// The bundle directory.
+        bundle: PathBuf,
+        /// The prompt text (tokenized with the bundle's tokenizer).
+        #[arg(long, conflicts_with = "prompt_ids")]
+        prompt: Option<String>,
+        /// The prompt as comma-separated token ids instead of text.
+        #[arg(long, value_delimiter = ',')]
+        prompt_ids: Option<Vec<u32>>,
+        /// Tokens to generate at most.
+        #[arg(long, default_value_t = 64)]
+        max_tokens: usize,
+        /// Wrap the prompt in the model's chat template as a user message.
+        #[arg(long)]
+        chat: bool,
+        #[command(flatten)]
+        sample: SampleArgs,
+        /// Backend: cpu.
+        #[arg(long, default_value = "cpu")]
+        backend: String,
+        /// Print the generated token ids to stderr at the end.
+        #[arg(long)]
+        print_ids: bool,
+        /// Write the first step's logits (after the prompt) as little-endian f32 to this file.
+        #[arg(long)]
+        dump_logits: Option<PathBuf>,
+    },
+    /// Measure prompt and decode speed (tokens/s) and peak resident memory of a bundle.
+    Bench {
+        /// The bundle directory.
+        bundle: PathBuf,
+        /// Prompt tokens (run as single-token steps).
+        #[arg(long, default_value_t = 64)]
+        prompt_tokens: usize,
+        /// Generated tokens (greedy).
+        #[arg(long, default_value_t = 32)]
+        gen_tokens: usize,
+        /// Repetitions; the best is reported.
+        #[arg(long, default_value_t = 1)]
+        repeats: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Check a bundle's files and digest against its manifest and, with --source, every
     /// tensor against the GGUF it came from. Exit 0 passed, 1 a check failed, 2 error.
     Verify {
@@ -97,6 +142,22 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(clap::Args)]
+struct SampleArgs {
+    /// Sampling temperature; 0 is greedy (argmax).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Sample among the K most likely tokens (0: all).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Sample among the smallest set of tokens whose probability reaches P.
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Random seed for sampling.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
 }
 
 #[derive(clap::Args)]
@@ -273,13 +334,41 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             }
             pack(input, output, Mode::Ternary { ternarize }, common, cl)
         }
+        Command::Run {
+            bundle,
+            prompt,
+            prompt_ids,
+            max_tokens,
+            chat,
+            sample,
+            backend,
+            print_ids,
+            dump_logits,
+        } => run_cmd(RunArgs {
+            bundle,
+            prompt,
+            prompt_ids,
+            max_tokens,
+            chat,
+            sample,
+            backend,
+            print_ids,
+            dump_logits,
+        }),
+        Command::Bench {
+            bundle,
+            prompt_tokens,
+            gen_tokens,
+            repeats,
+            json,
+        } => bench_cmd(bundle, prompt_tokens, gen_tokens, repeats, json),
         Command::Verify {
             bundle,
             source,
             maxerr,
             json,
         } => {
-            if !(maxerr >= 0.0) {
+            if maxerr.is_nan() || maxerr < 0.0 {
                 eprintln!("error: --maxerr {maxerr} must be a number >= 0");
                 return Ok(ExitCode::from(2));
             }
@@ -305,6 +394,201 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             })
         }
     }
+}
+
+/// Peak resident set size of this process in bytes (`VmHWM`), if the OS reports it.
+fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn bench_cmd(
+    bundle: PathBuf,
+    prompt_tokens: usize,
+    gen_tokens: usize,
+    repeats: usize,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    use lowbit::runtime::{self, Backend, Sampler, SamplerConfig};
+    let t_load = std::time::Instant::now();
+    let mut be =
+        runtime::load_cpu(&bundle).with_context(|| format!("load {}", bundle.display()))?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    let n_vocab = be.n_vocab() as u32;
+    // A fixed, deterministic prompt: token ids spread over the vocabulary.
+    let prompt: Vec<u32> = (0..prompt_tokens.max(1) as u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 7) % n_vocab)
+        .collect();
+    let mut best: Option<runtime::GenStats> = None;
+    for _ in 0..repeats.max(1) {
+        let mut sampler = Sampler::new(SamplerConfig::default())?;
+        let (_, st) = runtime::generate(
+            &mut be,
+            &prompt,
+            gen_tokens.max(1),
+            &mut sampler,
+            &|_| false,
+            &mut |_| {},
+        )?;
+        best = Some(match best {
+            Some(b) if b.decode_tps() >= st.decode_tps() => b,
+            _ => st,
+        });
+    }
+    let st = best.expect("at least one repeat");
+    let m = &be.model;
+    let weights = m.weight_bytes();
+    let kv = be.kv_bytes();
+    let rss = peak_rss_bytes();
+    let threads = rayon::current_num_threads();
+    let report = serde_json::json!({
+        "bundle": bundle.display().to_string(),
+        "architecture": m.cfg.architecture,
+        "backend": be.name(),
+        "threads": threads,
+        "prompt_tokens": st.prompt_tokens,
+        "gen_tokens": st.generated,
+        "load_seconds": load_s,
+        "prompt_tokens_per_second": st.prompt_tps(),
+        "decode_tokens_per_second": st.decode_tps(),
+        "weight_bytes": weights,
+        "kv_cache_bytes": kv,
+        "peak_rss_bytes": rss,
+        "rss_over_weights_plus_kv": rss.map(|r| r as f64 / (weights + kv) as f64),
+        "decode_weight_read_gb_per_second": weights as f64 * st.decode_tps() / 1e9,
+    });
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "{}: {} threads; load {:.2}s; prompt {} tokens {:.2} tok/s; decode {} tokens {:.2} tok/s; weights {:.1} MB, KV cache {:.1} MB, peak RSS {} MB ({:.2}x weights+KV); decode reads weights at {:.2} GB/s",
+            bundle.display(),
+            threads,
+            load_s,
+            st.prompt_tokens,
+            st.prompt_tps(),
+            st.generated,
+            st.decode_tps(),
+            weights as f64 / 1e6,
+            kv as f64 / 1e6,
+            rss.map(|r| format!("{:.1}", r as f64 / 1e6)).unwrap_or_else(|| "?".into()),
+            rss.map(|r| r as f64 / (weights + kv) as f64).unwrap_or(f64::NAN),
+            weights as f64 * st.decode_tps() / 1e9
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+struct RunArgs {
+    bundle: PathBuf,
+    prompt: Option<String>,
+    prompt_ids: Option<Vec<u32>>,
+    max_tokens: usize,
+    chat: bool,
+    sample: SampleArgs,
+    backend: String,
+    print_ids: bool,
+    dump_logits: Option<PathBuf>,
+}
+
+fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
+    use lowbit::runtime::{self, Backend, Sampler, SamplerConfig};
+    if a.backend != "cpu" {
+        eprintln!(
+            "error: --backend {}: only the cpu backend exists so far",
+            a.backend
+        );
+        return Ok(ExitCode::from(2));
+    }
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: a.sample.temperature,
+        top_k: a.sample.top_k,
+        top_p: a.sample.top_p,
+        seed: a.sample.seed,
+    })?;
+    let t_load = std::time::Instant::now();
+    let mut be =
+        runtime::load_cpu(&a.bundle).with_context(|| format!("load {}", a.bundle.display()))?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    let tok = lowbit::tokenizer::Tokenizer::from_bundle_dir(&a.bundle).ok();
+    let ids: Vec<u32> = match (&a.prompt_ids, &a.prompt) {
+        (Some(ids), _) => ids.clone(),
+        (None, Some(text)) => {
+            let tok = tok.as_ref().ok_or_else(|| {
+                anyhow::anyhow!("{}: no usable tokenizer in the bundle", a.bundle.display())
+            })?;
+            let text = if a.chat {
+                tok.apply_chat_template(&[("user".to_string(), text.clone())], true)?
+            } else {
+                text.clone()
+            };
+            tok.encode(&text, true, a.chat)
+        }
+        (None, None) => anyhow::bail!("give --prompt TEXT or --prompt-ids IDS"),
+    };
+    if let Some(p) = &a.dump_logits {
+        // Prompt only, then dump the logits of its last step.
+        if ids.is_empty() {
+            anyhow::bail!("the prompt is empty");
+        }
+        if ids.len() > be.n_ctx() {
+            anyhow::bail!(
+                "prompt of {} tokens exceeds the context {}",
+                ids.len(),
+                be.n_ctx()
+            );
+        }
+        let mut last = Vec::new();
+        for (pos, &t) in ids.iter().enumerate() {
+            last = be.step(t, pos)?.to_vec();
+        }
+        let mut bytes = Vec::with_capacity(last.len() * 4);
+        for v in &last {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        std::fs::write(p, bytes).with_context(|| format!("write {}", p.display()))?;
+    }
+    let stop = |t: u32| tok.as_ref().map(|k| k.is_eog(t)).unwrap_or(false);
+    let mut out = std::io::stdout().lock();
+    let mut pending: Vec<u8> = Vec::new();
+    let mut emit = |t: u32| {
+        if let Some(k) = &tok {
+            if k.is_eog(t) {
+                return;
+            }
+            pending.extend_from_slice(&k.token_to_bytes(t));
+            // Print the longest valid UTF-8 prefix; keep an incomplete tail for the next token.
+            let valid = match std::str::from_utf8(&pending) {
+                Ok(s) => s.len(),
+                Err(e) if e.error_len().is_none() => e.valid_up_to(),
+                Err(_) => pending.len(),
+            };
+            let _ = out.write_all(&pending[..valid]);
+            let _ = out.flush();
+            pending.drain(..valid);
+        }
+    };
+    let (gen, stats) =
+        runtime::generate(&mut be, &ids, a.max_tokens, &mut sampler, &stop, &mut emit)?;
+    let _ = out.write_all(&pending);
+    let _ = writeln!(out);
+    if a.print_ids {
+        eprintln!("prompt ids: {ids:?}");
+        eprintln!("generated ids: {gen:?}");
+    }
+    eprintln!(
+        "load {:.2}s; prompt {} tokens {:.2} tok/s; decode {} tokens {:.2} tok/s ({} backend, {} threads)",
+        load_s,
+        stats.prompt_tokens,
+        stats.prompt_tps(),
+        stats.generated,
+        stats.decode_tps(),
+        be.name(),
+        rayon::current_num_threads()
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 fn print_verify(out: &mut impl Write, r: &verify::VerifyReport) -> std::io::Result<()> {

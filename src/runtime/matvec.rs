@@ -1,0 +1,292 @@
+//! Matrix-vector products and row gathers directly on the bundle's encodings, f32 activations.
+//!
+//! `W` is row-major `[rows, cols]` (`cols = K`), `x` is `[cols]`, `y = W x` is `[rows]`. Rows
+//! are split across the rayon pool; each row's dot product is computed in a fixed order (8
+//! partial sums combined pairwise), so results do not depend on the thread count.
+//!
+//! Kernels: ternary (`d * (code - 1)` from packed words, summed per block before the scale),
+//! Q8_0, Q4_0, Q4_1 fused; every other GGML type by dequantizing one row at a time with the
+//! bit-exact dequantizer into a small buffer and taking the dot product. Nothing dequantizes a
+//! whole matrix.
+
+use rayon::prelude::*;
+
+use crate::ggml::GgmlType;
+use crate::quant::{self, f16_bits_to_f32};
+
+/// A weight matrix as stored in the bundle.
+#[derive(Clone, Copy)]
+pub enum WeightData<'a> {
+    /// GGML blocks, `rows * bytes_per_row` bytes.
+    Gguf { ty: GgmlType, bytes: &'a [u8] },
+    /// Ternary: `rows * cols/16` words and `rows * cols/256` f16 scales.
+    Ternary { words: &'a [u32], scales: &'a [u16] },
+}
+
+/// Rows per parallel task.
+const ROWS_PER_TASK: usize = 16;
+
+/// Dot product in a fixed order: 8 lanes, then pairwise.
+#[inline(always)]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let n8 = a.len() / 8 * 8;
+    for (ca, cb) in a[..n8].chunks_exact(8).zip(b[..n8].chunks_exact(8)) {
+        for j in 0..8 {
+            acc[j] += ca[j] * cb[j];
+        }
+    }
+    for (i, (x, y)) in a[n8..].iter().zip(&b[n8..]).enumerate() {
+        acc[i] += x * y;
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+/// Sum in a fixed order (16 lanes, then pairwise).
+#[inline(always)]
+fn hsum16(acc: &[f32; 16]) -> f32 {
+    let mut a8 = [0f32; 8];
+    for j in 0..8 {
+        a8[j] = acc[j] + acc[j + 8];
+    }
+    ((a8[0] + a8[4]) + (a8[2] + a8[6])) + ((a8[1] + a8[5]) + (a8[3] + a8[7]))
+}
+
+/// One ternary row: `sum_b d_b * sum_{k in b} x_k * (code_k - 1)`.
+#[inline(always)]
+fn ternary_row(words: &[u32], scales: &[u16], x: &[f32]) -> f32 {
+    let mut total = 0f32;
+    for ((wb, &s), xb) in words.chunks_exact(16).zip(scales).zip(x.chunks_exact(256)) {
+        let mut acc = [0f32; 16];
+        for (&w, xs) in wb.iter().zip(xb.chunks_exact(16)) {
+            for j in 0..16 {
+                let c = ((w >> (2 * j)) & 3) as i32 - 1;
+                acc[j] += xs[j] * c as f32;
+            }
+        }
+        total += f16_bits_to_f32(s) * hsum16(&acc);
+    }
+    total
+}
+
+/// Q8_0 row: per lane `acc += d * (q * x)`, one horizontal sum at the end.
+#[inline(always)]
+fn q8_0_row(bytes: &[u8], x: &[f32]) -> f32 {
+    let mut acc = [0f32; 32];
+    for (b, xb) in bytes.chunks_exact(34).zip(x.chunks_exact(32)) {
+        let d = f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
+        let q = &b[2..34];
+        for j in 0..32 {
+            acc[j] += d * ((q[j] as i8) as f32 * xb[j]);
+        }
+    }
+    let mut a16 = [0f32; 16];
+    for j in 0..16 {
+        a16[j] = acc[j] + acc[j + 16];
+    }
+    hsum16(&a16)
+}
+
+/// Q4_0 / Q4_1 row: per lane `acc += d * (q * x)` (+ `m * x` for Q4_1, or `d * -8 * x` for
+/// Q4_0), one horizontal sum at the end.
+#[inline(always)]
+fn q4_row(bytes: &[u8], x: &[f32], with_min: bool) -> f32 {
+    let ts = if with_min { 20 } else { 18 };
+    let qoff = if with_min { 4 } else { 2 };
+    let mut acc = [0f32; 16];
+    for (b, xb) in bytes.chunks_exact(ts).zip(x.chunks_exact(32)) {
+        let d = f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
+        let m = if with_min {
+            f16_bits_to_f32(u16::from_le_bytes([b[2], b[3]]))
+        } else {
+            -8.0 * d
+        };
+        let qs = &b[qoff..qoff + 16];
+        for j in 0..16 {
+            let lo = (qs[j] & 0x0F) as f32;
+            let hi = (qs[j] >> 4) as f32;
+            acc[j] += d * (lo * xb[j] + hi * xb[j + 16]) + m * (xb[j] + xb[j + 16]);
+        }
+    }
+    hsum16(&acc)
+}
+
+crate::multiversion! {
+    /// Rows `r0..r0 + ys.len()` of a ternary matrix.
+    fn ternary_rows(words: &[u32], scales: &[u16], cols: usize, x: &[f32], ys: &mut [f32], r0: usize) {
+        let (wpr, spr) = (cols / 16, cols / 256);
+        for (i, yo) in ys.iter_mut().enumerate() {
+            let r = r0 + i;
+            *yo = ternary_row(&words[r * wpr..(r + 1) * wpr], &scales[r * spr..(r + 1) * spr], x);
+        }
+    }
+}
+
+crate::multiversion! {
+    /// Rows `r0..r0 + ys.len()` of a GGML-encoded matrix (`rb` bytes per row).
+    fn gguf_rows(ty: GgmlType, bytes: &[u8], rb: usize, x: &[f32], ys: &mut [f32], r0: usize, buf: &mut [f32]) {
+        for (i, yo) in ys.iter_mut().enumerate() {
+            let r = r0 + i;
+            let row = &bytes[r * rb..(r + 1) * rb];
+            *yo = match ty {
+                GgmlType::Q8_0 => q8_0_row(row, x),
+                GgmlType::Q4_0 => q4_row(row, x, false),
+                GgmlType::Q4_1 => q4_row(row, x, true),
+                _ => {
+                    // Whole blocks of a dequantizable type, checked at load.
+                    quant::dequantize_body_checked(ty, row, buf);
+                    dot(buf, x)
+                }
+            };
+        }
+    }
+}
+
+/// `y = W x` with `W` `[y.len(), cols]`; `x.len() == cols`.
+pub fn matvec(w: WeightData, cols: usize, x: &[f32], y: &mut [f32]) {
+    debug_assert_eq!(x.len(), cols);
+    match w {
+        WeightData::Ternary { words, scales } => {
+            y.par_chunks_mut(ROWS_PER_TASK)
+                .enumerate()
+                .for_each(|(t, ys)| ternary_rows(words, scales, cols, x, ys, t * ROWS_PER_TASK));
+        }
+        WeightData::Gguf { ty, bytes } => {
+            let rb = ty.bytes_for(cols as u64).unwrap_or(0) as usize;
+            y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each_init(
+                || vec![0f32; cols],
+                |buf, (t, ys)| gguf_rows(ty, bytes, rb, x, ys, t * ROWS_PER_TASK, buf),
+            );
+        }
+    }
+}
+
+/// Row `r` of `W` as f32 (embedding gather): ternary `d * (code - 1)`, GGML types dequantized
+/// bit-exactly.
+pub fn row(w: WeightData, cols: usize, r: usize, out: &mut [f32]) {
+    match w {
+        WeightData::Ternary { words, scales } => crate::ternary::row_values(
+            &words[r * cols / 16..(r + 1) * cols / 16],
+            &scales[r * cols / 256..(r + 1) * cols / 256],
+            out,
+        ),
+        WeightData::Gguf { ty, bytes } => {
+            let rb = ty.bytes_for(cols as u64).unwrap_or(0) as usize;
+            let _ = quant::dequantize(ty, &bytes[r * rb..(r + 1) * rb], out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference(ty: GgmlType, bytes: &[u8], cols: usize, x: &[f32]) -> Vec<f64> {
+        let rows = bytes.len() / ty.bytes_for(cols as u64).unwrap() as usize;
+        let mut w = vec![0f32; rows * cols];
+        quant::dequantize(ty, bytes, &mut w).unwrap();
+        w.chunks_exact(cols)
+            .map(|r| r.iter().zip(x).map(|(a, b)| *a as f64 * *b as f64).sum())
+            .collect()
+    }
+
+    fn lcg(seed: &mut u64) -> u32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (*seed >> 33) as u32
+    }
+
+    #[test]
+    fn fused_kernels_match_dequantize_then_dot() {
+        let cols = 512;
+        let rows = 40;
+        let mut seed = 7u64;
+        let x: Vec<f32> = (0..cols)
+            .map(|_| (lcg(&mut seed) % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q6_K,
+            GgmlType::TQ2_0,
+        ] {
+            let n = ty.bytes_for((rows * cols) as u64).unwrap() as usize;
+            let mut bytes: Vec<u8> = (0..n).map(|_| lcg(&mut seed) as u8).collect();
+            // Finite, modest scales: overwrite every block's f16 fields with 0.01.
+            let ts = ty.type_size();
+            for b in bytes.chunks_exact_mut(ts) {
+                let d = half::f16::from_f32(0.01).to_le_bytes();
+                match ty {
+                    GgmlType::Q6_K => b[208..210].copy_from_slice(&d),
+                    GgmlType::TQ2_0 => b[64..66].copy_from_slice(&d),
+                    GgmlType::Q4_1 => {
+                        b[0..2].copy_from_slice(&d);
+                        b[2..4].copy_from_slice(&d);
+                    }
+                    _ => b[0..2].copy_from_slice(&d),
+                }
+            }
+            let want = reference(ty, &bytes, cols, &x);
+            let mut y = vec![0f32; rows];
+            matvec(WeightData::Gguf { ty, bytes: &bytes }, cols, &x, &mut y);
+            for (r, (a, b)) in y.iter().zip(&want).enumerate() {
+                assert!(
+                    (*a as f64 - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                    "{ty} row {r}: {a} vs {b}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn ternary_kernel_matches_row_values() {
+        let cols = 512;
+        let rows = 33;
+        let mut seed = 3u64;
+        let x: Vec<f32> = (0..cols)
+            .map(|_| (lcg(&mut seed) % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        let words: Vec<u32> = (0..rows * cols / 16)
+            .map(|_| {
+                let mut w = 0u32;
+                for j in 0..16 {
+                    w |= (lcg(&mut seed) % 3) << (2 * j);
+                }
+                w
+            })
+            .collect();
+        let scales: Vec<u16> = (0..rows * cols / 256)
+            .map(|i| half::f16::from_f32(0.01 * (1 + i % 7) as f32).to_bits())
+            .collect();
+        let mut y = vec![0f32; rows];
+        matvec(
+            WeightData::Ternary {
+                words: &words,
+                scales: &scales,
+            },
+            cols,
+            &x,
+            &mut y,
+        );
+        let mut rowv = vec![0f32; cols];
+        for (r, yr) in y.iter().enumerate() {
+            row(
+                WeightData::Ternary {
+                    words: &words,
+                    scales: &scales,
+                },
+                cols,
+                r,
+                &mut rowv,
+            );
+            let want: f64 = rowv
+                .iter()
+                .zip(&x)
+                .map(|(a, b)| *a as f64 * *b as f64)
+                .sum();
+            assert!((*yr as f64 - want).abs() < 1e-4, "row {r}: {yr} vs {want}");
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! The model as the runtime sees it: configuration from the manifest and every weight located
+//! in the bundle, checked against the shapes the architecture needs.
+
+use crate::bundle::manifest::{Encoding, ModelConfig, TensorEntry};
+use crate::bundle::reader::Bundle;
+use crate::ggml::GgmlType;
+
+use super::matvec::WeightData;
+use super::RuntimeError;
+
+/// Where a weight lives in the bundle and how it is encoded.
+#[derive(Clone, Debug)]
+pub struct Weight {
+    pub name: String,
+    /// Row-major `[rows, cols]` (a vector is `[1, n]`).
+    pub rows: usize,
+    pub cols: usize,
+    file: String,
+    kind: WeightKind,
+}
+
+#[derive(Clone, Debug)]
+enum WeightKind {
+    Gguf {
+        ty: GgmlType,
+        range: (u64, u64),
+    },
+    Ternary {
+        codes: (u64, u64),
+        scales: (u64, u64),
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct Layer {
+    pub attn_norm: Weight,
+    pub wq: Weight,
+    pub wk: Weight,
+    pub wv: Weight,
+    pub wo: Weight,
+    pub ffn_norm: Weight,
+    pub w_gate: Weight,
+    pub w_up: Weight,
+    pub w_down: Weight,
+}
+
+/// Architectures this runtime runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+    MiniCpm,
+}
+
+/// Everything the forward pass needs, resolved from a checked bundle.
+pub struct Model {
+    pub bundle: Bundle,
+    pub arch: Arch,
+    pub cfg: ModelConfig,
+    pub tok_embd: Weight,
+    pub output_norm: Weight,
+    pub output: Weight,
+    pub layers: Vec<Layer>,
+    /// Frequency factors for RoPE (LongRoPE long or short, or rope_freqs), `n_rot / 2`.
+    pub rope_factors: Option<Vec<f32>>,
+    /// RoPE frequency scale (1 / rope.scaling.factor for linear scaling, else 1).
+    pub rope_freq_scale: f32,
+    /// RoPE cos/sin multiplier (`rope.scaling.attn_factor`, else 1).
+    pub rope_attn_factor: f32,
+}
+
+impl Weight {
+    fn from_entry(t: &TensorEntry) -> Result<Weight, RuntimeError> {
+        let (rows, cols) = match t.shape.as_slice() {
+            [n] => (1, *n as usize),
+            [r, c] => (*r as usize, *c as usize),
+            s => {
+                return Err(RuntimeError::Shape {
+                    tensor: t.name.clone(),
+                    detail: format!("expected 1 or 2 dimensions, found {s:?}"),
+                })
+            }
+        };
+        let kind = match &t.encoding {
+            Encoding::Gguf { ggml_type, .. } => {
+                let ty = GgmlType::from_name(ggml_type).ok_or_else(|| RuntimeError::Encoding {
+                    tensor: t.name.clone(),
+                    detail: format!("unknown ggml type {ggml_type}"),
+                })?;
+                if !ty.can_dequantize() {
+                    return Err(RuntimeError::Encoding {
+                        tensor: t.name.clone(),
+                        detail: format!("no kernel for {ty}"),
+                    });
+                }
+                WeightKind::Gguf {
+                    ty,
+                    range: (t.offset, t.length),
+                }
+            }
+            Encoding::Ternary2 {
+                codes_offset,
+                codes_length,
+                scales_offset,
+                scales_length,
+                ..
+            } => WeightKind::Ternary {
+                codes: (t.offset + codes_offset, *codes_length),
+                scales: (t.offset + scales_offset, *scales_length),
+            },
+        };
+        Ok(Weight {
+            name: t.name.clone(),
+            rows,
+            cols,
+            file: t.file.clone(),
+            kind,
+        })
+    }
+
+    /// The weight's data in the bundle's memory map.
+    pub fn data<'a>(&self, b: &'a Bundle) -> WeightData<'a> {
+        // Ranges were checked against the files when the bundle was opened.
+        let map = b.file(&self.file).unwrap_or_default();
+        match self.kind {
+            WeightKind::Gguf { ty, range } => WeightData::Gguf {
+                ty,
+                bytes: &map[range.0 as usize..(range.0 + range.1) as usize],
+            },
+            WeightKind::Ternary { codes, scales } => WeightData::Ternary {
+                words: bytemuck::cast_slice(&map[codes.0 as usize..(codes.0 + codes.1) as usize]),
+                scales: bytemuck::cast_slice(
+                    &map[scales.0 as usize..(scales.0 + scales.1) as usize],
+                ),
+            },
+        }
+    }
+
+    /// A 1-D weight (norm, rope factors) as f32.
+    pub fn vector(&self, b: &Bundle) -> Vec<f32> {
+        let mut out = vec![0f32; self.cols];
+        super::matvec::row(self.data(b), self.cols, 0, &mut out);
+        out
+    }
+}
+
+/// Resolved weights with their data slices, cached for the forward pass.
+pub struct WeightRef<'a> {
+    pub data: WeightData<'a>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl Model {
+    /// Builds the model from an opened (and therefore checked) bundle.
+    pub fn new(bundle: Bundle) -> Result<Model, RuntimeError> {
+        let cfg = bundle.manifest.model.clone();
+        let arch = match cfg.architecture.as_str() {
+            "llama" => Arch::Llama,
+            "minicpm" => Arch::MiniCpm,
+            other => {
+                return Err(RuntimeError::Architecture {
+                    arch: other.to_string(),
+                })
+            }
+        };
+        let get = |name: &str| -> Result<Weight, RuntimeError> {
+            let t = bundle
+                .tensor(name)
+                .ok_or_else(|| RuntimeError::MissingTensor {
+                    tensor: name.to_string(),
+                })?;
+            Weight::from_entry(t)
+        };
+        let expect = |w: &Weight, rows: u64, cols: u64| -> Result<(), RuntimeError> {
+            if w.rows as u64 != rows || w.cols as u64 != cols {
+                return Err(RuntimeError::Shape {
+                    tensor: w.name.clone(),
+                    detail: format!("expected [{rows}, {cols}], found [{}, {}]", w.rows, w.cols),
+                });
+            }
+            Ok(())
+        };
+        let (e, hd) = (cfg.n_embd, cfg.head_dim);
+        let tok_embd = get("token_embd.weight")?;
+        expect(&tok_embd, cfg.n_vocab, e)?;
+        let output_norm = get("output_norm.weight")?;
+        expect(&output_norm, 1, e)?;
+        let output = if cfg.tied_embeddings {
+            tok_embd.clone()
+        } else {
+            get("output.weight")?
+        };
+        expect(&output, cfg.n_vocab, e)?;
+        let mut layers = Vec::with_capacity(cfg.n_layer as usize);
+        for i in 0..cfg.n_layer {
+            let g = |s: &str| get(&format!("blk.{i}.{s}.weight"));
+            let l = Layer {
+                attn_norm: g("attn_norm")?,
+                wq: g("attn_q")?,
+                wk: g("attn_k")?,
+                wv: g("attn_v")?,
+                wo: g("attn_output")?,
+                ffn_norm: g("ffn_norm")?,
+                w_gate: g("ffn_gate")?,
+                w_up: g("ffn_up")?,
+                w_down: g("ffn_down")?,
+            };
+            expect(&l.attn_norm, 1, e)?;
+            expect(&l.wq, cfg.n_head * hd, e)?;
+            expect(&l.wk, cfg.n_head_kv * hd, e)?;
+            expect(&l.wv, cfg.n_head_kv * hd, e)?;
+            expect(&l.wo, e, cfg.n_head * hd)?;
+            expect(&l.ffn_norm, 1, e)?;
+            expect(&l.w_gate, cfg.n_ff, e)?;
+            expect(&l.w_up, cfg.n_ff, e)?;
+            expect(&l.w_down, e, cfg.n_ff)?;
+            layers.push(l);
+        }
+        let rope = &cfg.rope;
+        if rope.dimension_count > hd || rope.dimension_count % 2 != 0 {
+            return Err(RuntimeError::Shape {
+                tensor: "rope".into(),
+                detail: format!(
+                    "rope.dimension_count {} must be even and at most head_dim {hd}",
+                    rope.dimension_count
+                ),
+            });
+        }
+        // llama.cpp (llama-model.cpp get_rope_factors): LongRoPE uses the long factors when the
+        // context exceeds the original training context, else the short ones.
+        let factors_name = match rope.scaling_type.as_str() {
+            "longrope" => {
+                let orig = rope.original_context_length.unwrap_or(cfg.n_ctx_train);
+                if cfg.n_ctx > orig {
+                    rope.factors_long.clone()
+                } else {
+                    rope.factors_short.clone()
+                }
+            }
+            _ => rope.freq_factors.clone(),
+        };
+        let rope_factors = match factors_name {
+            Some(n) => {
+                let w = get(&n)?;
+                expect(&w, 1, rope.dimension_count / 2)?;
+                Some(w.vector(&bundle))
+            }
+            None => None,
+        };
+        let rope_freq_scale = match (rope.scaling_type.as_str(), rope.scaling_factor) {
+            ("linear" | "yarn", Some(f)) if f > 0.0 => 1.0 / f as f32,
+            _ => 1.0,
+        };
+        let rope_attn_factor = rope.attn_factor.map(|a| a as f32).unwrap_or(1.0);
+        Ok(Model {
+            bundle,
+            arch,
+            cfg,
+            tok_embd,
+            output_norm,
+            output,
+            layers,
+            rope_factors,
+            rope_freq_scale,
+            rope_attn_factor,
+        })
+    }
+
+    pub fn weight<'a>(&'a self, w: &Weight) -> WeightRef<'a> {
+        WeightRef {
+            data: w.data(&self.bundle),
+            rows: w.rows,
+            cols: w.cols,
+        }
+    }
+
+    /// Bytes of weights in the bundle (every tensor's stored length).
+    pub fn weight_bytes(&self) -> u64 {
+        self.bundle.manifest.tensors.iter().map(|t| t.length).sum()
+    }
+}
