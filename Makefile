@@ -57,20 +57,17 @@ $(GEMMA): $(VENV)/.ok
 	echo "$(GEMMA_SHA256)  $@.partial" | sha256sum -c --quiet
 	mv $@.partial $@
 
-# The main job on the default model: inspect and dequantize SmolLM2.
+# The main job on the default model: inspect SmolLM2, dequantize it, pack it into a bundle,
+# verify the bundle bit for bit against the GGUF, and run it.
+DEMO_PROMPT ?= The capital of France is
 demo: build $(SMOLLM2)
 	mkdir -p $(OUT)
-	$(CONVERT) inspect $(SMOLLM2) | head -n 50
-	rm -f $(OUT)/smollm2.safetensors
+	$(CONVERT) inspect $(SMOLLM2) | head -n 45
+	rm -rf $(OUT)/smollm2.safetensors $(OUT)/smollm2.bundle
 	$(CONVERT) dequantize $(SMOLLM2) -o $(OUT)/smollm2.safetensors
-
-# TQ2_0 made from SmolLM2's real weights by gguf-py's quantizer (tests/ref/make_tq2_from_real.py).
-TERNARY := $(LOWBIT_CACHE)/ternary
-SMOLLM2_TQ2 := $(TERNARY)/smollm2-tq2_0-gguf-py.gguf
-$(SMOLLM2_TQ2): $(SMOLLM2) $(VENV)/.ok tests/ref/make_tq2_from_real.py
-	mkdir -p $(TERNARY)
-	$(VPY) tests/ref/make_tq2_from_real.py $(SMOLLM2) --out $@ --json $(TERNARY)/smollm2-tq2_0-gguf-py.json
-ternary-real: $(SMOLLM2_TQ2)
+	$(CONVERT) pack $(SMOLLM2) -o $(OUT)/smollm2.bundle
+	$(CONVERT) verify $(OUT)/smollm2.bundle --source $(SMOLLM2) --maxerr 0 | tail -n 1
+	$(CONVERT) run $(OUT)/smollm2.bundle --prompt "$(DEMO_PROMPT)" --max-tokens 32
 
 # Every test, with the real models required (a missing model fails instead of skipping).
 test: fetch $(SMOLLM2_TQ2)

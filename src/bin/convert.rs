@@ -103,6 +103,10 @@ enum Command {
         /// Backend: cpu.
         #[arg(long, default_value = "cpu")]
         backend: String,
+        /// Ternary matvec kernel: f32 activations (the reference) or int8 activations (faster,
+        /// with llama.cpp-like rounding).
+        #[arg(long, value_enum, default_value_t = KernelArg::F32)]
+        kernel: KernelArg,
         /// Print the generated token ids to stderr at the end.
         #[arg(long)]
         print_ids: bool,
@@ -123,6 +127,9 @@ enum Command {
         /// Repetitions; the best is reported.
         #[arg(long, default_value_t = 1)]
         repeats: usize,
+        /// Ternary matvec kernel (see `run --help`).
+        #[arg(long, value_enum, default_value_t = KernelArg::F32)]
+        kernel: KernelArg,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -172,6 +179,21 @@ struct BundleArgs {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum KernelArg {
+    F32,
+    Int8,
+}
+
+impl From<KernelArg> for lowbit::runtime::matvec::Kernel {
+    fn from(k: KernelArg) -> Self {
+        match k {
+            KernelArg::F32 => lowbit::runtime::matvec::Kernel::F32,
+            KernelArg::Int8 => lowbit::runtime::matvec::Kernel::Int8,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum DtypeArg {
     F32,
     F16,
@@ -201,6 +223,13 @@ fn main() -> ExitCode {
     }
     match run(cli.command) {
         Ok(code) => code,
+        // Output piped into `head` and closed early: not an error.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(2)
@@ -342,6 +371,7 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             chat,
             sample,
             backend,
+            kernel,
             print_ids,
             dump_logits,
         } => run_cmd(RunArgs {
@@ -352,6 +382,7 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             chat,
             sample,
             backend,
+            kernel,
             print_ids,
             dump_logits,
         }),
@@ -360,8 +391,9 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             prompt_tokens,
             gen_tokens,
             repeats,
+            kernel,
             json,
-        } => bench_cmd(bundle, prompt_tokens, gen_tokens, repeats, json),
+        } => bench_cmd(bundle, prompt_tokens, gen_tokens, repeats, kernel, json),
         Command::Verify {
             bundle,
             source,
@@ -409,12 +441,14 @@ fn bench_cmd(
     prompt_tokens: usize,
     gen_tokens: usize,
     repeats: usize,
+    kernel: KernelArg,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     use lowbit::runtime::{self, Backend, Sampler, SamplerConfig};
     let t_load = std::time::Instant::now();
     let mut be =
         runtime::load_cpu(&bundle).with_context(|| format!("load {}", bundle.display()))?;
+    be.kernel = kernel.into();
     let load_s = t_load.elapsed().as_secs_f64();
     let n_vocab = be.n_vocab() as u32;
     // A fixed, deterministic prompt: token ids spread over the vocabulary.
@@ -447,6 +481,7 @@ fn bench_cmd(
         "bundle": bundle.display().to_string(),
         "architecture": m.cfg.architecture,
         "backend": be.name(),
+        "kernel": format!("{:?}", be.kernel),
         "threads": threads,
         "prompt_tokens": st.prompt_tokens,
         "gen_tokens": st.generated,
@@ -489,6 +524,7 @@ struct RunArgs {
     chat: bool,
     sample: SampleArgs,
     backend: String,
+    kernel: KernelArg,
     print_ids: bool,
     dump_logits: Option<PathBuf>,
 }
@@ -511,6 +547,7 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
     let t_load = std::time::Instant::now();
     let mut be =
         runtime::load_cpu(&a.bundle).with_context(|| format!("load {}", a.bundle.display()))?;
+    be.kernel = a.kernel.into();
     let load_s = t_load.elapsed().as_secs_f64();
     let tok = lowbit::tokenizer::Tokenizer::from_bundle_dir(&a.bundle).ok();
     let ids: Vec<u32> = match (&a.prompt_ids, &a.prompt) {

@@ -37,6 +37,8 @@ pub struct CpuBackend {
     logits: Vec<f32>,
     norms: Vec<(Vec<f32>, Vec<f32>)>,
     output_norm: Vec<f32>,
+    /// Ternary kernel: f32 activations (reference) or int8.
+    pub kernel: matvec::Kernel,
 }
 
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -95,6 +97,7 @@ impl CpuBackend {
             norms,
             output_norm,
             model,
+            kernel: matvec::Kernel::F32,
         }
     }
 
@@ -104,7 +107,7 @@ impl CpuBackend {
     }
 
     fn mv(&self, w: &WeightRef, x: &[f32], y: &mut [f32]) {
-        matvec::matvec(w.data, w.cols, x, y);
+        matvec::matvec_with(self.kernel, w.data, w.cols, x, y);
     }
 
     /// Rotates adjacent pairs of the first `n_rot` dims of each head in place.
@@ -281,7 +284,7 @@ impl Backend for CpuBackend {
         trace("result_norm", 0, &h);
         let out_w = self.model.weight(&self.model.output);
         let mut logits = std::mem::take(&mut self.logits);
-        matvec::matvec(out_w.data, e, &h, &mut logits);
+        matvec::matvec_with(self.kernel, out_w.data, e, &h, &mut logits);
         if minicpm {
             let s = 1.0f32 / c.logit_scale.unwrap_or(1.0) as f32;
             logits.iter_mut().for_each(|v| *v *= s);

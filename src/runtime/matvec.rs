@@ -142,10 +142,174 @@ crate::multiversion! {
     }
 }
 
+/// How ternary matrix-vector products treat the activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Kernel {
+    /// f32 activations: the reference.
+    #[default]
+    F32,
+    /// Activations quantized to int8 per 256-block (`d = max|x| / 127`, as llama.cpp's Q8_K)
+    /// and integer dot products with the 2-bit codes; faster, with llama.cpp-like error.
+    Int8,
+}
+
+/// Activations quantized per 256-element block: `x ~= d[b] * q[k]`.
+pub struct Q8Act {
+    pub q: Vec<i8>,
+    pub d: Vec<f32>,
+    /// Sum of `q` over each block.
+    pub sum: Vec<i32>,
+}
+
+/// Quantizes `x` (length a multiple of 256) to [`Q8Act`]: `d = max|x| / 127`,
+/// `q = round(x / d)` (half away from zero), `d = 0` for an all-zero block.
+pub fn quantize_act(x: &[f32]) -> Q8Act {
+    let nb = x.len() / 256;
+    let mut a = Q8Act {
+        q: vec![0; nb * 256],
+        d: vec![0.0; nb],
+        sum: vec![0; nb],
+    };
+    for (b, xb) in x.chunks_exact(256).enumerate() {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        if amax == 0.0 {
+            continue;
+        }
+        let d = amax / 127.0;
+        let id = 1.0 / d;
+        let mut s = 0i32;
+        for (q, v) in a.q[b * 256..(b + 1) * 256].iter_mut().zip(xb) {
+            *q = (v * id).round().clamp(-127.0, 127.0) as i8;
+            s += *q as i32;
+        }
+        a.d[b] = d;
+        a.sum[b] = s;
+    }
+    a
+}
+
+/// `sum_k code_k * q_k` over one 256-block (16 words), exact in integers.
+#[inline(always)]
+fn block_dot_i8_scalar(words: &[u32], q: &[i8]) -> i32 {
+    let mut s = 0i32;
+    for (&w, qs) in words.iter().zip(q.chunks_exact(16)) {
+        for (j, &qj) in qs.iter().enumerate() {
+            s += ((w >> (2 * j)) & 3) as i32 * qj as i32;
+        }
+    }
+    s
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi2")]
+unsafe fn ternary_rows_i8_avx2(
+    words: &[u32],
+    scales: &[u16],
+    cols: usize,
+    a: &Q8Act,
+    ys: &mut [f32],
+    r0: usize,
+) {
+    use std::arch::x86_64::*;
+    const M: u64 = 0x0303_0303_0303_0303;
+    let (wpr, spr) = (cols / 16, cols / 256);
+    let ones = _mm256_set1_epi16(1);
+    for (i, yo) in ys.iter_mut().enumerate() {
+        let r = r0 + i;
+        let rw = &words[r * wpr..(r + 1) * wpr];
+        let rs = &scales[r * spr..(r + 1) * spr];
+        let mut total = 0f32;
+        for b in 0..spr {
+            let bw = &rw[b * 16..b * 16 + 16];
+            let qp = a.q[b * 256..].as_ptr();
+            let mut acc = _mm256_setzero_si256();
+            for p in 0..8 {
+                let w0 = bw[2 * p] as u64;
+                let w1 = bw[2 * p + 1] as u64;
+                let codes = _mm256_set_epi64x(
+                    _pdep_u64(w1 >> 16, M) as i64,
+                    _pdep_u64(w1 & 0xffff, M) as i64,
+                    _pdep_u64(w0 >> 16, M) as i64,
+                    _pdep_u64(w0 & 0xffff, M) as i64,
+                );
+                // SAFETY: 32 bytes of the block's 256 quantized activations.
+                let xq = _mm256_loadu_si256(qp.add(32 * p) as *const __m256i);
+                let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, xq), ones);
+                acc = _mm256_add_epi32(acc, prod);
+            }
+            let s128 = _mm_add_epi32(
+                _mm256_castsi256_si128(acc),
+                _mm256_extracti128_si256(acc, 1),
+            );
+            let s64 = _mm_add_epi32(s128, _mm_shuffle_epi32(s128, 0b01_00_11_10));
+            let s32 = _mm_add_epi32(s64, _mm_shuffle_epi32(s64, 0b10_11_00_01));
+            let isum = _mm_cvtsi128_si32(s32) - a.sum[b];
+            total += f16_bits_to_f32(rs[b]) * (a.d[b] * isum as f32);
+        }
+        *yo = total;
+    }
+}
+
+/// Rows `r0..` with int8 activations; the AVX2+BMI2 path and the portable one give the same
+/// bits (the block sums are exact integers; the f32 steps are the same).
+fn ternary_rows_i8(
+    words: &[u32],
+    scales: &[u16],
+    cols: usize,
+    a: &Q8Act,
+    ys: &mut [f32],
+    r0: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("bmi2") {
+            // SAFETY: AVX2 and BMI2 are present, checked on the line above.
+            unsafe { ternary_rows_i8_avx2(words, scales, cols, a, ys, r0) };
+            return;
+        }
+    }
+    ternary_rows_i8_portable(words, scales, cols, a, ys, r0)
+}
+
+/// The portable int8 path (any CPU).
+pub fn ternary_rows_i8_portable(
+    words: &[u32],
+    scales: &[u16],
+    cols: usize,
+    a: &Q8Act,
+    ys: &mut [f32],
+    r0: usize,
+) {
+    let (wpr, spr) = (cols / 16, cols / 256);
+    for (i, yo) in ys.iter_mut().enumerate() {
+        let r = r0 + i;
+        let mut total = 0f32;
+        for b in 0..spr {
+            let bw = &words[r * wpr + b * 16..r * wpr + b * 16 + 16];
+            let isum = block_dot_i8_scalar(bw, &a.q[b * 256..(b + 1) * 256]) - a.sum[b];
+            total += f16_bits_to_f32(scales[r * spr + b]) * (a.d[b] * isum as f32);
+        }
+        *yo = total;
+    }
+}
+
 /// `y = W x` with `W` `[y.len(), cols]`; `x.len() == cols`.
 pub fn matvec(w: WeightData, cols: usize, x: &[f32], y: &mut [f32]) {
+    matvec_with(Kernel::F32, w, cols, x, y)
+}
+
+/// [`matvec`] with a choice of ternary kernel.
+pub fn matvec_with(kernel: Kernel, w: WeightData, cols: usize, x: &[f32], y: &mut [f32]) {
     debug_assert_eq!(x.len(), cols);
     match w {
+        WeightData::Ternary { words, scales } if kernel == Kernel::Int8 => {
+            let a = quantize_act(x);
+            y.par_chunks_mut(ROWS_PER_TASK)
+                .enumerate()
+                .for_each(|(t, ys)| {
+                    ternary_rows_i8(words, scales, cols, &a, ys, t * ROWS_PER_TASK)
+                });
+        }
         WeightData::Ternary { words, scales } => {
             y.par_chunks_mut(ROWS_PER_TASK)
                 .enumerate()
@@ -237,6 +401,71 @@ mod tests {
                     "{ty} row {r}: {a} vs {b}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn int8_kernel_is_exact_on_its_own_quantized_activations() {
+        let cols = 768;
+        let rows = 20;
+        let mut seed = 11u64;
+        let x: Vec<f32> = (0..cols)
+            .map(|_| (lcg(&mut seed) % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        let words: Vec<u32> = (0..rows * cols / 16)
+            .map(|_| (0..16).fold(0u32, |w, j| w | ((lcg(&mut seed) % 3) << (2 * j))))
+            .collect();
+        let scales: Vec<u16> = (0..rows * cols / 256)
+            .map(|i| half::f16::from_f32(0.02 * (1 + i % 5) as f32).to_bits())
+            .collect();
+        let a = quantize_act(&x);
+        let mut y = vec![0f32; rows];
+        matvec_with(
+            Kernel::Int8,
+            WeightData::Ternary {
+                words: &words,
+                scales: &scales,
+            },
+            cols,
+            &x,
+            &mut y,
+        );
+        // Reference: the same quantized activations, in f64.
+        let mut rowv = vec![0f32; cols];
+        for (r, yr) in y.iter().enumerate() {
+            row(
+                WeightData::Ternary {
+                    words: &words,
+                    scales: &scales,
+                },
+                cols,
+                r,
+                &mut rowv,
+            );
+            let want: f64 = rowv
+                .iter()
+                .enumerate()
+                .map(|(k, w)| *w as f64 * a.d[k / 256] as f64 * a.q[k] as f64)
+                .sum();
+            assert!((*yr as f64 - want).abs() < 1e-4, "row {r}: {yr} vs {want}");
+        }
+        // The portable path gives the same bits as the dispatched (AVX2+BMI2) one.
+        let mut yp = vec![0f32; rows];
+        ternary_rows_i8_portable(&words, &scales, cols, &a, &mut yp, 0);
+        assert!(y.iter().zip(&yp).all(|(p, q)| p.to_bits() == q.to_bits()));
+        // And close to the f32 kernel.
+        let mut yf = vec![0f32; rows];
+        matvec(
+            WeightData::Ternary {
+                words: &words,
+                scales: &scales,
+            },
+            cols,
+            &x,
+            &mut yf,
+        );
+        for (a, b) in y.iter().zip(&yf) {
+            assert!((a - b).abs() < 0.05, "{a} vs {b}");
         }
     }
 
