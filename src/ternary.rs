@@ -211,6 +211,7 @@ pub fn np_roundf(n: f32) -> f32 {
     } else if n < 0.0 {
         -b
     } else {
+        // numpy's sign(±0) is +0.
         0.0 * b
     }
 }
@@ -305,7 +306,8 @@ mod tests {
         assert_eq!(np_roundf(-0.5), -1.0);
         assert_eq!(np_roundf(0.49999997), 0.0);
         assert_eq!(np_roundf(1.0000001), 1.0);
-        assert_eq!(np_roundf(-0.0).to_bits(), (-0.0f32).to_bits());
+        // numpy: np.sign(np.float32(-0.0)) * 0 == +0.0.
+        assert_eq!(np_roundf(-0.0).to_bits(), 0.0f32.to_bits());
     }
 
     #[test]
