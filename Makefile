@@ -21,7 +21,7 @@ OUT ?= $(LOWBIT_CACHE)/out
 
 .DELETE_ON_ERROR:
 
-.PHONY: all demo test fetch venv build bench bench-ternary bench-dequant refvectors golden llama clean-out lint
+.PHONY: all demo test fetch venv build bench bench-ternary bench-runtime bench-dequant refvectors golden llama clean-out lint
 
 all: build
 
@@ -107,7 +107,21 @@ $(MINICPM8B): tests/ref/make_minicpm.py | $(VENV)/.ok
 minicpm8b: $(MINICPM8B)
 
 # Every benchmark, in one run; each compares lowbit with a reference tool timed in the same run.
-bench: bench-dequant bench-ternary
+bench: bench-dequant bench-ternary bench-runtime
+
+# Decode speed: convert bench on bundles of SmolLM2 and the MiniCPM4-8B-shape model next to
+# llama-bench on their GGUFs, same threads, in one run.
+LLAMA_BIN := $(LOWBIT_CACHE)/llama.cpp-11434/build/bin
+BENCH_THREADS ?= 2
+bench-runtime: build $(MINICPM8B) $(SMOLLM2)
+	$(MAKE) llama
+	rm -rf $(OUT)/bench-smollm2.bundle $(OUT)/bench-minicpm8b.bundle
+	mkdir -p $(OUT)
+	$(CONVERT) pack -q $(SMOLLM2) -o $(OUT)/bench-smollm2.bundle
+	$(CONVERT) gguf-to-ternary -q $(MINICPM8B) -o $(OUT)/bench-minicpm8b.bundle
+	$(VPY) benches/runtime_bench.py --convert $(CONVERT) --llama-bench $(LLAMA_BIN)/llama-bench \
+		--threads $(BENCH_THREADS) --json $(LOWBIT_CACHE)/bench/runtime.json \
+		$(OUT)/bench-smollm2.bundle=$(SMOLLM2) $(OUT)/bench-minicpm8b.bundle=$(MINICPM8B)
 
 # Ternary conversion and verification of the MiniCPM4-8B-shape model, next to reading and
 # hashing the input once (the anchor), in one run.

@@ -33,14 +33,17 @@ def main():
         ids = ",".join(str(t) for t in c["prompt_ids"])
         lf = outdir / f"{i}.logits.f32"
         cmd = [sys.executable, str(HERE / "numpy_forward.py"), str(a.model), ids, str(lf), "--greedy", str(a.greedy)]
-        if a.n_ctx:
-            cmd += ["--n-ctx", str(a.n_ctx)]
+        # The context decides LongRoPE's long or short factors: use the case's own.
+        n_ctx = c.get("n_ctx") or a.n_ctx
+        if n_ctx:
+            cmd += ["--n-ctx", str(n_ctx)]
         r = subprocess.run(cmd, check=True, capture_output=True, text=True)
         g = json.loads(r.stdout.strip().splitlines()[-1])
         cases.append({
             "prompt": c["prompt"],
             "prompt_ids": c["prompt_ids"],
             "logits_file": f"{stem}/{i}.logits.f32",
+            "n_ctx": c.get("n_ctx") or a.n_ctx,
             "greedy_ids": g["greedy_ids"],
             "top2_margins": g["top2_margins"],
         })
