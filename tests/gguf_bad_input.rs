@@ -760,19 +760,33 @@ fn value_string_length_past_eof() {
 
 #[test]
 fn array_count_past_eof() {
-    // A count whose byte size overflows u64.
+    // A count whose byte size overflows u64: refused by the length cap before any size math.
     let mut g = Gguf::new(3, 0, 1);
     let at = g.key(b"tokenizer.ggml.scores", ValueType::Array as u32);
     g.u32(ValueType::U32 as u32).u64(1 << 62).zeros(16);
     assert_err(
         &g.bytes(),
         at.value + 4,
-        ErrorKind::LengthPastEnd {
-            field: "array of metadata key \"tokenizer.ggml.scores\"".into(),
+        ErrorKind::ArrayTooLong {
+            key: "tokenizer.ggml.scores".into(),
             len: 1 << 62,
-            remaining: 16,
         },
-        &["\"tokenizer.ggml.scores\""],
+        &["\"tokenizer.ggml.scores\"", "exceeds the limit"],
+    );
+    // Just past the cap.
+    let mut g = Gguf::new(3, 0, 1);
+    let at = g.key(b"k", ValueType::Array as u32);
+    g.u32(ValueType::U8 as u32)
+        .u64(lowbit::gguf::MAX_ARRAY_LEN + 1)
+        .zeros(16);
+    assert_err(
+        &g.bytes(),
+        at.value + 4,
+        ErrorKind::ArrayTooLong {
+            key: "k".into(),
+            len: lowbit::gguf::MAX_ARRAY_LEN + 1,
+        },
+        &["\"k\""],
     );
     // One element more than the bytes that remain.
     let mut g = Gguf::new(3, 0, 1);

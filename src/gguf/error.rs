@@ -5,6 +5,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use super::MAX_ARRAY_DEPTH;
+use super::MAX_ARRAY_LEN;
 use super::MAX_DIMS;
 
 /// A GGUF file could not be read. `offset` is the absolute byte offset in `file` of the field
@@ -79,6 +80,9 @@ pub enum ErrorKind {
         len: u64,
         remaining: u64,
     },
+    /// An array longer than [`MAX_ARRAY_LEN`] elements.
+    #[error("metadata key {key:?}: array of {len} elements exceeds the limit of {MAX_ARRAY_LEN}")]
+    ArrayTooLong { key: String, len: u64 },
     /// Arrays of arrays nested deeper than [`MAX_ARRAY_DEPTH`].
     #[error("metadata key {key:?}: arrays nested deeper than {MAX_ARRAY_DEPTH} levels")]
     NestingTooDeep { key: String },

@@ -36,6 +36,10 @@ pub const MAX_DIMS: usize = 4;
 /// Arrays of arrays deeper than this are refused. ggml's own reader accepts no nesting at all;
 /// gguf-py can write one level; two is generous and keeps recursion bounded.
 pub const MAX_ARRAY_DEPTH: usize = 2;
+/// Metadata arrays longer than this are refused. Each element is held as a 32-byte [`Value`],
+/// so an array of one-byte values costs 32 bytes of memory per byte of file; the cap bounds
+/// that at 512 MiB per array. Real vocabularies have at most about a million entries.
+pub const MAX_ARRAY_LEN: u64 = 1 << 24;
 /// `GGUF_DEFAULT_ALIGNMENT`.
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 /// The GGUF magic, as bytes.
@@ -603,6 +607,15 @@ impl<'a> Cursor<'a> {
                 })?;
                 let count_at = self.pos;
                 let count = self.u64(&format!("array length of metadata key {key:?}"))?;
+                if count > MAX_ARRAY_LEN {
+                    return Err(self.err_at(
+                        count_at,
+                        ErrorKind::ArrayTooLong {
+                            key: key.to_string(),
+                            len: count,
+                        },
+                    ));
+                }
                 if count.saturating_mul(et.min_size()) > self.remaining() {
                     return Err(self.err_at(
                         count_at,
