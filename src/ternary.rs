@@ -91,14 +91,17 @@ pub fn recover_block(
     if !d.is_finite() {
         return Err(BlockFault::NonFiniteScale { d_bits });
     }
-    // Route 1: from the values. d_block = max|W|.
-    let mut any3 = false;
-    let mut max = 0f32;
-    for i in 0..BLOCK {
-        any3 |= byte_codes[i] > 2;
-        let a = w[i].abs();
-        max = if a > max { a } else { max };
+    // Route 1: from the values. d_block = max|W|, in 8 independent lanes so the loop
+    // vectorizes (max is exact, so the lane split does not change the result).
+    let mut m8 = [0f32; 8];
+    for c in w.chunks_exact(8) {
+        for j in 0..8 {
+            let a = c[j].abs();
+            m8[j] = if a > m8[j] { a } else { m8[j] };
+        }
     }
+    let max = m8.iter().fold(0f32, |m, &a| if a > m { a } else { m });
+    let any3 = byte_codes.iter().fold(0u8, |m, &c| m.max(c)) > 2;
     if any3 {
         return Err(recover_block_fault(d, byte_codes, w, max));
     }
