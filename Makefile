@@ -20,6 +20,8 @@ CONVERT := target/release/convert
 OUT ?= $(LOWBIT_CACHE)/out
 
 .DELETE_ON_ERROR:
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 
 .PHONY: all demo test fetch venv build bench bench-ternary bench-runtime bench-dequant refvectors golden llama clean-out lint
 
