@@ -445,6 +445,35 @@ pub fn check_tensor_layout(t: &TensorEntry) -> Result<(), String> {
     Ok(())
 }
 
+/// A ternary tensor's packed words and f16 scale bits from its stored bytes; `None` for other
+/// encodings or parts that do not fit in `bytes`.
+pub fn ternary_parts(t: &TensorEntry, bytes: &[u8]) -> Option<(Vec<u32>, Vec<u16>)> {
+    let Encoding::Ternary2 {
+        codes_offset,
+        codes_length,
+        scales_offset,
+        scales_length,
+        ..
+    } = &t.encoding
+    else {
+        return None;
+    };
+    let codes =
+        bytes.get(*codes_offset as usize..codes_offset.checked_add(*codes_length)? as usize)?;
+    let scales =
+        bytes.get(*scales_offset as usize..scales_offset.checked_add(*scales_length)? as usize)?;
+    Some((
+        codes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        scales
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect(),
+    ))
+}
+
 /// An opened, checked bundle.
 pub struct Bundle {
     pub dir: PathBuf,
@@ -497,29 +526,7 @@ impl Bundle {
 
     /// A ternary tensor's packed words and f16 scale bits.
     pub fn ternary_parts(&self, t: &TensorEntry) -> Option<(Vec<u32>, Vec<u16>)> {
-        let Encoding::Ternary2 {
-            codes_offset,
-            codes_length,
-            scales_offset,
-            scales_length,
-            ..
-        } = &t.encoding
-        else {
-            return None;
-        };
-        let b = self.tensor_bytes(t);
-        let codes = &b[*codes_offset as usize..(*codes_offset + *codes_length) as usize];
-        let scales = &b[*scales_offset as usize..(*scales_offset + *scales_length) as usize];
-        Some((
-            codes
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            scales
-                .chunks_exact(2)
-                .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                .collect(),
-        ))
+        ternary_parts(t, self.tensor_bytes(t))
     }
 
     /// A tensor's values as the runtime defines them, row-major: ternary `d * (code - 1)`,

@@ -184,31 +184,6 @@ fn encoding_name(e: &Encoding) -> String {
     }
 }
 
-fn words_and_scales(t: &TensorEntry, bytes: &[u8]) -> Option<(Vec<u32>, Vec<u16>)> {
-    let Encoding::Ternary2 {
-        codes_offset,
-        codes_length,
-        scales_offset,
-        scales_length,
-        ..
-    } = &t.encoding
-    else {
-        return None;
-    };
-    let codes = bytes.get(*codes_offset as usize..(*codes_offset + *codes_length) as usize)?;
-    let scales = bytes.get(*scales_offset as usize..(*scales_offset + *scales_length) as usize)?;
-    Some((
-        codes
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        scales
-            .chunks_exact(2)
-            .map(|c| u16::from_le_bytes([c[0], c[1]]))
-            .collect(),
-    ))
-}
-
 /// Row-wise comparison result: (elements, bit mismatches, max |diff|, max |diff| vs the
 /// unquantized source).
 type Cmp = (u64, u64, f64, f64);
@@ -284,7 +259,7 @@ fn check_tensor(
     if let Err(e) = super::reader::check_tensor_layout(t) {
         return fail(c, e);
     }
-    let ternary = words_and_scales(t, bytes);
+    let ternary = super::reader::ternary_parts(t, bytes);
     if let Some((words, _)) = &ternary {
         // Code 3 would make the kernel compute +2d: never valid in a bundle.
         if let Some(i) = words
