@@ -440,7 +440,12 @@ fn write_contents(
         if opts.fail_after_tensors == Some(i) {
             return Err(BundleError::Injected(i));
         }
-        pb.set_message(t.name.clone());
+        pb.set_message(format!(
+            "tensor {}/{} {}",
+            i + 1,
+            file.tensors.len(),
+            t.name
+        ));
         let pad = (ALIGNMENT - w.pos % ALIGNMENT) % ALIGNMENT;
         w.write_all(&zeros[..pad as usize])
             .map_err(io_err(&wpath))?;
