@@ -448,7 +448,7 @@ fn bench_cmd(
     let t_load = std::time::Instant::now();
     let mut be =
         runtime::load_cpu(&bundle).with_context(|| format!("load {}", bundle.display()))?;
-    be.kernel = kernel.into();
+    be.set_kernel(kernel.into());
     let load_s = t_load.elapsed().as_secs_f64();
     let n_vocab = be.n_vocab() as u32;
     // A fixed, deterministic prompt: token ids spread over the vocabulary.
@@ -481,7 +481,7 @@ fn bench_cmd(
         "bundle": bundle.display().to_string(),
         "architecture": m.cfg.architecture,
         "backend": be.name(),
-        "kernel": format!("{:?}", be.kernel),
+        "kernel": format!("{:?}", be.kernel()),
         "threads": threads,
         "prompt_tokens": st.prompt_tokens,
         "gen_tokens": st.generated,
@@ -547,7 +547,7 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
     let t_load = std::time::Instant::now();
     let mut be =
         runtime::load_cpu(&a.bundle).with_context(|| format!("load {}", a.bundle.display()))?;
-    be.kernel = a.kernel.into();
+    be.set_kernel(a.kernel.into());
     let load_s = t_load.elapsed().as_secs_f64();
     let tok = lowbit::tokenizer::Tokenizer::from_bundle_dir(&a.bundle).ok();
     let ids: Vec<u32> = match (&a.prompt_ids, &a.prompt) {

@@ -23,7 +23,7 @@
 use rayon::prelude::*;
 
 use super::matvec::{self, dot};
-use super::model::{Arch, Model, WeightRef};
+use super::model::{Arch, Model};
 use super::{Backend, RuntimeError};
 
 /// KV cache and scratch buffers of one decode session.
@@ -37,8 +37,10 @@ pub struct CpuBackend {
     logits: Vec<f32>,
     norms: Vec<(Vec<f32>, Vec<f32>)>,
     output_norm: Vec<f32>,
-    /// Ternary kernel: f32 activations (reference) or int8.
-    pub kernel: matvec::Kernel,
+    /// Ternary kernel: f32 activations (reference) or int8; set with [`CpuBackend::set_kernel`].
+    kernel: matvec::Kernel,
+    /// Ternary weights repacked for the int8 kernel, by tensor name.
+    repacked: std::collections::HashMap<String, Vec<u8>>,
 }
 
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -98,16 +100,56 @@ impl CpuBackend {
             output_norm,
             model,
             kernel: matvec::Kernel::F32,
+            repacked: Default::default(),
         }
+    }
+
+    /// The ternary kernel in use.
+    pub fn kernel(&self) -> matvec::Kernel {
+        self.kernel
+    }
+
+    /// Chooses the ternary kernel. The int8 kernel repacks every ternary linear weight once
+    /// into a layout where one shift unpacks 32 codes, and releases the bundle pages it read, so
+    /// memory stays at about the weights' size.
+    pub fn set_kernel(&mut self, k: matvec::Kernel) {
+        self.kernel = k;
+        self.repacked.clear();
+        if k != matvec::Kernel::Int8 {
+            return;
+        }
+        let mut ws: Vec<&super::model::Weight> = Vec::new();
+        for l in &self.model.layers {
+            ws.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        }
+        for w in ws {
+            if let matvec::WeightData::Ternary { words, .. } = w.data(&self.model.bundle) {
+                self.repacked
+                    .insert(w.name.clone(), matvec::repack_ternary(words));
+                if let Some(t) = self.model.bundle.tensor(&w.name) {
+                    self.model.bundle.release(t);
+                }
+            }
+        }
+    }
+
+    /// A weight's data: the repacked copy when the int8 kernel made one.
+    fn wdata<'a>(&'a self, w: &super::model::Weight) -> matvec::WeightData<'a> {
+        match (self.repacked.get(&w.name), w.data(&self.model.bundle)) {
+            (Some(qs), matvec::WeightData::Ternary { scales, .. }) => {
+                matvec::WeightData::TernaryQs { qs, scales }
+            }
+            (_, d) => d,
+        }
+    }
+
+    fn mvw(&self, w: &super::model::Weight, x: &[f32], y: &mut [f32]) {
+        matvec::matvec_with(self.kernel, self.wdata(w), w.cols, x, y);
     }
 
     /// Bytes held by the KV cache.
     pub fn kv_bytes(&self) -> u64 {
         (self.k_cache.len() + self.v_cache.len()) as u64 * 2
-    }
-
-    fn mv(&self, w: &WeightRef, x: &[f32], y: &mut [f32]) {
-        matvec::matvec_with(self.kernel, w.data, w.cols, x, y);
     }
 
     /// Rotates adjacent pairs of the first `n_rot` dims of each head in place.
@@ -213,9 +255,9 @@ impl Backend for CpuBackend {
         for (il, layer) in self.model.layers.iter().enumerate() {
             rms_norm(&x, &self.norms[il].0, eps, &mut h);
             trace("attn_norm", il, &h);
-            self.mv(&self.model.weight(&layer.wq), &h, &mut q);
-            self.mv(&self.model.weight(&layer.wk), &h, &mut k);
-            self.mv(&self.model.weight(&layer.wv), &h, &mut v);
+            self.mvw(&layer.wq, &h, &mut q);
+            self.mvw(&layer.wk, &h, &mut k);
+            self.mvw(&layer.wv, &h, &mut v);
             trace("Qcur_mm", il, &q);
             trace("Kcur_mm", il, &k);
             trace("Vcur", il, &v);
@@ -262,19 +304,19 @@ impl Backend for CpuBackend {
                 }
             });
             trace("kqv_out", il, &attn);
-            self.mv(&self.model.weight(&layer.wo), &attn, &mut o);
+            self.mvw(&layer.wo, &attn, &mut o);
             trace("attn_out", il, &o);
             for (xi, oi) in x.iter_mut().zip(&o) {
                 *xi += if minicpm { oi * res_scale } else { *oi };
             }
             rms_norm(&x, &self.norms[il].1, eps, &mut h);
-            self.mv(&self.model.weight(&layer.w_gate), &h, &mut g);
-            self.mv(&self.model.weight(&layer.w_up), &h, &mut u);
+            self.mvw(&layer.w_gate, &h, &mut g);
+            self.mvw(&layer.w_up, &h, &mut u);
             for (gi, ui) in g.iter_mut().zip(&u) {
                 *gi = silu(*gi) * ui;
             }
             trace("ffn_swiglu", il, &g);
-            self.mv(&self.model.weight(&layer.w_down), &g, &mut o);
+            self.mvw(&layer.w_down, &g, &mut o);
             trace("ffn_out", il, &o);
             for (xi, oi) in x.iter_mut().zip(&o) {
                 *xi += if minicpm { oi * res_scale } else { *oi };

@@ -21,6 +21,121 @@ pub enum WeightData<'a> {
     Gguf { ty: GgmlType, bytes: &'a [u8] },
     /// Ternary: `rows * cols/16` words and `rows * cols/256` f16 scales.
     Ternary { words: &'a [u32], scales: &'a [u16] },
+    /// Ternary codes repacked at load for the int8 kernel ([`repack_ternary`]): per 256-block
+    /// 64 bytes, element `h*128 + s*32 + l` in bits `2s..2s+2` of byte `h*32 + l` (TQ2_0's
+    /// order), so one shift and mask unpack 32 codes. Same scales.
+    TernaryQs { qs: &'a [u8], scales: &'a [u16] },
+}
+
+/// Repacks ternary words (16 codes per u32) into the [`WeightData::TernaryQs`] byte layout.
+pub fn repack_ternary(words: &[u32]) -> Vec<u8> {
+    let mut qs = vec![0u8; words.len() * 4];
+    for (bw, bq) in words.chunks_exact(16).zip(qs.chunks_exact_mut(64)) {
+        for e in 0..256 {
+            let c = ((bw[e / 16] >> (2 * (e % 16))) & 3) as u8;
+            let (h, s, l) = (e / 128, (e % 128) / 32, e % 32);
+            bq[h * 32 + l] |= c << (2 * s);
+        }
+    }
+    qs
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn ternary_qs_rows_i8_avx2(
+    qs: &[u8],
+    scales: &[u16],
+    cols: usize,
+    a: &Q8Act,
+    ys: &mut [f32],
+    r0: usize,
+) {
+    use std::arch::x86_64::*;
+    let (bpr, spr) = (cols / 4, cols / 256);
+    let ones = _mm256_set1_epi16(1);
+    let m3 = _mm256_set1_epi8(3);
+    for (i, yo) in ys.iter_mut().enumerate() {
+        let r = r0 + i;
+        let rq = &qs[r * bpr..(r + 1) * bpr];
+        let mut total = 0f32;
+        for b in 0..spr {
+            let mut acc = _mm256_setzero_si256();
+            for h in 0..2 {
+                // SAFETY: 32 bytes of this block's 64 code bytes.
+                let v = _mm256_loadu_si256(rq[b * 64 + h * 32..].as_ptr() as *const __m256i);
+                for s in 0..4 {
+                    let codes = match s {
+                        0 => _mm256_and_si256(v, m3),
+                        1 => _mm256_and_si256(_mm256_srli_epi16(v, 2), m3),
+                        2 => _mm256_and_si256(_mm256_srli_epi16(v, 4), m3),
+                        _ => _mm256_and_si256(_mm256_srli_epi16(v, 6), m3),
+                    };
+                    let xq = _mm256_loadu_si256(
+                        a.q[b * 256 + h * 128 + s * 32..].as_ptr() as *const __m256i
+                    );
+                    let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, xq), ones);
+                    acc = _mm256_add_epi32(acc, prod);
+                }
+            }
+            let s128 = _mm_add_epi32(
+                _mm256_castsi256_si128(acc),
+                _mm256_extracti128_si256(acc, 1),
+            );
+            let s64 = _mm_add_epi32(s128, _mm_shuffle_epi32(s128, 0b01_00_11_10));
+            let s32 = _mm_add_epi32(s64, _mm_shuffle_epi32(s64, 0b10_11_00_01));
+            let isum = _mm_cvtsi128_si32(s32) - a.sum[b];
+            total += f16_bits_to_f32(scales[r * spr + b]) * (a.d[b] * isum as f32);
+        }
+        *yo = total;
+    }
+}
+
+/// Rows of a repacked ternary matrix with int8 activations; the portable path gives the same
+/// bits as the AVX2 one (exact integer block sums, the same f32 steps).
+pub fn ternary_qs_rows_i8(
+    qs: &[u8],
+    scales: &[u16],
+    cols: usize,
+    a: &Q8Act,
+    ys: &mut [f32],
+    r0: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is present, checked on the line above.
+            unsafe { ternary_qs_rows_i8_avx2(qs, scales, cols, a, ys, r0) };
+            return;
+        }
+    }
+    ternary_qs_rows_i8_portable(qs, scales, cols, a, ys, r0)
+}
+
+/// The portable path of [`ternary_qs_rows_i8`].
+pub fn ternary_qs_rows_i8_portable(
+    qs: &[u8],
+    scales: &[u16],
+    cols: usize,
+    a: &Q8Act,
+    ys: &mut [f32],
+    r0: usize,
+) {
+    let (bpr, spr) = (cols / 4, cols / 256);
+    for (i, yo) in ys.iter_mut().enumerate() {
+        let r = r0 + i;
+        let mut total = 0f32;
+        for b in 0..spr {
+            let bq = &qs[r * bpr + b * 64..r * bpr + b * 64 + 64];
+            let mut isum = 0i32;
+            for e in 0..256 {
+                let (h, s, l) = (e / 128, (e % 128) / 32, e % 32);
+                let c = ((bq[h * 32 + l] >> (2 * s)) & 3) as i32;
+                isum += c * a.q[b * 256 + e] as i32;
+            }
+            total += f16_bits_to_f32(scales[r * spr + b]) * (a.d[b] * (isum - a.sum[b]) as f32);
+        }
+        *yo = total;
+    }
 }
 
 /// Rows per parallel task.
@@ -302,6 +417,15 @@ pub fn matvec(w: WeightData, cols: usize, x: &[f32], y: &mut [f32]) {
 pub fn matvec_with(kernel: Kernel, w: WeightData, cols: usize, x: &[f32], y: &mut [f32]) {
     debug_assert_eq!(x.len(), cols);
     match w {
+        WeightData::TernaryQs { qs, scales } => {
+            // Repacked weights are made for, and always run with, int8 activations.
+            let a = quantize_act(x);
+            y.par_chunks_mut(ROWS_PER_TASK)
+                .enumerate()
+                .for_each(|(t, ys)| {
+                    ternary_qs_rows_i8(qs, scales, cols, &a, ys, t * ROWS_PER_TASK)
+                });
+        }
         WeightData::Ternary { words, scales } if kernel == Kernel::Int8 => {
             let a = quantize_act(x);
             y.par_chunks_mut(ROWS_PER_TASK)
@@ -329,6 +453,18 @@ pub fn matvec_with(kernel: Kernel, w: WeightData, cols: usize, x: &[f32], y: &mu
 /// bit-exactly.
 pub fn row(w: WeightData, cols: usize, r: usize, out: &mut [f32]) {
     match w {
+        WeightData::TernaryQs { qs, scales } => {
+            let (bpr, spr) = (cols / 4, cols / 256);
+            for b in 0..spr {
+                let d = f16_bits_to_f32(scales[r * spr + b]);
+                let bq = &qs[r * bpr + b * 64..r * bpr + b * 64 + 64];
+                for e in 0..256 {
+                    let (h, s, l) = (e / 128, (e % 128) / 32, e % 32);
+                    let c = ((bq[h * 32 + l] >> (2 * s)) & 3) as i32;
+                    out[b * 256 + e] = d * (c - 1) as f32;
+                }
+            }
+        }
         WeightData::Ternary { words, scales } => crate::ternary::row_values(
             &words[r * cols / 16..(r + 1) * cols / 16],
             &scales[r * cols / 256..(r + 1) * cols / 256],
@@ -449,6 +585,43 @@ mod tests {
                 .sum();
             assert!((*yr as f64 - want).abs() < 1e-4, "row {r}: {yr} vs {want}");
         }
+        // The repacked layout gives the same bits, on both its paths.
+        let qs = repack_ternary(&words);
+        let mut yq = vec![0f32; rows];
+        matvec_with(
+            Kernel::Int8,
+            WeightData::TernaryQs {
+                qs: &qs,
+                scales: &scales,
+            },
+            cols,
+            &x,
+            &mut yq,
+        );
+        assert!(y.iter().zip(&yq).all(|(p, q)| p.to_bits() == q.to_bits()));
+        ternary_qs_rows_i8_portable(&qs, &scales, cols, &a, &mut yq, 0);
+        assert!(y.iter().zip(&yq).all(|(p, q)| p.to_bits() == q.to_bits()));
+        let mut r0 = vec![0f32; cols];
+        let mut r1 = vec![0f32; cols];
+        row(
+            WeightData::Ternary {
+                words: &words,
+                scales: &scales,
+            },
+            cols,
+            3,
+            &mut r0,
+        );
+        row(
+            WeightData::TernaryQs {
+                qs: &qs,
+                scales: &scales,
+            },
+            cols,
+            3,
+            &mut r1,
+        );
+        assert_eq!(r0, r1);
         // The portable path gives the same bits as the dispatched (AVX2+BMI2) one.
         let mut yp = vec![0f32; rows];
         ternary_rows_i8_portable(&words, &scales, cols, &a, &mut yp, 0);
