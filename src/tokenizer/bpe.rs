@@ -37,12 +37,35 @@ impl Ranks {
 /// `(rank, left, right, left length, right length)`.
 type Bigram = (u32, usize, usize, usize, usize);
 
+/// One symbol of a merge session: a byte range of the text, linked to its neighbours.
 #[derive(Clone, Copy)]
-struct Symbol {
-    start: usize,
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
+pub(crate) struct Symbol {
+    pub(crate) start: usize,
+    pub(crate) len: usize,
+    pub(crate) prev: Option<usize>,
+    pub(crate) next: Option<usize>,
+}
+
+/// Splits `text` into one linked symbol per UTF-8 character (a truncated last character is
+/// one symbol), the starting point of both BPE and SentencePiece merging.
+pub(crate) fn utf8_symbols(text: &[u8]) -> Vec<Symbol> {
+    let mut symbols: Vec<Symbol> = Vec::new();
+    let mut offset = 0;
+    while offset < text.len() {
+        let len = utf8_len(text[offset]).min(text.len() - offset);
+        let index = symbols.len();
+        symbols.push(Symbol {
+            start: offset,
+            len,
+            prev: index.checked_sub(1),
+            next: None,
+        });
+        offset += len;
+        if offset < text.len() {
+            symbols[index].next = Some(index + 1);
+        }
+    }
+    symbols
 }
 
 /// Splits `word` (already byte-encoded) into its final BPE symbols; appends each symbol's
@@ -58,22 +81,7 @@ pub(crate) fn merge_word(
         out.push((0, word.len()));
         return;
     }
-    let mut symbols: Vec<Symbol> = Vec::new();
-    let mut offset = 0;
-    while offset < word.len() {
-        let len = utf8_len(word[offset]).min(word.len() - offset);
-        let index = symbols.len();
-        symbols.push(Symbol {
-            start: offset,
-            len,
-            prev: index.checked_sub(1),
-            next: None,
-        });
-        offset += len;
-        if offset < word.len() {
-            symbols[index].next = Some(index + 1);
-        }
-    }
+    let mut symbols = utf8_symbols(word);
 
     // Min-heap on (rank, left); the lengths identify a stale entry (see below).
     let mut heap: BinaryHeap<Reverse<Bigram>> = BinaryHeap::new();

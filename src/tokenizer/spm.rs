@@ -5,15 +5,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use super::bpe::utf8_len;
-
-#[derive(Clone, Copy)]
-struct Symbol {
-    start: usize,
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
-}
+use super::bpe::{utf8_symbols, Symbol};
 
 struct Bigram {
     left: usize,
@@ -55,22 +47,7 @@ pub(crate) fn tokenize(
     byte_token: &dyn Fn(u8) -> Option<u32>,
     out: &mut Vec<u32>,
 ) {
-    let mut symbols: Vec<Symbol> = Vec::new();
-    let mut offs = 0;
-    while offs < text.len() {
-        let len = utf8_len(text[offs]).min(text.len() - offs);
-        let index = symbols.len();
-        symbols.push(Symbol {
-            start: offs,
-            len,
-            prev: index.checked_sub(1),
-            next: None,
-        });
-        offs += len;
-        if offs < text.len() {
-            symbols[index].next = Some(index + 1);
-        }
-    }
+    let mut symbols = utf8_symbols(text);
 
     let mut heap = BinaryHeap::new();
     let try_add = |heap: &mut BinaryHeap<Bigram>,
