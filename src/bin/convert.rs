@@ -83,37 +83,7 @@ enum Command {
         common: BundleArgs,
     },
     /// Load a bundle (checking every file first) and generate text, streamed to stdout.
-    Run {
-        /// The bundle directory.
-        bundle: PathBuf,
-        /// The prompt text (tokenized with the bundle's tokenizer).
-        #[arg(long, conflicts_with = "prompt_ids")]
-        prompt: Option<String>,
-        /// The prompt as comma-separated token ids instead of text.
-        #[arg(long, value_delimiter = ',')]
-        prompt_ids: Option<Vec<u32>>,
-        /// Tokens to generate at most.
-        #[arg(long, default_value_t = 64)]
-        max_tokens: usize,
-        /// Wrap the prompt in the model's chat template as a user message.
-        #[arg(long)]
-        chat: bool,
-        #[command(flatten)]
-        sample: SampleArgs,
-        /// Backend: cpu.
-        #[arg(long, default_value = "cpu")]
-        backend: String,
-        /// Ternary matvec kernel: f32 activations (the reference) or int8 activations (faster,
-        /// with llama.cpp-like rounding).
-        #[arg(long, value_enum, default_value_t = KernelArg::F32)]
-        kernel: KernelArg,
-        /// Print the generated token ids to stderr at the end.
-        #[arg(long)]
-        print_ids: bool,
-        /// Write the first step's logits (after the prompt) as little-endian f32 to this file.
-        #[arg(long)]
-        dump_logits: Option<PathBuf>,
-    },
+    Run(RunArgs),
     /// Measure prompt and decode speed (tokens/s) and peak resident memory of a bundle.
     Bench {
         /// The bundle directory.
@@ -363,29 +333,7 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             }
             pack(input, output, Mode::Ternary { ternarize }, common, cl)
         }
-        Command::Run {
-            bundle,
-            prompt,
-            prompt_ids,
-            max_tokens,
-            chat,
-            sample,
-            backend,
-            kernel,
-            print_ids,
-            dump_logits,
-        } => run_cmd(RunArgs {
-            bundle,
-            prompt,
-            prompt_ids,
-            max_tokens,
-            chat,
-            sample,
-            backend,
-            kernel,
-            print_ids,
-            dump_logits,
-        }),
+        Command::Run(args) => run_cmd(args),
         Command::Bench {
             bundle,
             prompt_tokens,
@@ -516,16 +464,36 @@ fn bench_cmd(
     Ok(ExitCode::SUCCESS)
 }
 
+#[derive(clap::Args)]
 struct RunArgs {
+    /// The bundle directory.
     bundle: PathBuf,
+    /// The prompt text (tokenized with the bundle's tokenizer).
+    #[arg(long, conflicts_with = "prompt_ids")]
     prompt: Option<String>,
+    /// The prompt as comma-separated token ids instead of text.
+    #[arg(long, value_delimiter = ',')]
     prompt_ids: Option<Vec<u32>>,
+    /// Tokens to generate at most.
+    #[arg(long, default_value_t = 64)]
     max_tokens: usize,
+    /// Wrap the prompt in the model's chat template as a user message.
+    #[arg(long)]
     chat: bool,
+    #[command(flatten)]
     sample: SampleArgs,
+    /// Backend: cpu.
+    #[arg(long, default_value = "cpu")]
     backend: String,
+    /// Ternary matvec kernel: f32 activations (the reference) or int8 activations (faster,
+    /// with llama.cpp-like rounding).
+    #[arg(long, value_enum, default_value_t = KernelArg::F32)]
     kernel: KernelArg,
+    /// Print the generated token ids to stderr at the end.
+    #[arg(long)]
     print_ids: bool,
+    /// Write the first step's logits (after the prompt) as little-endian f32 to this file.
+    #[arg(long)]
     dump_logits: Option<PathBuf>,
 }
 
