@@ -11,6 +11,7 @@ pub mod export;
 pub mod ggml;
 pub mod gguf;
 pub mod inspect;
+pub mod palette;
 pub mod quant;
 pub mod runtime;
 pub mod ternary;

@@ -1,0 +1,374 @@
+//! Palettization: each group of `G` consecutive rows (output channels) of a weight matrix
+//! shares one lookup table (palette) of `2^B` f16 entries, and every weight is stored as a
+//! `B`-bit index into its group's table. As coremltools' `OpPalettizerConfig` with
+//! `granularity="per_grouped_channel"` (or `per_tensor` when one group spans every row).
+//!
+//! Modes:
+//! - `kmeans`: the globally optimal 1-D k-means of the group's values ([`kmeans::optimal`] on
+//!   the sorted distinct values weighted by their counts). Entries are the clusters' means
+//!   rounded to f16 (round to nearest, ties to even); each weight takes the nearest entry
+//!   (ties: the lower index), which is never further than its cluster's entry. A group with at
+//!   most `2^B` distinct values keeps them all: exact when they are f16 values.
+//! - `uniform`: coremltools 9.0 `palettize_weights._get_lut_and_indices` mode `UNIFORM`,
+//!   reproduced operation by operation in the source's precision (f16 sources in f16
+//!   arithmetic, as numpy evaluates it; others in f32): `scale = (max - min) / (2^B - 1)`,
+//!   `index = round_half_even((w - min) / (max - min) * (2^B - 1))`,
+//!   `entry[i] = i * scale + min` (evaluated in f64, rounded to the source dtype, then to f16).
+//!   A group whose values are all equal gets index 0 everywhere (coremltools divides by zero).
+//!
+//! Storage ([`pack_row`]): indices of a row packed LSB-first at `B` bits each into
+//! `ceil(cols * B / 8)` bytes (index `c` occupies bits `c*B .. c*B + B` of the row's
+//! little-endian bit stream); rows follow each other; tables are `n_groups * 2^B` f16,
+//! little-endian.
+//!
+//! Errors: a NaN or infinite weight, or a table entry outside f16's finite range
+//! (|x| > 65504 after rounding), refuses the tensor.
+
+pub mod kmeans;
+
+use half::f16;
+
+/// Bit widths `convert palettize` accepts.
+pub const SUPPORTED_BITS: &[u32] = &[1, 2, 3, 4, 6, 8];
+
+/// How the table of a group is chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Kmeans,
+    Uniform,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Kmeans => "kmeans",
+            Mode::Uniform => "uniform",
+        }
+    }
+    pub fn from_name(s: &str) -> Option<Mode> {
+        match s {
+            "kmeans" => Some(Mode::Kmeans),
+            "uniform" => Some(Mode::Uniform),
+            _ => None,
+        }
+    }
+}
+
+/// The precision `uniform` computes in (the source tensor's element type).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arith {
+    F32,
+    F16,
+}
+
+/// Why a group could not be palettized.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum GroupFault {
+    #[error("non-finite weight {value} at element {index} of the group")]
+    NonFinite { index: usize, value: f32 },
+    #[error("table entry {value} does not fit float16 (largest finite 65504)")]
+    TableOverflow { value: f64 },
+}
+
+/// One palettized group: `2^B` f16 table entries (bits), one index per weight, and the
+/// reconstruction error against the input (sum of squared errors and max abs error, f64).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Group {
+    pub table: Vec<u16>,
+    pub indices: Vec<u8>,
+    pub sse: f64,
+    pub max_abs_err: f64,
+}
+
+/// Orders f32 bit patterns as the numbers they encode (finite values only).
+#[inline(always)]
+fn order_key(v: f32) -> u32 {
+    let b = v.to_bits();
+    if b & 0x8000_0000 != 0 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
+}
+
+#[inline(always)]
+fn from_key(k: u32) -> f32 {
+    f32::from_bits(if k & 0x8000_0000 != 0 {
+        k & 0x7FFF_FFFF
+    } else {
+        !k
+    })
+}
+
+/// Sorted distinct values of `v` (`-0.0` and `0.0` count as one) with their counts.
+pub fn distinct_counts(v: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    let mut keys: Vec<u32> = v.iter().map(|&x| order_key(x)).collect();
+    keys.sort_unstable();
+    let mut xs: Vec<f64> = Vec::new();
+    let mut ws: Vec<f64> = Vec::new();
+    for k in keys {
+        let x = from_key(k) as f64;
+        match xs.last() {
+            Some(&l) if l == x => *ws.last_mut().expect("same length") += 1.0,
+            _ => {
+                xs.push(x);
+                ws.push(1.0);
+            }
+        }
+    }
+    (xs, ws)
+}
+
+fn f16_entry(x: f64) -> Result<u16, GroupFault> {
+    let h = f16::from_f64(x);
+    if !h.is_finite() {
+        return Err(GroupFault::TableOverflow { value: x });
+    }
+    Ok(h.to_bits())
+}
+
+/// Rounds through f16 as numpy's float16 arithmetic does (the f32 result of one operation on
+/// f16 operands, rounded to f16).
+#[inline(always)]
+fn r16(x: f32) -> f32 {
+    f16::from_f32(x).to_f32()
+}
+
+/// Palettizes one group of weights (any order; typically `G` rows of `K`).
+pub fn palettize_group(
+    values: &[f32],
+    bits: u32,
+    mode: Mode,
+    arith: Arith,
+) -> Result<Group, GroupFault> {
+    if let Some((index, &value)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        return Err(GroupFault::NonFinite { index, value });
+    }
+    let n_entries = 1usize << bits;
+    let (table, indices) = match mode {
+        Mode::Kmeans => {
+            let (xs, ws) = distinct_counts(values);
+            let entries: Vec<f64> = if xs.len() <= n_entries {
+                xs.clone()
+            } else {
+                kmeans::optimal(&xs, &ws, n_entries).means
+            };
+            let mut table = Vec::with_capacity(n_entries);
+            for &e in &entries {
+                table.push(f16_entry(e)?);
+            }
+            // Pad with the largest entry so the table stays sorted.
+            let last = *table.last().expect("a group is never empty");
+            table.resize(n_entries, last);
+            let tv: Vec<f64> = table.iter().map(|&h| f16::from_bits(h).to_f64()).collect();
+            let used = entries.len();
+            let indices = values
+                .iter()
+                .map(|&v| nearest(&tv[..used], v as f64) as u8)
+                .collect();
+            (table, indices)
+        }
+        Mode::Uniform => uniform(values, bits, arith)?,
+    };
+    let mut sse = 0f64;
+    let mut max_abs_err = 0f64;
+    for (&v, &i) in values.iter().zip(&indices) {
+        let e = (f16::from_bits(table[i as usize]).to_f64() - v as f64).abs();
+        sse += e * e;
+        max_abs_err = max_abs_err.max(e);
+    }
+    Ok(Group {
+        table,
+        indices,
+        sse,
+        max_abs_err,
+    })
+}
+
+/// Index of the entry of sorted `t` nearest to `v` (ties: the lower index).
+#[inline(always)]
+fn nearest(t: &[f64], v: f64) -> usize {
+    let p = t.partition_point(|&e| e < v);
+    if p == 0 {
+        return 0;
+    }
+    if p == t.len() {
+        return t.len() - 1;
+    }
+    if v - t[p - 1] <= t[p] - v {
+        p - 1
+    } else {
+        p
+    }
+}
+
+/// coremltools' UNIFORM mode (see the module docs).
+fn uniform(values: &[f32], bits: u32, arith: Arith) -> Result<(Vec<u16>, Vec<u8>), GroupFault> {
+    let levels = ((1u32 << bits) - 1) as f32;
+    let r = |x: f32| match arith {
+        Arith::F16 => r16(x),
+        Arith::F32 => x,
+    };
+    let min = values.iter().copied().fold(f32::INFINITY, f32::min);
+    let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let range = r(max - min);
+    let scale = r(range / levels);
+    if !range.is_finite() {
+        return Err(GroupFault::TableOverflow {
+            value: max as f64 - min as f64,
+        });
+    }
+    let indices = values
+        .iter()
+        .map(|&v| {
+            if range == 0.0 {
+                0
+            } else {
+                r(r(r(v - min) / range) * levels).round_ties_even() as u8
+            }
+        })
+        .collect();
+    let mut table = Vec::with_capacity(1 << bits);
+    for i in 0..(1u32 << bits) {
+        let e = i as f64 * scale as f64 + min as f64;
+        let e = match arith {
+            Arith::F16 => f16::from_f64(e).to_f64(),
+            Arith::F32 => e as f32 as f64,
+        };
+        table.push(f16_entry(e)?);
+    }
+    Ok((table, indices))
+}
+
+/// Bytes of one packed row of `cols` indices at `bits` each.
+pub fn row_bytes(cols: u64, bits: u32) -> u64 {
+    (cols * bits as u64).div_ceil(8)
+}
+
+/// Packs `indices` (each `< 2^bits`) LSB-first into `out` (`row_bytes(len, bits)` bytes).
+pub fn pack_row(indices: &[u8], bits: u32, out: &mut [u8]) {
+    out.iter_mut().for_each(|b| *b = 0);
+    if bits == 8 {
+        out.copy_from_slice(indices);
+        return;
+    }
+    let mut bit = 0usize;
+    for &ix in indices {
+        let v = (ix as u16) << (bit % 8);
+        out[bit / 8] |= v as u8;
+        if bit % 8 + bits as usize > 8 {
+            out[bit / 8 + 1] |= (v >> 8) as u8;
+        }
+        bit += bits as usize;
+    }
+}
+
+/// Unpacks `out.len()` indices packed by [`pack_row`].
+#[inline]
+pub fn unpack_row(packed: &[u8], bits: u32, out: &mut [u8]) {
+    match bits {
+        8 => out.copy_from_slice(&packed[..out.len()]),
+        4 => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = (packed[i / 2] >> ((i % 2) * 4)) & 0xF;
+            }
+        }
+        2 => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = (packed[i / 4] >> ((i % 4) * 2)) & 0x3;
+            }
+        }
+        1 => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = (packed[i / 8] >> (i % 8)) & 0x1;
+            }
+        }
+        _ => {
+            let mask = (1u16 << bits) - 1;
+            let mut bit = 0usize;
+            for o in out.iter_mut() {
+                let lo = packed[bit / 8] as u16;
+                let hi = if bit % 8 + bits as usize > 8 {
+                    packed[bit / 8 + 1] as u16
+                } else {
+                    0
+                };
+                *o = (((lo | (hi << 8)) >> (bit % 8)) & mask) as u8;
+                bit += bits as usize;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pack_roundtrip_every_width() {
+        for &bits in SUPPORTED_BITS {
+            for cols in [1usize, 3, 7, 8, 9, 31, 64, 577] {
+                let idx: Vec<u8> = (0..cols)
+                    .map(|i| ((i * 37 + 11) % (1 << bits)) as u8)
+                    .collect();
+                let mut packed = vec![0u8; row_bytes(cols as u64, bits) as usize];
+                pack_row(&idx, bits, &mut packed);
+                let mut back = vec![0u8; cols];
+                unpack_row(&packed, bits, &mut back);
+                assert_eq!(back, idx, "bits {bits} cols {cols}");
+            }
+        }
+    }
+
+    #[test]
+    fn pack_is_lsb_first() {
+        let mut p = [0u8; 3];
+        pack_row(&[1, 2, 3, 4], 6, &mut p);
+        // 1 | 2 << 6 | 3 << 12 | 4 << 18
+        let v = 1u32 | (2 << 6) | (3 << 12) | (4 << 18);
+        assert_eq!(p, [v as u8, (v >> 8) as u8, (v >> 16) as u8]);
+    }
+
+    #[test]
+    fn few_distinct_values_are_exact() {
+        let v: Vec<f32> = (0..1000).map(|i| [0.5f32, -0.25, 0.0, 1.0][i % 4]).collect();
+        for bits in [2, 4, 8] {
+            let g = palettize_group(&v, bits, Mode::Kmeans, Arith::F32).unwrap();
+            assert_eq!(g.sse, 0.0);
+            assert_eq!(g.max_abs_err, 0.0);
+        }
+        let g = palettize_group(&v, 1, Mode::Kmeans, Arith::F32).unwrap();
+        assert!(g.sse > 0.0);
+    }
+
+    #[test]
+    fn non_finite_is_refused() {
+        let v = [0.0f32, f32::NAN, 1.0];
+        assert!(matches!(
+            palettize_group(&v, 4, Mode::Kmeans, Arith::F32),
+            Err(GroupFault::NonFinite { index: 1, .. })
+        ));
+        let v = [0.0f32, 1.0, f32::NEG_INFINITY];
+        assert!(matches!(
+            palettize_group(&v, 4, Mode::Uniform, Arith::F32),
+            Err(GroupFault::NonFinite { index: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn overflowing_entry_is_refused() {
+        let v = [1e6f32, -1e6, 0.0, 5.0, 7.0];
+        assert!(matches!(
+            palettize_group(&v, 1, Mode::Kmeans, Arith::F32),
+            Err(GroupFault::TableOverflow { .. })
+        ));
+    }
+
+    #[test]
+    fn constant_group_uniform_is_exact() {
+        let v = [0.125f32; 64];
+        let g = palettize_group(&v, 4, Mode::Uniform, Arith::F16).unwrap();
+        assert_eq!(g.sse, 0.0);
+        assert!(g.indices.iter().all(|&i| i == 0));
+    }
+}
