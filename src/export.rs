@@ -89,6 +89,9 @@ pub enum ExportError {
 #[derive(Clone, Debug)]
 pub struct DequantizeOptions {
     pub dtype: OutDtype,
+    /// Also write `config.json` (the model configuration) and `tokenizer.json` beside the
+    /// output, so `convert palettize` can read the safetensors file as a model.
+    pub with_config: bool,
     /// Tensor-name globs; empty means every tensor. A tensor is kept if any glob matches.
     pub tensor_globs: Vec<String>,
     pub quiet: bool,
@@ -240,6 +243,15 @@ pub fn dequantize_gguf(
 ) -> Result<DequantizeSummary, ExportError> {
     util::refuse_existing(output)?;
     let file = GgufFile::open(input)?;
+    let sidecars = if opts.with_config {
+        let model = crate::bundle::config::model_config(&file, None)?;
+        let tok = crate::bundle::writer::tokenizer_ref(&file);
+        let tb = serde_json::to_vec_pretty(&crate::bundle::config::tokenizer_json(&file))
+            .expect("JSON values serialize");
+        Some(check_sidecars(output, &model, &tok, tb)?)
+    } else {
+        None
+    };
     let names = select_tensors(
         input,
         file.tensors.iter().map(|t| t.name.as_str()),
@@ -296,7 +308,47 @@ pub fn dequantize_gguf(
         format!("lowbit {} convert dequantize", env!("CARGO_PKG_VERSION")),
     );
     let elements = infos.iter().map(|t| t.n_elements()).sum();
-    write_views(output, views, meta, &progress, elements, source_sha256)
+    let s = write_views(output, views, meta, &progress, elements, source_sha256)?;
+    write_sidecars(sidecars)?;
+    Ok(s)
+}
+
+/// Sidecar files to write beside a safetensors output: (path, bytes).
+type Sidecars = Vec<(PathBuf, Vec<u8>)>;
+
+fn check_sidecars(
+    output: &Path,
+    model: &crate::bundle::manifest::ModelConfig,
+    tok: &crate::bundle::manifest::TokenizerRef,
+    tokenizer_bytes: Vec<u8>,
+) -> Result<Sidecars, ExportError> {
+    let dir = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut cfg = serde_json::to_vec_pretty(&crate::bundle::palettize::sidecar_config(model, tok))
+        .expect("JSON values serialize");
+    cfg.push(b'\n');
+    let v = vec![
+        (dir.join("config.json"), cfg),
+        (dir.join(crate::bundle::manifest::TOKENIZER_FILE), tokenizer_bytes),
+    ];
+    for (p, _) in &v {
+        util::refuse_existing(p)?;
+    }
+    Ok(v)
+}
+
+fn write_sidecars(s: Option<Sidecars>) -> Result<(), ExportError> {
+    for (p, b) in s.into_iter().flatten() {
+        util::write_file_atomically(&p, |tmp| {
+            std::fs::write(tmp, &b).map_err(|source| ExportError::Io {
+                path: p.clone(),
+                source,
+            })
+        })??;
+    }
+    Ok(())
 }
 
 fn write_views(
@@ -341,6 +393,12 @@ pub fn dequantize_bundle(
     util::refuse_existing(output)?;
     let bundle = Bundle::open(input)?;
     let m = &bundle.manifest;
+    let sidecars = if opts.with_config {
+        let tb = bundle.file(&m.tokenizer.file).unwrap_or_default().to_vec();
+        Some(check_sidecars(output, &m.model, &m.tokenizer, tb)?)
+    } else {
+        None
+    };
     let names = select_tensors(
         input,
         m.tensors.iter().map(|t| t.name.as_str()),
@@ -397,5 +455,7 @@ pub fn dequantize_bundle(
         format!("lowbit {} convert dequantize", env!("CARGO_PKG_VERSION")),
     );
     let sha = m.source.sha256.clone();
-    write_views(output, views, meta, &progress, elements, sha)
+    let s = write_views(output, views, meta, &progress, elements, sha)?;
+    write_sidecars(sidecars)?;
+    Ok(s)
 }

@@ -53,10 +53,54 @@ enum Command {
         /// Only tensors whose name matches this glob (repeatable; any match keeps a tensor).
         #[arg(long = "tensor", value_name = "GLOB")]
         tensors: Vec<String>,
+        /// Also write config.json (model configuration) and tokenizer.json beside the
+        /// output, so `convert palettize` can take the safetensors file as a model.
+        #[arg(long)]
+        with_config: bool,
         /// No progress bar or summary.
         #[arg(long, short)]
         quiet: bool,
     },
+    /// Write a bundle whose weight matrices are palettized: per group of output channels
+    /// (rows) a lookup table of 2^bits f16 entries, and a bits-bit index per weight.
+    Palettize {
+        /// A GGUF file, a safetensors file (config.json and tokenizer.json beside it, as
+        /// `dequantize --with-config` writes), or a bundle directory (ternary tensors kept).
+        input: PathBuf,
+        /// Output bundle directory; must not exist.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Bits per index: 8, 6, 4 (also 3, 2, 1).
+        #[arg(long)]
+        bits: u32,
+        /// kmeans: globally optimal 1-D k-means per group; uniform: evenly spaced entries
+        /// between the group's min and max (coremltools' uniform mode).
+        #[arg(long, value_enum, default_value_t = PalModeArg::Kmeans)]
+        mode: PalModeArg,
+        /// Consecutive rows sharing one table; default one table per tensor.
+        #[arg(long)]
+        group_size: Option<u64>,
+        /// Worker threads (default: --threads, else all cores); the output does not depend
+        /// on it.
+        #[arg(long)]
+        workers: Option<usize>,
+        /// Palettize only matrices with more than this many elements.
+        #[arg(long, default_value_t = lowbit::bundle::palettize::DEFAULT_MIN_ELEMENTS)]
+        min_elements: u64,
+        /// Palettize only tensors matching this glob (repeatable).
+        #[arg(long, value_name = "GLOB")]
+        include: Vec<String>,
+        /// Never palettize tensors matching this glob (repeatable).
+        #[arg(long, value_name = "GLOB")]
+        exclude: Vec<String>,
+        #[command(flatten)]
+        common: BundleArgs,
+    },
+    /// Equivalence gate: run CANDIDATE and REFERENCE greedily over a prompt set and require,
+    /// at every step, the same argmax, |p_cand - p_ref| of the reference's token within
+    /// --max-prob-err, finite logits, and bit-identical repeated candidate runs. Exit 0
+    /// passed, 1 failed, 2 error.
+    Validate(ValidateArgs),
     /// Write a bundle with every tensor carried in its source encoding, byte for byte.
     Pack {
         /// The GGUF file.
@@ -146,6 +190,37 @@ struct BundleArgs {
     /// No progress bar or summary.
     #[arg(long, short)]
     quiet: bool,
+}
+
+#[derive(clap::Args)]
+struct ValidateArgs {
+    /// The bundle under test (e.g. palettized).
+    candidate: PathBuf,
+    /// The bundle it must agree with (e.g. `convert pack` of the same model).
+    #[arg(long)]
+    reference: PathBuf,
+    /// Prompt set: a JSON array of strings (default: the checked-in set,
+    /// testdata/validate/prompts.json).
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+    /// Largest allowed |p_cand - p_ref| of the reference's greedy token at any step.
+    #[arg(long, default_value_t = 0.02)]
+    max_prob_err: f64,
+    /// Candidate runs that must give bit-identical logits.
+    #[arg(long, default_value_t = 2)]
+    repeats: usize,
+    /// Greedy steps judged per prompt.
+    #[arg(long, default_value_t = 16)]
+    gen_tokens: usize,
+    /// Write the full report as JSON to this path.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PalModeArg {
+    Kmeans,
+    Uniform,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -275,10 +350,12 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             output,
             dtype,
             tensors,
+            with_config,
             quiet,
         } => {
             let opts = DequantizeOptions {
                 dtype: dtype.into(),
+                with_config,
                 tensor_globs: tensors,
                 quiet,
             };
@@ -333,6 +410,84 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             }
             pack(input, output, Mode::Ternary { ternarize }, common, cl)
         }
+        Command::Palettize {
+            input,
+            output,
+            bits,
+            mode,
+            group_size,
+            workers,
+            min_elements,
+            include,
+            exclude,
+            common,
+        } => {
+            let mode = match mode {
+                PalModeArg::Kmeans => lowbit::palette::Mode::Kmeans,
+                PalModeArg::Uniform => lowbit::palette::Mode::Uniform,
+            };
+            let mut cl: Vec<String> = vec![
+                "convert".into(),
+                "palettize".into(),
+                base(&input),
+                "-o".into(),
+                base(&output),
+                "--bits".into(),
+                bits.to_string(),
+                "--mode".into(),
+                mode.name().into(),
+            ];
+            if let Some(g) = group_size {
+                cl.extend(["--group-size".into(), g.to_string()]);
+            }
+            cl.extend(["--min-elements".into(), min_elements.to_string()]);
+            for g in &include {
+                cl.extend(["--include".into(), g.clone()]);
+            }
+            for g in &exclude {
+                cl.extend(["--exclude".into(), g.clone()]);
+            }
+            if let Some(c) = common.context {
+                cl.extend(["--context".into(), c.to_string()]);
+            }
+            let opts = lowbit::bundle::palettize::PalettizeOptions {
+                bits,
+                mode,
+                group_size,
+                workers: workers.or(Some(rayon::current_num_threads())),
+                min_elements,
+                include,
+                exclude,
+                context: common.context,
+                quiet: common.quiet,
+            };
+            let t0 = std::time::Instant::now();
+            match lowbit::bundle::palettize::palettize(&input, &output, &opts, cl) {
+                Ok(s) => {
+                    if !common.quiet {
+                        eprintln!(
+                            "wrote {}: {} tensors ({} palettized, {}-bit {}), weights {} bytes, sse {:.6e}, max |err| {:.3e}, in {:.2}s; bundle digest {}",
+                            output.display(),
+                            s.tensors,
+                            s.palettized,
+                            bits,
+                            mode.name(),
+                            s.weights_bytes,
+                            s.sse,
+                            s.max_abs_err,
+                            t0.elapsed().as_secs_f64(),
+                            s.bundle_digest
+                        );
+                    }
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("error: palettize {}: {e}", input.display());
+                    Ok(ExitCode::from(e.exit_code()))
+                }
+            }
+        }
+        Command::Validate(args) => validate_cmd(args),
         Command::Run(args) => run_cmd(args),
         Command::Bench {
             bundle,
@@ -495,6 +650,80 @@ struct RunArgs {
     /// Write the first step's logits (after the prompt) as little-endian f32 to this file.
     #[arg(long)]
     dump_logits: Option<PathBuf>,
+}
+
+fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {
+    use lowbit::runtime::validate;
+    if a.repeats == 0 || a.gen_tokens == 0 || !(a.max_prob_err >= 0.0) {
+        eprintln!("error: validate: --repeats and --gen-tokens must be at least 1 and --max-prob-err >= 0");
+        return Ok(ExitCode::from(2));
+    }
+    let prompts = match &a.prompts {
+        Some(p) => validate::read_prompts(p),
+        None => validate::parse_prompts(validate::DEFAULT_PROMPTS.as_bytes()).map_err(|detail| {
+            validate::ValidateError::Input {
+                path: "testdata/validate/prompts.json".into(),
+                detail,
+            }
+        }),
+    };
+    let prompts = match prompts {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: validate: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let opts = validate::ValidateOptions {
+        prompts,
+        max_prob_err: a.max_prob_err,
+        repeats: a.repeats,
+        gen_tokens: a.gen_tokens,
+    };
+    let t0 = std::time::Instant::now();
+    let r = match validate::validate(&a.candidate, &a.reference, &opts) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: validate {}: {e}", a.candidate.display());
+            return Ok(ExitCode::from(2));
+        }
+    };
+    if let Some(p) = &a.json {
+        let mut b = serde_json::to_vec_pretty(&r)?;
+        b.push(b'\n');
+        std::fs::write(p, b).with_context(|| format!("write {}", p.display()))?;
+    }
+    println!(
+        "{}: {} prompts, {} steps; argmax agreement {:.4}; max |dp| {:.6} (limit {}); finite {}; repeats identical {} ({}x)",
+        if r.passed { "PASSED" } else { "FAILED" },
+        r.prompts_evaluated,
+        r.steps,
+        r.argmax_agreement,
+        r.max_prob_err,
+        r.threshold_max_prob_err,
+        r.all_finite,
+        r.repeats_identical,
+        r.repeats
+    );
+    println!(
+        "not judged: max |logit diff| {:.4}, KL(ref||cand) mean {:.3e} max {:.3e} nats, top-1 agreement {:.4}; {:.1}s",
+        r.max_abs_logit_diff,
+        r.kl_mean,
+        r.kl_max,
+        r.top1_agreement_rate,
+        t0.elapsed().as_secs_f64()
+    );
+    for f in r.failures.iter().take(10) {
+        println!("  {f}");
+    }
+    if r.failures.len() > 10 {
+        println!("  ... {} more failures", r.failures.len() - 10);
+    }
+    Ok(if r.passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {

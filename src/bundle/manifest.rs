@@ -52,10 +52,18 @@ pub struct Producer {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Source {
+    /// `safetensors` or `lowbit-bundle` for those inputs; absent for a GGUF file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
+    /// The input's name (a file, or a bundle directory).
     pub file_name: String,
+    /// Bytes of the input file (a bundle: of its files).
     pub size: u64,
+    /// SHA256 of the input file (a bundle: its `bundle_digest`).
     pub sha256: String,
-    pub gguf_version: u32,
+    /// Absent for inputs that are not GGUF.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gguf_version: Option<u32>,
     pub architecture: String,
     pub tensor_count: u64,
 }
@@ -188,6 +196,29 @@ pub enum Encoding {
         scale_dtype: String,
         /// K % 512 == 0 and N % 32 == 0.
         fast_path: bool,
+    },
+    /// Palettized (`convert palettize`, layout in [`crate::palette`]): `2^bits` f16 entries
+    /// per group of `group_size` rows, and one `bits`-bit index per weight.
+    #[serde(rename = "palette")]
+    Palette {
+        bits: u32,
+        /// `kmeans` or `uniform`.
+        mode: String,
+        /// Consecutive rows sharing one table.
+        group_size: u64,
+        table_dtype: String,
+        /// Tables `[rows / group_size, 2^bits]` f16, relative to the tensor's offset (0).
+        tables_offset: u64,
+        tables_length: u64,
+        /// Indices `[rows, row_bytes]`, relative to the tensor's offset.
+        indices_offset: u64,
+        indices_length: u64,
+        /// `ceil(cols * bits / 8)`.
+        row_bytes: u64,
+        /// Sum over every weight of (reconstructed - source)^2, in f64.
+        sse: f64,
+        /// Max |reconstructed - source|.
+        max_abs_err: f64,
     },
 }
 

@@ -14,6 +14,7 @@
 
 pub mod config;
 pub mod manifest;
+pub mod palettize;
 pub mod reader;
 pub mod verify;
 pub mod writer;

@@ -11,6 +11,7 @@ use serde_json::Value as Json;
 use super::manifest::*;
 use super::BundleError;
 use crate::ggml::GgmlType;
+use crate::palette;
 use crate::quant;
 use crate::ternary;
 use crate::util;
@@ -441,8 +442,95 @@ pub fn check_tensor_layout(t: &TensorEntry) -> Result<(), String> {
                 ));
             }
         }
+        Encoding::Palette {
+            bits,
+            mode,
+            group_size,
+            table_dtype,
+            tables_offset,
+            tables_length,
+            indices_offset,
+            indices_length,
+            row_bytes,
+            sse,
+            max_abs_err,
+        } => {
+            if !palette::SUPPORTED_BITS.contains(bits) {
+                return Err(format!(
+                    "palette bits {bits} is not one of {:?}",
+                    palette::SUPPORTED_BITS
+                ));
+            }
+            if palette::Mode::from_name(mode).is_none() || table_dtype != "float16" {
+                return Err(format!(
+                    "palette mode {mode:?} / table_dtype {table_dtype:?}: expected kmeans or uniform / float16"
+                ));
+            }
+            let [rows, cols] = t.shape[..] else {
+                return Err(format!("palette tensor must be 2-D, shape {:?}", t.shape));
+            };
+            if *group_size == 0 || rows % *group_size != 0 {
+                return Err(format!(
+                    "{rows} rows are not a whole number of groups of {group_size}"
+                ));
+            }
+            let want_tables = (rows / group_size)
+                .checked_mul(2u64 << bits)
+                .ok_or("size overflows")?;
+            let want_rb = palette::row_bytes(cols, *bits);
+            let want_idx = rows.checked_mul(want_rb).ok_or("size overflows")?;
+            if *tables_offset != 0 || *tables_length != want_tables {
+                return Err(format!(
+                    "tables at {tables_offset} of length {tables_length}, expected 0 and {want_tables}"
+                ));
+            }
+            if *row_bytes != want_rb
+                || *indices_length != want_idx
+                || *indices_offset < *tables_length
+                || *indices_offset % ALIGNMENT != 0
+                || indices_offset.checked_add(*indices_length) != Some(t.length)
+            {
+                return Err(format!(
+                    "indices at {indices_offset} of length {indices_length} ({row_bytes} bytes per row) do not fit the layout ({want_rb} bytes per row, tensor length {})",
+                    t.length
+                ));
+            }
+            if !(sse.is_finite() && *sse >= 0.0 && max_abs_err.is_finite() && *max_abs_err >= 0.0) {
+                return Err(format!("palette errors sse {sse} / max_abs_err {max_abs_err} must be finite and >= 0"));
+            }
+        }
     }
     Ok(())
+}
+
+/// A palettized tensor's view over its stored bytes; `None` for other encodings or parts that
+/// do not fit in `bytes`.
+pub fn palette_view<'a>(t: &TensorEntry, bytes: &'a [u8]) -> Option<palette::PaletteView<'a>> {
+    let Encoding::Palette {
+        bits,
+        group_size,
+        tables_offset,
+        tables_length,
+        indices_offset,
+        indices_length,
+        row_bytes,
+        ..
+    } = &t.encoding
+    else {
+        return None;
+    };
+    let tables =
+        bytes.get(*tables_offset as usize..tables_offset.checked_add(*tables_length)? as usize)?;
+    let indices = bytes
+        .get(*indices_offset as usize..indices_offset.checked_add(*indices_length)? as usize)?;
+    Some(palette::PaletteView {
+        bits: *bits,
+        group_size: *group_size as usize,
+        cols: *t.shape.last()? as usize,
+        row_bytes: *row_bytes as usize,
+        tables,
+        indices,
+    })
 }
 
 /// A ternary tensor's packed words and f16 scale bits from its stored bytes; `None` for other
@@ -547,6 +635,14 @@ impl Bundle {
                     .zip(words.par_chunks(k / 16))
                     .zip(scales.par_chunks(k / 256))
                     .for_each(|((o, w), s)| ternary::row_values(w, s, o));
+            }
+            Encoding::Palette { .. } => {
+                let v = palette_view(t, self.tensor_bytes(t)).expect("checked at open");
+                use rayon::prelude::*;
+                out.par_chunks_mut(v.cols.max(1)).enumerate().for_each_init(
+                    || vec![0u8; v.cols],
+                    |idx, (r, o)| v.row(r, o, idx),
+                );
             }
         }
         Ok(out)

@@ -181,6 +181,7 @@ fn encoding_name(e: &Encoding) -> String {
     match e {
         Encoding::Gguf { ggml_type, .. } => format!("gguf:{ggml_type}"),
         Encoding::Ternary2 { .. } => "ternary2".into(),
+        Encoding::Palette { bits, mode, .. } => format!("palette:{mode}:{bits}"),
     }
 }
 
@@ -353,5 +354,57 @@ fn check_tensor(
             c
         }
         (Encoding::Ternary2 { .. }, None) => fail(c, "ternary parts out of range".into()),
+        (
+            Encoding::Palette {
+                group_size,
+                sse,
+                max_abs_err,
+                ..
+            },
+            _,
+        ) => {
+            // Lossy by design: the bundle must be what its manifest says, i.e. the error
+            // recomputed against the source equals the recorded one bit for bit.
+            c.compared = "palette-error".into();
+            let Some(v) = super::reader::palette_view(t, bytes) else {
+                return fail(c, "palette parts out of range".into());
+            };
+            let k = st.row_len() as usize;
+            let row_bytes = st.ty.bytes_for(k as u64).unwrap_or(0) as usize;
+            let g = *group_size as usize;
+            let groups: Vec<(f64, f64)> = (0..st.n_rows() as usize / g)
+                .into_par_iter()
+                .map_init(
+                    || (vec![0f32; k], vec![0f32; k], vec![0u8; k]),
+                    |(want, got, idx), gi| {
+                        let (mut s2, mut mx) = (0f64, 0f64);
+                        for r in gi * g..(gi + 1) * g {
+                            quant::dequantize_body_checked(
+                                st.ty,
+                                &sbytes[r * row_bytes..(r + 1) * row_bytes],
+                                want,
+                            );
+                            v.row(r, got, idx);
+                            for (a, b) in got.iter().zip(want.iter()) {
+                                let e = (*a as f64 - *b as f64).abs();
+                                s2 += e * e;
+                                mx = mx.max(e);
+                            }
+                        }
+                        (s2, mx)
+                    },
+                )
+                .collect();
+            let total = groups.iter().fold(0f64, |a, g| a + g.0);
+            let maxd = groups.iter().fold(0f64, |a, g| a.max(g.1));
+            c.max_abs_diff = maxd;
+            if total.to_bits() != sse.to_bits() || maxd.to_bits() != max_abs_err.to_bits() {
+                let d = format!(
+                    "reconstruction error against the source (sse {total}, max {maxd}) differs from the manifest's (sse {sse}, max {max_abs_err})"
+                );
+                return fail(c, d);
+            }
+            c
+        }
     }
 }

@@ -107,10 +107,10 @@ fn plan(mode: Mode, t: &TensorInfo) -> Plan {
 }
 
 /// A writer that hashes and counts what passes through.
-struct HashingWriter<W: Write> {
-    inner: W,
-    hash: Sha256,
-    pos: u64,
+pub(crate) struct HashingWriter<W: Write> {
+    pub(crate) inner: W,
+    pub(crate) hash: Sha256,
+    pub(crate) pos: u64,
 }
 
 impl<W: Write> Write for HashingWriter<W> {
@@ -234,10 +234,30 @@ fn pack_ternary(
     Ok((words, scales))
 }
 
-fn io_err(path: &Path) -> impl Fn(std::io::Error) -> BundleError + '_ {
+pub(crate) fn io_err(path: &Path) -> impl Fn(std::io::Error) -> BundleError + '_ {
     move |source| BundleError::Io {
         path: path.to_path_buf(),
         source,
+    }
+}
+
+/// The tokenizer reference for a GGUF file's tokenizer (written as [`TOKENIZER_FILE`]).
+pub(crate) fn tokenizer_ref(file: &GgufFile) -> TokenizerRef {
+    TokenizerRef {
+        file: TOKENIZER_FILE.into(),
+        model: file
+            .get("tokenizer.ggml.model")
+            .and_then(|v| v.as_str())
+            .map(|s| s.into_owned())
+            .unwrap_or_else(|| "none".into()),
+        pre: file
+            .get("tokenizer.ggml.pre")
+            .and_then(|v| v.as_str())
+            .map(|s| s.into_owned()),
+        n_vocab: match file.get("tokenizer.ggml.tokens") {
+            Some(crate::gguf::Value::Array(_, t)) => t.len() as u64,
+            _ => 0,
+        },
     }
 }
 
@@ -330,23 +350,7 @@ pub fn write_bundle(
     })?;
     let tok_path = tmp.path().join(TOKENIZER_FILE);
     std::fs::write(&tok_path, &tok_bytes).map_err(io_err(&tok_path))?;
-    let tokenizer_model = file
-        .get("tokenizer.ggml.model")
-        .and_then(|v| v.as_str())
-        .map(|s| s.into_owned())
-        .unwrap_or_else(|| "none".into());
-    let tokenizer = TokenizerRef {
-        file: TOKENIZER_FILE.into(),
-        model: tokenizer_model,
-        pre: file
-            .get("tokenizer.ggml.pre")
-            .and_then(|v| v.as_str())
-            .map(|s| s.into_owned()),
-        n_vocab: match file.get("tokenizer.ggml.tokens") {
-            Some(crate::gguf::Value::Array(_, t)) => t.len() as u64,
-            _ => 0,
-        },
-    };
+    let tokenizer = tokenizer_ref(&file);
     let mut files = vec![
         weights_entry,
         FileEntry {
@@ -377,7 +381,8 @@ pub fn write_bundle(
                 .unwrap_or_default(),
             size: file.file_len(),
             sha256: source_sha256,
-            gguf_version: file.version,
+            gguf_version: Some(file.version),
+            format: None,
             architecture: model.architecture.clone(),
             tensor_count: file.tensors.len() as u64,
         },
@@ -540,7 +545,7 @@ fn write_contents(
 
 /// Renames a directory to a path that must not exist, atomically refusing to replace one
 /// that appeared meanwhile (`renameat2(RENAME_NOREPLACE)` on Linux).
-fn rename_dir_noclobber(from: &Path, to: &Path) -> Result<(), BundleError> {
+pub(crate) fn rename_dir_noclobber(from: &Path, to: &Path) -> Result<(), BundleError> {
     #[cfg(target_os = "linux")]
     {
         use std::ffi::CString;

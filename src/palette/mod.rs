@@ -300,6 +300,46 @@ pub fn unpack_row(packed: &[u8], bits: u32, out: &mut [u8]) {
     }
 }
 
+/// A palettized matrix in a bundle: `[rows, cols]`, `tables` `[rows / group_size, 2^bits]`
+/// f16 little-endian bytes, `indices` `[rows, row_bytes]` packed by [`pack_row`].
+#[derive(Clone, Copy, Debug)]
+pub struct PaletteView<'a> {
+    pub bits: u32,
+    pub group_size: usize,
+    pub cols: usize,
+    pub row_bytes: usize,
+    pub tables: &'a [u8],
+    pub indices: &'a [u8],
+}
+
+impl PaletteView<'_> {
+    /// The f16 table of row `r`'s group, as bytes.
+    #[inline]
+    pub fn table_bytes(&self, r: usize) -> &[u8] {
+        let e = 1usize << self.bits;
+        let g = r / self.group_size;
+        &self.tables[g * e * 2..(g + 1) * e * 2]
+    }
+
+    /// Row `r` reconstructed: `out[c] = f32(table[index[r, c]])`; `idx` is scratch of
+    /// `cols` bytes.
+    #[inline]
+    pub fn row(&self, r: usize, out: &mut [f32], idx: &mut [u8]) {
+        let mut t = [0f32; 256];
+        for (o, b) in t.iter_mut().zip(self.table_bytes(r).chunks_exact(2)) {
+            *o = crate::quant::f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
+        }
+        unpack_row(
+            &self.indices[r * self.row_bytes..(r + 1) * self.row_bytes],
+            self.bits,
+            &mut idx[..self.cols],
+        );
+        for (o, &i) in out.iter_mut().zip(idx.iter()) {
+            *o = t[i as usize];
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,6 +25,8 @@ pub enum WeightData<'a> {
     /// 64 bytes, element `h*128 + s*32 + l` in bits `2s..2s+2` of byte `h*32 + l` (TQ2_0's
     /// order), so one shift and mask unpack 32 codes. Same scales.
     TernaryQs { qs: &'a [u8], scales: &'a [u16] },
+    /// Palettized: per group of rows a table of `2^bits` f16 entries, `bits`-bit indices.
+    Palette(crate::palette::PaletteView<'a>),
 }
 
 /// Repacks ternary words (16 codes per u32) into the [`WeightData::TernaryQs`] byte layout.
@@ -257,6 +259,17 @@ crate::multiversion! {
     }
 }
 
+crate::multiversion! {
+    /// Rows `r0..r0 + ys.len()` of a palettized matrix: each row rebuilt from its group's
+    /// table into `buf`, then the fixed-order [`dot`].
+    fn palette_rows(v: &crate::palette::PaletteView, x: &[f32], ys: &mut [f32], r0: usize, buf: &mut [f32], idx: &mut [u8]) {
+        for (i, yo) in ys.iter_mut().enumerate() {
+            v.row(r0 + i, buf, idx);
+            *yo = dot(buf, x);
+        }
+    }
+}
+
 /// How ternary matrix-vector products treat the activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Kernel {
@@ -439,6 +452,12 @@ pub fn matvec_with(kernel: Kernel, w: WeightData, cols: usize, x: &[f32], y: &mu
                 .enumerate()
                 .for_each(|(t, ys)| ternary_rows(words, scales, cols, x, ys, t * ROWS_PER_TASK));
         }
+        WeightData::Palette(v) => {
+            y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each_init(
+                || (vec![0f32; cols], vec![0u8; cols]),
+                |(buf, idx), (t, ys)| palette_rows(&v, x, ys, t * ROWS_PER_TASK, buf, idx),
+            );
+        }
         WeightData::Gguf { ty, bytes } => {
             let rb = ty.bytes_for(cols as u64).unwrap_or(0) as usize;
             y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each_init(
@@ -474,6 +493,7 @@ pub fn row(w: WeightData, cols: usize, r: usize, out: &mut [f32]) {
             let rb = ty.bytes_for(cols as u64).unwrap_or(0) as usize;
             let _ = quant::dequantize(ty, &bytes[r * rb..(r + 1) * rb], out);
         }
+        WeightData::Palette(v) => v.row(r, out, &mut vec![0u8; cols]),
     }
 }
 

@@ -11,6 +11,7 @@
 pub mod cpu;
 pub mod matvec;
 pub mod model;
+pub mod validate;
 
 use std::path::Path;
 

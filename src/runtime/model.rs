@@ -29,6 +29,13 @@ enum WeightKind {
         codes: (u64, u64),
         scales: (u64, u64),
     },
+    Palette {
+        bits: u32,
+        group_size: usize,
+        row_bytes: usize,
+        tables: (u64, u64),
+        indices: (u64, u64),
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -107,6 +114,22 @@ impl Weight {
                 codes: (t.offset + codes_offset, *codes_length),
                 scales: (t.offset + scales_offset, *scales_length),
             },
+            Encoding::Palette {
+                bits,
+                group_size,
+                tables_offset,
+                tables_length,
+                indices_offset,
+                indices_length,
+                row_bytes,
+                ..
+            } => WeightKind::Palette {
+                bits: *bits,
+                group_size: *group_size as usize,
+                row_bytes: *row_bytes as usize,
+                tables: (t.offset + tables_offset, *tables_length),
+                indices: (t.offset + indices_offset, *indices_length),
+            },
         };
         Ok(Weight {
             name: t.name.clone(),
@@ -132,6 +155,20 @@ impl Weight {
                     &map[scales.0 as usize..(scales.0 + scales.1) as usize],
                 ),
             },
+            WeightKind::Palette {
+                bits,
+                group_size,
+                row_bytes,
+                tables,
+                indices,
+            } => WeightData::Palette(crate::palette::PaletteView {
+                bits,
+                group_size,
+                cols: self.cols,
+                row_bytes,
+                tables: &map[tables.0 as usize..(tables.0 + tables.1) as usize],
+                indices: &map[indices.0 as usize..(indices.0 + indices.1) as usize],
+            }),
         }
     }
 

@@ -1,0 +1,751 @@
+//! `convert palettize`: a bundle whose weight matrices are palettized ([`crate::palette`]).
+//!
+//! Inputs:
+//! - a GGUF file: every tensor dequantized (bit-exact with gguf-py) before palettization;
+//! - a safetensors file (F32, F16, BF16) with `config.json` and `tokenizer.json` beside it, as
+//!   `convert dequantize --with-config` writes them (GGUF tensor names; the model
+//!   configuration and tokenizer in lowbit's form);
+//! - a bundle: its non-ternary matrices are palettized, ternary and already-palettized
+//!   tensors are kept as they are.
+//!
+//! Tensors are written in a canonical order (tensors outside `blk.N.` first, then by layer,
+//! each by name), so the same values give the same bundle whatever the input's order:
+//! palettizing a GGUF and `convert dequantize`'s safetensors of it give byte-identical
+//! `weights.bin`, `tokenizer.json` and `bundle_digest`; the manifests differ in `source`,
+//! `producer.command_line` and each tensor's `source_type`.
+//!
+//! Selection (as coremltools' `weight_threshold`): 2-D `*.weight` tensors with more than
+//! `min_elements` elements, not norms or RoPE factors, matching `--include` (if any) and no
+//! `--exclude` glob. Others are carried unchanged (safetensors values as GGML F32/F16/BF16).
+//!
+//! Layout of a palettized tensor: indices first (`rows * row_bytes`, offset 0), zero padding
+//! to [`ALIGNMENT`], then the tables (`n_groups * 2^bits` f16). Groups are processed on a
+//! rayon pool of `workers` threads in batches joined in order, so the output does not depend
+//! on `workers`; memory is the packed indices of one batch plus its f32 rows.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use globset::{Glob, GlobSet, GlobSetBuilder};
+use memmap2::Mmap;
+use rayon::prelude::*;
+use safetensors::tensor::{Dtype, Metadata};
+use safetensors::SafeTensors;
+use sha2::{Digest, Sha256};
+
+use super::manifest::*;
+use super::reader::Bundle;
+use super::writer::{io_err, main_function, rename_dir_noclobber, HashingWriter};
+use super::{config, BundleError};
+use crate::ggml::GgmlType;
+use crate::gguf::GgufFile;
+use crate::palette::{self, Arith, Mode};
+use crate::quant;
+use crate::util;
+
+/// `--min-elements` default: coremltools' `weight_threshold` default (2048).
+pub const DEFAULT_MIN_ELEMENTS: u64 = 2048;
+
+#[derive(Clone, Debug)]
+pub struct PalettizeOptions {
+    pub bits: u32,
+    pub mode: Mode,
+    /// Rows per table; `None`: one table per tensor.
+    pub group_size: Option<u64>,
+    /// Threads (`None`: rayon's default, one per core).
+    pub workers: Option<usize>,
+    pub min_elements: u64,
+    pub include: Vec<String>,
+    pub exclude: Vec<String>,
+    pub context: Option<u64>,
+    pub quiet: bool,
+}
+
+/// What [`palettize`] did.
+#[derive(Clone, Debug)]
+pub struct PalettizeSummary {
+    pub tensors: usize,
+    pub palettized: usize,
+    pub sse: f64,
+    pub max_abs_err: f64,
+    pub weights_bytes: u64,
+    pub bundle_digest: String,
+}
+
+/// One input tensor, by its GGUF name, row-major shape.
+struct InTensor {
+    name: String,
+    shape: Vec<u64>,
+    source_type: GgmlType,
+    loc: Loc,
+}
+
+enum Loc {
+    Gguf(usize),
+    Safetensors { start: usize, end: usize },
+    Bundle(usize),
+}
+
+enum Input {
+    Gguf(GgufFile),
+    Safetensors {
+        map: Mmap,
+        data_start: usize,
+        model: ModelConfig,
+        tokenizer: TokenizerRef,
+        tokenizer_bytes: Vec<u8>,
+        meta: Metadata,
+    },
+    Bundle(Bundle),
+}
+
+fn terr(file: &Path, tensor: &str, detail: impl Into<String>) -> BundleError {
+    BundleError::Tensor {
+        file: file.to_path_buf(),
+        tensor: tensor.to_string(),
+        detail: detail.into(),
+    }
+}
+
+/// Canonical order: non-block tensors by name, then `blk.N.*` by N, then name.
+fn order_key(name: &str) -> (u64, String) {
+    let mut p = name.split('.');
+    if let (Some("blk"), Some(n)) = (p.next(), p.next()) {
+        if let Ok(n) = n.parse::<u64>() {
+            return (n + 1, name.to_string());
+        }
+    }
+    (0, name.to_string())
+}
+
+fn glob_set(globs: &[String], flag: &str) -> Result<GlobSet, BundleError> {
+    let mut b = GlobSetBuilder::new();
+    for g in globs {
+        b.add(Glob::new(g).map_err(|e| BundleError::Manifest {
+            path: PathBuf::from(flag),
+            detail: format!("{flag} {g:?}: {e}"),
+        })?);
+    }
+    b.build().map_err(|e| BundleError::Manifest {
+        path: PathBuf::from(flag),
+        detail: e.to_string(),
+    })
+}
+
+/// The `config.json` `convert dequantize --with-config` writes beside a safetensors file.
+pub fn sidecar_config(model: &ModelConfig, tokenizer: &TokenizerRef) -> serde_json::Value {
+    serde_json::json!({
+        "model_type": model.architecture,
+        "hidden_size": model.n_embd,
+        "intermediate_size": model.n_ff,
+        "num_hidden_layers": model.n_layer,
+        "num_attention_heads": model.n_head,
+        "num_key_value_heads": model.n_head_kv,
+        "vocab_size": model.n_vocab,
+        "tie_word_embeddings": model.tied_embeddings,
+        "lowbit": { "model": model, "tokenizer": tokenizer },
+    })
+}
+
+fn open_safetensors(path: &Path) -> Result<Input, BundleError> {
+    let f = File::open(path).map_err(io_err(path))?;
+    // SAFETY: read-only map of a file we do not modify; see crate::gguf for the caveat.
+    let map = unsafe { Mmap::map(&f) }.map_err(io_err(path))?;
+    let (n, meta) = SafeTensors::read_metadata(&map).map_err(|e| BundleError::Manifest {
+        path: path.to_path_buf(),
+        detail: format!("not a valid safetensors file: {e}"),
+    })?;
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let cpath = dir.join("config.json");
+    let cbytes = std::fs::read(&cpath).map_err(|e| BundleError::Manifest {
+        path: cpath.clone(),
+        detail: format!("a safetensors input needs config.json beside it ({e})"),
+    })?;
+    let cjson: serde_json::Value =
+        serde_json::from_slice(&cbytes).map_err(|e| BundleError::Manifest {
+            path: cpath.clone(),
+            detail: e.to_string(),
+        })?;
+    let lb = cjson.get("lowbit").ok_or_else(|| BundleError::Manifest {
+        path: cpath.clone(),
+        detail: "no \"lowbit\" section: only configurations written by `convert dequantize --with-config` are understood (Hugging Face configs and tokenizers are not mapped yet)".into(),
+    })?;
+    let parse = |key: &str| {
+        lb.get(key).cloned().ok_or_else(|| BundleError::Manifest {
+            path: cpath.clone(),
+            detail: format!("lowbit.{key} missing"),
+        })
+    };
+    let model: ModelConfig =
+        serde_json::from_value(parse("model")?).map_err(|e| BundleError::Manifest {
+            path: cpath.clone(),
+            detail: format!("lowbit.model: {e}"),
+        })?;
+    let tokenizer: TokenizerRef =
+        serde_json::from_value(parse("tokenizer")?).map_err(|e| BundleError::Manifest {
+            path: cpath.clone(),
+            detail: format!("lowbit.tokenizer: {e}"),
+        })?;
+    let tpath = dir.join(TOKENIZER_FILE);
+    let tokenizer_bytes = std::fs::read(&tpath).map_err(|e| BundleError::Manifest {
+        path: tpath.clone(),
+        detail: format!("a safetensors input needs tokenizer.json beside it ({e})"),
+    })?;
+    Ok(Input::Safetensors {
+        map,
+        data_start: 8 + n,
+        model,
+        tokenizer,
+        tokenizer_bytes,
+        meta,
+    })
+}
+
+impl Input {
+    fn open(path: &Path) -> Result<Input, BundleError> {
+        if path.is_dir() {
+            return Ok(Input::Bundle(Bundle::open(path)?));
+        }
+        let mut magic = [0u8; 4];
+        {
+            use std::io::Read;
+            let mut f = File::open(path).map_err(io_err(path))?;
+            let _ = f.read(&mut magic).map_err(io_err(path))?;
+        }
+        if &magic == b"GGUF" {
+            Ok(Input::Gguf(GgufFile::open(path)?))
+        } else {
+            open_safetensors(path)
+        }
+    }
+
+    fn tensors(&self, path: &Path) -> Result<Vec<InTensor>, BundleError> {
+        let mut v = match self {
+            Input::Gguf(f) => f
+                .tensors
+                .iter()
+                .enumerate()
+                .map(|(i, t)| InTensor {
+                    name: t.name.clone(),
+                    shape: t.shape(),
+                    source_type: t.ty,
+                    loc: Loc::Gguf(i),
+                })
+                .collect(),
+            Input::Bundle(b) => {
+                let mut v = Vec::new();
+                for (i, t) in b.manifest.tensors.iter().enumerate() {
+                    v.push(InTensor {
+                        name: t.name.clone(),
+                        shape: t.shape.clone(),
+                        source_type: GgmlType::from_name(&t.source_type)
+                            .unwrap_or(GgmlType::F32),
+                        loc: Loc::Bundle(i),
+                    });
+                }
+                v
+            }
+            Input::Safetensors {
+                meta, data_start, ..
+            } => {
+                let mut v = Vec::new();
+                for (name, info) in meta.tensors() {
+                    let ty = match info.dtype {
+                        Dtype::F32 => GgmlType::F32,
+                        Dtype::F16 => GgmlType::F16,
+                        Dtype::BF16 => GgmlType::BF16,
+                        d => {
+                            return Err(terr(
+                                path,
+                                &name,
+                                format!("dtype {d:?} is not supported (F32, F16, BF16)"),
+                            ))
+                        }
+                    };
+                    v.push(InTensor {
+                        name,
+                        shape: info.shape.iter().map(|&d| d as u64).collect(),
+                        source_type: ty,
+                        loc: Loc::Safetensors {
+                            start: data_start + info.data_offsets.0,
+                            end: data_start + info.data_offsets.1,
+                        },
+                    });
+                }
+                v
+            }
+        };
+        v.sort_by_key(|t| order_key(&t.name));
+        Ok(v)
+    }
+
+    /// Rows `r0..r1` of a 2-D tensor as f32 (`out` is `(r1 - r0) * cols`).
+    fn rows_f32(&self, t: &InTensor, r0: usize, r1: usize, out: &mut [f32]) {
+        let cols = *t.shape.last().unwrap_or(&1) as usize;
+        match (&t.loc, self) {
+            (Loc::Gguf(i), Input::Gguf(f)) => {
+                let ti = &f.tensors[*i];
+                let rb = ti.ty.bytes_for(cols as u64).unwrap_or(0) as usize;
+                let data = f.tensor_data(ti);
+                quant::dequantize_body_checked(ti.ty, &data[r0 * rb..r1 * rb], out);
+            }
+            (Loc::Safetensors { start, .. }, Input::Safetensors { map, .. }) => {
+                let es = t.source_type.type_size();
+                let b = &map[start + r0 * cols * es..start + r1 * cols * es];
+                quant::dequantize_body_checked(t.source_type, b, out);
+            }
+            (Loc::Bundle(i), Input::Bundle(b)) => {
+                let te = &b.manifest.tensors[*i];
+                let Encoding::Gguf { ggml_type, .. } = &te.encoding else {
+                    unreachable!("only gguf-encoded bundle tensors are palettized")
+                };
+                let ty = GgmlType::from_name(ggml_type).expect("checked at open");
+                let rb = ty.bytes_for(cols as u64).unwrap_or(0) as usize;
+                let bytes = b.tensor_bytes(te);
+                quant::dequantize_body_checked(ty, &bytes[r0 * rb..r1 * rb], out);
+            }
+            _ => unreachable!("tensor from another input"),
+        }
+    }
+
+    /// A tensor carried unchanged: its encoding and bytes.
+    fn carry<'a>(&'a self, t: &InTensor) -> (Encoding, &'a [u8]) {
+        match (&t.loc, self) {
+            (Loc::Gguf(i), Input::Gguf(f)) => {
+                let ti = &f.tensors[*i];
+                (gguf_encoding(ti.ty), f.tensor_data(ti))
+            }
+            (Loc::Safetensors { start, end }, Input::Safetensors { map, .. }) => {
+                (gguf_encoding(t.source_type), &map[*start..*end])
+            }
+            (Loc::Bundle(i), Input::Bundle(b)) => {
+                let te = &b.manifest.tensors[*i];
+                (te.encoding.clone(), b.tensor_bytes(te))
+            }
+            _ => unreachable!("tensor from another input"),
+        }
+    }
+
+    /// The ggml type of a tensor's stored encoding (`None` for ternary and palette).
+    fn stored_type(&self, t: &InTensor) -> Option<GgmlType> {
+        match (&t.loc, self) {
+            (Loc::Bundle(i), Input::Bundle(b)) => match &b.manifest.tensors[*i].encoding {
+                Encoding::Gguf { ggml_type, .. } => GgmlType::from_name(ggml_type),
+                _ => None,
+            },
+            _ => Some(t.source_type),
+        }
+    }
+}
+
+fn gguf_encoding(ty: GgmlType) -> Encoding {
+    Encoding::Gguf {
+        ggml_type: ty.name().into(),
+        ggml_type_id: ty.id(),
+        block_size: ty.block_size() as u64,
+        type_size: ty.type_size() as u64,
+    }
+}
+
+/// Whether a tensor is palettized (before `--include`/`--exclude`).
+fn eligible(t: &InTensor, min_elements: u64) -> bool {
+    let n: u64 = t.shape.iter().product();
+    t.shape.len() == 2
+        && n > min_elements
+        && t.name.ends_with(".weight")
+        && !t.name.contains("norm")
+        && !t.name.contains("rope")
+}
+
+/// Groups per parallel batch.
+fn batch_groups(group_rows: usize, cols: usize, threads: usize) -> usize {
+    // About 4 Mi f32 values per batch, and at least two groups per thread.
+    let per = (1usize << 22) / (group_rows * cols).max(1);
+    per.max(2 * threads).max(1)
+}
+
+/// Palettizes `input` into a new bundle at `output` (which must not exist).
+pub fn palettize(
+    input: &Path,
+    output: &Path,
+    opts: &PalettizeOptions,
+    command_line: Vec<String>,
+) -> Result<PalettizeSummary, BundleError> {
+    util::refuse_existing(output)?;
+    if !palette::SUPPORTED_BITS.contains(&opts.bits) {
+        return Err(BundleError::Manifest {
+            path: PathBuf::from("--bits"),
+            detail: format!(
+                "--bits {} is not one of {:?}",
+                opts.bits,
+                palette::SUPPORTED_BITS
+            ),
+        });
+    }
+    if opts.group_size == Some(0) {
+        return Err(BundleError::Manifest {
+            path: PathBuf::from("--group-size"),
+            detail: "--group-size must be at least 1".into(),
+        });
+    }
+    let inp = Input::open(input)?;
+    let tensors = inp.tensors(input)?;
+    {
+        let mut seen = std::collections::BTreeSet::new();
+        for t in &tensors {
+            if !seen.insert(t.name.as_str()) {
+                return Err(terr(input, &t.name, "appears twice"));
+            }
+        }
+    }
+    let include = glob_set(&opts.include, "--include")?;
+    let exclude = glob_set(&opts.exclude, "--exclude")?;
+    for (globs, set, flag) in [
+        (&opts.include, &include, "--include"),
+        (&opts.exclude, &exclude, "--exclude"),
+    ] {
+        for g in globs {
+            let one = glob_set(std::slice::from_ref(g), flag)?;
+            if !tensors.iter().any(|t| one.is_match(&t.name)) {
+                return Err(BundleError::Manifest {
+                    path: input.to_path_buf(),
+                    detail: format!("{flag} {g:?} matches no tensor"),
+                });
+            }
+        }
+        let _ = set;
+    }
+    let selected: Vec<bool> = tensors
+        .iter()
+        .map(|t| {
+            eligible(t, opts.min_elements)
+                && (opts.include.is_empty() || include.is_match(&t.name))
+                && !exclude.is_match(&t.name)
+                && inp.stored_type(t).is_some_and(|ty| ty.can_dequantize())
+        })
+        .collect();
+    // Check every selected tensor before writing anything.
+    for (t, _) in tensors.iter().zip(&selected).filter(|(_, s)| **s) {
+        let rows = t.shape[0];
+        let g = opts.group_size.unwrap_or(rows);
+        if rows % g != 0 {
+            return Err(terr(
+                input,
+                &t.name,
+                format!("{rows} rows are not divisible by --group-size {g}"),
+            ));
+        }
+    }
+    let (model, tokenizer, tokenizer_bytes, source) = describe_input(&inp, input, opts)?;
+
+    let pool = {
+        let mut b = rayon::ThreadPoolBuilder::new();
+        if let Some(n) = opts.workers {
+            b = b.num_threads(n);
+        }
+        b.build().map_err(|e| BundleError::Manifest {
+            path: PathBuf::from("--workers"),
+            detail: e.to_string(),
+        })?
+    };
+
+    let parent = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = output
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".partial")
+        .tempdir_in(&parent)
+        .map_err(io_err(&parent))?;
+
+    let wpath = tmp.path().join(WEIGHTS_FILE);
+    let f = File::create(&wpath).map_err(io_err(&wpath))?;
+    let mut w = HashingWriter {
+        inner: BufWriter::with_capacity(1 << 22, f),
+        hash: Sha256::new(),
+        pos: 0,
+    };
+    let total: u64 = tensors.iter().map(|t| t.shape.iter().product::<u64>()).sum();
+    let pb = util::progress_bar(total, opts.quiet, false);
+    let zeros = [0u8; ALIGNMENT as usize];
+    let mut entries = Vec::with_capacity(tensors.len());
+    let (mut all_sse, mut all_max, mut n_pal) = (0f64, 0f64, 0usize);
+    for (i, (t, &sel)) in tensors.iter().zip(&selected).enumerate() {
+        pb.set_message(format!("tensor {}/{} {}", i + 1, tensors.len(), t.name));
+        let pad = (ALIGNMENT - w.pos % ALIGNMENT) % ALIGNMENT;
+        w.write_all(&zeros[..pad as usize]).map_err(io_err(&wpath))?;
+        let offset = w.pos;
+        let mut th = Sha256::new();
+        let mut put = |w: &mut HashingWriter<BufWriter<File>>, b: &[u8]| {
+            th.update(b);
+            w.write_all(b).map_err(io_err(&wpath))
+        };
+        let (encoding, length) = if sel {
+            n_pal += 1;
+            let rows = t.shape[0] as usize;
+            let cols = t.shape[1] as usize;
+            let g = opts.group_size.map(|g| g as usize).unwrap_or(rows);
+            let n_groups = rows / g;
+            let rb = palette::row_bytes(cols as u64, opts.bits) as usize;
+            let arith = if t.source_type == GgmlType::F16 {
+                Arith::F16
+            } else {
+                Arith::F32
+            };
+            let per_batch = batch_groups(g, cols, pool.current_num_threads());
+            let mut tables: Vec<u16> = Vec::with_capacity(n_groups << opts.bits);
+            let (mut sse, mut maxe) = (0f64, 0f64);
+            let mut written = 0u64;
+            let mut g0 = 0;
+            while g0 < n_groups {
+                let g1 = (g0 + per_batch).min(n_groups);
+                let results: Vec<Result<(palette::Group, Vec<u8>), BundleError>> =
+                    pool.install(|| {
+                        (g0..g1)
+                            .into_par_iter()
+                            .map(|gi| {
+                                let mut vals = vec![0f32; g * cols];
+                                inp.rows_f32(t, gi * g, (gi + 1) * g, &mut vals);
+                                let grp = palette::palettize_group(
+                                    &vals, opts.bits, opts.mode, arith,
+                                )
+                                .map_err(|e| {
+                                    terr(
+                                        input,
+                                        &t.name,
+                                        format!(
+                                            "group {gi} (rows {}..{}): {e}",
+                                            gi * g,
+                                            (gi + 1) * g
+                                        ),
+                                    )
+                                })?;
+                                let mut packed = vec![0u8; g * rb];
+                                for (r, out) in packed.chunks_exact_mut(rb).enumerate() {
+                                    palette::pack_row(
+                                        &grp.indices[r * cols..(r + 1) * cols],
+                                        opts.bits,
+                                        out,
+                                    );
+                                }
+                                Ok((grp, packed))
+                            })
+                            .collect()
+                    });
+                for r in results {
+                    let (grp, packed) = r?;
+                    sse += grp.sse;
+                    maxe = maxe.max(grp.max_abs_err);
+                    tables.extend_from_slice(&grp.table);
+                    put(&mut w, &packed)?;
+                    written += packed.len() as u64;
+                }
+                pb.inc(((g1 - g0) * g * cols) as u64);
+                g0 = g1;
+            }
+            let gap = (ALIGNMENT - written % ALIGNMENT) % ALIGNMENT;
+            put(&mut w, &zeros[..gap as usize])?;
+            let tb: Vec<u8> = tables.iter().flat_map(|h| h.to_le_bytes()).collect();
+            put(&mut w, &tb)?;
+            all_sse += sse;
+            all_max = all_max.max(maxe);
+            (
+                Encoding::Palette {
+                    bits: opts.bits,
+                    mode: opts.mode.name().into(),
+                    group_size: g as u64,
+                    table_dtype: "float16".into(),
+                    indices_offset: 0,
+                    indices_length: written,
+                    row_bytes: rb as u64,
+                    tables_offset: written + gap,
+                    tables_length: tb.len() as u64,
+                    sse,
+                    max_abs_err: maxe,
+                },
+                written + gap + tb.len() as u64,
+            )
+        } else {
+            let (enc, bytes) = inp.carry(t);
+            put(&mut w, bytes)?;
+            pb.inc(t.shape.iter().product::<u64>());
+            (enc, bytes.len() as u64)
+        };
+        entries.push(TensorEntry {
+            name: t.name.clone(),
+            shape: t.shape.clone(),
+            source_type: t.source_type.name().into(),
+            source_type_id: t.source_type.id(),
+            encoding,
+            file: WEIGHTS_FILE.into(),
+            offset,
+            length,
+            sha256: hex::encode(th.finalize()),
+        });
+    }
+    w.flush().map_err(io_err(&wpath))?;
+    let wsize = w.pos;
+    let wsha = hex::encode(w.hash.clone().finalize());
+    w.inner
+        .into_inner()
+        .map_err(|e| BundleError::Io {
+            path: wpath.clone(),
+            source: e.into_error(),
+        })?
+        .sync_all()
+        .map_err(io_err(&wpath))?;
+    pb.finish_and_clear();
+
+    let tok_path = tmp.path().join(TOKENIZER_FILE);
+    std::fs::write(&tok_path, &tokenizer_bytes).map_err(io_err(&tok_path))?;
+    let mut files = vec![
+        FileEntry {
+            path: WEIGHTS_FILE.into(),
+            size: wsize,
+            sha256: wsha,
+        },
+        FileEntry {
+            path: TOKENIZER_FILE.into(),
+            size: tokenizer_bytes.len() as u64,
+            sha256: util::sha256_hex(&tokenizer_bytes),
+        },
+    ];
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    let bundle_digest = util::sha256_hex(canonical_file_list(&files).as_bytes());
+    let mut functions = BTreeMap::new();
+    functions.insert("main".to_string(), main_function(&model));
+    let manifest = Manifest {
+        format: FORMAT.into(),
+        format_version: FORMAT_VERSION,
+        producer: Producer {
+            tool: "lowbit".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            git_revision: option_env!("LOWBIT_GIT_REVISION")
+                .unwrap_or("unknown")
+                .into(),
+            command_line,
+        },
+        source,
+        model,
+        functions,
+        tensors: entries,
+        tokenizer,
+        files,
+        bundle_digest: bundle_digest.clone(),
+    };
+    let mut mbytes = serde_json::to_vec_pretty(&manifest).map_err(|e| BundleError::Manifest {
+        path: output.join(MANIFEST_FILE),
+        detail: e.to_string(),
+    })?;
+    mbytes.push(b'\n');
+    let mpath = tmp.path().join(MANIFEST_FILE);
+    std::fs::write(&mpath, &mbytes).map_err(io_err(&mpath))?;
+    rename_dir_noclobber(tmp.path(), output)?;
+    let _ = tmp.keep();
+    Ok(PalettizeSummary {
+        tensors: manifest.tensors.len(),
+        palettized: n_pal,
+        sse: all_sse,
+        max_abs_err: all_max,
+        weights_bytes: wsize,
+        bundle_digest,
+    })
+}
+
+/// Model configuration, tokenizer (reference and bytes) and source record of an input.
+fn describe_input(
+    inp: &Input,
+    path: &Path,
+    opts: &PalettizeOptions,
+) -> Result<(ModelConfig, TokenizerRef, Vec<u8>, Source), BundleError> {
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let with_context = |mut m: ModelConfig| -> Result<ModelConfig, BundleError> {
+        if let Some(c) = opts.context {
+            if c == 0 || c > m.n_ctx_train {
+                return Err(BundleError::Manifest {
+                    path: PathBuf::from("--context"),
+                    detail: format!(
+                        "--context {c} must be between 1 and the trained context {}",
+                        m.n_ctx_train
+                    ),
+                });
+            }
+            m.n_ctx = c;
+        }
+        Ok(m)
+    };
+    match inp {
+        Input::Gguf(f) => {
+            let model = config::model_config(f, opts.context)?;
+            let tb = serde_json::to_vec_pretty(&config::tokenizer_json(f)).map_err(|e| {
+                BundleError::Manifest {
+                    path: path.to_path_buf(),
+                    detail: e.to_string(),
+                }
+            })?;
+            let tokenizer = super::writer::tokenizer_ref(f);
+            let source = Source {
+                format: None,
+                file_name,
+                size: f.file_len(),
+                sha256: util::sha256_file(path).map_err(io_err(path))?,
+                gguf_version: Some(f.version),
+                architecture: model.architecture.clone(),
+                tensor_count: f.tensors.len() as u64,
+            };
+            Ok((model, tokenizer, tb, source))
+        }
+        Input::Safetensors {
+            map,
+            model,
+            tokenizer,
+            tokenizer_bytes,
+            meta,
+            ..
+        } => Ok((
+            with_context(model.clone())?,
+            tokenizer.clone(),
+            tokenizer_bytes.clone(),
+            Source {
+                format: Some("safetensors".into()),
+                file_name,
+                size: map.len() as u64,
+                sha256: util::sha256_hex(&map[..]),
+                gguf_version: None,
+                architecture: model.architecture.clone(),
+                tensor_count: meta.tensors().len() as u64,
+            },
+        )),
+        Input::Bundle(b) => {
+            let m = &b.manifest;
+            let tb = b.file(&m.tokenizer.file).unwrap_or_default().to_vec();
+            Ok((
+                with_context(m.model.clone())?,
+                m.tokenizer.clone(),
+                tb,
+                Source {
+                    format: Some(FORMAT.into()),
+                    file_name,
+                    size: m.files.iter().map(|f| f.size).sum(),
+                    sha256: m.bundle_digest.clone(),
+                    gguf_version: None,
+                    architecture: m.model.architecture.clone(),
+                    tensor_count: m.tensors.len() as u64,
+                },
+            ))
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! `convert validate`: an equivalence gate between a candidate bundle (typically palettized)
+//! and a reference bundle of the same model. It is not a quality measurement: it says the
+//! candidate decides as the reference does on a prompt set, nothing about task accuracy.
+//!
+//! For every prompt, both bundles run the prompt (tokenized by the reference's tokenizer),
+//! then `gen_tokens` greedy steps in which both are fed the reference's argmax (teacher
+//! forcing, so one early difference does not cascade). At every generated step the gate
+//! requires: the same argmax; `|p_cand(t) - p_ref(t)| <= max_prob_err` for the reference's
+//! chosen token `t` (softmax in f64); finite logits from both. The candidate's whole run is
+//! then repeated `repeats - 1` more times and its logits must be bit-identical each time.
+//!
+//! Reported but not judged: max |logit difference|, KL(ref || cand) (mean and max over steps,
+//! nats), top-1 agreement rate.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::{argmax, load_cpu, Backend, RuntimeError};
+use crate::tokenizer::Tokenizer;
+
+/// The checked-in default prompt set (`testdata/validate/prompts.json`).
+pub const DEFAULT_PROMPTS: &str = include_str!("../../testdata/validate/prompts.json");
+
+#[derive(Clone, Debug)]
+pub struct ValidateOptions {
+    pub prompts: Vec<String>,
+    pub max_prob_err: f64,
+    pub repeats: usize,
+    pub gen_tokens: usize,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PromptReport {
+    pub prompt: String,
+    pub prompt_tokens: usize,
+    pub steps: usize,
+    pub argmax_agreements: usize,
+    pub max_prob_err: f64,
+    pub max_abs_logit_diff: f64,
+    pub kl_mean: f64,
+    pub kl_max: f64,
+    /// The reference's greedy continuation (token ids).
+    pub reference_tokens: Vec<u32>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ValidateReport {
+    pub passed: bool,
+    pub gate: &'static str,
+    pub candidate: String,
+    pub candidate_digest: String,
+    pub reference: String,
+    pub reference_digest: String,
+    pub threshold_max_prob_err: f64,
+    pub repeats: usize,
+    pub gen_tokens: usize,
+    pub prompts_evaluated: usize,
+    pub steps: usize,
+    /// Judged: every step's argmax equal.
+    pub argmax_agreement: f64,
+    /// Judged: max over steps of |p_cand - p_ref| of the reference's token.
+    pub max_prob_err: f64,
+    /// Judged: logits finite everywhere.
+    pub all_finite: bool,
+    /// Judged: repeated candidate runs bit-identical.
+    pub repeats_identical: bool,
+    /// Not judged.
+    pub max_abs_logit_diff: f64,
+    pub kl_mean: f64,
+    pub kl_max: f64,
+    pub top1_agreement_rate: f64,
+    pub failures: Vec<String>,
+    pub per_prompt: Vec<PromptReport>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ValidateError {
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error("{path}: {detail}")]
+    Input { path: PathBuf, detail: String },
+}
+
+/// Reads a prompt file: a JSON array of strings.
+pub fn read_prompts(path: &Path) -> Result<Vec<String>, ValidateError> {
+    let bytes = std::fs::read(path).map_err(|e| ValidateError::Input {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    })?;
+    parse_prompts(&bytes).map_err(|detail| ValidateError::Input {
+        path: path.to_path_buf(),
+        detail,
+    })
+}
+
+/// Parses a JSON array of non-empty strings.
+pub fn parse_prompts(bytes: &[u8]) -> Result<Vec<String>, String> {
+    let v: Vec<String> = serde_json::from_slice(bytes)
+        .map_err(|e| format!("expected a JSON array of prompt strings: {e}"))?;
+    if v.is_empty() || v.iter().any(|p| p.is_empty()) {
+        return Err("the prompt set is empty or holds an empty prompt".into());
+    }
+    Ok(v)
+}
+
+/// Softmax in f64.
+fn softmax(l: &[f32]) -> Vec<f64> {
+    let m = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let e: Vec<f64> = l.iter().map(|&x| (x as f64 - m).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.into_iter().map(|x| x / s).collect()
+}
+
+fn all_finite(l: &[f32]) -> bool {
+    l.iter().all(|x| x.is_finite())
+}
+
+/// Runs the gate. Errors are setup failures (a bundle that does not load, mismatched
+/// vocabularies, a prompt too long for the context); a failed gate is `passed: false`.
+pub fn validate(
+    candidate: &Path,
+    reference: &Path,
+    opts: &ValidateOptions,
+) -> Result<ValidateReport, ValidateError> {
+    let mut cand = load_cpu(candidate)?;
+    let mut refb = load_cpu(reference)?;
+    let cdig = cand.model.bundle.manifest.bundle_digest.clone();
+    let rdig = refb.model.bundle.manifest.bundle_digest.clone();
+    if cand.n_vocab() != refb.n_vocab() {
+        return Err(ValidateError::Input {
+            path: candidate.to_path_buf(),
+            detail: format!(
+                "n_vocab {} differs from the reference's {}",
+                cand.n_vocab(),
+                refb.n_vocab()
+            ),
+        });
+    }
+    let tok = Tokenizer::from_bundle_dir(reference).map_err(|e| ValidateError::Input {
+        path: reference.to_path_buf(),
+        detail: format!("tokenizer: {e}"),
+    })?;
+    let n_ctx = cand.n_ctx().min(refb.n_ctx());
+    let mut failures = Vec::new();
+    let mut per_prompt = Vec::new();
+    let mut cand_hash = Sha256::new();
+    let mut finite = true;
+    let (mut steps, mut agree, mut kl_sum) = (0usize, 0usize, 0f64);
+    let (mut max_perr, mut max_ldiff, mut kl_max) = (0f64, 0f64, 0f64);
+    let mut prompt_ids = Vec::new();
+    for (pi, prompt) in opts.prompts.iter().enumerate() {
+        let ids = tok.encode(prompt, true, false);
+        if ids.is_empty() || ids.len() + opts.gen_tokens > n_ctx {
+            return Err(ValidateError::Input {
+                path: reference.to_path_buf(),
+                detail: format!(
+                    "prompt {pi}: {} tokens plus {} generated exceed the context {n_ctx}",
+                    ids.len(),
+                    opts.gen_tokens
+                ),
+            });
+        }
+        cand.reset();
+        refb.reset();
+        let mut pr = PromptReport {
+            prompt: prompt.clone(),
+            prompt_tokens: ids.len(),
+            steps: 0,
+            argmax_agreements: 0,
+            max_prob_err: 0.0,
+            max_abs_logit_diff: 0.0,
+            kl_mean: 0.0,
+            kl_max: 0.0,
+            reference_tokens: Vec::new(),
+        };
+        let mut feed = ids.clone();
+        let mut pos = 0;
+        let mut kl_p = 0f64;
+        // Prompt steps (logits of all but the last are not judged), then gen_tokens steps.
+        while pos < ids.len() + opts.gen_tokens {
+            let t = feed[pos];
+            let lc = cand.step(t, pos).map(|l| l.to_vec());
+            let lr = refb.step(t, pos).map(|l| l.to_vec());
+            let (lc, lr) = match (lc, lr) {
+                (Ok(c), Ok(r)) => (c, r),
+                (Err(RuntimeError::NonFinite { .. }), _) | (_, Err(RuntimeError::NonFinite { .. })) => {
+                    finite = false;
+                    failures.push(format!("prompt {pi}: non-finite logits at position {pos}"));
+                    break;
+                }
+                (Err(e), _) | (_, Err(e)) => return Err(e.into()),
+            };
+            for v in &lc {
+                cand_hash.update(v.to_le_bytes());
+            }
+            pos += 1;
+            if pos < ids.len() {
+                continue;
+            }
+            if !all_finite(&lc) || !all_finite(&lr) {
+                finite = false;
+                failures.push(format!("prompt {pi}: non-finite logits at position {}", pos - 1));
+                break;
+            }
+            let (ac, ar) = (argmax(&lc), argmax(&lr));
+            let (pc, prr) = (softmax(&lc), softmax(&lr));
+            let perr = (pc[ar] - prr[ar]).abs();
+            let ldiff = lc
+                .iter()
+                .zip(&lr)
+                .map(|(a, b)| (*a as f64 - *b as f64).abs())
+                .fold(0f64, f64::max);
+            let kl: f64 = prr
+                .iter()
+                .zip(&pc)
+                .filter(|(r, _)| **r > 0.0)
+                .map(|(r, c)| r * (r / c.max(f64::MIN_POSITIVE)).ln())
+                .sum::<f64>()
+                .max(0.0);
+            pr.steps += 1;
+            steps += 1;
+            if ac == ar {
+                pr.argmax_agreements += 1;
+                agree += 1;
+            } else {
+                failures.push(format!(
+                    "prompt {pi} step {}: argmax {ac} differs from the reference's {ar}",
+                    pr.steps - 1
+                ));
+            }
+            if perr > opts.max_prob_err {
+                failures.push(format!(
+                    "prompt {pi} step {}: |dp| {perr:.6} of token {ar} > {}",
+                    pr.steps - 1,
+                    opts.max_prob_err
+                ));
+            }
+            pr.max_prob_err = pr.max_prob_err.max(perr);
+            pr.max_abs_logit_diff = pr.max_abs_logit_diff.max(ldiff);
+            pr.kl_max = pr.kl_max.max(kl);
+            kl_p += kl;
+            pr.reference_tokens.push(ar as u32);
+            if feed.len() == pos {
+                feed.push(ar as u32);
+            }
+        }
+        pr.kl_mean = if pr.steps > 0 { kl_p / pr.steps as f64 } else { 0.0 };
+        max_perr = max_perr.max(pr.max_prob_err);
+        max_ldiff = max_ldiff.max(pr.max_abs_logit_diff);
+        kl_max = kl_max.max(pr.kl_max);
+        kl_sum += kl_p;
+        prompt_ids.push(feed);
+        per_prompt.push(pr);
+    }
+    drop(refb);
+    // Repeat the candidate on the same token sequences; its logits must not change.
+    let first = cand_hash.finalize();
+    let mut repeats_identical = true;
+    for rep in 1..opts.repeats {
+        let mut h = Sha256::new();
+        for feed in &prompt_ids {
+            cand.reset();
+            for (pos, &t) in feed.iter().enumerate() {
+                match cand.step(t, pos) {
+                    Ok(l) => l.iter().for_each(|v| h.update(v.to_le_bytes())),
+                    Err(_) => break,
+                }
+            }
+        }
+        if h.finalize() != first {
+            repeats_identical = false;
+            failures.push(format!("repeat {rep}: candidate logits differ from the first run"));
+        }
+    }
+    let argmax_agreement = if steps > 0 { agree as f64 / steps as f64 } else { 0.0 };
+    Ok(ValidateReport {
+        passed: failures.is_empty() && steps > 0,
+        gate: "equivalence (same argmax, |dp| bound, finite, repeatable); not a quality measurement",
+        candidate: candidate.display().to_string(),
+        candidate_digest: cdig,
+        reference: reference.display().to_string(),
+        reference_digest: rdig,
+        threshold_max_prob_err: opts.max_prob_err,
+        repeats: opts.repeats,
+        gen_tokens: opts.gen_tokens,
+        prompts_evaluated: per_prompt.len(),
+        steps,
+        argmax_agreement,
+        max_prob_err: max_perr,
+        all_finite: finite,
+        repeats_identical,
+        max_abs_logit_diff: max_ldiff,
+        kl_mean: if steps > 0 { kl_sum / steps as f64 } else { 0.0 },
+        kl_max,
+        top1_agreement_rate: argmax_agreement,
+        failures,
+        per_prompt,
+    })
+}
