@@ -331,7 +331,10 @@ fn check_sidecars(
     cfg.push(b'\n');
     let v = vec![
         (dir.join("config.json"), cfg),
-        (dir.join(crate::bundle::manifest::TOKENIZER_FILE), tokenizer_bytes),
+        (
+            dir.join(crate::bundle::manifest::TOKENIZER_FILE),
+            tokenizer_bytes,
+        ),
     ];
     for (p, _) in &v {
         util::refuse_existing(p)?;

@@ -88,6 +88,7 @@ enum Loc {
     Bundle(usize),
 }
 
+#[allow(clippy::large_enum_variant)]
 enum Input {
     Gguf(GgufFile),
     Safetensors {
@@ -243,8 +244,7 @@ impl Input {
                     v.push(InTensor {
                         name: t.name.clone(),
                         shape: t.shape.clone(),
-                        source_type: GgmlType::from_name(&t.source_type)
-                            .unwrap_or(GgmlType::F32),
+                        source_type: GgmlType::from_name(&t.source_type).unwrap_or(GgmlType::F32),
                         loc: Loc::Bundle(i),
                     });
                 }
@@ -475,7 +475,10 @@ pub fn palettize(
         hash: Sha256::new(),
         pos: 0,
     };
-    let total: u64 = tensors.iter().map(|t| t.shape.iter().product::<u64>()).sum();
+    let total: u64 = tensors
+        .iter()
+        .map(|t| t.shape.iter().product::<u64>())
+        .sum();
     let pb = util::progress_bar(total, opts.quiet, false);
     let zeros = [0u8; ALIGNMENT as usize];
     let mut entries = Vec::with_capacity(tensors.len());
@@ -483,7 +486,8 @@ pub fn palettize(
     for (i, (t, &sel)) in tensors.iter().zip(&selected).enumerate() {
         pb.set_message(format!("tensor {}/{} {}", i + 1, tensors.len(), t.name));
         let pad = (ALIGNMENT - w.pos % ALIGNMENT) % ALIGNMENT;
-        w.write_all(&zeros[..pad as usize]).map_err(io_err(&wpath))?;
+        w.write_all(&zeros[..pad as usize])
+            .map_err(io_err(&wpath))?;
         let offset = w.pos;
         let mut th = Sha256::new();
         let mut put = |w: &mut HashingWriter<BufWriter<File>>, b: &[u8]| {
@@ -516,20 +520,19 @@ pub fn palettize(
                             .map(|gi| {
                                 let mut vals = vec![0f32; g * cols];
                                 inp.rows_f32(t, gi * g, (gi + 1) * g, &mut vals);
-                                let grp = palette::palettize_group(
-                                    &vals, opts.bits, opts.mode, arith,
-                                )
-                                .map_err(|e| {
-                                    terr(
-                                        input,
-                                        &t.name,
-                                        format!(
-                                            "group {gi} (rows {}..{}): {e}",
-                                            gi * g,
-                                            (gi + 1) * g
-                                        ),
-                                    )
-                                })?;
+                                let grp =
+                                    palette::palettize_group(&vals, opts.bits, opts.mode, arith)
+                                        .map_err(|e| {
+                                            terr(
+                                                input,
+                                                &t.name,
+                                                format!(
+                                                    "group {gi} (rows {}..{}): {e}",
+                                                    gi * g,
+                                                    (gi + 1) * g
+                                                ),
+                                            )
+                                        })?;
                                 let mut packed = vec![0u8; g * rb];
                                 for (r, out) in packed.chunks_exact_mut(rb).enumerate() {
                                     palette::pack_row(

@@ -479,24 +479,25 @@ pub fn check_tensor_layout(t: &TensorEntry) -> Result<(), String> {
                 .ok_or("size overflows")?;
             let want_rb = palette::row_bytes(cols, *bits);
             let want_idx = rows.checked_mul(want_rb).ok_or("size overflows")?;
-            if *tables_offset != 0 || *tables_length != want_tables {
+            if *indices_offset != 0 || *row_bytes != want_rb || *indices_length != want_idx {
                 return Err(format!(
-                    "tables at {tables_offset} of length {tables_length}, expected 0 and {want_tables}"
+                    "indices at {indices_offset} of length {indices_length} ({row_bytes} bytes per row), expected 0 and {want_idx} ({want_rb} bytes per row)"
                 ));
             }
-            if *row_bytes != want_rb
-                || *indices_length != want_idx
-                || *indices_offset < *tables_length
-                || *indices_offset % ALIGNMENT != 0
-                || indices_offset.checked_add(*indices_length) != Some(t.length)
+            if *tables_length != want_tables
+                || *tables_offset < *indices_length
+                || *tables_offset % ALIGNMENT != 0
+                || tables_offset.checked_add(*tables_length) != Some(t.length)
             {
                 return Err(format!(
-                    "indices at {indices_offset} of length {indices_length} ({row_bytes} bytes per row) do not fit the layout ({want_rb} bytes per row, tensor length {})",
+                    "tables at {tables_offset} of length {tables_length} do not fit the layout ({want_tables} bytes after the indices, ending at the tensor length {})",
                     t.length
                 ));
             }
             if !(sse.is_finite() && *sse >= 0.0 && max_abs_err.is_finite() && *max_abs_err >= 0.0) {
-                return Err(format!("palette errors sse {sse} / max_abs_err {max_abs_err} must be finite and >= 0"));
+                return Err(format!(
+                    "palette errors sse {sse} / max_abs_err {max_abs_err} must be finite and >= 0"
+                ));
             }
         }
     }
@@ -639,10 +640,9 @@ impl Bundle {
             Encoding::Palette { .. } => {
                 let v = palette_view(t, self.tensor_bytes(t)).expect("checked at open");
                 use rayon::prelude::*;
-                out.par_chunks_mut(v.cols.max(1)).enumerate().for_each_init(
-                    || vec![0u8; v.cols],
-                    |idx, (r, o)| v.row(r, o, idx),
-                );
+                out.par_chunks_mut(v.cols.max(1))
+                    .enumerate()
+                    .for_each_init(|| vec![0u8; v.cols], |idx, (r, o)| v.row(r, o, idx));
             }
         }
         Ok(out)

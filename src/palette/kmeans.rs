@@ -96,6 +96,7 @@ fn best_start(p: &Prefix, prev: &[f64], i: usize, lo: usize, hi: usize) -> (f64,
 }
 
 #[inline(always)]
+#[allow(clippy::needless_range_loop)]
 fn best_start_scalar(p: &Prefix, prev: &[f64], i: usize, lo: usize, hi: usize) -> (f64, usize) {
     let mut best = f64::INFINITY;
     let mut bj = lo;
@@ -111,7 +112,13 @@ fn best_start_scalar(p: &Prefix, prev: &[f64], i: usize, lo: usize, hi: usize) -
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn best_start_avx2(p: &Prefix, prev: &[f64], i: usize, lo: usize, hi: usize) -> (f64, usize) {
+unsafe fn best_start_avx2(
+    p: &Prefix,
+    prev: &[f64],
+    i: usize,
+    lo: usize,
+    hi: usize,
+) -> (f64, usize) {
     use std::arch::x86_64::*;
     let (wi, si, qi) = (
         _mm256_set1_pd(p.w[i]),
@@ -130,7 +137,10 @@ unsafe fn best_start_avx2(p: &Prefix, prev: &[f64], i: usize, lo: usize, hi: usi
         let w = _mm256_sub_pd(wi, _mm256_loadu_pd(pw.add(j)));
         let s = _mm256_sub_pd(si, _mm256_loadu_pd(ps.add(j)));
         let q = _mm256_sub_pd(qi, _mm256_loadu_pd(pq.add(j)));
-        let c = _mm256_max_pd(_mm256_sub_pd(q, _mm256_div_pd(_mm256_mul_pd(s, s), w)), zero);
+        let c = _mm256_max_pd(
+            _mm256_sub_pd(q, _mm256_div_pd(_mm256_mul_pd(s, s), w)),
+            zero,
+        );
         let v = _mm256_add_pd(_mm256_loadu_pd(pv.add(j)), c);
         let lt = _mm256_cmp_pd::<_CMP_LT_OQ>(v, best);
         best = _mm256_blendv_pd(best, v, lt);
@@ -267,7 +277,12 @@ mod tests {
         let k = k.min(n);
         let cost = |j: usize, i: usize| {
             let wt: f64 = w[j..i].iter().sum();
-            let mean = x[j..i].iter().zip(&w[j..i]).map(|(a, b)| a * b).sum::<f64>() / wt;
+            let mean = x[j..i]
+                .iter()
+                .zip(&w[j..i])
+                .map(|(a, b)| a * b)
+                .sum::<f64>()
+                / wt;
             x[j..i]
                 .iter()
                 .zip(&w[j..i])
@@ -290,7 +305,9 @@ mod tests {
     }
 
     fn lcg(s: &mut u64) -> f64 {
-        *s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((*s >> 11) as f64) / (1u64 << 53) as f64
     }
 
@@ -312,7 +329,10 @@ mod tests {
                 .collect();
             x.sort_by(f64::total_cmp);
             x.dedup();
-            let w: Vec<f64> = x.iter().map(|_| 1.0 + (lcg(&mut s) * 5.0).floor()).collect();
+            let w: Vec<f64> = x
+                .iter()
+                .map(|_| 1.0 + (lcg(&mut s) * 5.0).floor())
+                .collect();
             for k in [1, 2, 3, 4, 7, 16] {
                 let c = optimal(&x, &w, k);
                 let b = brute(&x, &w, k);

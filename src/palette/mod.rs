@@ -371,7 +371,9 @@ mod tests {
 
     #[test]
     fn few_distinct_values_are_exact() {
-        let v: Vec<f32> = (0..1000).map(|i| [0.5f32, -0.25, 0.0, 1.0][i % 4]).collect();
+        let v: Vec<f32> = (0..1000)
+            .map(|i| [0.5f32, -0.25, 0.0, 1.0][i % 4])
+            .collect();
         for bits in [2, 4, 8] {
             let g = palettize_group(&v, bits, Mode::Kmeans, Arith::F32).unwrap();
             assert_eq!(g.sse, 0.0);

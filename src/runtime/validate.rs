@@ -179,14 +179,16 @@ pub fn validate(
         let mut feed = ids.clone();
         let mut pos = 0;
         let mut kl_p = 0f64;
-        // Prompt steps (logits of all but the last are not judged), then gen_tokens steps.
-        while pos < ids.len() + opts.gen_tokens {
+        // Prompt steps (logits of all but the last are not judged), then gen_tokens - 1 fed
+        // greedy tokens: gen_tokens judged steps.
+        while pos < ids.len() + opts.gen_tokens - 1 {
             let t = feed[pos];
             let lc = cand.step(t, pos).map(|l| l.to_vec());
             let lr = refb.step(t, pos).map(|l| l.to_vec());
             let (lc, lr) = match (lc, lr) {
                 (Ok(c), Ok(r)) => (c, r),
-                (Err(RuntimeError::NonFinite { .. }), _) | (_, Err(RuntimeError::NonFinite { .. })) => {
+                (Err(RuntimeError::NonFinite { .. }), _)
+                | (_, Err(RuntimeError::NonFinite { .. })) => {
                     finite = false;
                     failures.push(format!("prompt {pi}: non-finite logits at position {pos}"));
                     break;
@@ -202,7 +204,10 @@ pub fn validate(
             }
             if !all_finite(&lc) || !all_finite(&lr) {
                 finite = false;
-                failures.push(format!("prompt {pi}: non-finite logits at position {}", pos - 1));
+                failures.push(format!(
+                    "prompt {pi}: non-finite logits at position {}",
+                    pos - 1
+                ));
                 break;
             }
             let (ac, ar) = (argmax(&lc), argmax(&lr));
@@ -247,7 +252,12 @@ pub fn validate(
                 feed.push(ar as u32);
             }
         }
-        pr.kl_mean = if pr.steps > 0 { kl_p / pr.steps as f64 } else { 0.0 };
+        feed.truncate(pos);
+        pr.kl_mean = if pr.steps > 0 {
+            kl_p / pr.steps as f64
+        } else {
+            0.0
+        };
         max_perr = max_perr.max(pr.max_prob_err);
         max_ldiff = max_ldiff.max(pr.max_abs_logit_diff);
         kl_max = kl_max.max(pr.kl_max);
@@ -272,13 +282,20 @@ pub fn validate(
         }
         if h.finalize() != first {
             repeats_identical = false;
-            failures.push(format!("repeat {rep}: candidate logits differ from the first run"));
+            failures.push(format!(
+                "repeat {rep}: candidate logits differ from the first run"
+            ));
         }
     }
-    let argmax_agreement = if steps > 0 { agree as f64 / steps as f64 } else { 0.0 };
+    let argmax_agreement = if steps > 0 {
+        agree as f64 / steps as f64
+    } else {
+        0.0
+    };
     Ok(ValidateReport {
         passed: failures.is_empty() && steps > 0,
-        gate: "equivalence (same argmax, |dp| bound, finite, repeatable); not a quality measurement",
+        gate:
+            "equivalence (same argmax, |dp| bound, finite, repeatable); not a quality measurement",
         candidate: candidate.display().to_string(),
         candidate_digest: cdig,
         reference: reference.display().to_string(),
@@ -293,7 +310,11 @@ pub fn validate(
         all_finite: finite,
         repeats_identical,
         max_abs_logit_diff: max_ldiff,
-        kl_mean: if steps > 0 { kl_sum / steps as f64 } else { 0.0 },
+        kl_mean: if steps > 0 {
+            kl_sum / steps as f64
+        } else {
+            0.0
+        },
         kl_max,
         top1_agreement_rate: argmax_agreement,
         failures,

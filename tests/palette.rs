@@ -1,0 +1,540 @@
+//! Palettization: k-means against the weighted kmeans1d that coremltools 9.0 vendors, uniform
+//! against coremltools' UNIFORM mode (vectors from `tests/ref/gen_palette_vectors.py`), and
+//! `convert palettize` / `dequantize` / `verify` / `run` / `validate` end to end on the tiny
+//! MiniCPM model and (with the cache) on SmolLM2.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use half::f16;
+use lowbit::bundle::manifest::Encoding;
+use lowbit::bundle::reader::Bundle;
+use lowbit::palette::{self, kmeans, Arith, Mode};
+use serde_json::Value;
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_convert"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The tiny MiniCPM with F16 linears (and F32 norms, F16 embedding).
+fn tiny_f16() -> PathBuf {
+    common::repo().join("testdata/ternary/minicpm-tiny-f16.gguf")
+}
+
+fn vectors() -> Value {
+    serde_json::from_slice(
+        &std::fs::read(common::repo().join("testdata/palette/vectors.json")).unwrap(),
+    )
+    .unwrap()
+}
+
+fn case_values(c: &Value) -> (Vec<f32>, Arith) {
+    let raw = c["values"].as_array().unwrap();
+    if c["dtype"] == "f16" {
+        (
+            raw.iter()
+                .map(|v| f16::from_bits(v.as_u64().unwrap() as u16).to_f32())
+                .collect(),
+            Arith::F16,
+        )
+    } else {
+        (
+            raw.iter()
+                .map(|v| f32::from_bits(v.as_u64().unwrap() as u32))
+                .collect(),
+            Arith::F32,
+        )
+    }
+}
+
+#[test]
+fn kmeans_reaches_kmeans1d_optimum_and_coremltools_sse() {
+    let v = vectors();
+    let mut checked = 0;
+    for c in v["cases"].as_array().unwrap() {
+        let (vals, arith) = case_values(c);
+        let (xs, ws) = palette::distinct_counts(&vals);
+        for (bits, k) in c["kmeans"].as_object().unwrap() {
+            let bits: u32 = bits.parse().unwrap();
+            let want = k["optimal_sse"].as_f64().unwrap();
+            let got = kmeans::optimal(&xs, &ws, 1 << bits).sse;
+            assert!(
+                (got - want).abs() <= 1e-9 * want.max(1e-30) + 1e-24,
+                "{} {bits}-bit: optimal SSE {got:e}, kmeans1d {want:e}",
+                c["name"]
+            );
+            // With f16 tables and nearest-entry indices we are never worse than coremltools'
+            // (f16-cast centroids, kmeans1d labels).
+            let g = palette::palettize_group(&vals, bits, Mode::Kmeans, arith).unwrap();
+            let ct = k["coremltools_sse"].as_f64().unwrap();
+            if arith == Arith::F16 {
+                assert!(
+                    g.sse <= ct * (1.0 + 1e-12) + 1e-30,
+                    "{} {bits}-bit: our SSE {:e} > coremltools' {ct:e}",
+                    c["name"],
+                    g.sse
+                );
+            }
+            if xs.len() <= 1 << bits && arith == Arith::F16 {
+                assert_eq!(g.sse, 0.0, "{} {bits}-bit has few values", c["name"]);
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 6 * 7, "only {checked} cases");
+}
+
+#[test]
+fn uniform_matches_coremltools() {
+    let v = vectors();
+    for c in v["cases"].as_array().unwrap() {
+        let (vals, arith) = case_values(c);
+        for (bits, u) in c["uniform"].as_object().unwrap() {
+            let bits: u32 = bits.parse().unwrap();
+            let g = palette::palettize_group(&vals, bits, Mode::Uniform, arith).unwrap();
+            let lut: Vec<u16> = u["lut"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| {
+                    let b = x.as_u64().unwrap();
+                    if arith == Arith::F16 {
+                        b as u16
+                    } else {
+                        // Stored as f16 by us: coremltools' f32 entry rounded once more.
+                        f16::from_f32(f32::from_bits(b as u32)).to_bits()
+                    }
+                })
+                .collect();
+            assert_eq!(g.table, lut, "{} {bits}-bit uniform table", c["name"]);
+            let idx: Vec<u8> = u["indices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u8)
+                .collect();
+            assert_eq!(g.indices, idx, "{} {bits}-bit uniform indices", c["name"]);
+        }
+    }
+}
+
+#[test]
+fn kmeans_is_deterministic_and_exact_for_f16_sources() {
+    // Every f16 value of a small range: 2^B distinct values or fewer are exact.
+    let vals: Vec<f32> = (0..64u16)
+        .map(|i| f16::from_bits(0x3C00 + i * 3).to_f32())
+        .cycle()
+        .take(4096)
+        .collect();
+    let g = palette::palettize_group(&vals, 6, Mode::Kmeans, Arith::F16).unwrap();
+    assert_eq!(g.sse, 0.0);
+    let g2 = palette::palettize_group(&vals, 4, Mode::Kmeans, Arith::F16).unwrap();
+    assert!(g2.sse > 0.0);
+    assert_eq!(
+        g2,
+        palette::palettize_group(&vals, 4, Mode::Kmeans, Arith::F16).unwrap()
+    );
+}
+
+fn palettize(input: &Path, extra: &[&str]) -> (tempfile::TempDir, PathBuf, Output) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("p.bundle");
+    let mut args = vec!["palettize", s(input), "-o", s(&out), "-q"];
+    if extra.contains(&"--group-size") {
+        // The tiny model's vocabulary (474 rows) is not a multiple of the groups used here.
+        args.extend([
+            "--exclude",
+            "output.weight",
+            "--exclude",
+            "token_embd.weight",
+        ]);
+    }
+    args.extend_from_slice(extra);
+    let o = run(&args);
+    (dir, out, o)
+}
+
+/// Reconstructs a palettized tensor from the manifest and bytes by the schema's formula.
+fn reconstruct(b: &Bundle, name: &str) -> Vec<f32> {
+    let t = b.tensor(name).unwrap();
+    let Encoding::Palette {
+        bits,
+        group_size,
+        tables_offset,
+        indices_offset,
+        row_bytes,
+        ..
+    } = t.encoding.clone()
+    else {
+        panic!("{name} is not palettized")
+    };
+    let bytes = b.tensor_bytes(t);
+    let (rows, cols) = (t.shape[0] as usize, t.shape[1] as usize);
+    let mut out = Vec::with_capacity(rows * cols);
+    for r in 0..rows {
+        let row = &bytes[indices_offset as usize + r * row_bytes as usize..];
+        for c in 0..cols {
+            let mut ix = 0usize;
+            for bit in 0..bits as usize {
+                let p = c * bits as usize + bit;
+                ix |= (((row[p / 8] >> (p % 8)) & 1) as usize) << bit;
+            }
+            let g = r / group_size as usize;
+            let off = tables_offset as usize + (g * (1 << bits) + ix) * 2;
+            out.push(f16::from_bits(u16::from_le_bytes([bytes[off], bytes[off + 1]])).to_f32());
+        }
+    }
+    out
+}
+
+#[test]
+fn tiny_palettize_reconstructs_records_errors_and_runs() {
+    let src = tiny_f16();
+    for (bits, mode) in [
+        ("8", "kmeans"),
+        ("4", "kmeans"),
+        ("4", "uniform"),
+        ("3", "kmeans"),
+    ] {
+        let (_d, out, o) = palettize(
+            &src,
+            &["--bits", bits, "--mode", mode, "--group-size", "16"],
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        let b = Bundle::open(&out).unwrap();
+        let g = lowbit::gguf::GgufFile::open(&src).unwrap();
+        let mut n_pal = 0;
+        for t in &b.manifest.tensors {
+            let Encoding::Palette {
+                sse, max_abs_err, ..
+            } = &t.encoding
+            else {
+                // Excluded (vocabulary rows not a multiple of 16), 1-D, norms or small.
+                assert!(
+                    t.name == "output.weight"
+                        || t.name == "token_embd.weight"
+                        || t.name.contains("norm")
+                        || t.shape.len() == 1
+                        || t.shape.iter().product::<u64>() <= 2048,
+                    "{} not palettized",
+                    t.name
+                );
+                continue;
+            };
+            n_pal += 1;
+            // The schema's formula, our reader and the recorded errors agree.
+            let rec = reconstruct(&b, &t.name);
+            assert_eq!(b.tensor_f32(t).unwrap(), rec, "{}", t.name);
+            let st = g.tensor(&t.name).unwrap();
+            let mut want = vec![0f32; rec.len()];
+            lowbit::quant::dequantize(st.ty, g.tensor_data(st), &mut want).unwrap();
+            let e2: f64 = rec
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+                .sum();
+            let mx = rec
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (*a as f64 - *b as f64).abs())
+                .fold(0.0, f64::max);
+            assert!(
+                (e2 - sse).abs() <= 1e-9 * sse.max(1e-30),
+                "{}: sse {e2} vs {sse}",
+                t.name
+            );
+            assert_eq!(mx, *max_abs_err, "{}", t.name);
+        }
+        assert!(n_pal >= 7, "{n_pal} palettized");
+        // verify against the source recomputes the recorded errors bit for bit.
+        let o = run(&["verify", s(&out), "--source", s(&src)]);
+        assert!(o.status.success(), "{}", text(&o));
+        // It runs.
+        let o = run(&["run", s(&out), "--prompt-ids", "1,2,3", "--max-tokens", "4"]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+}
+
+#[test]
+fn output_does_not_depend_on_workers() {
+    let src = tiny_f16();
+    let (_a, o1, r1) = palettize(
+        &src,
+        &["--bits", "6", "--group-size", "8", "--workers", "1"],
+    );
+    let (_b, o2, r2) = palettize(
+        &src,
+        &["--bits", "6", "--group-size", "8", "--workers", "3"],
+    );
+    assert!(
+        r1.status.success() && r2.status.success(),
+        "{}{}",
+        text(&r1),
+        text(&r2)
+    );
+    for f in ["weights.bin", "manifest.json", "tokenizer.json"] {
+        assert_eq!(
+            std::fs::read(o1.join(f)).unwrap(),
+            std::fs::read(o2.join(f)).unwrap(),
+            "{f} differs between --workers 1 and 3"
+        );
+    }
+}
+
+#[test]
+fn gguf_and_dequantized_safetensors_give_the_same_bundle() {
+    let src = tiny_f16();
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("model.safetensors");
+    let o = run(&["dequantize", s(&src), "-o", s(&st), "--with-config", "-q"]);
+    assert!(o.status.success(), "{}", text(&o));
+    // One table per tensor, so every matrix is palettized and the carried tensors (F32
+    // norms) have the same type in both inputs.
+    let (_a, from_gguf, r1) = palettize(&src, &["--bits", "4"]);
+    let (_b, from_st, r2) = palettize(&st, &["--bits", "4"]);
+    assert!(
+        r1.status.success() && r2.status.success(),
+        "{}{}",
+        text(&r1),
+        text(&r2)
+    );
+    for f in ["weights.bin", "tokenizer.json"] {
+        assert!(
+            std::fs::read(from_gguf.join(f)).unwrap() == std::fs::read(from_st.join(f)).unwrap(),
+            "{f} differs"
+        );
+    }
+    let (a, b) = (
+        Bundle::open(&from_gguf).unwrap(),
+        Bundle::open(&from_st).unwrap(),
+    );
+    assert_eq!(a.manifest.bundle_digest, b.manifest.bundle_digest);
+    assert_eq!(a.manifest.model, b.manifest.model);
+    assert_eq!(b.manifest.source.format.as_deref(), Some("safetensors"));
+    // And from the palettized bundle itself: its palette tensors are kept.
+    let (_c, again, r3) = palettize(&from_gguf, &["--bits", "8"]);
+    assert!(r3.status.success(), "{}", text(&r3));
+    let c = Bundle::open(&again).unwrap();
+    for t in &c.manifest.tensors {
+        assert_eq!(
+            t.encoding,
+            a.tensor(&t.name).unwrap().encoding,
+            "{}",
+            t.name
+        );
+    }
+}
+
+#[test]
+fn bad_input_is_refused_with_names() {
+    let src = tiny_f16();
+    // Rows not divisible by the group size: names the tensor and both numbers.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("p.bundle");
+    let o = run(&[
+        "palettize",
+        s(&src),
+        "-o",
+        s(&out),
+        "--bits",
+        "4",
+        "--group-size",
+        "7",
+    ]);
+    let d = dir;
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let t = text(&o);
+    assert!(
+        t.contains("474 rows are not divisible by --group-size 7") && t.contains("output.weight"),
+        "{t}"
+    );
+    assert!(!out.exists());
+    assert_eq!(
+        std::fs::read_dir(d.path()).unwrap().count(),
+        0,
+        "left files behind"
+    );
+    // Unsupported bit width.
+    let (_d, _o, o) = palettize(&src, &["--bits", "5"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("--bits 5"), "{}", text(&o));
+    // A glob that matches nothing.
+    let (_d, _o, o) = palettize(&src, &["--bits", "4", "--exclude", "nope.*"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("matches no tensor"), "{}", text(&o));
+    // A NaN weight in a safetensors input: names the tensor and the group.
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("model.safetensors");
+    let o = run(&["dequantize", s(&src), "-o", s(&st), "--with-config", "-q"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut bytes = std::fs::read(&st).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let hdr: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let off = hdr["blk.1.ffn_up.weight"]["data_offsets"][0]
+        .as_u64()
+        .unwrap() as usize;
+    let at = 8 + n + off + 4 * 100;
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&st, bytes).unwrap();
+    let (_d, out, o) = palettize(&st, &["--bits", "4"]);
+    assert_eq!(o.status.code(), Some(2));
+    let t = text(&o);
+    assert!(
+        t.contains("blk.1.ffn_up.weight") && t.contains("non-finite"),
+        "{t}"
+    );
+    assert!(!out.exists());
+    // A safetensors file without config.json beside it.
+    std::fs::remove_file(dir.path().join("config.json")).unwrap();
+    let (_d, _o, o) = palettize(&st, &["--bits", "4"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("config.json"), "{}", text(&o));
+}
+
+#[test]
+fn validate_passes_identical_and_fails_perturbed_candidates() {
+    let src = tiny_f16();
+    let dir = tempfile::tempdir().unwrap();
+    let reference = dir.path().join("ref.bundle");
+    let o = run(&["pack", s(&src), "-o", s(&reference), "-q"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let prompts = dir.path().join("prompts.json");
+    std::fs::write(&prompts, r#"["hello world", "a b c d e f g", "x"]"#).unwrap();
+    let report = dir.path().join("r.json");
+    // The reference against itself passes with zero error.
+    let o = run(&[
+        "validate",
+        s(&reference),
+        "--reference",
+        s(&reference),
+        "--prompts",
+        s(&prompts),
+        "--gen-tokens",
+        "8",
+        "--json",
+        s(&report),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(r["passed"], true);
+    assert_eq!(r["max_prob_err"], 0.0);
+    assert_eq!(r["steps"], 24);
+    assert_eq!(r["repeats_identical"], true);
+    // 1-bit palettization is far off: the gate fails and says why, exit 1.
+    let (_d, cand, o) = palettize(&src, &["--bits", "1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run(&[
+        "validate",
+        s(&cand),
+        "--reference",
+        s(&reference),
+        "--prompts",
+        s(&prompts),
+        "--gen-tokens",
+        "8",
+        "--json",
+        s(&report),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(r["passed"], false);
+    assert!(
+        r["max_prob_err"].as_f64().unwrap() > 0.02 || r["argmax_agreement"].as_f64().unwrap() < 1.0
+    );
+    assert!(!r["failures"].as_array().unwrap().is_empty());
+    assert!(r["kl_mean"].as_f64().unwrap() > 0.0);
+    // A malformed prompt file is a usage error.
+    std::fs::write(&prompts, "[]").unwrap();
+    let o = run(&[
+        "validate",
+        s(&cand),
+        "--reference",
+        s(&reference),
+        "--prompts",
+        s(&prompts),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
+
+/// SmolLM2 (real weights): 8-bit k-means G=32 against `convert pack` of the same file. The
+/// gate's verdict is whatever the figures say (README: it fails |dp| <= 0.02 narrowly on
+/// this model); the report must be consistent with the exit code, decisions must mostly
+/// agree, repeats must be bit-identical, and the model must still answer Paris.
+#[test]
+fn smollm2_8bit_kmeans_validate_report_and_paris() {
+    let Some(src) = common::model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let reference = dir.path().join("ref.bundle");
+    let o = run(&[
+        "pack",
+        s(&src),
+        "-o",
+        s(&reference),
+        "-q",
+        "--context",
+        "512",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (_d, cand, o) = palettize(
+        &src,
+        &["--bits", "8", "--group-size", "32", "--context", "512"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let report = dir.path().join("r.json");
+    let o = run(&[
+        "validate",
+        s(&cand),
+        "--reference",
+        s(&reference),
+        "--gen-tokens",
+        "8",
+        "--json",
+        s(&report),
+    ]);
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let passed = r["passed"].as_bool().unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(if passed { 0 } else { 1 }),
+        "{}",
+        text(&o)
+    );
+    assert!(r["argmax_agreement"].as_f64().unwrap() >= 0.9, "{r:#}");
+    assert!(r["max_prob_err"].as_f64().unwrap() < 0.2, "{r:#}");
+    assert_eq!(r["repeats_identical"], true);
+    assert_eq!(r["all_finite"], true);
+    assert_eq!(r["steps"], 80);
+    let o = run(&[
+        "run",
+        s(&cand),
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "8",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("Paris"),
+        "{}",
+        text(&o)
+    );
+}
