@@ -654,7 +654,7 @@ struct RunArgs {
 
 fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {
     use lowbit::runtime::validate;
-    if a.repeats == 0 || a.gen_tokens == 0 || !(a.max_prob_err >= 0.0) {
+    if a.repeats == 0 || a.gen_tokens == 0 || a.max_prob_err.is_nan() || a.max_prob_err < 0.0 {
         eprintln!("error: validate: --repeats and --gen-tokens must be at least 1 and --max-prob-err >= 0");
         return Ok(ExitCode::from(2));
     }
