@@ -23,7 +23,7 @@ OUT ?= $(LOWBIT_CACHE)/out
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all demo test fetch venv build bench bench-ternary bench-runtime bench-dequant refvectors golden llama clean-out lint
+.PHONY: all demo test fetch venv build bench bench-ternary bench-runtime bench-dequant bench-palette refvectors golden llama clean-out lint
 
 all: build
 
@@ -109,7 +109,7 @@ $(MINICPM8B): tests/ref/make_minicpm.py | $(VENV)/.ok
 minicpm8b: $(MINICPM8B)
 
 # Every benchmark, in one run; each compares lowbit with a reference tool timed in the same run.
-bench: bench-dequant bench-ternary bench-runtime
+bench: bench-dequant bench-ternary bench-runtime bench-palette
 
 # Decode speed: convert bench on bundles of SmolLM2 and the MiniCPM4-8B-shape model next to
 # llama-bench on their GGUFs, same threads, in one run.
@@ -127,6 +127,15 @@ bench-runtime: build $(MINICPM8B) $(SMOLLM2)
 
 # Ternary conversion and verification of the MiniCPM4-8B-shape model, next to reading and
 # hashing the input once (the anchor), in one run.
+# Palettization: convert palettize next to coremltools 9.0 (k-means, per_grouped_channel, group
+# size 32) on the same f16 SmolLM2 weights, 8/6/4 bits, in one run; PALETTE_TENSORS narrows or
+# widens the set (default two layers' linears; "*.weight" is every linear, ~1 h for coremltools).
+PALETTE_TENSORS ?= blk.0.*.weight blk.15.*.weight
+bench-palette: build $(VENV)/.ok fetch
+	$(VPY) -m pip install -q --disable-pip-version-check -r benches/requirements.txt
+	$(VPY) benches/palette_bench.py --convert $(CONVERT) --threads $(BENCH_THREADS) \
+		--tensors $(PALETTE_TENSORS) --json $(LOWBIT_CACHE)/bench/palette.json $(SMOLLM2)
+
 bench-ternary: build $(MINICPM8B)
 	$(VPY) benches/ternary_bench.py --convert $(CONVERT) --json $(LOWBIT_CACHE)/bench/ternary.json $(MINICPM8B)
 

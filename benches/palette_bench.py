@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Palettization benchmark (issue: convert palettize) against coremltools 9.0 in the same run.
+
+Both tools palettize the same f16 weights (SmolLM2's, dequantized by `convert dequantize
+--dtype f16`) with k-means, per_grouped_channel, group size 32, one bit width at a time:
+coremltools through `palettize_weights.blockwise_compress` (its kmeans1d path, the one
+`OpPalettizerConfig(mode="kmeans", granularity="per_grouped_channel", group_size=32)` takes,
+`num_kmeans_workers` = --threads), lowbit through `convert palettize --include` on the same
+tensors with --workers = --threads. Reported per bit width: both wall times and SSEs (f64,
+against the same f16 input) and the ratios coremltools/lowbit (time) and lowbit/coremltools
+(SSE). Model loading and conversion to numpy are outside coremltools' timed region.
+
+Usage: palette_bench.py --convert target/release/convert SMOLLM2.gguf [--tensors GLOB ...]
+       [--bits 8 6 4] [--threads N] [--json OUT]
+"""
+import argparse, fnmatch, json, logging, os, platform, resource, shutil, subprocess, sys, tempfile, time
+
+import numpy as np
+
+logging.disable(logging.WARNING)
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--convert", required=True)
+    ap.add_argument("model")
+    ap.add_argument("--tensors", nargs="*", default=["blk.0.*.weight", "blk.15.*.weight"])
+    ap.add_argument("--bits", nargs="*", type=int, default=[8, 6, 4])
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    import coremltools
+    from coremltools.optimize.coreml._quantization_passes import palettize_weights as pw
+    from safetensors.numpy import load_file
+
+    work = tempfile.mkdtemp(prefix="lowbit-palbench-")
+    try:
+        st = os.path.join(work, "model.safetensors")
+        subprocess.run([a.convert, "dequantize", a.model, "-o", st, "--dtype", "f16", "--with-config", "-q"], check=True)
+        ws = load_file(st)
+        names = [n for n in ws if ws[n].ndim == 2 and ws[n].size > 2048 and "norm" not in n
+                 and any(fnmatch.fnmatch(n, g) for g in a.tensors)]
+        names.sort()
+        n_el = sum(ws[n].size for n in names)
+        print(f"{len(names)} tensors, {n_el} weights, f16, group size 32, {a.threads} threads; {cpu_name()}")
+        rows = []
+        for bits in a.bits:
+            # coremltools
+            t0 = time.perf_counter()
+            ct_sse = 0.0
+            for n in names:
+                p = pw.blockwise_compress(ws[n], "KMEANS", bits, [32, 0], num_kmeans_workers=a.threads)
+                rec = pw.decompress(p)
+                ct_sse += float(((rec.astype(np.float64) - ws[n].astype(np.float64)) ** 2).sum())
+            ct_t = time.perf_counter() - t0
+            # lowbit
+            out = os.path.join(work, f"p{bits}.bundle")
+            cmd = [a.convert, "palettize", st, "-o", out, "--bits", str(bits), "--group-size", "32",
+                   "--workers", str(a.threads), "-q"]
+            for n in names:
+                cmd += ["--include", n]
+            before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+            t0 = time.perf_counter()
+            subprocess.run(cmd, check=True)
+            lb_t = time.perf_counter() - t0
+            rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+            m = json.load(open(os.path.join(out, "manifest.json")))
+            lb_sse = sum(t["encoding"]["sse"] for t in m["tensors"] if t["encoding"]["kind"] == "palette")
+            shutil.rmtree(out)
+            r = {"bits": bits, "coremltools_s": ct_t, "lowbit_s": lb_t, "speedup": ct_t / lb_t,
+                 "coremltools_sse": ct_sse, "lowbit_sse": lb_sse, "sse_ratio": lb_sse / ct_sse if ct_sse else None,
+                 "lowbit_peak_rss_mb_upper": max(rss, before) / 1024}
+            rows.append(r)
+            print(f"{bits}-bit: coremltools {ct_t:.2f}s sse {ct_sse:.6e} | lowbit {lb_t:.2f}s sse {lb_sse:.6e} | "
+                  f"speedup {r['speedup']:.1f}x, SSE ratio {r['sse_ratio']:.6f}")
+        rep = {"cpu": cpu_name(), "threads": a.threads, "coremltools": coremltools.__version__,
+               "tensors": names, "weights": int(n_el), "results": rows}
+        if a.json:
+            os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
+            json.dump(rep, open(a.json, "w"), indent=2)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
