@@ -5,7 +5,10 @@
 //! packed words, [`crate::ternary::row_values`]) and compared element by element with the
 //! source dequantized by [`crate::quant`] (bit-exact with gguf-py). `maxerr = 0` means
 //! bit-identical; otherwise `max |difference| <= maxerr`. Tensors carried in their source
-//! encoding must be byte-identical.
+//! encoding must be byte-identical. Palettized tensors are lossy by design: their
+//! reconstruction error against the source is recomputed (groups in order, elements in order,
+//! f64) and must equal the SSE and max error the manifest records, bit for bit; `maxerr` does
+//! not apply to them.
 
 use std::path::{Path, PathBuf};
 
