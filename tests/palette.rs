@@ -494,10 +494,20 @@ fn smollm2_8bit_kmeans_validate_report_and_paris() {
         "512",
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    let (_d, cand, o) = palettize(
-        &src,
-        &["--bits", "8", "--group-size", "32", "--context", "512"],
-    );
+    let cand = dir.path().join("p8.bundle");
+    let o = run(&[
+        "palettize",
+        s(&src),
+        "-o",
+        s(&cand),
+        "-q",
+        "--bits",
+        "8",
+        "--group-size",
+        "32",
+        "--context",
+        "512",
+    ]);
     assert!(o.status.success(), "{}", text(&o));
     let report = dir.path().join("r.json");
     let o = run(&[
