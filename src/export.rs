@@ -9,7 +9,6 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use globset::{Glob, GlobSet, GlobSetBuilder};
 use indicatif::ProgressBar;
 use rayon::prelude::*;
 use safetensors::tensor::{Dtype, View};
@@ -198,20 +197,6 @@ impl View for LazyTensor<'_> {
     }
 }
 
-fn glob_set(globs: &[String]) -> Result<GlobSet, ExportError> {
-    let mut b = GlobSetBuilder::new();
-    for g in globs {
-        b.add(Glob::new(g).map_err(|e| ExportError::BadGlob {
-            glob: g.clone(),
-            detail: e.kind().to_string(),
-        })?);
-    }
-    b.build().map_err(|e| ExportError::BadGlob {
-        glob: globs.join(", "),
-        detail: e.to_string(),
-    })
-}
-
 /// Selects tensors by glob; every glob must match at least one tensor.
 pub fn select_tensors<'a>(
     file: &Path,
@@ -221,15 +206,13 @@ pub fn select_tensors<'a>(
     if globs.is_empty() {
         return Ok(names.collect());
     }
-    let set = glob_set(globs)?;
-    for (i, g) in globs.iter().enumerate() {
-        if !names.clone().any(|n| set.matches(n).contains(&i)) {
-            return Err(ExportError::NoMatch {
-                file: file.to_path_buf(),
-                glob: g.clone(),
-            });
-        }
-    }
+    let set = util::glob_set_matching(globs, names.clone()).map_err(|f| match f {
+        util::GlobFault::Bad { glob, detail } => ExportError::BadGlob { glob, detail },
+        util::GlobFault::NoMatch { glob } => ExportError::NoMatch {
+            file: file.to_path_buf(),
+            glob,
+        },
+    })?;
     Ok(names.filter(|n| set.is_match(n)).collect())
 }
 
@@ -246,8 +229,7 @@ pub fn dequantize_gguf(
     let sidecars = if opts.with_config {
         let model = crate::bundle::config::model_config(&file, None)?;
         let tok = crate::bundle::writer::tokenizer_ref(&file);
-        let tb = serde_json::to_vec_pretty(&crate::bundle::config::tokenizer_json(&file))
-            .expect("JSON values serialize");
+        let tb = crate::bundle::config::tokenizer_file_bytes(&file);
         Some(check_sidecars(output, &model, &tok, tb)?)
     } else {
         None

@@ -109,3 +109,36 @@ pub fn write_file_atomically<E>(
     })?;
     Ok(Ok(()))
 }
+
+/// Why [`glob_set_matching`] refused a list of tensor-name globs.
+#[derive(Debug)]
+pub enum GlobFault {
+    /// `glob` is not a valid glob (or the set could not be built: `glob` lists them all).
+    Bad { glob: String, detail: String },
+    /// `glob` matches none of the names.
+    NoMatch { glob: String },
+}
+
+/// The set of `globs`, each of which must match at least one of `names`.
+pub fn glob_set_matching<'a>(
+    globs: &[String],
+    names: impl Iterator<Item = &'a str> + Clone,
+) -> Result<globset::GlobSet, GlobFault> {
+    let mut b = globset::GlobSetBuilder::new();
+    for g in globs {
+        b.add(globset::Glob::new(g).map_err(|e| GlobFault::Bad {
+            glob: g.clone(),
+            detail: e.kind().to_string(),
+        })?);
+    }
+    let set = b.build().map_err(|e| GlobFault::Bad {
+        glob: globs.join(", "),
+        detail: e.to_string(),
+    })?;
+    for (i, g) in globs.iter().enumerate() {
+        if !names.clone().any(|n| set.matches(n).contains(&i)) {
+            return Err(GlobFault::NoMatch { glob: g.clone() });
+        }
+    }
+    Ok(set)
+}

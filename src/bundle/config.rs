@@ -203,6 +203,11 @@ pub fn model_config(f: &GgufFile, context: Option<u64>) -> Result<ModelConfig, B
     })
 }
 
+/// [`tokenizer_json`] as the bytes of a bundle's `tokenizer.json` (pretty-printed).
+pub fn tokenizer_file_bytes(f: &GgufFile) -> Vec<u8> {
+    serde_json::to_vec_pretty(&tokenizer_json(f)).expect("a JSON value always serializes")
+}
+
 /// The tokenizer as JSON: every `tokenizer.*` metadata key, verbatim and in full, sorted by
 /// key (the `tokenizer.` prefix dropped), as [`value_to_json`] writes values.
 pub fn tokenizer_json(f: &GgufFile) -> Json {

@@ -23,12 +23,10 @@
 //! rayon pool of `workers` threads in batches joined in order, so the output does not depend
 //! on `workers`; memory is the packed indices of one batch plus its f32 rows.
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use globset::{Glob, GlobSet, GlobSetBuilder};
 use memmap2::Mmap;
 use rayon::prelude::*;
 use safetensors::tensor::{Dtype, Metadata};
@@ -37,7 +35,7 @@ use sha2::{Digest, Sha256};
 
 use super::manifest::*;
 use super::reader::Bundle;
-use super::writer::{io_err, main_function, rename_dir_noclobber, HashingWriter};
+use super::writer::{io_err, HashingWriter, Staging};
 use super::{config, BundleError};
 use crate::ggml::GgmlType;
 use crate::gguf::GgufFile;
@@ -121,17 +119,22 @@ fn order_key(name: &str) -> (u64, String) {
     (0, name.to_string())
 }
 
-fn glob_set(globs: &[String], flag: &str) -> Result<GlobSet, BundleError> {
-    let mut b = GlobSetBuilder::new();
-    for g in globs {
-        b.add(Glob::new(g).map_err(|e| BundleError::Manifest {
+/// The set of `--include` or `--exclude` globs (`flag`); each must match a tensor.
+fn glob_set(
+    input: &Path,
+    tensors: &[InTensor],
+    globs: &[String],
+    flag: &str,
+) -> Result<globset::GlobSet, BundleError> {
+    util::glob_set_matching(globs, tensors.iter().map(|t| t.name.as_str())).map_err(|f| match f {
+        util::GlobFault::Bad { glob, detail } => BundleError::Manifest {
             path: PathBuf::from(flag),
-            detail: format!("{flag} {g:?}: {e}"),
-        })?);
-    }
-    b.build().map_err(|e| BundleError::Manifest {
-        path: PathBuf::from(flag),
-        detail: e.to_string(),
+            detail: format!("{flag} {glob:?}: {detail}"),
+        },
+        util::GlobFault::NoMatch { glob } => BundleError::Manifest {
+            path: input.to_path_buf(),
+            detail: format!("{flag} {glob:?} matches no tensor"),
+        },
     })
 }
 
@@ -403,23 +406,8 @@ pub fn palettize(
             }
         }
     }
-    let include = glob_set(&opts.include, "--include")?;
-    let exclude = glob_set(&opts.exclude, "--exclude")?;
-    for (globs, set, flag) in [
-        (&opts.include, &include, "--include"),
-        (&opts.exclude, &exclude, "--exclude"),
-    ] {
-        for g in globs {
-            let one = glob_set(std::slice::from_ref(g), flag)?;
-            if !tensors.iter().any(|t| one.is_match(&t.name)) {
-                return Err(BundleError::Manifest {
-                    path: input.to_path_buf(),
-                    detail: format!("{flag} {g:?} matches no tensor"),
-                });
-            }
-        }
-        let _ = set;
-    }
+    let include = glob_set(input, &tensors, &opts.include, "--include")?;
+    let exclude = glob_set(input, &tensors, &opts.exclude, "--exclude")?;
     let selected: Vec<bool> = tensors
         .iter()
         .map(|t| {
@@ -454,27 +442,9 @@ pub fn palettize(
         })?
     };
 
-    let parent = match output.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = output
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .suffix(".partial")
-        .tempdir_in(&parent)
-        .map_err(io_err(&parent))?;
-
+    let tmp = Staging::new(output)?;
     let wpath = tmp.path().join(WEIGHTS_FILE);
-    let f = File::create(&wpath).map_err(io_err(&wpath))?;
-    let mut w = HashingWriter {
-        inner: BufWriter::with_capacity(1 << 22, f),
-        hash: Sha256::new(),
-        pos: 0,
-    };
+    let mut w = HashingWriter::create(&wpath)?;
     let total: u64 = tensors
         .iter()
         .map(|t| t.shape.iter().product::<u64>())
@@ -485,10 +455,7 @@ pub fn palettize(
     let (mut all_sse, mut all_max, mut n_pal) = (0f64, 0f64, 0usize);
     for (i, (t, &sel)) in tensors.iter().zip(&selected).enumerate() {
         pb.set_message(format!("tensor {}/{} {}", i + 1, tensors.len(), t.name));
-        let pad = (ALIGNMENT - w.pos % ALIGNMENT) % ALIGNMENT;
-        w.write_all(&zeros[..pad as usize])
-            .map_err(io_err(&wpath))?;
-        let offset = w.pos;
+        let offset = w.align(&wpath)?;
         let mut th = Sha256::new();
         let mut put = |w: &mut HashingWriter<BufWriter<File>>, b: &[u8]| {
             th.update(b);
@@ -596,72 +563,25 @@ pub fn palettize(
             sha256: hex::encode(th.finalize()),
         });
     }
-    w.flush().map_err(io_err(&wpath))?;
-    let wsize = w.pos;
-    let wsha = hex::encode(w.hash.clone().finalize());
-    w.inner
-        .into_inner()
-        .map_err(|e| BundleError::Io {
-            path: wpath.clone(),
-            source: e.into_error(),
-        })?
-        .sync_all()
-        .map_err(io_err(&wpath))?;
+    let weights = w.finish(&wpath)?;
     pb.finish_and_clear();
-
-    let tok_path = tmp.path().join(TOKENIZER_FILE);
-    std::fs::write(&tok_path, &tokenizer_bytes).map_err(io_err(&tok_path))?;
-    let mut files = vec![
-        FileEntry {
-            path: WEIGHTS_FILE.into(),
-            size: wsize,
-            sha256: wsha,
-        },
-        FileEntry {
-            path: TOKENIZER_FILE.into(),
-            size: tokenizer_bytes.len() as u64,
-            sha256: util::sha256_hex(&tokenizer_bytes),
-        },
-    ];
-    files.sort_by(|a, b| a.path.cmp(&b.path));
-    let bundle_digest = util::sha256_hex(canonical_file_list(&files).as_bytes());
-    let mut functions = BTreeMap::new();
-    functions.insert("main".to_string(), main_function(&model));
-    let manifest = Manifest {
-        format: FORMAT.into(),
-        format_version: FORMAT_VERSION,
-        producer: Producer {
-            tool: "lowbit".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            git_revision: option_env!("LOWBIT_GIT_REVISION")
-                .unwrap_or("unknown")
-                .into(),
-            command_line,
-        },
-        source,
-        model,
-        functions,
-        tensors: entries,
+    let weights_bytes = weights.size;
+    let (manifest, _) = tmp.commit(
+        weights,
         tokenizer,
-        files,
-        bundle_digest: bundle_digest.clone(),
-    };
-    let mut mbytes = serde_json::to_vec_pretty(&manifest).map_err(|e| BundleError::Manifest {
-        path: output.join(MANIFEST_FILE),
-        detail: e.to_string(),
-    })?;
-    mbytes.push(b'\n');
-    let mpath = tmp.path().join(MANIFEST_FILE);
-    std::fs::write(&mpath, &mbytes).map_err(io_err(&mpath))?;
-    rename_dir_noclobber(tmp.path(), output)?;
-    let _ = tmp.keep();
+        &tokenizer_bytes,
+        model,
+        source,
+        entries,
+        command_line,
+    )?;
     Ok(PalettizeSummary {
         tensors: manifest.tensors.len(),
         palettized: n_pal,
         sse: all_sse,
         max_abs_err: all_max,
-        weights_bytes: wsize,
-        bundle_digest,
+        weights_bytes,
+        bundle_digest: manifest.bundle_digest,
     })
 }
 
@@ -693,12 +613,7 @@ fn describe_input(
     match inp {
         Input::Gguf(f) => {
             let model = config::model_config(f, opts.context)?;
-            let tb = serde_json::to_vec_pretty(&config::tokenizer_json(f)).map_err(|e| {
-                BundleError::Manifest {
-                    path: path.to_path_buf(),
-                    detail: e.to_string(),
-                }
-            })?;
+            let tb = config::tokenizer_file_bytes(f);
             let tokenizer = super::writer::tokenizer_ref(f);
             let source = Source {
                 format: None,

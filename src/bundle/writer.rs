@@ -113,6 +113,138 @@ pub(crate) struct HashingWriter<W: Write> {
     pub(crate) pos: u64,
 }
 
+impl HashingWriter<BufWriter<File>> {
+    /// Creates `path` (the bundle's weight file) for writing through a 4 MiB buffer.
+    pub(crate) fn create(path: &Path) -> Result<Self, BundleError> {
+        let f = File::create(path).map_err(io_err(path))?;
+        Ok(HashingWriter {
+            inner: BufWriter::with_capacity(1 << 22, f),
+            hash: Sha256::new(),
+            pos: 0,
+        })
+    }
+
+    /// Zero padding up to the next multiple of [`ALIGNMENT`]; returns the new position.
+    pub(crate) fn align(&mut self, path: &Path) -> Result<u64, BundleError> {
+        let pad = (ALIGNMENT - self.pos % ALIGNMENT) % ALIGNMENT;
+        self.write_all(&[0u8; ALIGNMENT as usize][..pad as usize])
+            .map_err(io_err(path))?;
+        Ok(self.pos)
+    }
+
+    /// Flushes and syncs the file; returns its [`FileEntry`] as [`WEIGHTS_FILE`].
+    pub(crate) fn finish(mut self, path: &Path) -> Result<FileEntry, BundleError> {
+        self.flush().map_err(io_err(path))?;
+        let entry = FileEntry {
+            path: WEIGHTS_FILE.into(),
+            size: self.pos,
+            sha256: hex::encode(self.hash.finalize()),
+        };
+        self.inner
+            .into_inner()
+            .map_err(|e| BundleError::Io {
+                path: path.to_path_buf(),
+                source: e.into_error(),
+            })?
+            .sync_all()
+            .map_err(io_err(path))?;
+        Ok(entry)
+    }
+}
+
+/// A bundle being written: a temporary directory beside the output, renamed into place by
+/// [`Staging::commit`] once the manifest is written, removed if dropped before that.
+pub(crate) struct Staging {
+    tmp: tempfile::TempDir,
+    output: PathBuf,
+}
+
+impl Staging {
+    pub(crate) fn new(output: &Path) -> Result<Staging, BundleError> {
+        let parent = match output.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = output
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!(".{name}."))
+            .suffix(".partial")
+            .tempdir_in(&parent)
+            .map_err(io_err(&parent))?;
+        Ok(Staging {
+            tmp,
+            output: output.to_path_buf(),
+        })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    /// Writes the tokenizer and the manifest (files sorted, digest over them), then renames
+    /// the directory into place. Returns the manifest and its length in bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn commit(
+        self,
+        weights: FileEntry,
+        tokenizer: TokenizerRef,
+        tokenizer_bytes: &[u8],
+        model: ModelConfig,
+        source: Source,
+        tensors: Vec<TensorEntry>,
+        command_line: Vec<String>,
+    ) -> Result<(Manifest, u64), BundleError> {
+        let tok_path = self.path().join(TOKENIZER_FILE);
+        std::fs::write(&tok_path, tokenizer_bytes).map_err(io_err(&tok_path))?;
+        let mut files = vec![
+            weights,
+            FileEntry {
+                path: TOKENIZER_FILE.into(),
+                size: tokenizer_bytes.len() as u64,
+                sha256: util::sha256_hex(tokenizer_bytes),
+            },
+        ];
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        let bundle_digest = util::sha256_hex(canonical_file_list(&files).as_bytes());
+        let mut functions = BTreeMap::new();
+        functions.insert("main".to_string(), main_function(&model));
+        let manifest = Manifest {
+            format: FORMAT.into(),
+            format_version: FORMAT_VERSION,
+            producer: Producer {
+                tool: "lowbit".into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+                git_revision: option_env!("LOWBIT_GIT_REVISION")
+                    .unwrap_or("unknown")
+                    .into(),
+                command_line,
+            },
+            source,
+            model,
+            functions,
+            tensors,
+            tokenizer,
+            files,
+            bundle_digest,
+        };
+        let mut mbytes =
+            serde_json::to_vec_pretty(&manifest).map_err(|e| BundleError::Manifest {
+                path: self.output.join(MANIFEST_FILE),
+                detail: e.to_string(),
+            })?;
+        mbytes.push(b'\n');
+        let mpath = self.path().join(MANIFEST_FILE);
+        std::fs::write(&mpath, &mbytes).map_err(io_err(&mpath))?;
+        rename_dir_noclobber(self.path(), &self.output)?;
+        // The directory now lives at `output`; keep tempfile from removing it.
+        let _ = self.tmp.keep();
+        Ok((manifest, mbytes.len() as u64))
+    }
+}
+
 impl<W: Write> Write for HashingWriter<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.inner.write(buf)?;
@@ -317,20 +449,7 @@ pub fn write_bundle(
     }
     let model = config::model_config(&file, opts.context)?;
 
-    let parent = match output.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = output
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let prefix = format!(".{name}.");
-    let tmp = tempfile::Builder::new()
-        .prefix(&prefix)
-        .suffix(".partial")
-        .tempdir_in(&parent)
-        .map_err(io_err(&parent))?;
+    let tmp = Staging::new(output)?;
 
     // Hash the source on another thread while the tensors are converted.
     let (source_sha256, written) = std::thread::scope(|s| {
@@ -342,66 +461,29 @@ pub fn write_bundle(
     let source_sha256 = source_sha256.map_err(io_err(input))?;
     let (tensors, weights_entry) = written?;
 
-    let tok_bytes = serde_json::to_vec_pretty(&config::tokenizer_json(&file)).map_err(|e| {
-        BundleError::Manifest {
-            path: output.join(TOKENIZER_FILE),
-            detail: e.to_string(),
-        }
-    })?;
-    let tok_path = tmp.path().join(TOKENIZER_FILE);
-    std::fs::write(&tok_path, &tok_bytes).map_err(io_err(&tok_path))?;
-    let tokenizer = tokenizer_ref(&file);
-    let mut files = vec![
-        weights_entry,
-        FileEntry {
-            path: TOKENIZER_FILE.into(),
-            size: tok_bytes.len() as u64,
-            sha256: util::sha256_hex(&tok_bytes),
-        },
-    ];
-    files.sort_by(|a, b| a.path.cmp(&b.path));
-    let bundle_digest = util::sha256_hex(canonical_file_list(&files).as_bytes());
-    let mut functions = BTreeMap::new();
-    functions.insert("main".to_string(), main_function(&model));
-    let manifest = Manifest {
-        format: FORMAT.into(),
-        format_version: FORMAT_VERSION,
-        producer: Producer {
-            tool: "lowbit".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            git_revision: option_env!("LOWBIT_GIT_REVISION")
-                .unwrap_or("unknown")
-                .into(),
-            command_line,
-        },
-        source: Source {
-            file_name: input
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            size: file.file_len(),
-            sha256: source_sha256,
-            gguf_version: Some(file.version),
-            format: None,
-            architecture: model.architecture.clone(),
-            tensor_count: file.tensors.len() as u64,
-        },
-        model,
-        functions,
-        tensors,
-        tokenizer,
-        files: files.clone(),
-        bundle_digest: bundle_digest.clone(),
+    let tok_bytes = config::tokenizer_file_bytes(&file);
+    let source = Source {
+        file_name: input
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        size: file.file_len(),
+        sha256: source_sha256,
+        gguf_version: Some(file.version),
+        format: None,
+        architecture: model.architecture.clone(),
+        tensor_count: file.tensors.len() as u64,
     };
-    let mut mbytes = serde_json::to_vec_pretty(&manifest).map_err(|e| BundleError::Manifest {
-        path: output.join(MANIFEST_FILE),
-        detail: e.to_string(),
-    })?;
-    mbytes.push(b'\n');
-    let mpath = tmp.path().join(MANIFEST_FILE);
-    std::fs::write(&mpath, &mbytes).map_err(io_err(&mpath))?;
-
-    let summary = PackSummary {
+    let (manifest, manifest_len) = tmp.commit(
+        weights_entry,
+        tokenizer_ref(&file),
+        &tok_bytes,
+        model,
+        source,
+        tensors,
+        command_line,
+    )?;
+    Ok(PackSummary {
         tensors: manifest.tensors.len(),
         ternary: manifest
             .tensors
@@ -414,13 +496,9 @@ pub fn write_bundle(
             .filter(|t| matches!(t.encoding, Encoding::Gguf { .. }))
             .count(),
         source_bytes: file.file_len(),
-        bundle_bytes: files.iter().map(|f| f.size).sum::<u64>() + mbytes.len() as u64,
-        bundle_digest,
-    };
-    rename_dir_noclobber(tmp.path(), output)?;
-    // The directory now lives at `output`; keep tempfile from removing it.
-    let _ = tmp.keep();
-    Ok(summary)
+        bundle_bytes: manifest.files.iter().map(|f| f.size).sum::<u64>() + manifest_len,
+        bundle_digest: manifest.bundle_digest,
+    })
 }
 
 /// Writes `weights.bin` into `dir`. Returns the tensor entries and the file entry.
@@ -431,12 +509,7 @@ fn write_contents(
     opts: &PackOptions,
 ) -> Result<(Vec<TensorEntry>, FileEntry), BundleError> {
     let wpath = dir.join(WEIGHTS_FILE);
-    let f = File::create(&wpath).map_err(io_err(&wpath))?;
-    let mut w = HashingWriter {
-        inner: BufWriter::with_capacity(1 << 22, f),
-        hash: Sha256::new(),
-        pos: 0,
-    };
+    let mut w = HashingWriter::create(&wpath)?;
     let total: u64 = file.tensors.iter().map(|t| t.n_bytes).sum();
     let pb = util::progress_bar(total, opts.quiet, true);
     let mut entries = Vec::with_capacity(file.tensors.len());
@@ -451,10 +524,7 @@ fn write_contents(
             file.tensors.len(),
             t.name
         ));
-        let pad = (ALIGNMENT - w.pos % ALIGNMENT) % ALIGNMENT;
-        w.write_all(&zeros[..pad as usize])
-            .map_err(io_err(&wpath))?;
-        let offset = w.pos;
+        let offset = w.align(&wpath)?;
         let mut th = Sha256::new();
         let (encoding, length) = match p {
             Plan::Carry => {
@@ -521,31 +591,14 @@ fn write_contents(
         file.release(t);
         pb.inc(t.n_bytes);
     }
-    w.flush().map_err(io_err(&wpath))?;
-    let size = w.pos;
-    let sha256 = hex::encode(w.hash.clone().finalize());
-    w.inner
-        .into_inner()
-        .map_err(|e| BundleError::Io {
-            path: wpath.clone(),
-            source: e.into_error(),
-        })?
-        .sync_all()
-        .map_err(io_err(&wpath))?;
+    let weights = w.finish(&wpath)?;
     pb.finish_and_clear();
-    Ok((
-        entries,
-        FileEntry {
-            path: WEIGHTS_FILE.into(),
-            size,
-            sha256,
-        },
-    ))
+    Ok((entries, weights))
 }
 
 /// Renames a directory to a path that must not exist, atomically refusing to replace one
 /// that appeared meanwhile (`renameat2(RENAME_NOREPLACE)` on Linux).
-pub(crate) fn rename_dir_noclobber(from: &Path, to: &Path) -> Result<(), BundleError> {
+fn rename_dir_noclobber(from: &Path, to: &Path) -> Result<(), BundleError> {
     #[cfg(target_os = "linux")]
     {
         use std::ffi::CString;
