@@ -381,13 +381,14 @@ fn check_tensor(
                     || (vec![0f32; k], vec![0f32; k], vec![0u8; k]),
                     |(want, got, idx), gi| {
                         let (mut s2, mut mx) = (0f64, 0f64);
+                        let table = v.table_f32(gi * g);
                         for r in gi * g..(gi + 1) * g {
                             quant::dequantize_body_checked(
                                 st.ty,
                                 &sbytes[r * row_bytes..(r + 1) * row_bytes],
                                 want,
                             );
-                            v.row(r, got, idx);
+                            v.row_with_table(&table, r, got, idx);
                             for (a, b) in got.iter().zip(want.iter()) {
                                 let e = (*a as f64 - *b as f64).abs();
                                 s2 += e * e;

@@ -321,14 +321,27 @@ impl PaletteView<'_> {
         &self.tables[g * e * 2..(g + 1) * e * 2]
     }
 
-    /// Row `r` reconstructed: `out[c] = f32(table[index[r, c]])`; `idx` is scratch of
-    /// `cols` bytes.
+    /// The table of row `r`'s group widened to f32 (entries past `2^bits` are 0).
     #[inline]
-    pub fn row(&self, r: usize, out: &mut [f32], idx: &mut [u8]) {
+    pub fn table_f32(&self, r: usize) -> [f32; 256] {
         let mut t = [0f32; 256];
         for (o, b) in t.iter_mut().zip(self.table_bytes(r).chunks_exact(2)) {
             *o = crate::quant::f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
         }
+        t
+    }
+
+    /// Row `r` reconstructed: `out[c] = f32(table[index[r, c]])`; `idx` is scratch of
+    /// `cols` bytes.
+    #[inline]
+    pub fn row(&self, r: usize, out: &mut [f32], idx: &mut [u8]) {
+        self.row_with_table(&self.table_f32(r), r, out, idx)
+    }
+
+    /// [`Self::row`] with the group's table already widened ([`Self::table_f32`]), for
+    /// callers that walk several rows of one group.
+    #[inline]
+    pub fn row_with_table(&self, t: &[f32; 256], r: usize, out: &mut [f32], idx: &mut [u8]) {
         unpack_row(
             &self.indices[r * self.row_bytes..(r + 1) * self.row_bytes],
             self.bits,

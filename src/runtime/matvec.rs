@@ -263,8 +263,16 @@ crate::multiversion! {
     /// Rows `r0..r0 + ys.len()` of a palettized matrix: each row rebuilt from its group's
     /// table into `buf`, then the fixed-order [`dot`].
     fn palette_rows(v: &crate::palette::PaletteView, x: &[f32], ys: &mut [f32], r0: usize, buf: &mut [f32], idx: &mut [u8]) {
+        // Widen each group's table once, not once per row.
+        let mut group = usize::MAX;
+        let mut table = [0f32; 256];
         for (i, yo) in ys.iter_mut().enumerate() {
-            v.row(r0 + i, buf, idx);
+            let r = r0 + i;
+            if r / v.group_size != group {
+                group = r / v.group_size;
+                table = v.table_f32(r);
+            }
+            v.row_with_table(&table, r, buf, idx);
             *yo = dot(buf, x);
         }
     }
