@@ -408,6 +408,24 @@ fn bad_input_is_refused_with_names() {
     assert!(text(&o).contains("config.json"), "{}", text(&o));
 }
 
+/// `convert validate CAND --reference REF [--prompts P] --gen-tokens 8 --json REPORT`: the
+/// process output and the JSON report.
+fn validate(
+    cand: &Path,
+    reference: &Path,
+    prompts: Option<&Path>,
+    report: &Path,
+) -> (Output, Value) {
+    let mut args = vec!["validate", s(cand), "--reference", s(reference)];
+    if let Some(p) = prompts {
+        args.extend(["--prompts", s(p)]);
+    }
+    args.extend(["--gen-tokens", "8", "--json", s(report)]);
+    let o = run(&args);
+    let r = serde_json::from_slice(&std::fs::read(report).unwrap()).unwrap_or(Value::Null);
+    (o, r)
+}
+
 #[test]
 fn validate_passes_identical_and_fails_perturbed_candidates() {
     let src = tiny_f16();
@@ -419,20 +437,8 @@ fn validate_passes_identical_and_fails_perturbed_candidates() {
     std::fs::write(&prompts, r#"["hello world", "a b c d e f g", "x"]"#).unwrap();
     let report = dir.path().join("r.json");
     // The reference against itself passes with zero error.
-    let o = run(&[
-        "validate",
-        s(&reference),
-        "--reference",
-        s(&reference),
-        "--prompts",
-        s(&prompts),
-        "--gen-tokens",
-        "8",
-        "--json",
-        s(&report),
-    ]);
+    let (o, r) = validate(&reference, &reference, Some(&prompts), &report);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     assert_eq!(r["passed"], true);
     assert_eq!(r["max_prob_err"], 0.0);
     assert_eq!(r["steps"], 24);
@@ -440,20 +446,8 @@ fn validate_passes_identical_and_fails_perturbed_candidates() {
     // 1-bit palettization is far off: the gate fails and says why, exit 1.
     let (_d, cand, o) = palettize(&src, &["--bits", "1"]);
     assert!(o.status.success(), "{}", text(&o));
-    let o = run(&[
-        "validate",
-        s(&cand),
-        "--reference",
-        s(&reference),
-        "--prompts",
-        s(&prompts),
-        "--gen-tokens",
-        "8",
-        "--json",
-        s(&report),
-    ]);
+    let (o, r) = validate(&cand, &reference, Some(&prompts), &report);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     assert_eq!(r["passed"], false);
     assert!(
         r["max_prob_err"].as_f64().unwrap() > 0.02 || r["argmax_agreement"].as_f64().unwrap() < 1.0
@@ -510,17 +504,7 @@ fn smollm2_8bit_kmeans_validate_report_and_paris() {
     ]);
     assert!(o.status.success(), "{}", text(&o));
     let report = dir.path().join("r.json");
-    let o = run(&[
-        "validate",
-        s(&cand),
-        "--reference",
-        s(&reference),
-        "--gen-tokens",
-        "8",
-        "--json",
-        s(&report),
-    ]);
-    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let (o, r) = validate(&cand, &reference, None, &report);
     let passed = r["passed"].as_bool().unwrap();
     assert_eq!(
         o.status.code(),
