@@ -13,21 +13,13 @@ against the same f16 input) and the ratios coremltools/lowbit (time) and lowbit/
 Usage: palette_bench.py --convert target/release/convert SMOLLM2.gguf [--tensors GLOB ...]
        [--bits 8 6 4] [--threads N] [--json OUT]
 """
-import argparse, fnmatch, json, logging, os, platform, resource, shutil, subprocess, sys, tempfile, time
+import argparse, fnmatch, json, logging, os, resource, shutil, subprocess, sys, tempfile, time
 
 import numpy as np
 
+from benchutil import cpu_name  # noqa: E402  (benches/ is on sys.path when run as a script)
+
 logging.disable(logging.WARNING)
-
-
-def cpu_name():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main():

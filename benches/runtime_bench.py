@@ -17,15 +17,7 @@ import subprocess
 import sys
 import time
 
-
-def cpu_name():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "?"
+from benchutil import cpu_name  # noqa: E402  (benches/ is on sys.path when run as a script)
 
 
 def memcpy_gbps():

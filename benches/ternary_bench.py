@@ -13,13 +13,14 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+
+from benchutil import cpu_name  # noqa: E402  (benches/ is on sys.path when run as a script)
 
 
 def read_and_hash(path):
@@ -45,16 +46,6 @@ def run_child(cmd):
     # ru_maxrss of RUSAGE_CHILDREN is the largest child so far; run the largest last or
     # measure each in a fresh process (we do: see main).
     return dt, max(after, before) * 1024
-
-
-def cpu_name():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main():
