@@ -287,62 +287,48 @@ impl Input {
         Ok(v)
     }
 
-    /// Rows `r0..r1` of a 2-D tensor as f32 (`out` is `(r1 - r0) * cols`).
-    fn rows_f32(&self, t: &InTensor, r0: usize, r1: usize, out: &mut [f32]) {
-        let cols = *t.shape.last().unwrap_or(&1) as usize;
+    /// A tensor's stored bytes, and their GGML type when they are a GGML encoding (every
+    /// GGUF and safetensors tensor; a bundle's `gguf`-encoded ones, not ternary or palette).
+    fn stored<'a>(&'a self, t: &InTensor) -> (Option<GgmlType>, &'a [u8]) {
         match (&t.loc, self) {
             (Loc::Gguf(i), Input::Gguf(f)) => {
                 let ti = &f.tensors[*i];
-                let rb = ti.ty.bytes_for(cols as u64).unwrap_or(0) as usize;
-                let data = f.tensor_data(ti);
-                quant::dequantize_body_checked(ti.ty, &data[r0 * rb..r1 * rb], out);
+                (Some(ti.ty), f.tensor_data(ti))
             }
-            (Loc::Safetensors { start, .. }, Input::Safetensors { map, .. }) => {
-                let es = t.source_type.type_size();
-                let b = &map[start + r0 * cols * es..start + r1 * cols * es];
-                quant::dequantize_body_checked(t.source_type, b, out);
+            (Loc::Safetensors { start, end }, Input::Safetensors { map, .. }) => {
+                (Some(t.source_type), &map[*start..*end])
             }
             (Loc::Bundle(i), Input::Bundle(b)) => {
                 let te = &b.manifest.tensors[*i];
-                let Encoding::Gguf { ggml_type, .. } = &te.encoding else {
-                    unreachable!("only gguf-encoded bundle tensors are palettized")
+                let ty = match &te.encoding {
+                    Encoding::Gguf { ggml_type, .. } => GgmlType::from_name(ggml_type),
+                    _ => None,
                 };
-                let ty = GgmlType::from_name(ggml_type).expect("checked at open");
-                let rb = ty.bytes_for(cols as u64).unwrap_or(0) as usize;
-                let bytes = b.tensor_bytes(te);
-                quant::dequantize_body_checked(ty, &bytes[r0 * rb..r1 * rb], out);
+                (ty, b.tensor_bytes(te))
             }
             _ => unreachable!("tensor from another input"),
         }
+    }
+
+    /// Rows `r0..r1` of a 2-D GGML-encoded tensor as f32 (`out` is `(r1 - r0) * cols`).
+    fn rows_f32(&self, t: &InTensor, r0: usize, r1: usize, out: &mut [f32]) {
+        let cols = *t.shape.last().unwrap_or(&1);
+        let (Some(ty), bytes) = self.stored(t) else {
+            unreachable!("only GGML-encoded tensors are palettized")
+        };
+        let rb = ty.bytes_for(cols).unwrap_or(0) as usize;
+        quant::dequantize_body_checked(ty, &bytes[r0 * rb..r1 * rb], out);
     }
 
     /// A tensor carried unchanged: its encoding and bytes.
     fn carry<'a>(&'a self, t: &InTensor) -> (Encoding, &'a [u8]) {
-        match (&t.loc, self) {
-            (Loc::Gguf(i), Input::Gguf(f)) => {
-                let ti = &f.tensors[*i];
-                (gguf_encoding(ti.ty), f.tensor_data(ti))
-            }
-            (Loc::Safetensors { start, end }, Input::Safetensors { map, .. }) => {
-                (gguf_encoding(t.source_type), &map[*start..*end])
-            }
-            (Loc::Bundle(i), Input::Bundle(b)) => {
-                let te = &b.manifest.tensors[*i];
-                (te.encoding.clone(), b.tensor_bytes(te))
-            }
-            _ => unreachable!("tensor from another input"),
+        if let (Loc::Bundle(i), Input::Bundle(b)) = (&t.loc, self) {
+            let te = &b.manifest.tensors[*i];
+            return (te.encoding.clone(), b.tensor_bytes(te));
         }
-    }
-
-    /// The ggml type of a tensor's stored encoding (`None` for ternary and palette).
-    fn stored_type(&self, t: &InTensor) -> Option<GgmlType> {
-        match (&t.loc, self) {
-            (Loc::Bundle(i), Input::Bundle(b)) => match &b.manifest.tensors[*i].encoding {
-                Encoding::Gguf { ggml_type, .. } => GgmlType::from_name(ggml_type),
-                _ => None,
-            },
-            _ => Some(t.source_type),
-        }
+        let (ty, bytes) = self.stored(t);
+        let ty = ty.expect("GGUF and safetensors tensors have a GGML type");
+        (gguf_encoding(ty), bytes)
     }
 }
 
@@ -414,7 +400,7 @@ pub fn palettize(
             eligible(t, opts.min_elements)
                 && (opts.include.is_empty() || include.is_match(&t.name))
                 && !exclude.is_match(&t.name)
-                && inp.stored_type(t).is_some_and(|ty| ty.can_dequantize())
+                && inp.stored(t).0.is_some_and(|ty| ty.can_dequantize())
         })
         .collect();
     // Check every selected tensor before writing anything.
