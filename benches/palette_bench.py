@@ -24,6 +24,19 @@ from benchutil import cpu_name  # noqa: E402  (benches/ is on sys.path when run 
 logging.disable(logging.WARNING)
 
 
+def vm_hwm_kb(pid):
+    """The process's peak resident set (VmHWM, KiB), 0 once it is gone. Not getrusage: on
+    Linux a child's ru_maxrss includes this Python process's RSS at fork (coremltools and the
+    weights), which is not the child's."""
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--convert", required=True)
@@ -65,16 +78,19 @@ def main():
                 cmd += ["--include", n]
             t0 = time.perf_counter()
             child = subprocess.Popen(cmd)
-            _, status, usage = os.wait4(child.pid, 0)
+            peak_kb = 0
+            while child.poll() is None:
+                peak_kb = max(peak_kb, vm_hwm_kb(child.pid))
+                time.sleep(0.02)
             lb_t = time.perf_counter() - t0
-            if status != 0:
+            if child.returncode != 0:
                 sys.exit(f"convert palettize failed: {cmd}")
             m = json.load(open(os.path.join(out, "manifest.json")))
             lb_sse = sum(t["encoding"]["sse"] for t in m["tensors"] if t["encoding"]["kind"] == "palette")
             shutil.rmtree(out)
             r = {"bits": bits, "coremltools_s": ct_t, "lowbit_s": lb_t, "speedup": ct_t / lb_t,
                  "coremltools_sse": ct_sse, "lowbit_sse": lb_sse, "sse_ratio": lb_sse / ct_sse if ct_sse else None,
-                 "lowbit_peak_rss_mb": usage.ru_maxrss / 1024}
+                 "lowbit_peak_rss_mb": peak_kb / 1024}
             rows.append(r)
             print(f"{bits}-bit: coremltools {ct_t:.2f}s sse {ct_sse:.6e} | lowbit {lb_t:.2f}s sse {lb_sse:.6e} | "
                   f"speedup {r['speedup']:.1f}x, SSE ratio {r['sse_ratio']:.7f}; lowbit peak RSS {r['lowbit_peak_rss_mb']:.0f} MB")

@@ -320,6 +320,18 @@ impl Input {
         quant::dequantize_body_checked(ty, &bytes[r0 * rb..r1 * rb], out);
     }
 
+    /// Drops a tensor's pages from the resident set once it is written (as `pack` does).
+    fn release(&self, t: &InTensor) {
+        match (&t.loc, self) {
+            (Loc::Gguf(i), Input::Gguf(f)) => f.release(&f.tensors[*i]),
+            (Loc::Safetensors { start, end }, Input::Safetensors { map, .. }) => {
+                crate::gguf::release_range(map, *start as u64, (*end - *start) as u64)
+            }
+            (Loc::Bundle(i), Input::Bundle(b)) => b.release(&b.manifest.tensors[*i]),
+            _ => unreachable!("tensor from another input"),
+        }
+    }
+
     /// A tensor carried unchanged: its encoding and bytes.
     fn carry<'a>(&'a self, t: &InTensor) -> (Encoding, &'a [u8]) {
         if let (Loc::Bundle(i), Input::Bundle(b)) = (&t.loc, self) {
@@ -548,6 +560,7 @@ pub fn palettize(
             length,
             sha256: hex::encode(th.finalize()),
         });
+        inp.release(t);
     }
     let weights = w.finish(&wpath)?;
     pb.finish_and_clear();
@@ -627,7 +640,8 @@ fn describe_input(
                 format: Some("safetensors".into()),
                 file_name,
                 size: map.len() as u64,
-                sha256: util::sha256_hex(&map[..]),
+                // Plain reads, not the map: hashing must not make the whole file resident.
+                sha256: util::sha256_file(path).map_err(io_err(path))?,
                 gguf_version: None,
                 architecture: model.architecture.clone(),
                 tensor_count: meta.tensors().len() as u64,
