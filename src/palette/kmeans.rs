@@ -350,6 +350,40 @@ mod tests {
     }
 
     #[test]
+    fn avx2_scan_equals_scalar_scan() {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            let mut s = 11u64;
+            let n = 3000;
+            // Clumped values make exact ties between candidates likely.
+            let mut x: Vec<f64> = (0..n)
+                .map(|_| (lcg(&mut s) * 200.0).floor() * 0.01 + lcg(&mut s) * 1e-9)
+                .collect();
+            x.sort_by(f64::total_cmp);
+            x.dedup();
+            let w: Vec<f64> = x
+                .iter()
+                .map(|_| 1.0 + (lcg(&mut s) * 3.0).floor())
+                .collect();
+            let p = Prefix::new(&x, &w);
+            let prev: Vec<f64> = (0..=x.len()).map(|i| (i % 7) as f64 * 1e-3).collect();
+            for _ in 0..2000 {
+                let i = 2 + (lcg(&mut s) * (x.len() - 2) as f64) as usize;
+                let lo = (lcg(&mut s) * (i - 1) as f64) as usize;
+                let hi = lo + (lcg(&mut s) * (i - lo) as f64) as usize;
+                let a = best_start_scalar(&p, &prev, i, lo, hi.min(i - 1));
+                // SAFETY: AVX2 checked above; lo <= hi < i <= n.
+                let b = unsafe { best_start_avx2(&p, &prev, i, lo, hi.min(i - 1)) };
+                assert_eq!(
+                    (a.0.to_bits(), a.1),
+                    (b.0.to_bits(), b.1),
+                    "i {i} lo {lo} hi {hi}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn at_most_k_values_are_exact() {
         let x = [-1.5, -0.25, 0.0, 3.0];
         let w = [2.0, 1.0, 7.0, 1.0];
