@@ -408,6 +408,116 @@ fn bad_input_is_refused_with_names() {
     assert!(text(&o).contains("config.json"), "{}", text(&o));
 }
 
+#[test]
+fn more_bad_input_is_refused_with_names() {
+    let src = tiny_f16();
+    // A glob that is not a glob names the flag and the glob.
+    let (_d, _o, o) = palettize(&src, &["--bits", "4", "--include", "blk.[0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("--include \"blk.[0\""), "{}", text(&o));
+    // Safetensors inputs: sidecars missing or foreign, an unsupported dtype.
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("model.safetensors");
+    let o = run(&["dequantize", s(&src), "-o", s(&st), "--with-config", "-q"]);
+    assert!(o.status.success(), "{}", text(&o));
+    // --with-config refuses to replace existing sidecars, and leaves no output behind.
+    let st2 = dir.path().join("again.safetensors");
+    let o = run(&["dequantize", s(&src), "-o", s(&st2), "--with-config", "-q"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("config.json"), "{}", text(&o));
+    assert!(!st2.exists());
+    let tok = dir.path().join("tokenizer.json");
+    let tok_bytes = std::fs::read(&tok).unwrap();
+    std::fs::remove_file(&tok).unwrap();
+    let (_d, _o, o) = palettize(&st, &["--bits", "4"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("tokenizer.json"), "{}", text(&o));
+    std::fs::write(&tok, tok_bytes).unwrap();
+    let cfg = dir.path().join("config.json");
+    std::fs::write(&cfg, r#"{"model_type": "llama", "hidden_size": 64}"#).unwrap();
+    let (_d, _o, o) = palettize(&st, &["--bits", "4"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("config.json") && text(&o).contains("no \"lowbit\" section"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn unsupported_safetensors_dtype_names_the_tensor() {
+    let src = tiny_f16();
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("model.safetensors");
+    let o = run(&["dequantize", s(&src), "-o", s(&st), "--with-config", "-q"]);
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::remove_file(&st).unwrap();
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::I32, vec![2, 2], &[0u8; 16])
+            .unwrap();
+    safetensors::serialize_to_file([("blk.0.ffn_up.weight", view)], None, &st).unwrap();
+    let (_d, out, o) = palettize(&st, &["--bits", "4"]);
+    assert_eq!(o.status.code(), Some(2));
+    let t = text(&o);
+    assert!(
+        t.contains("blk.0.ffn_up.weight") && t.contains("I32"),
+        "{t}"
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn verify_catches_a_palette_error_the_manifest_misstates() {
+    let src = tiny_f16();
+    let (_d, out, o) = palettize(&src, &["--bits", "4"]);
+    assert!(o.status.success(), "{}", text(&o));
+    // The manifest is not among the hashed files: edit a recorded SSE; the integrity check
+    // still passes, the comparison with the source must not.
+    let mpath = out.join("manifest.json");
+    let mut m: Value = serde_json::from_slice(&std::fs::read(&mpath).unwrap()).unwrap();
+    let t = m["tensors"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|t| t["name"] == "blk.0.ffn_up.weight")
+        .unwrap();
+    let sse = t["encoding"]["sse"].as_f64().unwrap();
+    t["encoding"]["sse"] = serde_json::json!(sse * 0.5);
+    std::fs::write(&mpath, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    let o = run(&["verify", s(&out), "--source", s(&src)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let t = text(&o);
+    assert!(
+        t.contains("blk.0.ffn_up.weight") && t.contains("differs from the manifest"),
+        "{t}"
+    );
+}
+
+#[test]
+fn validate_refuses_a_prompt_longer_than_the_context() {
+    let src = tiny_f16();
+    let dir = tempfile::tempdir().unwrap();
+    let reference = dir.path().join("ref.bundle");
+    let o = run(&["pack", s(&src), "-o", s(&reference), "-q", "--context", "8"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let prompts = dir.path().join("prompts.json");
+    std::fs::write(
+        &prompts,
+        r#"["one two three four five six seven eight nine ten"]"#,
+    )
+    .unwrap();
+    let o = run(&[
+        "validate",
+        s(&reference),
+        "--reference",
+        s(&reference),
+        "--prompts",
+        s(&prompts),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("exceed the context 8"), "{}", text(&o));
+}
+
 /// `convert validate CAND --reference REF [--prompts P] --gen-tokens 8 --json REPORT`: the
 /// process output and the JSON report.
 fn validate(
