@@ -71,6 +71,14 @@ demo: build $(SMOLLM2)
 	$(CONVERT) verify $(OUT)/smollm2.bundle --source $(SMOLLM2) --maxerr 0 | tail -n 1
 	$(CONVERT) run $(OUT)/smollm2.bundle --prompt "$(DEMO_PROMPT)" --max-tokens 32
 
+# TQ2_0 made from SmolLM2's real weights by gguf-py's quantizer (tests/ref/make_tq2_from_real.py).
+TERNARY := $(LOWBIT_CACHE)/ternary
+SMOLLM2_TQ2 := $(TERNARY)/smollm2-tq2_0-gguf-py.gguf
+$(SMOLLM2_TQ2): $(SMOLLM2) $(VENV)/.ok tests/ref/make_tq2_from_real.py
+	mkdir -p $(TERNARY)
+	$(VPY) tests/ref/make_tq2_from_real.py $(SMOLLM2) --out $@ --json $(TERNARY)/smollm2-tq2_0-gguf-py.json
+ternary-real: $(SMOLLM2_TQ2)
+
 # Every test, with the real models required (a missing model fails instead of skipping).
 test: fetch $(SMOLLM2_TQ2)
 	cargo fmt --check
