@@ -296,7 +296,7 @@ pub fn row_values(words: &[u32], scales: &[u16], out: &mut [f32]) {
 /// Whether a `[N, K]` ternary weight fits the GPU kernel's fast path: K a multiple of 512
 /// (two blocks per SIMD lane group) and N a multiple of 32 (rows per threadgroup).
 pub fn fast_path(n: u64, k: u64) -> bool {
-    k % 512 == 0 && n % 32 == 0
+    k.is_multiple_of(512) && n.is_multiple_of(32)
 }
 
 #[cfg(test)]

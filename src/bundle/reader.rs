@@ -366,7 +366,7 @@ fn n_elements(shape: &[u64]) -> Option<u64> {
 
 /// Checks that a tensor's length, alignment and encoding parameters agree with its shape.
 pub fn check_tensor_layout(t: &TensorEntry) -> Result<(), String> {
-    if t.offset % ALIGNMENT != 0 {
+    if !t.offset.is_multiple_of(ALIGNMENT) {
         return Err(format!(
             "offset {} is not a multiple of {ALIGNMENT}",
             t.offset

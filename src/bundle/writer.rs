@@ -307,7 +307,7 @@ fn pack_ternary(
 ) -> Result<(Vec<u32>, Vec<u16>), BundleError> {
     let k = t.row_len();
     let n = t.n_rows();
-    if k % BLOCK as u64 != 0 {
+    if !k.is_multiple_of(BLOCK as u64) {
         return Err(BundleError::KNotMultiple {
             file: file.path().to_path_buf(),
             tensor: t.name.clone(),

@@ -137,7 +137,7 @@ fn check_len(ty: GgmlType, src: &[u8], dst: &[f32]) -> Result<usize, DequantErro
     }
     let (bs, ts) = (ty.block_size(), ty.type_size());
     let n_blocks = src.len() / ts;
-    if src.len() % ts != 0 || n_blocks.checked_mul(bs) != Some(dst.len()) {
+    if !src.len().is_multiple_of(ts) || n_blocks.checked_mul(bs) != Some(dst.len()) {
         return Err(DequantError::Length {
             ty,
             src_len: src.len(),

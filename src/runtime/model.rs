@@ -254,7 +254,7 @@ impl Model {
             layers.push(l);
         }
         let rope = &cfg.rope;
-        if rope.dimension_count > hd || rope.dimension_count % 2 != 0 {
+        if rope.dimension_count > hd || !rope.dimension_count.is_multiple_of(2) {
             return Err(RuntimeError::Shape {
                 tensor: "rope".into(),
                 detail: format!(
