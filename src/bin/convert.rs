@@ -141,9 +141,12 @@ enum Command {
         /// Repetitions; the best is reported.
         #[arg(long, default_value_t = 1)]
         repeats: usize,
-        /// Ternary matvec kernel (see `run --help`).
+        /// Matvec kernel (see `run --help`).
         #[arg(long, value_enum, default_value_t = KernelArg::F32)]
         kernel: KernelArg,
+        /// KV cache element type (see `run --help`).
+        #[arg(long, value_enum, default_value_t = KvArg::F16)]
+        kv_cache: KvArg,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -234,6 +237,21 @@ impl From<KernelArg> for lowbit::runtime::matvec::Kernel {
         match k {
             KernelArg::F32 => lowbit::runtime::matvec::Kernel::F32,
             KernelArg::Int8 => lowbit::runtime::matvec::Kernel::Int8,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum KvArg {
+    F16,
+    F32,
+}
+
+impl From<KvArg> for lowbit::runtime::cpu::KvType {
+    fn from(k: KvArg) -> Self {
+        match k {
+            KvArg::F16 => lowbit::runtime::cpu::KvType::F16,
+            KvArg::F32 => lowbit::runtime::cpu::KvType::F32,
         }
     }
 }
@@ -495,8 +513,17 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             gen_tokens,
             repeats,
             kernel,
+            kv_cache,
             json,
-        } => bench_cmd(bundle, prompt_tokens, gen_tokens, repeats, kernel, json),
+        } => bench_cmd(
+            bundle,
+            prompt_tokens,
+            gen_tokens,
+            repeats,
+            kernel,
+            kv_cache,
+            json,
+        ),
         Command::Verify {
             bundle,
             source,
@@ -545,6 +572,7 @@ fn bench_cmd(
     gen_tokens: usize,
     repeats: usize,
     kernel: KernelArg,
+    kv_cache: KvArg,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     use lowbit::runtime::{self, Backend, Sampler, SamplerConfig};
@@ -552,6 +580,7 @@ fn bench_cmd(
     let mut be =
         runtime::load_cpu(&bundle).with_context(|| format!("load {}", bundle.display()))?;
     be.set_kernel(kernel.into());
+    be.set_kv_type(kv_cache.into());
     let load_s = t_load.elapsed().as_secs_f64();
     let n_vocab = be.n_vocab() as u32;
     // A fixed, deterministic prompt: token ids spread over the vocabulary.
@@ -585,6 +614,7 @@ fn bench_cmd(
         "architecture": m.cfg.architecture,
         "backend": be.name(),
         "kernel": format!("{:?}", be.kernel()),
+        "kv_cache": format!("{:?}", be.kv_type()),
         "threads": threads,
         "prompt_tokens": st.prompt_tokens,
         "gen_tokens": st.generated,
@@ -640,10 +670,18 @@ struct RunArgs {
     /// Backend: cpu.
     #[arg(long, default_value = "cpu")]
     backend: String,
-    /// Ternary matvec kernel: f32 activations (the reference) or int8 activations (faster,
-    /// with llama.cpp-like rounding).
+    /// Matvec kernel: f32 activations (the reference) or int8 activations for ternary,
+    /// Q8_0, Q4_0, Q4_1, Q4_K and Q6_K weights (faster, with llama.cpp-like rounding).
     #[arg(long, value_enum, default_value_t = KernelArg::F32)]
     kernel: KernelArg,
+    /// KV cache element type: f16 (the bundle's state type) or f32 (no rounding of K and V;
+    /// twice the memory).
+    #[arg(long, value_enum, default_value_t = KvArg::F16)]
+    kv_cache: KvArg,
+    /// Never pick an end-of-generation token and keep generating to --max-tokens (as
+    /// llama.cpp's --ignore-eos: their logits count as -inf).
+    #[arg(long)]
+    ignore_eos: bool,
     /// Print the generated token ids to stderr at the end.
     #[arg(long)]
     print_ids: bool,
@@ -735,18 +773,24 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(2));
     }
+    let t_load = std::time::Instant::now();
+    let mut be =
+        runtime::load_cpu(&a.bundle).with_context(|| format!("load {}", a.bundle.display()))?;
+    be.set_kernel(a.kernel.into());
+    be.set_kv_type(a.kv_cache.into());
+    let load_s = t_load.elapsed().as_secs_f64();
+    let tok = lowbit::tokenizer::Tokenizer::from_bundle_dir(&a.bundle).ok();
+    let banned = match (&tok, a.ignore_eos) {
+        (Some(k), true) => k.eog_ids().collect(),
+        _ => Vec::new(),
+    };
     let mut sampler = Sampler::new(SamplerConfig {
         temperature: a.sample.temperature,
         top_k: a.sample.top_k,
         top_p: a.sample.top_p,
         seed: a.sample.seed,
+        banned,
     })?;
-    let t_load = std::time::Instant::now();
-    let mut be =
-        runtime::load_cpu(&a.bundle).with_context(|| format!("load {}", a.bundle.display()))?;
-    be.set_kernel(a.kernel.into());
-    let load_s = t_load.elapsed().as_secs_f64();
-    let tok = lowbit::tokenizer::Tokenizer::from_bundle_dir(&a.bundle).ok();
     let ids: Vec<u32> = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), _) => ids.clone(),
         (None, Some(text)) => {
@@ -784,7 +828,7 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
         }
         std::fs::write(p, bytes).with_context(|| format!("write {}", p.display()))?;
     }
-    let stop = |t: u32| tok.as_ref().map(|k| k.is_eog(t)).unwrap_or(false);
+    let stop = |t: u32| !a.ignore_eos && tok.as_ref().map(|k| k.is_eog(t)).unwrap_or(false);
     let mut out = std::io::stdout().lock();
     let mut pending: Vec<u8> = Vec::new();
     let mut emit = |t: u32| {

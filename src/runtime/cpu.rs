@@ -1,4 +1,5 @@
-//! The CPU reference backend: one token per step, f32 activations, f16 KV cache.
+//! The CPU reference backend: one token per step, f32 activations (or int8 with
+//! `Kernel::Int8`), f16 KV cache (or f32 with [`KvType::F32`]).
 //!
 //! The forward pass follows llama.cpp's graphs (`src/models/llama.cpp`, `granite.cpp`, which
 //! MiniCPM reuses, at build b11434):
@@ -26,21 +27,135 @@ use super::matvec::{self, dot};
 use super::model::{Arch, Model};
 use super::{Backend, RuntimeError};
 
+/// Element type of the KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KvType {
+    /// float16, the bundle contract's state type (what a GPU backend stores).
+    #[default]
+    F16,
+    /// float32: no rounding of K and V (a reference setting, as llama.cpp's `-ctk f32 -ctv f32`).
+    F32,
+}
+
+/// One KV cache element type.
+trait KvElem: Copy + Default + Send + Sync {
+    fn store(v: f32) -> Self;
+    /// Widens `src` into `dst` (same length).
+    fn widen(src: &[Self], dst: &mut [f32]);
+}
+
+crate::multiversion! {
+    /// f16 bits to f32, exactly (vectorized).
+    fn widen_f16(src: &[u16], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = crate::quant::f16_bits_to_f32(*s);
+        }
+    }
+}
+
+crate::multiversion! {
+    /// `out += p * v` element by element.
+    fn axpy(p: f32, v: &[f32], out: &mut [f32]) {
+        for (o, x) in out.iter_mut().zip(v) {
+            *o += p * x;
+        }
+    }
+}
+
+impl KvElem for u16 {
+    #[inline(always)]
+    fn store(v: f32) -> u16 {
+        half::f16::from_f32(v).to_bits()
+    }
+    fn widen(src: &[u16], dst: &mut [f32]) {
+        widen_f16(src, dst)
+    }
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    fn store(v: f32) -> f32 {
+        v
+    }
+    fn widen(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src)
+    }
+}
+
+/// K and V, each `[n_layer][n_head_kv][n_ctx][head_dim]`.
+enum KvStore {
+    F16 { k: Vec<u16>, v: Vec<u16> },
+    F32 { k: Vec<f32>, v: Vec<f32> },
+}
+
+/// Geometry of one layer's attention at one position.
+struct AttnShape {
+    layer_base: usize,
+    nctx: usize,
+    hd: usize,
+    group: usize,
+    pos: usize,
+    kq_scale: f32,
+}
+
+/// Writes this position's K and V rows, then attends every head over positions `0..=pos`:
+/// `softmax(q k^T * kq_scale) v`, the max subtracted first, the normalizer summed in f64.
+fn attend<T: KvElem>(
+    kc: &mut [T],
+    vc: &mut [T],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+    sh: &AttnShape,
+) {
+    let (hd, nctx, pos) = (sh.hd, sh.nctx, sh.pos);
+    for kh in 0..k.len() / hd {
+        let at = sh.layer_base + (kh * nctx + pos) * hd;
+        for d in 0..hd {
+            kc[at + d] = T::store(k[kh * hd + d]);
+            vc[at + d] = T::store(v[kh * hd + d]);
+        }
+    }
+    let (kc, vc) = (&*kc, &*vc);
+    out.par_chunks_mut(hd).enumerate().for_each(|(head, out)| {
+        let kh = head / sh.group;
+        let qh = &q[head * hd..(head + 1) * hd];
+        let base = sh.layer_base + kh * nctx * hd;
+        let n = pos + 1;
+        // This head's keys and values for positions 0..=pos, widened once.
+        let mut rows = vec![0f32; n * hd];
+        T::widen(&kc[base..base + n * hd], &mut rows);
+        let mut scores: Vec<f32> = rows
+            .chunks_exact(hd)
+            .map(|kt| dot(qh, kt) * sh.kq_scale)
+            .collect();
+        let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f64;
+        for s in scores.iter_mut() {
+            *s = (*s - m).exp();
+            sum += *s as f64;
+        }
+        let inv = (1.0 / sum) as f32;
+        out.iter_mut().for_each(|o| *o = 0.0);
+        T::widen(&vc[base..base + n * hd], &mut rows);
+        for (vt, s) in rows.chunks_exact(hd).zip(&scores) {
+            axpy(s * inv, vt, out);
+        }
+    });
+}
+
 /// KV cache and scratch buffers of one decode session.
 pub struct CpuBackend {
     pub model: Model,
-    /// `[n_layer][n_head_kv][n_ctx][head_dim]` as f16 bits.
-    k_cache: Vec<u16>,
-    v_cache: Vec<u16>,
+    kv: KvStore,
     /// The next position expected (positions are contiguous from 0).
     next_pos: usize,
     logits: Vec<f32>,
     norms: Vec<(Vec<f32>, Vec<f32>)>,
     output_norm: Vec<f32>,
-    /// Ternary kernel: f32 activations (reference) or int8; set with [`CpuBackend::set_kernel`].
+    /// Matvec kernel: f32 activations (reference) or int8; set with [`CpuBackend::set_kernel`].
     kernel: matvec::Kernel,
-    /// Ternary weights repacked for the int8 kernel, by tensor name.
-    repacked: std::collections::HashMap<String, Vec<u8>>,
 }
 
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -92,64 +207,64 @@ impl CpuBackend {
             .collect();
         let output_norm = model.output_norm.vector(&model.bundle);
         CpuBackend {
-            k_cache: vec![0; n],
-            v_cache: vec![0; n],
+            kv: KvStore::F16 {
+                k: vec![0; n],
+                v: vec![0; n],
+            },
             next_pos: 0,
             logits: vec![0f32; c.n_vocab as usize],
             norms,
             output_norm,
             model,
             kernel: matvec::Kernel::F32,
-            repacked: Default::default(),
         }
     }
 
-    /// The ternary kernel in use.
+    /// The matvec kernel in use.
     pub fn kernel(&self) -> matvec::Kernel {
         self.kernel
     }
 
-    /// Chooses the ternary kernel. The int8 kernel repacks every ternary linear weight once
-    /// into a layout where one shift unpacks 32 codes, and releases the bundle pages it read, so
-    /// memory stays at about the weights' size.
+    /// Chooses the matvec kernel (f32 activations, the reference, or int8).
     pub fn set_kernel(&mut self, k: matvec::Kernel) {
         self.kernel = k;
-        self.repacked.clear();
-        if k != matvec::Kernel::Int8 {
-            return;
-        }
-        let mut ws: Vec<&super::model::Weight> = Vec::new();
-        for l in &self.model.layers {
-            ws.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
-        }
-        for w in ws {
-            if let matvec::WeightData::Ternary { words, .. } = w.data(&self.model.bundle) {
-                self.repacked
-                    .insert(w.name.clone(), matvec::repack_ternary(words));
-                if let Some(t) = self.model.bundle.tensor(&w.name) {
-                    self.model.bundle.release(t);
-                }
-            }
-        }
-    }
-
-    /// A weight's data: the repacked copy when the int8 kernel made one.
-    fn wdata<'a>(&'a self, w: &super::model::Weight) -> matvec::WeightData<'a> {
-        match (self.repacked.get(&w.name), w.data(&self.model.bundle)) {
-            (Some(qs), matvec::WeightData::Ternary { scales, .. }) => {
-                matvec::WeightData::TernaryQs { qs, scales }
-            }
-            (_, d) => d,
-        }
     }
 
     fn mvw(&self, w: &super::model::Weight, x: &[f32], y: &mut [f32]) {
-        matvec::matvec_with(self.kernel, self.wdata(w), w.cols, x, y);
+        matvec::matvec_with(self.kernel, w.data(&self.model.bundle), w.cols, x, y);
+    }
+
+    /// Chooses the KV cache's element type (f16 by default); the sequence restarts.
+    pub fn set_kv_type(&mut self, t: KvType) {
+        let c = &self.model.cfg;
+        let n = (c.n_layer * c.n_head_kv * c.n_ctx * c.head_dim) as usize;
+        self.kv = match t {
+            KvType::F16 => KvStore::F16 {
+                k: vec![0; n],
+                v: vec![0; n],
+            },
+            KvType::F32 => KvStore::F32 {
+                k: vec![0.0; n],
+                v: vec![0.0; n],
+            },
+        };
+        self.next_pos = 0;
+    }
+
+    /// The KV cache's element type.
+    pub fn kv_type(&self) -> KvType {
+        match self.kv {
+            KvStore::F16 { .. } => KvType::F16,
+            KvStore::F32 { .. } => KvType::F32,
+        }
     }
 
     /// Bytes held by the KV cache.
     pub fn kv_bytes(&self) -> u64 {
-        (self.k_cache.len() + self.v_cache.len()) as u64 * 2
+        match &self.kv {
+            KvStore::F16 { k, v } => (k.len() + v.len()) as u64 * 2,
+            KvStore::F32 { k, v } => (k.len() + v.len()) as u64 * 4,
+        }
     }
 
     /// Rotates adjacent pairs of the first `n_rot` dims of each head in place.
@@ -203,6 +318,21 @@ impl Backend for CpuBackend {
     }
 
     fn step(&mut self, token: u32, pos: usize) -> Result<&[f32], RuntimeError> {
+        // The step runs on a worker of the rayon pool, so that its parallel loops split work
+        // among the workers directly instead of each one being handed over from (and waking)
+        // a thread outside the pool: one hand-over per token instead of one per matvec.
+        if rayon::current_thread_index().is_none() {
+            rayon::scope(|_| self.forward(token, pos))?;
+        } else {
+            self.forward(token, pos)?;
+        }
+        Ok(&self.logits)
+    }
+}
+
+impl CpuBackend {
+    /// One decode step (see [`Backend::step`]); the logits are left in `self.logits`.
+    fn forward(&mut self, token: u32, pos: usize) -> Result<(), RuntimeError> {
         let c = self.model.cfg.clone();
         if token as u64 >= c.n_vocab {
             return Err(RuntimeError::TokenOutOfRange {
@@ -265,44 +395,18 @@ impl Backend for CpuBackend {
             self.rope(&mut k, nkv, pos);
             trace("Qcur_rope", il, &q);
             trace("Kcur_rope", il, &k);
-            let layer_base = il * nkv * nctx * hd;
-            for kh in 0..nkv {
-                let at = layer_base + (kh * nctx + pos) * hd;
-                for d in 0..hd {
-                    self.k_cache[at + d] = half::f16::from_f32(k[kh * hd + d]).to_bits();
-                    self.v_cache[at + d] = half::f16::from_f32(v[kh * hd + d]).to_bits();
-                }
+            let sh = AttnShape {
+                layer_base: il * nkv * nctx * hd,
+                nctx,
+                hd,
+                group,
+                pos,
+                kq_scale,
+            };
+            match &mut self.kv {
+                KvStore::F16 { k: kc, v: vc } => attend(kc, vc, &q, &k, &v, &mut attn, &sh),
+                KvStore::F32 { k: kc, v: vc } => attend(kc, vc, &q, &k, &v, &mut attn, &sh),
             }
-            let (kc, vc) = (&self.k_cache, &self.v_cache);
-            attn.par_chunks_mut(hd).enumerate().for_each(|(head, out)| {
-                let kh = head / group;
-                let qh = &q[head * hd..(head + 1) * hd];
-                let base = layer_base + kh * nctx * hd;
-                let mut scores = Vec::with_capacity(pos + 1);
-                let mut kt = vec![0f32; hd];
-                for t in 0..=pos {
-                    let row = &kc[base + t * hd..base + (t + 1) * hd];
-                    for (a, b) in kt.iter_mut().zip(row) {
-                        *a = half::f16::from_bits(*b).to_f32();
-                    }
-                    scores.push(dot(qh, &kt) * kq_scale);
-                }
-                let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0f64;
-                for s in scores.iter_mut() {
-                    *s = (*s - m).exp();
-                    sum += *s as f64;
-                }
-                let inv = (1.0 / sum) as f32;
-                out.iter_mut().for_each(|o| *o = 0.0);
-                for (t, s) in scores.iter().enumerate() {
-                    let p = s * inv;
-                    let row = &vc[base + t * hd..base + (t + 1) * hd];
-                    for (a, b) in out.iter_mut().zip(row) {
-                        *a += p * half::f16::from_bits(*b).to_f32();
-                    }
-                }
-            });
             trace("kqv_out", il, &attn);
             self.mvw(&layer.wo, &attn, &mut o);
             trace("attn_out", il, &o);
@@ -333,6 +437,6 @@ impl Backend for CpuBackend {
         }
         self.logits = logits;
         self.next_pos = pos + 1;
-        Ok(&self.logits)
+        Ok(())
     }
 }

@@ -11,6 +11,7 @@
 pub mod cpu;
 pub mod matvec;
 pub mod model;
+pub mod q8;
 pub mod validate;
 
 use std::path::Path;
@@ -83,6 +84,9 @@ pub struct SamplerConfig {
     /// Keep the smallest set whose probability reaches `top_p` (1: all).
     pub top_p: f32,
     pub seed: u64,
+    /// Token ids never sampled (their logits count as -inf), as llama.cpp's `--ignore-eos`
+    /// bans the end-of-generation ids.
+    pub banned: Vec<u32>,
 }
 
 impl Default for SamplerConfig {
@@ -92,6 +96,7 @@ impl Default for SamplerConfig {
             top_k: 40,
             top_p: 0.95,
             seed: 0,
+            banned: Vec::new(),
         }
     }
 }
@@ -130,6 +135,19 @@ impl Sampler {
     }
 
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let masked;
+        let logits = if self.cfg.banned.is_empty() {
+            logits
+        } else {
+            let mut m = logits.to_vec();
+            for &t in &self.cfg.banned {
+                if let Some(v) = m.get_mut(t as usize) {
+                    *v = f32::NEG_INFINITY;
+                }
+            }
+            masked = m;
+            &masked
+        };
         if self.cfg.temperature == 0.0 {
             return argmax(logits) as u32;
         }

@@ -1,0 +1,896 @@
+//! Integer matrix-vector kernels (`--kernel int8`): the activations are quantized to int8 once
+//! per input vector, each weight block's dot product with them is computed exactly in
+//! integers, and the blocks' f32 terms are summed in one fixed order. As llama.cpp's CPU
+//! backend does (`ggml/src/ggml-cpu/arch/x86/quants.c`, `ggml_vec_dot_*_q8_*`), with our own
+//! activation format and summation order.
+//!
+//! Activations ([`QAct`]): per block of `B` values (32 for the legacy 32-element types, 256 for
+//! the k-quants and ternary), `d = max|x| / 127`, `q = round(x * (1 / d))` (half away from
+//! zero, clamped to ±127), `d = 0` for an all-zero block; `x[k] ~= d[k / B] * q[k]`. Also the
+//! sum of `q` over every 16 values.
+//!
+//! Block terms, with `dw`, `mw` the block's f16 scale and min widened to f32, `da` the
+//! activation scale, `isum` an exact integer dot product over the block:
+//!
+//! ```text
+//! ternary (256)   (dw * da) * f32(sum c*q - sum q)                  c in {0, 1, 2}
+//! Q8_0 (32)       (dw * da) * f32(sum w*q)
+//! Q4_0 (32)       (dw * da) * f32(sum w*q - 8 sum q)                w in 0..16
+//! Q4_1 (32)       (dw * da) * f32(sum w*q) + (mw * da) * f32(sum q)
+//! Q4_K (256)      (d * da) * f32(sum_j sc_j sum_{32} w*q) - (dmin * da) * f32(sum_j m_j sum_{32} q)
+//! Q6_K (256)      (d * da) * f32(sum_j sc_j (sum_{16} w*q - 32 sum_{16} q))   w in 0..64
+//! ```
+//!
+//! A row's result: block `b`'s term is added to lane `b % 8` of eight f32 accumulators (blocks
+//! in order), then `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`. Every f32 operation is a
+//! separate multiply or add (no fused multiply-add), so the portable path, the AVX2 path and
+//! the AVX-512 VNNI path give the same bits; the tests compare them.
+//!
+//! The integer sums cannot overflow: `maddubs` pairs stay below 2^15 (|w| <= 128, |q| <= 127,
+//! two products; Q6_K 63 * 127 * 2), block sums below 2^31.
+
+use crate::ggml::GgmlType;
+use crate::quant::f16_bits_to_f32;
+
+/// Activations quantized per block of `block` values.
+#[derive(Clone, Debug)]
+pub struct QAct {
+    pub block: usize,
+    pub q: Vec<i8>,
+    pub d: Vec<f32>,
+    /// Sum of `q` over each block.
+    pub sum: Vec<i32>,
+    /// Sum of `q` over every 16 values.
+    pub sum16: Vec<i32>,
+}
+
+/// Quantizes `x` (a multiple of `block` long; `block` a multiple of 16) per block.
+pub fn quantize(x: &[f32], block: usize) -> QAct {
+    debug_assert!(block.is_multiple_of(16) && x.len().is_multiple_of(block));
+    let nb = x.len() / block;
+    let mut a = QAct {
+        block,
+        q: vec![0; x.len()],
+        d: vec![0.0; nb],
+        sum: vec![0; nb],
+        sum16: vec![0; x.len() / 16],
+    };
+    for (b, xb) in x.chunks_exact(block).enumerate() {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        if amax == 0.0 {
+            continue;
+        }
+        let d = amax / 127.0;
+        let id = 1.0 / d;
+        for (q, v) in a.q[b * block..(b + 1) * block].iter_mut().zip(xb) {
+            *q = (v * id).round().clamp(-127.0, 127.0) as i8;
+        }
+        a.d[b] = d;
+    }
+    for (s, q) in a.sum16.iter_mut().zip(a.q.chunks_exact(16)) {
+        *s = q.iter().map(|&v| v as i32).sum();
+    }
+    let per = block / 16;
+    for (s, c) in a.sum.iter_mut().zip(a.sum16.chunks_exact(per)) {
+        *s = c.iter().sum();
+    }
+    a
+}
+
+/// Weight types the integer kernels take, and the activation block each needs.
+pub fn act_block(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => Some(32),
+        GgmlType::Q4_K | GgmlType::Q6_K => Some(256),
+        _ => None,
+    }
+}
+
+/// The fixed final sum of the eight lane accumulators.
+#[inline(always)]
+fn lanes_sum(l: &[f32; 8]) -> f32 {
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+}
+
+#[inline(always)]
+fn f16_at(b: &[u8], off: usize) -> f32 {
+    f16_bits_to_f32(u16::from_le_bytes([b[off], b[off + 1]]))
+}
+
+/// Which implementation runs (detected once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Portable,
+    Avx2,
+    /// AVX2 plus AVX-512 VNNI on 256-bit vectors (`vpdpbusd`).
+    Avx512Vnni,
+}
+
+/// The best implementation this CPU runs. `LOWBIT_ISA=portable|avx2` caps it (for tests and
+/// comparisons); every choice gives the same bits.
+pub fn detect() -> Isa {
+    static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+    *ISA.get_or_init(|| {
+        let cap = std::env::var("LOWBIT_ISA").unwrap_or_default();
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c");
+            let vnni = avx2
+                && std::is_x86_feature_detected!("avx512vnni")
+                && std::is_x86_feature_detected!("avx512vl");
+            match cap.as_str() {
+                "portable" => return Isa::Portable,
+                "avx2" if avx2 => return Isa::Avx2,
+                _ if vnni => return Isa::Avx512Vnni,
+                _ if avx2 => return Isa::Avx2,
+                _ => {}
+            }
+        }
+        let _ = cap;
+        Isa::Portable
+    })
+}
+
+/// Rows `r0 .. r0 + ys.len()` of a GGML matrix of type `ty` (`rb` bytes per row) with
+/// activations `a` ([`act_block`] of `ty`).
+pub fn gguf_rows(
+    isa: Isa,
+    ty: GgmlType,
+    bytes: &[u8],
+    rb: usize,
+    a: &QAct,
+    ys: &mut [f32],
+    r0: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match isa {
+            // SAFETY: the features were detected by `detect` (callers pass its result).
+            Isa::Avx512Vnni => return unsafe { x86::gguf_rows_vnni(ty, bytes, rb, a, ys, r0) },
+            Isa::Avx2 => return unsafe { x86::gguf_rows_avx2(ty, bytes, rb, a, ys, r0) },
+            Isa::Portable => {}
+        }
+    }
+    let _ = isa;
+    for (i, y) in ys.iter_mut().enumerate() {
+        let row = &bytes[(r0 + i) * rb..(r0 + i + 1) * rb];
+        *y = portable::row(ty, row, a);
+    }
+}
+
+/// Activations permuted for the bundle's ternary words ([`ternary_rows`]): within each
+/// 128-element half `h` of a 256-block, `p[h*128 + u*32 + i] = q[h*128 + 4i + u]`. Byte `i` of a
+/// half's 32 code bytes holds elements `4i + u` in bits `2u..2u+2`, so one shift and one mask
+/// give 32 codes in the order of 32 consecutive permuted activations.
+pub fn permute_for_ternary(a: &QAct) -> Vec<i8> {
+    let mut p = vec![0i8; a.q.len()];
+    for (ph, qh) in p.chunks_exact_mut(128).zip(a.q.chunks_exact(128)) {
+        for u in 0..4 {
+            for i in 0..32 {
+                ph[u * 32 + i] = qh[4 * i + u];
+            }
+        }
+    }
+    p
+}
+
+/// Rows `r0 .. r0 + ys.len()` of a ternary matrix in the bundle's layout (per row `cols / 16`
+/// little-endian u32 words, element `16w + j` in bits `2j..2j+2` of word `w`; `cols / 256` f16
+/// scales) with 256-block activations `a` and their permutation `p`
+/// ([`permute_for_ternary`]). Term of block `b`: `(dw * da) * f32(sum c*q - sum q)`.
+#[allow(clippy::too_many_arguments)]
+pub fn ternary_rows(
+    isa: Isa,
+    words: &[u32],
+    scales: &[u16],
+    cols: usize,
+    a: &QAct,
+    p: &[i8],
+    ys: &mut [f32],
+    r0: usize,
+) {
+    let codes: &[u8] = bytemuck::cast_slice(words);
+    #[cfg(target_arch = "x86_64")]
+    {
+        match isa {
+            // SAFETY: the features were detected by `detect`.
+            Isa::Avx512Vnni => {
+                return unsafe { x86::ternary_rows_vnni(codes, scales, cols, a, p, ys, r0) }
+            }
+            Isa::Avx2 => {
+                return unsafe { x86::ternary_rows_avx2(codes, scales, cols, a, p, ys, r0) }
+            }
+            Isa::Portable => {}
+        }
+    }
+    let _ = (isa, p);
+    let (bpr, spr) = (cols / 4, cols / 256);
+    for (i, y) in ys.iter_mut().enumerate() {
+        let r = r0 + i;
+        let mut acc = [0f32; 8];
+        for b in 0..spr {
+            let bq = &codes[r * bpr + b * 64..r * bpr + b * 64 + 64];
+            let aq = &a.q[b * 256..b * 256 + 256];
+            let mut isum = 0i32;
+            for (e, &q) in aq.iter().enumerate() {
+                isum += ((bq[e / 4] >> (2 * (e % 4))) & 3) as i32 * q as i32;
+            }
+            let dw = f16_bits_to_f32(scales[r * spr + b]);
+            acc[b % 8] += (dw * a.d[b]) * (isum - a.sum[b]) as f32;
+        }
+        *y = lanes_sum(&acc);
+    }
+}
+
+/// The term of a 32-element block (Q8_0, Q4_0, Q4_1) from its exact `sum w*q`.
+#[inline(always)]
+fn term32(ty: GgmlType, blk: &[u8], a: &QAct, b: usize, isum: i32) -> f32 {
+    let da = a.d[b];
+    match ty {
+        GgmlType::Q4_0 => (f16_at(blk, 0) * da) * (isum - 8 * a.sum[b]) as f32,
+        GgmlType::Q4_1 => {
+            (f16_at(blk, 0) * da) * isum as f32 + (f16_at(blk, 2) * da) * a.sum[b] as f32
+        }
+        _ => (f16_at(blk, 0) * da) * isum as f32,
+    }
+}
+
+/// The definitions, one block at a time (the reference the SIMD paths are held to).
+pub mod portable {
+    use super::*;
+
+    /// One row of `ty` (whole blocks) against `a`.
+    pub fn row(ty: GgmlType, row: &[u8], a: &QAct) -> f32 {
+        let mut acc = [0f32; 8];
+        let ts = ty.type_size();
+        for (b, blk) in row.chunks_exact(ts).enumerate() {
+            acc[b % 8] += term(ty, blk, a, b);
+        }
+        lanes_sum(&acc)
+    }
+
+    /// Block `b`'s term.
+    #[inline(always)]
+    pub fn term(ty: GgmlType, blk: &[u8], a: &QAct, b: usize) -> f32 {
+        let da = a.d[b];
+        match ty {
+            GgmlType::Q8_0 => {
+                let q = &a.q[b * 32..b * 32 + 32];
+                let isum: i32 = blk[2..34]
+                    .iter()
+                    .zip(q)
+                    .map(|(&w, &x)| (w as i8) as i32 * x as i32)
+                    .sum();
+                term32(ty, blk, a, b, isum)
+            }
+            GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                let off = if ty == GgmlType::Q4_1 { 4 } else { 2 };
+                let q = &a.q[b * 32..b * 32 + 32];
+                let mut isum = 0i32;
+                for j in 0..16 {
+                    let w = blk[off + j];
+                    isum += (w & 0x0F) as i32 * q[j] as i32 + (w >> 4) as i32 * q[j + 16] as i32;
+                }
+                term32(ty, blk, a, b, isum)
+            }
+            GgmlType::Q4_K => {
+                let sc: &[u8; 12] = blk[4..16].try_into().expect("12 bytes");
+                let (sc, mn) = crate::quant::kquants::get_scale_min_k4(sc);
+                let qs = &blk[16..144];
+                let q = &a.q[b * 256..b * 256 + 256];
+                let (mut s1, mut s2) = (0i32, 0i32);
+                for c in 0..4 {
+                    let (mut lo, mut hi) = (0i32, 0i32);
+                    for l in 0..32 {
+                        let w = qs[c * 32 + l];
+                        lo += (w & 0x0F) as i32 * q[c * 64 + l] as i32;
+                        hi += (w >> 4) as i32 * q[c * 64 + 32 + l] as i32;
+                    }
+                    s1 += sc[2 * c] as i32 * lo + sc[2 * c + 1] as i32 * hi;
+                }
+                for (j, &m) in mn.iter().enumerate() {
+                    let s32 = a.sum16[b * 16 + 2 * j] + a.sum16[b * 16 + 2 * j + 1];
+                    s2 += m as i32 * s32;
+                }
+                (f16_at(blk, 0) * da) * s1 as f32 - (f16_at(blk, 2) * da) * s2 as f32
+            }
+            GgmlType::Q6_K => {
+                let (ql, qh, sc) = (&blk[0..128], &blk[128..192], &blk[192..208]);
+                let q = &a.q[b * 256..b * 256 + 256];
+                let mut isum = 0i32;
+                for h in 0..2 {
+                    for s in 0..4 {
+                        let lq = &ql[h * 64 + (s % 2) * 32..h * 64 + (s % 2) * 32 + 32];
+                        let shift = 4 * (s / 2);
+                        for half in 0..2 {
+                            let mut p = 0i32;
+                            for l in half * 16..half * 16 + 16 {
+                                let w = ((lq[l] >> shift) & 0x0F)
+                                    | (((qh[h * 32 + l] >> (2 * s)) & 3) << 4);
+                                p += w as i32 * q[h * 128 + s * 32 + l] as i32;
+                            }
+                            let j = h * 8 + s * 2 + half;
+                            isum += (sc[j] as i8) as i32 * (p - 32 * a.sum16[b * 16 + j]);
+                        }
+                    }
+                }
+                (f16_at(blk, 208) * da) * isum as f32
+            }
+            _ => unreachable!("act_block() admits only the types above"),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// `u8 x i8` products of 32 bytes, summed in four-byte groups into 8 i32 lanes.
+    #[inline(always)]
+    unsafe fn dot<const VNNI: bool>(u: __m256i, s: __m256i) -> __m256i {
+        dot_acc::<VNNI>(_mm256_setzero_si256(), u, s)
+    }
+
+    /// `acc +` [`dot`]`(u, s)`.
+    #[inline(always)]
+    unsafe fn dot_acc<const VNNI: bool>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        if VNNI {
+            _mm256_dpbusd_epi32(acc, u, s)
+        } else {
+            _mm256_add_epi32(
+                acc,
+                _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)),
+            )
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn hsum_i32(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+        _mm_cvtsi128_si32(s)
+    }
+
+    /// The eight lanes' sums of eight vectors, as one vector `[sum v0, ..., sum v7]`.
+    #[inline(always)]
+    unsafe fn hsum8(v: &[__m256i; 8]) -> __m256i {
+        let h01 = _mm256_hadd_epi32(v[0], v[1]);
+        let h23 = _mm256_hadd_epi32(v[2], v[3]);
+        let h45 = _mm256_hadd_epi32(v[4], v[5]);
+        let h67 = _mm256_hadd_epi32(v[6], v[7]);
+        let t0 = _mm256_hadd_epi32(h01, h23);
+        let t1 = _mm256_hadd_epi32(h45, h67);
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256(t0, t1, 0x20),
+            _mm256_permute2x128_si256(t0, t1, 0x31),
+        )
+    }
+
+    #[inline(always)]
+    unsafe fn load(p: &[u8], off: usize) -> __m256i {
+        debug_assert!(off + 32 <= p.len());
+        _mm256_loadu_si256(p.as_ptr().add(off) as *const __m256i)
+    }
+
+    #[inline(always)]
+    unsafe fn load_q(a: &QAct, off: usize) -> __m256i {
+        debug_assert!(off + 32 <= a.q.len());
+        _mm256_loadu_si256(a.q.as_ptr().add(off) as *const __m256i)
+    }
+
+    /// The 32 weights of a Q4_0/Q4_1 block as bytes 0..16 in element order.
+    #[inline(always)]
+    unsafe fn q4_weights(blk: &[u8], off: usize) -> __m256i {
+        let v = _mm_loadu_si128(blk.as_ptr().add(off) as *const __m128i);
+        let m = _mm_set1_epi8(0x0F);
+        let lo = _mm_and_si128(v, m);
+        let hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+        _mm256_set_m128i(hi, lo)
+    }
+
+    /// Exact integer dot product of a 32-element block with its activations (Q8_0: signed
+    /// weights through the sign trick; Q4_x: unsigned nibbles).
+    #[inline(always)]
+    unsafe fn block32<const VNNI: bool>(ty: GgmlType, blk: &[u8], a: &QAct, b: usize) -> __m256i {
+        let q = load_q(a, b * 32);
+        match ty {
+            GgmlType::Q8_0 => {
+                let w = load(blk, 2);
+                dot::<VNNI>(_mm256_abs_epi8(w), _mm256_sign_epi8(q, w))
+            }
+            GgmlType::Q4_0 => dot::<VNNI>(q4_weights(blk, 2), q),
+            _ => dot::<VNNI>(q4_weights(blk, 4), q),
+        }
+    }
+
+    /// Rows of a 32-element-block type: eight blocks at a time, their exact sums reduced into
+    /// one vector, the terms computed as eight lanes (lane j holds block 8i + j).
+    #[inline(always)]
+    unsafe fn rows32<const VNNI: bool>(
+        ty: GgmlType,
+        bytes: &[u8],
+        rb: usize,
+        a: &QAct,
+        ys: &mut [f32],
+        r0: usize,
+    ) {
+        let ts = ty.type_size();
+        let nb = rb / ts;
+        let n8 = nb / 8 * 8;
+        for (i, y) in ys.iter_mut().enumerate() {
+            let row = &bytes[(r0 + i) * rb..(r0 + i + 1) * rb];
+            let mut acc = _mm256_setzero_ps();
+            let mut b = 0;
+            while b < n8 {
+                let mut v = [_mm256_setzero_si256(); 8];
+                let mut dw = [0u16; 8];
+                let mut mw = [0u16; 8];
+                for j in 0..8 {
+                    let blk = &row[(b + j) * ts..(b + j + 1) * ts];
+                    v[j] = block32::<VNNI>(ty, blk, a, b + j);
+                    dw[j] = u16::from_le_bytes([blk[0], blk[1]]);
+                    mw[j] = u16::from_le_bytes([blk[2], blk[3]]);
+                }
+                let mut isum = hsum8(&v);
+                let da = _mm256_loadu_ps(a.d.as_ptr().add(b));
+                let asum = _mm256_loadu_si256(a.sum.as_ptr().add(b) as *const __m256i);
+                if ty == GgmlType::Q4_0 {
+                    isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(asum, 3));
+                }
+                let dwv = _mm256_cvtph_ps(_mm_loadu_si128(dw.as_ptr() as *const __m128i));
+                let mut t = _mm256_mul_ps(_mm256_mul_ps(dwv, da), _mm256_cvtepi32_ps(isum));
+                if ty == GgmlType::Q4_1 {
+                    let mwv = _mm256_cvtph_ps(_mm_loadu_si128(mw.as_ptr() as *const __m128i));
+                    t = _mm256_add_ps(
+                        t,
+                        _mm256_mul_ps(_mm256_mul_ps(mwv, da), _mm256_cvtepi32_ps(asum)),
+                    );
+                }
+                acc = _mm256_add_ps(acc, t);
+                b += 8;
+            }
+            let mut l = [0f32; 8];
+            _mm256_storeu_ps(l.as_mut_ptr(), acc);
+            for bt in n8..nb {
+                let blk = &row[bt * ts..(bt + 1) * ts];
+                l[bt % 8] += term32(ty, blk, a, bt, hsum_i32(block32::<VNNI>(ty, blk, a, bt)));
+            }
+            *y = lanes_sum(&l);
+        }
+    }
+
+    /// Q6_K: per super-block the 16 sub-block sums scaled by their i8 scales with `madd`.
+    #[inline(always)]
+    unsafe fn q6k_isum(blk: &[u8], a: &QAct, b: usize) -> i32 {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m2 = _mm256_set1_epi8(3);
+        let sc = &blk[192..208];
+        let mut acc = _mm256_setzero_si256();
+        for h in 0..2 {
+            let ql0 = load(blk, h * 64);
+            let ql1 = load(blk, h * 64 + 32);
+            let qh = load(blk, 128 + h * 32);
+            let w = [
+                _mm256_or_si256(
+                    _mm256_and_si256(ql0, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4),
+                ),
+            ];
+            for (s, ws) in w.iter().enumerate() {
+                let j = h * 8 + s * 2;
+                let p = _mm256_maddubs_epi16(*ws, load_q(a, b * 256 + h * 128 + s * 32));
+                let s0 = (sc[j] as i8) as i16;
+                let s1 = (sc[j + 1] as i8) as i16;
+                let scv = _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scv));
+            }
+        }
+        let mut off = 0i32;
+        for (j, &s) in sc.iter().enumerate() {
+            off += (s as i8) as i32 * a.sum16[b * 16 + j];
+        }
+        hsum_i32(acc) - 32 * off
+    }
+
+    /// Q4_K: the eight sub-block sums scaled by their 6-bit scales with `madd`.
+    #[inline(always)]
+    unsafe fn q4k_isum(blk: &[u8], sc: &[u8; 8], a: &QAct, b: usize) -> i32 {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut acc = _mm256_setzero_si256();
+        for c in 0..4 {
+            let v = load(blk, 16 + c * 32);
+            let lo = _mm256_and_si256(v, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            let plo = _mm256_maddubs_epi16(lo, load_q(a, b * 256 + c * 64));
+            let phi = _mm256_maddubs_epi16(hi, load_q(a, b * 256 + c * 64 + 32));
+            acc = _mm256_add_epi32(
+                acc,
+                _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c] as i16)),
+            );
+            acc = _mm256_add_epi32(
+                acc,
+                _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1] as i16)),
+            );
+        }
+        hsum_i32(acc)
+    }
+
+    #[inline(always)]
+    unsafe fn rows256(ty: GgmlType, bytes: &[u8], rb: usize, a: &QAct, ys: &mut [f32], r0: usize) {
+        let ts = ty.type_size();
+        for (i, y) in ys.iter_mut().enumerate() {
+            let row = &bytes[(r0 + i) * rb..(r0 + i + 1) * rb];
+            let mut l = [0f32; 8];
+            for (b, blk) in row.chunks_exact(ts).enumerate() {
+                let da = a.d[b];
+                l[b % 8] += match ty {
+                    GgmlType::Q6_K => (f16_at(blk, 208) * da) * q6k_isum(blk, a, b) as f32,
+                    _ => {
+                        let scb: &[u8; 12] = blk[4..16].try_into().expect("12 bytes");
+                        let (sc, mn) = crate::quant::kquants::get_scale_min_k4(scb);
+                        let s1 = q4k_isum(blk, &sc, a, b);
+                        let mut s2 = 0i32;
+                        for (j, &m) in mn.iter().enumerate() {
+                            s2 +=
+                                m as i32 * (a.sum16[b * 16 + 2 * j] + a.sum16[b * 16 + 2 * j + 1]);
+                        }
+                        (f16_at(blk, 0) * da) * s1 as f32 - (f16_at(blk, 2) * da) * s2 as f32
+                    }
+                };
+            }
+            *y = lanes_sum(&l);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn gguf_rows_impl<const VNNI: bool>(
+        ty: GgmlType,
+        bytes: &[u8],
+        rb: usize,
+        a: &QAct,
+        ys: &mut [f32],
+        r0: usize,
+    ) {
+        match ty {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                rows32::<VNNI>(ty, bytes, rb, a, ys, r0)
+            }
+            GgmlType::Q4_K | GgmlType::Q6_K => rows256(ty, bytes, rb, a, ys, r0),
+            _ => unreachable!("act_block() admits only the types above"),
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn gguf_rows_avx2(
+        ty: GgmlType,
+        bytes: &[u8],
+        rb: usize,
+        a: &QAct,
+        ys: &mut [f32],
+        r0: usize,
+    ) {
+        gguf_rows_impl::<false>(ty, bytes, rb, a, ys, r0)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn gguf_rows_vnni(
+        ty: GgmlType,
+        bytes: &[u8],
+        rb: usize,
+        a: &QAct,
+        ys: &mut [f32],
+        r0: usize,
+    ) {
+        gguf_rows_impl::<true>(ty, bytes, rb, a, ys, r0)
+    }
+
+    /// Exact `sum c*p` over one 256-block: two 32-byte halves, four shifts each.
+    #[inline(always)]
+    unsafe fn ternary_block<const VNNI: bool>(bq: &[u8], p: &[i8]) -> __m256i {
+        let m3 = _mm256_set1_epi8(3);
+        let mut acc = _mm256_setzero_si256();
+        for h in 0..2 {
+            let v = load(bq, h * 32);
+            for u in 0..4 {
+                let c = match u {
+                    0 => _mm256_and_si256(v, m3),
+                    1 => _mm256_and_si256(_mm256_srli_epi16(v, 2), m3),
+                    2 => _mm256_and_si256(_mm256_srli_epi16(v, 4), m3),
+                    _ => _mm256_and_si256(_mm256_srli_epi16(v, 6), m3),
+                };
+                let x = _mm256_loadu_si256(p.as_ptr().add(h * 128 + u * 32) as *const __m256i);
+                acc = dot_acc::<VNNI>(acc, c, x);
+            }
+        }
+        acc
+    }
+
+    /// Eight blocks at a time: their exact sums reduced into one vector and the terms computed
+    /// as eight lanes (lane j holds block 8i + j), the rest one block at a time.
+    #[inline(always)]
+    unsafe fn ternary_impl<const VNNI: bool>(
+        codes: &[u8],
+        scales: &[u16],
+        cols: usize,
+        a: &QAct,
+        p: &[i8],
+        ys: &mut [f32],
+        r0: usize,
+    ) {
+        let (bpr, spr) = (cols / 4, cols / 256);
+        let n8 = spr / 8 * 8;
+        for (i, y) in ys.iter_mut().enumerate() {
+            let r = r0 + i;
+            let rq = &codes[r * bpr..(r + 1) * bpr];
+            let rs = &scales[r * spr..(r + 1) * spr];
+            let mut acc = _mm256_setzero_ps();
+            let mut b = 0;
+            while b < n8 {
+                let mut v = [_mm256_setzero_si256(); 8];
+                for (j, vj) in v.iter_mut().enumerate() {
+                    *vj = ternary_block::<VNNI>(&rq[(b + j) * 64..], &p[(b + j) * 256..]);
+                }
+                let asum = _mm256_loadu_si256(a.sum.as_ptr().add(b) as *const __m256i);
+                let isum = _mm256_sub_epi32(hsum8(&v), asum);
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(rs.as_ptr().add(b) as *const __m128i));
+                let da = _mm256_loadu_ps(a.d.as_ptr().add(b));
+                acc = _mm256_add_ps(
+                    acc,
+                    _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum)),
+                );
+                b += 8;
+            }
+            let mut l = [0f32; 8];
+            _mm256_storeu_ps(l.as_mut_ptr(), acc);
+            for bt in n8..spr {
+                let isum =
+                    hsum_i32(ternary_block::<VNNI>(&rq[bt * 64..], &p[bt * 256..])) - a.sum[bt];
+                l[bt % 8] += (f16_bits_to_f32(rs[bt]) * a.d[bt]) * isum as f32;
+            }
+            *y = lanes_sum(&l);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn ternary_rows_avx2(
+        codes: &[u8],
+        scales: &[u16],
+        cols: usize,
+        a: &QAct,
+        p: &[i8],
+        ys: &mut [f32],
+        r0: usize,
+    ) {
+        ternary_impl::<false>(codes, scales, cols, a, p, ys, r0)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn ternary_rows_vnni(
+        codes: &[u8],
+        scales: &[u16],
+        cols: usize,
+        a: &QAct,
+        p: &[i8],
+        ys: &mut [f32],
+        r0: usize,
+    ) {
+        ternary_impl::<true>(codes, scales, cols, a, p, ys, r0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::matvec::{self, Kernel, WeightData};
+
+    fn lcg(seed: &mut u64) -> u32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (*seed >> 33) as u32
+    }
+
+    /// Every implementation this machine can run.
+    fn isas() -> Vec<Isa> {
+        let mut v = vec![Isa::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
+                v.push(Isa::Avx2);
+            }
+            if detect() == Isa::Avx512Vnni {
+                v.push(Isa::Avx512Vnni);
+            }
+        }
+        v
+    }
+
+    /// Random blocks of `ty` with modest finite scales (every f16 field overwritten).
+    fn random_blocks(ty: GgmlType, n_blocks: usize, seed: &mut u64) -> Vec<u8> {
+        let ts = ty.type_size();
+        let mut bytes: Vec<u8> = (0..n_blocks * ts).map(|_| lcg(seed) as u8).collect();
+        for (i, b) in bytes.chunks_exact_mut(ts).enumerate() {
+            let d = half::f16::from_f32(0.002 * (1 + i % 9) as f32).to_le_bytes();
+            let m = half::f16::from_f32(-0.01 * (1 + i % 4) as f32).to_le_bytes();
+            match ty {
+                GgmlType::Q6_K => b[208..210].copy_from_slice(&d),
+                GgmlType::Q4_1 | GgmlType::Q4_K => {
+                    b[0..2].copy_from_slice(&d);
+                    b[2..4].copy_from_slice(&m);
+                }
+                _ => b[0..2].copy_from_slice(&d),
+            }
+        }
+        bytes
+    }
+
+    fn activations(n: usize, seed: &mut u64) -> Vec<f32> {
+        let mut x: Vec<f32> = (0..n)
+            .map(|_| (lcg(seed) % 20001) as f32 / 10000.0 - 1.0)
+            .collect();
+        // An all-zero block and an outlier, to exercise d = 0 and the clamp.
+        x[..32].iter_mut().for_each(|v| *v = 0.0);
+        x[n / 2] = 9.5;
+        x
+    }
+
+    #[test]
+    fn every_path_gives_the_same_bits_and_the_exact_dot_on_quantized_activations() {
+        let mut seed = 5u64;
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+        ] {
+            let block = act_block(ty).unwrap();
+            // 576 = 18 blocks of 32 (a tail after the 8-block groups); 1280 = 5 super-blocks.
+            let cols = if block == 32 { 576 } else { 1280 };
+            let rows = 21;
+            let rb = ty.bytes_for(cols as u64).unwrap() as usize;
+            let bytes = random_blocks(ty, rows * rb / ty.type_size(), &mut seed);
+            let x = activations(cols, &mut seed);
+            let a = quantize(&x, block);
+            let mut want = vec![0f32; rows];
+            gguf_rows(Isa::Portable, ty, &bytes, rb, &a, &mut want, 0);
+            for isa in isas() {
+                let mut y = vec![0f32; rows];
+                gguf_rows(isa, ty, &bytes, rb, &a, &mut y[3..], 3);
+                gguf_rows(isa, ty, &bytes, rb, &a, &mut y[..3], 0);
+                for (r, (p, q)) in y.iter().zip(&want).enumerate() {
+                    assert_eq!(p.to_bits(), q.to_bits(), "{ty} {isa:?} row {r}: {p} vs {q}");
+                }
+            }
+            // The definition: the dequantized weights times the quantized activations, in f64.
+            let mut w = vec![0f32; cols];
+            for (r, y) in want.iter().enumerate() {
+                crate::quant::dequantize(ty, &bytes[r * rb..(r + 1) * rb], &mut w).unwrap();
+                let exact: f64 = w
+                    .iter()
+                    .enumerate()
+                    .map(|(k, wk)| *wk as f64 * a.d[k / block] as f64 * a.q[k] as f64)
+                    .sum();
+                let scale: f64 = w
+                    .iter()
+                    .enumerate()
+                    .map(|(k, wk)| (*wk as f64 * a.d[k / block] as f64 * a.q[k] as f64).abs())
+                    .sum();
+                assert!(
+                    (*y as f64 - exact).abs() <= 1e-5 * (1.0 + scale),
+                    "{ty} row {r}: {y} vs {exact}"
+                );
+            }
+            // And the f32-activation kernel within the activation rounding.
+            let mut yf = vec![0f32; rows];
+            matvec::matvec(WeightData::Gguf { ty, bytes: &bytes }, cols, &x, &mut yf);
+            let mut yi = vec![0f32; rows];
+            matvec::matvec_with(
+                Kernel::Int8,
+                WeightData::Gguf { ty, bytes: &bytes },
+                cols,
+                &x,
+                &mut yi,
+            );
+            assert_eq!(
+                yi.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{ty}: matvec_with(Int8) takes the integer kernel"
+            );
+            // |sum w (x - d q)| <= sum |w| d / 2: the activation rounding bounds the difference.
+            for (r, (p, q)) in yi.iter().zip(&yf).enumerate() {
+                crate::quant::dequantize(ty, &bytes[r * rb..(r + 1) * rb], &mut w).unwrap();
+                let bound: f64 = w
+                    .iter()
+                    .enumerate()
+                    .map(|(k, wk)| (*wk as f64).abs() * a.d[k / block] as f64 / 2.0)
+                    .sum();
+                assert!(
+                    ((p - q).abs() as f64) <= bound * 1.001 + 1e-5,
+                    "{ty} row {r}: {p} vs f32 {q} (bound {bound})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn ternary_paths_agree_bit_for_bit() {
+        // 2304 = 9 blocks: one group of eight and a tail.
+        let (cols, rows) = (2304, 19);
+        let mut seed = 11u64;
+        let x = activations(cols, &mut seed);
+        let words: Vec<u32> = (0..rows * cols / 16)
+            .map(|_| (0..16).fold(0u32, |w, j| w | ((lcg(&mut seed) % 3) << (2 * j))))
+            .collect();
+        let scales: Vec<u16> = (0..rows * cols / 256)
+            .map(|i| {
+                let s = if i % 3 == 0 { -0.02 } else { 0.02 };
+                half::f16::from_f32(s * (1 + i % 5) as f32).to_bits()
+            })
+            .collect();
+        let a = quantize(&x, 256);
+        let p = permute_for_ternary(&a);
+        let mut want = vec![0f32; rows];
+        ternary_rows(Isa::Portable, &words, &scales, cols, &a, &p, &mut want, 0);
+        for isa in isas() {
+            let mut y = vec![0f32; rows];
+            ternary_rows(isa, &words, &scales, cols, &a, &p, &mut y[5..], 5);
+            ternary_rows(isa, &words, &scales, cols, &a, &p, &mut y[..5], 0);
+            assert_eq!(
+                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{isa:?}"
+            );
+        }
+        let wd = WeightData::Ternary {
+            words: &words,
+            scales: &scales,
+        };
+        let mut yi = vec![0f32; rows];
+        matvec::matvec_with(Kernel::Int8, wd, cols, &x, &mut yi);
+        assert_eq!(
+            yi.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        let mut rowv = vec![0f32; cols];
+        for (r, y) in want.iter().enumerate() {
+            matvec::row(wd, cols, r, &mut rowv);
+            let exact: f64 = rowv
+                .iter()
+                .enumerate()
+                .map(|(k, w)| *w as f64 * a.d[k / 256] as f64 * a.q[k] as f64)
+                .sum();
+            assert!((*y as f64 - exact).abs() < 1e-4, "row {r}: {y} vs {exact}");
+        }
+    }
+
+    #[test]
+    fn quantize_keeps_zero_blocks_and_sums() {
+        let mut x = vec![0f32; 64];
+        x[32] = 1.27;
+        x[34] = 0.0151;
+        let a = quantize(&x, 32);
+        assert_eq!(a.d[0], 0.0);
+        assert!(a.q[..32].iter().all(|&q| q == 0));
+        assert_eq!(a.q[32], 127);
+        assert_eq!(a.q[34], 2);
+        assert_eq!(a.sum[1], a.q[32..].iter().map(|&q| q as i32).sum::<i32>());
+        assert_eq!(a.sum16.len(), 4);
+    }
+}
