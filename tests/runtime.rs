@@ -15,6 +15,8 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use lowbit::runtime::cpu::KvType;
+use lowbit::runtime::matvec::Kernel;
 use lowbit::runtime::{self, Backend, RuntimeError, Sampler, SamplerConfig};
 use serde_json::Value;
 
@@ -65,12 +67,26 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 /// Runs `prompt` and returns the last step's logits and a greedy continuation of `n` tokens.
 fn run(be: &mut dyn Backend, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {
+    run_banned(be, prompt, n, Vec::new())
+}
+
+/// [`run`] with token ids that are never sampled.
+fn run_banned(
+    be: &mut dyn Backend,
+    prompt: &[u32],
+    n: usize,
+    banned: Vec<u32>,
+) -> (Vec<f32>, Vec<u32>) {
     be.reset();
     let mut logits = Vec::new();
     for (p, &t) in prompt.iter().enumerate() {
         logits = be.step(t, p).unwrap().to_vec();
     }
-    let mut s = Sampler::new(SamplerConfig::default()).unwrap();
+    let mut s = Sampler::new(SamplerConfig {
+        banned,
+        ..Default::default()
+    })
+    .unwrap();
     let (gen, _) = runtime::generate(be, prompt, n, &mut s, &|_| false, &mut |_| {}).unwrap();
     (logits, gen)
 }
@@ -190,6 +206,103 @@ fn check_model(src: &Path, sub: &str, tol: Tolerances) {
     eprintln!("{stem}:\n  {}", report.join("\n  "));
 }
 
+/// llama.cpp's f32 path (`testdata/llama/<stem>.f32path.json`): the same GGUF requantized to F32
+/// by llama-quantize (bit for bit gguf-py's dequantization), run with `-fa off -ctk f32 -ctv f32`,
+/// so llama.cpp quantizes no activation. The bundle is made from the original file. Every prompt:
+/// our tokenizer's ids equal llama.cpp's, the greedy continuation equals llama.cpp's for at least
+/// 32 tokens (or up to its end-of-generation token), and the first-step logits are within
+/// `logit_tol` of llama.cpp's. With an f32 KV cache the remaining difference is the order of
+/// f32 sums; with the default f16 cache, also the rounding of K and V.
+fn check_llama_f32_path(src: &Path, sub: &str, kv: KvType, logit_tol: f32) {
+    let stem = src
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .trim_end_matches(".gguf")
+        .to_string();
+    let repo = common::repo();
+    let llama = json(&repo.join(format!("testdata/llama/{stem}.f32path.json")));
+    assert_eq!(
+        llama["model_sha256"].as_str().unwrap(),
+        lowbit::util::sha256_file(src).unwrap(),
+        "vectors belong to another file"
+    );
+    let mut bundles = std::collections::BTreeMap::new();
+    let mut report = Vec::new();
+    for lc in llama["cases"].as_array().unwrap() {
+        let prompt = ids(&lc["prompt_ids"]);
+        let (_, b) = bundles
+            .entry(lc["n_ctx"].as_u64())
+            .or_insert_with(|| make_bundle_ctx(src, sub, lc["n_ctx"].as_u64()));
+        let tok = lowbit::tokenizer::Tokenizer::from_bundle_dir(b).unwrap();
+        let parse_special = lc["parse_special"].as_bool().unwrap_or(false);
+        assert_eq!(
+            tok.encode(lc["prompt"].as_str().unwrap(), true, parse_special),
+            prompt,
+            "tokenizer: {:?}",
+            lc["prompt"]
+        );
+        let mut be = runtime::load_cpu(b).unwrap();
+        be.set_kv_type(kv);
+        let want = f32s(
+            &repo
+                .join("testdata/llama")
+                .join(lc["logits_file"].as_str().unwrap()),
+        );
+        let greedy = ids(&lc["greedy_ids"]);
+        // llama.cpp's --ignore-eos: the end-of-generation ids are never sampled.
+        let banned = if lc["ignore_eos"].as_bool().unwrap_or(false) {
+            tok.eog_ids().collect()
+        } else {
+            Vec::new()
+        };
+        let (logits, gen) = run_banned(&mut be, &prompt, greedy.len(), banned);
+        let d = max_abs_diff(&logits, &want);
+        let same = gen.iter().zip(&greedy).take_while(|(a, b)| a == b).count();
+        let line = format!(
+            "{:?}{}: max|ours - llama.cpp f32| {d:.2e}; greedy identical for {same}/{} tokens",
+            lc["prompt"]
+                .as_str()
+                .unwrap()
+                .chars()
+                .take(30)
+                .collect::<String>(),
+            if lc["ignore_eos"].as_bool().unwrap_or(false) {
+                " (--ignore-eos)"
+            } else {
+                ""
+            },
+            greedy.len()
+        );
+        assert!(d <= logit_tol, "{line}");
+        assert!(same >= greedy.len().min(32), "{line}");
+        report.push(line);
+    }
+    eprintln!(
+        "{stem} (llama.cpp f32 path, {kv:?} KV cache):\n  {}",
+        report.join("\n  ")
+    );
+}
+
+#[test]
+fn tiny_minicpm_ternary_equals_llama_cpp_f32_path() {
+    let m = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
+    // Measured: 2e-6 with an f32 cache, 9e-5 with f16.
+    check_llama_f32_path(&m, "gguf-to-ternary", KvType::F32, 2e-5);
+    check_llama_f32_path(&m, "gguf-to-ternary", KvType::F16, 5e-4);
+}
+
+#[test]
+fn smollm2_equals_llama_cpp_f32_path() {
+    let Some(m) = common::model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    // Measured: 3.4e-5 with an f32 cache, 1.6e-2 with f16.
+    check_llama_f32_path(&m, "pack", KvType::F32, 2e-4);
+    check_llama_f32_path(&m, "pack", KvType::F16, 0.05);
+}
+
 #[test]
 fn tiny_minicpm_ternary_matches_ground_truth_and_llama_cpp() {
     check_model(
@@ -223,22 +336,26 @@ fn smollm2_says_paris() {
         return;
     };
     let (_d, b) = make_bundle(&m, "pack");
-    let o = Command::new(env!("CARGO_BIN_EXE_convert"))
-        .args([
-            "run",
-            "--max-tokens",
-            "8",
-            "--prompt",
-            "The capital of France is",
-        ])
-        .arg(&b)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let text = String::from_utf8_lossy(&o.stdout);
-    assert!(text.contains("Paris"), "{text}");
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("tok/s"), "{err}");
+    for kernel in ["f32", "int8"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+            .args([
+                "run",
+                "--max-tokens",
+                "8",
+                "--kernel",
+                kernel,
+                "--prompt",
+                "The capital of France is",
+            ])
+            .arg(&b)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(text.contains("Paris"), "{kernel}: {text}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("tok/s"), "{err}");
+    }
 }
 
 fn tiny_backend() -> (tempfile::TempDir, runtime::cpu::CpuBackend) {
@@ -332,6 +449,7 @@ fn sampling_is_seeded_and_greedy_at_zero_temperature() {
         top_k: 20,
         top_p: 0.9,
         seed: 42,
+        ..Default::default()
     };
     let mut a = Sampler::new(cfg.clone()).unwrap();
     let (x, _) =
@@ -345,6 +463,31 @@ fn sampling_is_seeded_and_greedy_at_zero_temperature() {
         ..Default::default()
     })
     .is_err());
+}
+
+#[test]
+fn banned_tokens_are_never_sampled() {
+    let logits = [0.5f32, 3.0, 2.0, 2.9];
+    let mut s = Sampler::new(SamplerConfig::default()).unwrap();
+    assert_eq!(s.sample(&logits), 1);
+    let mut s = Sampler::new(SamplerConfig {
+        banned: vec![1, 7],
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(s.sample(&logits), 3);
+    let mut s = Sampler::new(SamplerConfig {
+        temperature: 5.0,
+        top_k: 0,
+        top_p: 1.0,
+        banned: vec![1, 3],
+        ..Default::default()
+    })
+    .unwrap();
+    for _ in 0..200 {
+        let t = s.sample(&logits);
+        assert!(t == 0 || t == 2, "{t}");
+    }
 }
 
 #[test]
@@ -369,4 +512,78 @@ fn cli_refuses_too_long_and_bad_ids() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("token id 99999 is outside the vocabulary"));
+}
+
+/// The int8 kernel (activations quantized as llama.cpp's CPU backend does, with our own
+/// format): its first-step logits sit about as far from the float64 ground truth as llama.cpp's
+/// default path (which also quantizes activations) does, and SmolLM2 still answers Paris.
+fn check_int8(src: &Path, sub: &str, max_ratio: f32) {
+    let stem = src
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .trim_end_matches(".gguf")
+        .to_string();
+    let repo = common::repo();
+    let truth = json(&repo.join(format!("testdata/runtime/{stem}.json")));
+    let llama = json(&repo.join(format!("testdata/llama/{stem}.json")));
+    let mut bundles = std::collections::BTreeMap::new();
+    let mut report = Vec::new();
+    for (tc, lc) in truth["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(llama["cases"].as_array().unwrap())
+    {
+        let prompt = ids(&lc["prompt_ids"]);
+        let (_, b) = bundles
+            .entry(lc["n_ctx"].as_u64())
+            .or_insert_with(|| make_bundle_ctx(src, sub, lc["n_ctx"].as_u64()));
+        let mut be = runtime::load_cpu(b).unwrap();
+        be.set_kernel(Kernel::Int8);
+        let want_gt = f32s(
+            &repo
+                .join("testdata/runtime")
+                .join(tc["logits_file"].as_str().unwrap()),
+        );
+        let want_ll = f32s(
+            &repo
+                .join("testdata/llama")
+                .join(lc["logits_file"].as_str().unwrap()),
+        );
+        let (logits, gen) = run(&mut be, &prompt, 16);
+        let d_gt = max_abs_diff(&logits, &want_gt);
+        let d_ll_gt = max_abs_diff(&want_ll, &want_gt);
+        let greedy_gt = ids(&tc["greedy_ids"]);
+        let same_gt = gen
+            .iter()
+            .zip(&greedy_gt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let line = format!(
+            "{:?}: int8 max|ours - truth| {d_gt:.4} (llama.cpp's {d_ll_gt:.4}); greedy = truth for {same_gt}/16",
+            lc["prompt"].as_str().unwrap().chars().take(30).collect::<String>()
+        );
+        assert!(d_gt <= max_ratio * d_ll_gt, "{line}");
+        report.push(line);
+    }
+    eprintln!("{stem} (int8 kernel):\n  {}", report.join("\n  "));
+}
+
+#[test]
+fn tiny_minicpm_int8_kernel_is_as_close_to_truth_as_llama_cpp() {
+    check_int8(
+        &common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf"),
+        "gguf-to-ternary",
+        1.5,
+    );
+}
+
+#[test]
+fn smollm2_int8_kernel_is_as_close_to_truth_as_llama_cpp() {
+    let Some(m) = common::model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    check_int8(&m, "pack", 1.5);
 }

@@ -106,6 +106,25 @@ MODELS = {
     },
 }
 
+# llama.cpp's f32 path: the same model requantized to F32 by llama-quantize (every value is
+# gguf-py's dequantization bit for bit, checked), run with an f32 KV cache and without flash
+# attention. F32 weights have vec_dot_type F32, so no activation is quantized anywhere; this is
+# the llama.cpp path an f32-activation runtime can be held to token for token.
+F32PATH_FLAGS = ["-fa", "off", "-ctk", "f32", "-ctv", "f32"]
+for _key in ("smollm2", "minicpm-tiny"):
+    _m = MODELS[_key]
+    MODELS[_key + "-f32"] = {
+        "derive_from": _key,
+        "suffix": ".f32path",
+        "flags": F32PATH_FLAGS,
+        # SmolLM2 ends "The capital of France is" with <|im_end|> after 30 tokens; the same
+        # prompt with --ignore-eos (EOG ids banned) gives a 48-token continuation to compare.
+        "cases": _m["cases"] + ([{"prompt": "The capital of France is", "ignore_eos": True}]
+                                if _key == "smollm2" else []),
+        "precise_cases": [],
+        "expect": _m["expect"],
+    }
+
 # Prompts must stay under 64 tokens (checked), see README "Batch shape".
 # Flags. Everything not listed is llama.cpp's default (flash attention "auto",
 # which resolves to enabled on CPU; KV cache f16/f16; repack on; n_ctx from the
@@ -366,8 +385,13 @@ def grab(pattern: str, text: str, default=None):
     return m.group(1).strip() if m else default
 
 
-def top2(logits: np.ndarray):
-    o = np.argsort(-logits.astype(np.float64), kind="stable")[:2]
+def top2(logits: np.ndarray, banned=()):
+    """Best two ids and their logit gap; `banned` ids (--ignore-eos: the EOG ids) excluded."""
+    v = logits.astype(np.float64)
+    if len(banned):
+        v = v.copy()
+        v[list(banned)] = -np.inf
+    o = np.argsort(-v, kind="stable")[:2]
     return int(o[0]), int(o[1]), float(logits[o[0]]) - float(logits[o[1]])
 
 
@@ -397,13 +421,54 @@ def check_vec_dot_types(src: Path) -> str:
 # per model
 # --------------------------------------------------------------------------
 
-def process_model(key: str, cfg: dict, llama: Llama, args, repo: Path, version: str, vd_check: str):
+def model_path(cfg: dict, args, repo: Path) -> Path:
     model = Path(cfg["path"].format(cache=args.cache))
     if not model.is_absolute():
         model = repo / model
     if not model.is_file():
         die(f"model not found: {model}")
-    stem = model.stem
+    return model
+
+
+def derive_f32(src: Path, llama: Llama) -> tuple[Path, dict]:
+    """src requantized to F32 by llama-quantize, checked value for value against gguf-py."""
+    from gguf.quants import dequantize
+
+    dst = llama.work / (src.stem + ".F32.gguf")
+    args = ["--allow-requantize", src, dst, "F32"]
+    llama.run("llama-quantize", args)
+    a, b = GGUFReader(src), GGUFReader(dst)
+    tb = {t.name: t for t in b.tensors}
+    if sorted(tb) != sorted(t.name for t in a.tensors):
+        die(f"{dst.name}: tensor names differ from {src.name}")
+    for t in a.tensors:
+        want = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(-1)
+        got = np.asarray(tb[t.name].data, dtype=np.float32).reshape(-1)
+        if tb[t.name].tensor_type.name != "F32" or want.view(np.uint32).tobytes() != got.view(np.uint32).tobytes():
+            die(f"{dst.name}: {t.name} is not gguf-py's dequantization of {src.name} bit for bit")
+    info = {
+        "from_file": src.name,
+        "from_sha256": sha256_file(src),
+        "from_size": src.stat().st_size,
+        "tool": "llama-quantize",
+        "args": ["--allow-requantize", "<from_file>", "<file>", "F32"],
+        "file_sha256": sha256_file(dst),
+        "file_size": dst.stat().st_size,
+        "values": "every tensor equals gguf-py's dequantization of from_file bit for bit (checked)",
+    }
+    return dst, info
+
+
+def process_model(key: str, cfg: dict, llama: Llama, args, repo: Path, version: str, vd_check: str):
+    derived = None
+    if "derive_from" in cfg:
+        src = model_path(MODELS[cfg["derive_from"]], args, repo)
+        model, derived = derive_f32(src, llama)
+        stem = src.stem + cfg["suffix"]
+    else:
+        model = model_path(cfg, args, repo)
+        stem = model.stem
+    model_flags = list(cfg.get("flags", []))
     out_dir = args.out / stem
     out_dir.mkdir(parents=True, exist_ok=True)
     log(f"{key}: {model}")
@@ -426,7 +491,10 @@ def process_model(key: str, cfg: dict, llama: Llama, args, repo: Path, version: 
     for i, case in enumerate(cfg["cases"]):
         prompt = case["prompt"]
         parse_special = bool(case.get("parse_special", False))
-        extra = list(case.get("extra_flags", []))
+        ignore_eos = bool(case.get("ignore_eos", False))
+        # --ignore-eos is a sampling flag: only the greedy llama-completion runs take it
+        sampling = ["--ignore-eos"] if ignore_eos else []
+        extra = model_flags + list(case.get("extra_flags", []))
         log(f"  case {i}: {prompt[:50]!r}")
 
         # 1. prompt ids
@@ -470,11 +538,11 @@ def process_model(key: str, cfg: dict, llama: Llama, args, repo: Path, version: 
             typeable_checked = True
 
         # 3. greedy continuation
-        seq = llama.greedy(model, prompt, extra)
+        seq = llama.greedy(model, prompt, extra + sampling)
         if seq[:len(ids)] != ids:
             die(f"llama-completion prompt ids {seq[:len(ids)]} != llama-tokenize {ids}")
         gen = seq[len(ids):]
-        stdout, err = llama.greedy_check(model, prompt, extra)
+        stdout, err = llama.greedy_check(model, prompt, extra + sampling)
         chk = parse_batch_log(err)
         n_overlap = min(len(chk), len(seq))
         if chk[:n_overlap] != seq[:n_overlap] or n_overlap < len(ids):
@@ -489,15 +557,22 @@ def process_model(key: str, cfg: dict, llama: Llama, args, repo: Path, version: 
             die("EOG inside the continuation")
         if len(gen) != N_GEN and not stopped_at_eog:
             die(f"{len(gen)} generated ids, expected {N_GEN} or an EOG at the end")
+        banned = eog_ids if ignore_eos else []
+        if ignore_eos:
+            if stopped_at_eog:
+                die("--ignore-eos run ended with an EOG id")
+            a1, a2, m1 = top2(logits, banned)
         if gen[0] != a1:
             die(f"first greedy id {gen[0]} != argmax of llama-debug logits {a1}")
-        if not extra:
+        if extra == model_flags:
             found = {
                 "n_ctx": grab(r"llama_context: n_ctx\s+= (\d+)", err),
                 "n_batch": grab(r"llama_context: n_batch\s+= (\d+)", err),
                 "n_ubatch": grab(r"llama_context: n_ubatch\s+= (\d+)", err),
                 "flash_attn_param": grab(r"llama_context: flash_attn\s+= (\w+)", err),
-                "flash_attn_enabled": True if "Flash Attention enabled" in err else None,
+                "flash_attn_enabled": True if "Flash Attention enabled" in err else (
+                    False if grab(r"llama_context: flash_attn\s+= (\w+)", err) in ("disabled", "off")
+                    else None),
                 "kv_cache": grab(r"llama_kv_cache: size = .*?(K \(\w+\).*)$", err),
                 "system_info": grab(r"system_info: (.*)$", err),
                 "sampler_chain": grab(r"sampler chain: (.*)$", err),
@@ -519,7 +594,8 @@ def process_model(key: str, cfg: dict, llama: Llama, args, repo: Path, version: 
         rec = {
             "prompt": prompt,
             "parse_special": parse_special,
-            "extra_flags": extra,
+            "ignore_eos": ignore_eos,
+            "extra_flags": extra[len(model_flags):],
             "n_ctx": case_n_ctx,
             "prompt_ids": ids,
             "n_prompt": len(ids),
@@ -547,7 +623,7 @@ def process_model(key: str, cfg: dict, llama: Llama, args, repo: Path, version: 
                     die(f"typeable re-run tokenized differently at step {k}")
                 if k == 0 and lk.tobytes() != logits.tobytes():
                     die("margin run (step 0) is not bit-identical to the logits file")
-                b1, b2, mk = top2(lk)
+                b1, b2, mk = top2(lk, banned)
                 margins.append(f32_round(mk))
                 runner_up.append(b2 if b1 == gen[k] else b1)
                 if b1 != gen[k]:
@@ -589,9 +665,11 @@ def process_model(key: str, cfg: dict, llama: Llama, args, repo: Path, version: 
         "generator": GENERATOR,
         "llama_cpp_build": LLAMA_BUILD,
         "llama_cpp_version": version,
-        "model_file": model.name,
-        "model_sha256": sha256_file(model),
-        "model_size": model.stat().st_size,
+        "model_file": derived["from_file"] if derived else model.name,
+        "model_sha256": derived["from_sha256"] if derived else sha256_file(model),
+        "model_size": derived["from_size"] if derived else model.stat().st_size,
+        "llama_cpp_ran": derived,
+        "model_flags": model_flags,
         "n_vocab": vocab.n_vocab,
         "tokenizer_model": vocab.model,
         "tensor_types": vocab.tensor_types,
