@@ -370,6 +370,47 @@ fn batch_groups(group_rows: usize, cols: usize, threads: usize) -> usize {
     per.max(2 * threads).max(1)
 }
 
+/// One batch of palettized groups `g0..g1` of a tensor: each group's table and errors, and its
+/// rows' packed indices.
+struct Batch {
+    groups: Vec<(palette::Group, Vec<u8>)>,
+    g0: usize,
+    g1: usize,
+}
+
+/// Group `gi` (rows `gi * g .. (gi + 1) * g`) of tensor `t`, palettized, with its rows' packed
+/// indices.
+fn palettize_one(
+    inp: &Input,
+    input: &Path,
+    t: &InTensor,
+    opts: &PalettizeOptions,
+    g: usize,
+    gi: usize,
+) -> Result<(palette::Group, Vec<u8>), BundleError> {
+    let cols = t.shape[1] as usize;
+    let rb = palette::row_bytes(cols as u64, opts.bits) as usize;
+    let arith = if t.source_type == GgmlType::F16 {
+        Arith::F16
+    } else {
+        Arith::F32
+    };
+    let mut vals = vec![0f32; g * cols];
+    inp.rows_f32(t, gi * g, (gi + 1) * g, &mut vals);
+    let grp = palette::palettize_group(&vals, opts.bits, opts.mode, arith).map_err(|e| {
+        terr(
+            input,
+            &t.name,
+            format!("group {gi} (rows {}..{}): {e}", gi * g, (gi + 1) * g),
+        )
+    })?;
+    let mut packed = vec![0u8; g * rb];
+    for (r, out) in packed.chunks_exact_mut(rb).enumerate() {
+        palette::pack_row(&grp.indices[r * cols..(r + 1) * cols], opts.bits, out);
+    }
+    Ok((grp, packed))
+}
+
 /// Palettizes `input` into a new bundle at `output` (which must not exist).
 pub fn palettize(
     input: &Path,
@@ -427,7 +468,16 @@ pub fn palettize(
             ));
         }
     }
-    let (model, tokenizer, tokenizer_bytes, source) = describe_input(&inp, input, opts)?;
+    let (model, tokenizer, tokenizer_bytes, mut source) = describe_input(&inp, input, opts)?;
+    // The input file's SHA256 on a thread of its own (plain reads, not the map, so that
+    // hashing does not make the whole file resident), overlapping the palettization.
+    let source_hash = match inp {
+        Input::Bundle(_) => None,
+        _ => {
+            let path = input.to_path_buf();
+            Some(std::thread::spawn(move || util::sha256_file(&path)))
+        }
+    };
 
     let pool = {
         let mut b = rayon::ThreadPoolBuilder::new();
@@ -451,119 +501,139 @@ pub fn palettize(
     let zeros = [0u8; ALIGNMENT as usize];
     let mut entries = Vec::with_capacity(tensors.len());
     let (mut all_sse, mut all_max, mut n_pal) = (0f64, 0f64, 0usize);
-    for (i, (t, &sel)) in tensors.iter().zip(&selected).enumerate() {
-        pb.set_message(format!("tensor {}/{} {}", i + 1, tensors.len(), t.name));
-        let offset = w.align(&wpath)?;
-        let mut th = Sha256::new();
-        let mut put = |w: &mut HashingWriter<BufWriter<File>>, b: &[u8]| {
-            th.update(b);
-            w.write_all(b).map_err(io_err(&wpath))
-        };
-        let (encoding, length) = if sel {
-            n_pal += 1;
-            let rows = t.shape[0] as usize;
-            let cols = t.shape[1] as usize;
-            let g = opts.group_size.map(|g| g as usize).unwrap_or(rows);
-            let n_groups = rows / g;
-            let rb = palette::row_bytes(cols as u64, opts.bits) as usize;
-            let arith = if t.source_type == GgmlType::F16 {
-                Arith::F16
-            } else {
-                Arith::F32
-            };
-            let per_batch = batch_groups(g, cols, pool.current_num_threads());
-            let mut tables: Vec<u16> = Vec::with_capacity(n_groups << opts.bits);
-            let (mut sse, mut maxe) = (0f64, 0f64);
-            let mut written = 0u64;
-            let mut g0 = 0;
-            while g0 < n_groups {
-                let g1 = (g0 + per_batch).min(n_groups);
-                let results: Vec<Result<(palette::Group, Vec<u8>), BundleError>> =
-                    pool.install(|| {
+    // Palettized groups are computed on the pool by a producer thread, batch by batch in the
+    // order they are written, at most two batches ahead of the writer (this thread), which
+    // meanwhile copies carried tensors: computing overlaps writing, memory stays a few batches.
+    let threads = pool.current_num_threads();
+    std::thread::scope(|sc| -> Result<(), BundleError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Batch, BundleError>>(2);
+        let (inp_ref, pool_ref) = (&inp, &pool);
+        let jobs: Vec<&InTensor> = tensors
+            .iter()
+            .zip(&selected)
+            .filter(|(_, s)| **s)
+            .map(|(t, _)| t)
+            .collect();
+        sc.spawn(move || {
+            for t in jobs {
+                let rows = t.shape[0] as usize;
+                let cols = t.shape[1] as usize;
+                let g = opts.group_size.map(|g| g as usize).unwrap_or(rows);
+                let n_groups = rows / g;
+                let per_batch = batch_groups(g, cols, threads);
+                let mut g0 = 0;
+                while g0 < n_groups {
+                    let g1 = (g0 + per_batch).min(n_groups);
+                    let r = pool_ref.install(|| {
                         (g0..g1)
                             .into_par_iter()
-                            .map(|gi| {
-                                let mut vals = vec![0f32; g * cols];
-                                inp.rows_f32(t, gi * g, (gi + 1) * g, &mut vals);
-                                let grp =
-                                    palette::palettize_group(&vals, opts.bits, opts.mode, arith)
-                                        .map_err(|e| {
-                                            terr(
-                                                input,
-                                                &t.name,
-                                                format!(
-                                                    "group {gi} (rows {}..{}): {e}",
-                                                    gi * g,
-                                                    (gi + 1) * g
-                                                ),
-                                            )
-                                        })?;
-                                let mut packed = vec![0u8; g * rb];
-                                for (r, out) in packed.chunks_exact_mut(rb).enumerate() {
-                                    palette::pack_row(
-                                        &grp.indices[r * cols..(r + 1) * cols],
-                                        opts.bits,
-                                        out,
-                                    );
-                                }
-                                Ok((grp, packed))
-                            })
-                            .collect()
+                            .map(|gi| palettize_one(inp_ref, input, t, opts, g, gi))
+                            .collect::<Result<Vec<_>, BundleError>>()
                     });
-                for r in results {
-                    let (grp, packed) = r?;
-                    sse += grp.sse;
-                    maxe = maxe.max(grp.max_abs_err);
-                    tables.extend_from_slice(&grp.table);
-                    put(&mut w, &packed)?;
-                    written += packed.len() as u64;
+                    let failed = r.is_err();
+                    if tx.send(r.map(|groups| Batch { groups, g0, g1 })).is_err() || failed {
+                        return;
+                    }
+                    g0 = g1;
                 }
-                pb.inc(((g1 - g0) * g * cols) as u64);
-                g0 = g1;
             }
-            let gap = (ALIGNMENT - written % ALIGNMENT) % ALIGNMENT;
-            put(&mut w, &zeros[..gap as usize])?;
-            let tb: Vec<u8> = tables.iter().flat_map(|h| h.to_le_bytes()).collect();
-            put(&mut w, &tb)?;
-            all_sse += sse;
-            all_max = all_max.max(maxe);
-            (
-                Encoding::Palette {
-                    bits: opts.bits,
-                    mode: opts.mode.name().into(),
-                    group_size: g as u64,
-                    table_dtype: "float16".into(),
-                    indices_offset: 0,
-                    indices_length: written,
-                    row_bytes: rb as u64,
-                    tables_offset: written + gap,
-                    tables_length: tb.len() as u64,
-                    sse,
-                    max_abs_err: maxe,
-                },
-                written + gap + tb.len() as u64,
-            )
-        } else {
-            let (enc, bytes) = inp.carry(t);
-            put(&mut w, bytes)?;
-            pb.inc(t.shape.iter().product::<u64>());
-            (enc, bytes.len() as u64)
-        };
-        entries.push(TensorEntry {
-            name: t.name.clone(),
-            shape: t.shape.clone(),
-            source_type: t.source_type.name().into(),
-            source_type_id: t.source_type.id(),
-            encoding,
-            file: WEIGHTS_FILE.into(),
-            offset,
-            length,
-            sha256: hex::encode(th.finalize()),
         });
-        inp.release(t);
-    }
+        for (i, (t, &sel)) in tensors.iter().zip(&selected).enumerate() {
+            pb.set_message(format!("tensor {}/{} {}", i + 1, tensors.len(), t.name));
+            let offset = w.align(&wpath)?;
+            let mut th = Sha256::new();
+            let mut put = |w: &mut HashingWriter<BufWriter<File>>, b: &[u8]| {
+                th.update(b);
+                w.write_all(b).map_err(io_err(&wpath))
+            };
+            let (encoding, length) = if sel {
+                n_pal += 1;
+                let rows = t.shape[0] as usize;
+                let cols = t.shape[1] as usize;
+                let g = opts.group_size.map(|g| g as usize).unwrap_or(rows);
+                let n_groups = rows / g;
+                let rb = palette::row_bytes(cols as u64, opts.bits) as usize;
+                let mut tables: Vec<u16> = Vec::with_capacity(n_groups << opts.bits);
+                let (mut sse, mut maxe) = (0f64, 0f64);
+                let mut written = 0u64;
+                let mut done = 0;
+                while done < n_groups {
+                    let batch = rx.recv().map_err(|_| BundleError::Manifest {
+                        path: input.to_path_buf(),
+                        detail: "palettization stopped early".into(),
+                    })??;
+                    debug_assert_eq!(batch.g0, done);
+                    for (grp, packed) in batch.groups {
+                        sse += grp.sse;
+                        maxe = maxe.max(grp.max_abs_err);
+                        tables.extend_from_slice(&grp.table);
+                        put(&mut w, &packed)?;
+                        written += packed.len() as u64;
+                    }
+                    pb.inc(((batch.g1 - batch.g0) * g * cols) as u64);
+                    done = batch.g1;
+                }
+                let gap = (ALIGNMENT - written % ALIGNMENT) % ALIGNMENT;
+                put(&mut w, &zeros[..gap as usize])?;
+                let tb: Vec<u8> = tables.iter().flat_map(|h| h.to_le_bytes()).collect();
+                put(&mut w, &tb)?;
+                all_sse += sse;
+                all_max = all_max.max(maxe);
+                (
+                    Encoding::Palette {
+                        bits: opts.bits,
+                        mode: opts.mode.name().into(),
+                        group_size: g as u64,
+                        table_dtype: "float16".into(),
+                        indices_offset: 0,
+                        indices_length: written,
+                        row_bytes: rb as u64,
+                        tables_offset: written + gap,
+                        tables_length: tb.len() as u64,
+                        sse,
+                        max_abs_err: maxe,
+                    },
+                    written + gap + tb.len() as u64,
+                )
+            } else {
+                let (enc, bytes) = inp.carry(t);
+                if bytes.len() >= 1 << 20 {
+                    // The tensor's hash on a second thread while the file's is taken in writing.
+                    std::thread::scope(|sc| -> Result<(), BundleError> {
+                        let h = sc.spawn(|| Sha256::new().chain_update(bytes));
+                        w.write_all(bytes).map_err(io_err(&wpath))?;
+                        th = h.join().expect("hashing does not panic");
+                        Ok(())
+                    })?;
+                } else {
+                    put(&mut w, bytes)?;
+                }
+                pb.inc(t.shape.iter().product::<u64>());
+                (enc, bytes.len() as u64)
+            };
+            entries.push(TensorEntry {
+                name: t.name.clone(),
+                shape: t.shape.clone(),
+                source_type: t.source_type.name().into(),
+                source_type_id: t.source_type.id(),
+                encoding,
+                file: WEIGHTS_FILE.into(),
+                offset,
+                length,
+                sha256: hex::encode(th.finalize()),
+            });
+            inp.release(t);
+        }
+        Ok(())
+    })?;
     let weights = w.finish(&wpath)?;
     pb.finish_and_clear();
+    if let Some(h) = source_hash {
+        source.sha256 = h
+            .join()
+            .expect("hashing does not panic")
+            .map_err(io_err(input))?;
+    }
     let weights_bytes = weights.size;
     let (manifest, _) = tmp.commit(
         weights,
@@ -618,7 +688,8 @@ fn describe_input(
                 format: None,
                 file_name,
                 size: f.file_len(),
-                sha256: util::sha256_file(path).map_err(io_err(path))?,
+                // Filled in by the hashing thread (see `palettize`).
+                sha256: String::new(),
                 gguf_version: Some(f.version),
                 architecture: model.architecture.clone(),
                 tensor_count: f.tensors.len() as u64,
@@ -640,8 +711,8 @@ fn describe_input(
                 format: Some("safetensors".into()),
                 file_name,
                 size: map.len() as u64,
-                // Plain reads, not the map: hashing must not make the whole file resident.
-                sha256: util::sha256_file(path).map_err(io_err(path))?,
+                // Filled in by the hashing thread (see `palettize`).
+                sha256: String::new(),
                 gguf_version: None,
                 architecture: model.architecture.clone(),
                 tensor_count: meta.tensors().len() as u64,

@@ -177,6 +177,293 @@ unsafe fn best_start_avx2(
     (rv, rj)
 }
 
+/// Rows per group of a Knuth layer (they share one upper bound, see [`knuth_layer`]).
+const GROUP: usize = 8;
+
+/// One Knuth layer: `cur[i], opt_cur[i]` for `i` in `m..=n` from layer `m - 1`, four rows at
+/// a time. Rows `i, i-1, i-2, i-3` share the upper bound `opt_m(i + 1)` (at least each row's
+/// own `opt_m`, which is monotone), each with its own lower bound `max(m - 1, opt_{m-1}(row))`.
+/// The windows are a few columns wide at these layers; four independent rows per step keep the
+/// divider busy instead of waiting for one row's result to know the next row's window.
+fn knuth_layer(
+    p: &Prefix,
+    prev: &[f64],
+    opt_prev: &[u32],
+    m: usize,
+    n: usize,
+    cur: &mut [f64],
+    opt_cur: &mut [u32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F (and so AVX2) is present, checked on the line above.
+            return unsafe { knuth_layer_avx512(p, prev, opt_prev, m, n, cur, opt_cur) };
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is present, checked on the line above.
+            return unsafe { knuth_layer_avx2(p, prev, opt_prev, m, n, cur, opt_cur) };
+        }
+    }
+    knuth_layer_body(p, prev, opt_prev, m, n, cur, opt_cur)
+}
+
+/// [`knuth_layer_body`] with the eight rows of a group in the lanes of two AVX2 vectors
+/// (lane `t` of half `h` holds row `i - 7 + 4h + t`): the windows, the candidates of each column
+/// of their union, the per-lane minimum (smallest `j` on ties) and the stores are all vector
+/// operations. The partial group at the bottom (fewer than eight rows) is left to the scalar
+/// rows. Same results as the scalar body (tested).
+///
+/// # Safety
+/// The CPU must have AVX2. `prev`, `opt_prev`, `cur`, `opt_cur` are `n + 1` long, `p` is the
+/// prefix of `n` values, `2 <= m <= n`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn knuth_layer_avx2(
+    p: &Prefix,
+    prev: &[f64],
+    opt_prev: &[u32],
+    m: usize,
+    n: usize,
+    cur: &mut [f64],
+    opt_cur: &mut [u32],
+) {
+    use std::arch::x86_64::*;
+    debug_assert!(
+        prev.len() == n + 1
+            && opt_prev.len() == n + 1
+            && cur.len() == n + 1
+            && opt_cur.len() == n + 1
+    );
+    let (pw, ps, pq, pv) = (p.w.as_ptr(), p.s.as_ptr(), p.q.as_ptr(), prev.as_ptr());
+    let zero = _mm256_setzero_pd();
+    let inf = _mm256_set1_pd(f64::INFINITY);
+    let mmin = _mm256_set1_epi64x(m as i64 - 1);
+    let lane = _mm256_setr_epi64x(0, 1, 2, 3);
+    macro_rules! pick {
+        ($a:expr, $b:expr) => {{
+            let (a, b): ((__m256d, __m256i), (__m256d, __m256i)) = ($a, $b);
+            let lt = _mm256_cmp_pd::<_CMP_LT_OQ>(b.0, a.0);
+            (
+                _mm256_blendv_pd(a.0, b.0, lt),
+                _mm256_blendv_epi8(a.1, b.1, _mm256_castpd_si256(lt)),
+            )
+        }};
+    }
+    let mut upper = n - 1;
+    let mut i = n;
+    while i >= m + GROUP - 1 {
+        let r0 = i - (GROUP - 1);
+        let up = _mm256_set1_epi64x(upper as i64);
+        let mut wi = [zero; 2];
+        let mut si = [zero; 2];
+        let mut qi = [zero; 2];
+        let mut wlo = [up; 2];
+        let mut whi = [up; 2];
+        let (mut j0, mut j1) = (usize::MAX, 0usize);
+        for h in 0..2 {
+            let r = r0 + 4 * h;
+            wi[h] = _mm256_loadu_pd(pw.add(r));
+            si[h] = _mm256_loadu_pd(ps.add(r));
+            qi[h] = _mm256_loadu_pd(pq.add(r));
+            // lo = max(m - 1, opt_prev[row]); hi = min(upper, row - 1); crossed bounds
+            // (rounding in near-ties) search [hi, min(lo, row - 1)].
+            let op =
+                _mm256_cvtepu32_epi64(_mm_loadu_si128(opt_prev.as_ptr().add(r) as *const __m128i));
+            let lo = _mm256_blendv_epi8(op, mmin, _mm256_cmpgt_epi64(mmin, op));
+            let rm1 = _mm256_add_epi64(_mm256_set1_epi64x(r as i64 - 1), lane);
+            let hi = _mm256_blendv_epi8(up, rm1, _mm256_cmpgt_epi64(up, rm1));
+            let crossed = _mm256_cmpgt_epi64(lo, hi);
+            wlo[h] = _mm256_blendv_epi8(lo, hi, crossed);
+            let whi0 = _mm256_blendv_epi8(hi, lo, crossed);
+            whi[h] = _mm256_blendv_epi8(whi0, rm1, _mm256_cmpgt_epi64(whi0, rm1));
+            let mut l = [0i64; 4];
+            let mut hh = [0i64; 4];
+            _mm256_storeu_si256(l.as_mut_ptr() as *mut __m256i, wlo[h]);
+            _mm256_storeu_si256(hh.as_mut_ptr() as *mut __m256i, whi[h]);
+            j0 = j0.min(l[0].min(l[1]).min(l[2]).min(l[3]) as usize);
+            j1 = j1.max(hh[0].max(hh[1]).max(hh[2]).max(hh[3]) as usize);
+        }
+        let mut best = [(inf, wlo[0]), (inf, wlo[1])];
+        let mut j = j0;
+        while j <= j1 {
+            for (h, bh) in best.iter_mut().enumerate() {
+                // Columns j..j+4, those past j1 outside every lane's window (never read).
+                let mut cv = [inf; 4];
+                let mut cj = [_mm256_setzero_si256(); 4];
+                for (u, (cvu, cju)) in cv.iter_mut().zip(cj.iter_mut()).enumerate() {
+                    let jj = j + u;
+                    let jv = _mm256_set1_epi64x(jj as i64);
+                    *cju = jv;
+                    if jj > j1 {
+                        continue;
+                    }
+                    let outside = _mm256_or_si256(
+                        _mm256_cmpgt_epi64(wlo[h], jv),
+                        _mm256_cmpgt_epi64(jv, whi[h]),
+                    );
+                    let w = _mm256_sub_pd(wi[h], _mm256_set1_pd(*pw.add(jj)));
+                    let s = _mm256_sub_pd(si[h], _mm256_set1_pd(*ps.add(jj)));
+                    let q = _mm256_sub_pd(qi[h], _mm256_set1_pd(*pq.add(jj)));
+                    let c = _mm256_max_pd(
+                        _mm256_sub_pd(q, _mm256_div_pd(_mm256_mul_pd(s, s), w)),
+                        zero,
+                    );
+                    let v = _mm256_add_pd(_mm256_set1_pd(*pv.add(jj)), c);
+                    *cvu = _mm256_blendv_pd(v, inf, _mm256_castsi256_pd(outside));
+                }
+                // Tree minimum over the four columns, then into the running best; strict `<`
+                // keeps the earlier (smaller) column on equal values.
+                let c01 = pick!((cv[0], cj[0]), (cv[1], cj[1]));
+                let c23 = pick!((cv[2], cj[2]), (cv[3], cj[3]));
+                *bh = pick!(*bh, pick!(c01, c23));
+            }
+            j += 4;
+        }
+        for (h, &(b, bj)) in best.iter().enumerate() {
+            let r = r0 + 4 * h;
+            _mm256_storeu_pd(cur.as_mut_ptr().add(r), b);
+            // Low 32 bits of each 64-bit lane (j <= n < 2^32).
+            let packed = _mm256_permutevar8x32_epi32(bj, _mm256_setr_epi32(0, 2, 4, 6, 0, 0, 0, 0));
+            _mm_storeu_si128(
+                opt_cur.as_mut_ptr().add(r) as *mut __m128i,
+                _mm256_castsi256_si128(packed),
+            );
+        }
+        upper = _mm256_cvtsi256_si32(best[0].1) as u32 as usize;
+        i -= GROUP;
+    }
+    if i >= m {
+        knuth_rows(p, prev, opt_prev, m, i, upper, cur, opt_cur);
+    }
+}
+
+/// [`knuth_layer_avx2`] with the eight rows in one AVX-512 vector and mask registers.
+///
+/// # Safety
+/// The CPU must have AVX-512F; the rest as [`knuth_layer_avx2`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f")]
+unsafe fn knuth_layer_avx512(
+    p: &Prefix,
+    prev: &[f64],
+    opt_prev: &[u32],
+    m: usize,
+    n: usize,
+    cur: &mut [f64],
+    opt_cur: &mut [u32],
+) {
+    use std::arch::x86_64::*;
+    debug_assert!(
+        prev.len() == n + 1
+            && opt_prev.len() == n + 1
+            && cur.len() == n + 1
+            && opt_cur.len() == n + 1
+    );
+    let (pw, ps, pq, pv) = (p.w.as_ptr(), p.s.as_ptr(), p.q.as_ptr(), prev.as_ptr());
+    let zero = _mm512_setzero_pd();
+    let inf = _mm512_set1_pd(f64::INFINITY);
+    let mmin = _mm512_set1_epi64(m as i64 - 1);
+    let lane = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+    let mut upper = n - 1;
+    let mut i = n;
+    while i >= m + GROUP - 1 {
+        let r0 = i - (GROUP - 1);
+        let wi = _mm512_loadu_pd(pw.add(r0));
+        let si = _mm512_loadu_pd(ps.add(r0));
+        let qi = _mm512_loadu_pd(pq.add(r0));
+        let op = _mm512_cvtepu32_epi64(_mm256_loadu_si256(
+            opt_prev.as_ptr().add(r0) as *const __m256i
+        ));
+        let lo = _mm512_max_epi64(op, mmin);
+        let rm1 = _mm512_add_epi64(_mm512_set1_epi64(r0 as i64 - 1), lane);
+        let hi = _mm512_min_epi64(_mm512_set1_epi64(upper as i64), rm1);
+        let crossed = _mm512_cmpgt_epi64_mask(lo, hi);
+        let wlo = _mm512_mask_blend_epi64(crossed, lo, hi);
+        let whi = _mm512_min_epi64(_mm512_mask_blend_epi64(crossed, hi, lo), rm1);
+        let j0 = _mm512_reduce_min_epi64(wlo) as usize;
+        let j1 = _mm512_reduce_max_epi64(whi) as usize;
+        let mut best = (inf, wlo);
+        for jj in j0..=j1 {
+            let jv = _mm512_set1_epi64(jj as i64);
+            let inside = _mm512_cmple_epi64_mask(wlo, jv) & _mm512_cmple_epi64_mask(jv, whi);
+            let w = _mm512_sub_pd(wi, _mm512_set1_pd(*pw.add(jj)));
+            let s = _mm512_sub_pd(si, _mm512_set1_pd(*ps.add(jj)));
+            let q = _mm512_sub_pd(qi, _mm512_set1_pd(*pq.add(jj)));
+            let c = _mm512_max_pd(
+                _mm512_sub_pd(q, _mm512_div_pd(_mm512_mul_pd(s, s), w)),
+                zero,
+            );
+            let v = _mm512_add_pd(_mm512_set1_pd(*pv.add(jj)), c);
+            // Strict `<` in column order: the smallest j on equal values.
+            let lt = _mm512_mask_cmp_pd_mask::<_CMP_LT_OQ>(inside, v, best.0);
+            best = (
+                _mm512_mask_blend_pd(lt, best.0, v),
+                _mm512_mask_blend_epi64(lt, best.1, jv),
+            );
+        }
+        _mm512_storeu_pd(cur.as_mut_ptr().add(r0), best.0);
+        _mm256_storeu_si256(
+            opt_cur.as_mut_ptr().add(r0) as *mut __m256i,
+            _mm512_cvtepi64_epi32(best.1),
+        );
+        upper = _mm_cvtsi128_si64(_mm512_castsi512_si128(best.1)) as usize;
+        i -= GROUP;
+    }
+    if i >= m {
+        knuth_rows(p, prev, opt_prev, m, i, upper, cur, opt_cur);
+    }
+}
+
+/// The portable Knuth layer ([`knuth_layer`]).
+fn knuth_layer_body(
+    p: &Prefix,
+    prev: &[f64],
+    opt_prev: &[u32],
+    m: usize,
+    n: usize,
+    cur: &mut [f64],
+    opt_cur: &mut [u32],
+) {
+    knuth_rows(p, prev, opt_prev, m, n, n - 1, cur, opt_cur)
+}
+
+/// Rows `top` down to `m` of a Knuth layer in groups of four, the first group's upper bound
+/// `upper` (see [`knuth_layer`]); each row's window `[max(m - 1, opt_{m-1}(row)),
+/// min(upper, row - 1)]` (crossed bounds: both searched), its minimum the smallest `j`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn knuth_rows(
+    p: &Prefix,
+    prev: &[f64],
+    opt_prev: &[u32],
+    m: usize,
+    top: usize,
+    mut upper: usize,
+    cur: &mut [f64],
+    opt_cur: &mut [u32],
+) {
+    let mut i = top;
+    while i >= m {
+        let rows = GROUP.min(i - m + 1);
+        let mut low_j = 0;
+        for t in (0..rows).rev() {
+            let r = i - t;
+            let lo = (opt_prev[r] as usize).max(m - 1);
+            let hi = upper.min(r - 1);
+            // The bounds cross only through rounding in near-ties; search both then.
+            let (v, j) = best_start_scalar(p, prev, r, lo.min(hi), lo.max(hi).min(r - 1));
+            cur[r] = v;
+            opt_cur[r] = j as u32;
+            if t == rows - 1 {
+                low_j = j;
+            }
+        }
+        upper = low_j;
+        i -= rows;
+    }
+}
+
 /// The optimal partition of sorted, strictly increasing `x` (weights `w > 0`, same length)
 /// into `min(k, x.len())` contiguous clusters.
 ///
@@ -188,7 +475,14 @@ pub fn optimal(x: &[f64], w: &[f64], k: usize) -> Clustering {
     let p = Prefix::new(x, w);
     // opt[(m - 1) * (n + 1) + i]: start of the last cluster of D_m(i).
     let stride = n + 1;
-    let mut opt = vec![0u32; k * stride];
+    // The back-pointers (k * (n + 1) u32, megabytes at 8 bits) in a buffer kept per thread:
+    // a fresh allocation per group would cost its page faults every time.
+    thread_local! {
+        static OPT: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let mut opt = OPT.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    opt.clear();
+    opt.resize(k * stride, 0);
     let mut prev = vec![f64::INFINITY; stride];
     let mut cur = vec![f64::INFINITY; stride];
     for (i, v) in prev.iter_mut().enumerate().skip(1) {
@@ -204,17 +498,12 @@ pub fn optimal(x: &[f64], w: &[f64], k: usize) -> Clustering {
         let opt_cur = &mut rest[..stride];
         cur.iter_mut().for_each(|v| *v = f64::INFINITY);
         if m >= knuth_from.max(2) {
-            // Knuth: i from n down to m, j in [max(m - 1, opt_{m-1}(i)), min(i - 1, opt_m(i + 1))].
-            let mut upper = n - 1;
-            for i in (m..=n).rev() {
-                let lo = (opt_prev[i] as usize).max(m - 1);
-                let hi = upper.min(i - 1);
-                // The two bounds cross only through rounding in near-ties; search both then.
-                let (v, j) = best_start(&p, &prev, i, lo.min(hi), lo.max(hi).min(i - 1));
-                cur[i] = v;
-                opt_cur[i] = j as u32;
-                upper = j;
-            }
+            // Knuth, four rows at a time: rows i, i-1, i-2, i-3 (from n down to m) share the
+            // upper bound opt_m(i + 1) (>= each row's own opt_m, which is monotone), each with
+            // its own lower bound max(m - 1, opt_{m-1}(row)). The windows are a few columns
+            // wide here; four independent rows per step keep the divider busy instead of
+            // waiting on one row's result before the next row's window is known.
+            knuth_layer(&p, &prev, opt_prev, m, n, &mut cur, opt_cur);
         } else {
             // Divide and conquer over i in m..=n with the monotone argmin.
             let mut stack = vec![(m, n, m - 1, n - 1)];
@@ -264,6 +553,7 @@ pub fn optimal(x: &[f64], w: &[f64], k: usize) -> Clustering {
             .map(|(xi, wi)| wi * (xi - means[c]) * (xi - means[c]))
             .sum::<f64>();
     }
+    OPT.with(|b| *b.borrow_mut() = opt);
     Clustering { starts, means, sse }
 }
 
@@ -379,6 +669,61 @@ mod tests {
                     (b.0.to_bits(), b.1),
                     "i {i} lo {lo} hi {hi}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn simd_knuth_layers_equal_the_scalar_layer() {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            let mut s = 23u64;
+            for case in 0..20 {
+                let n = 50 + case * 37;
+                // Clumped values (near-ties) in some cases.
+                let mut x: Vec<f64> = (0..n)
+                    .map(|_| {
+                        if case % 2 == 0 {
+                            (lcg(&mut s) * 50.0).floor() * 0.02 + lcg(&mut s) * 1e-9
+                        } else {
+                            lcg(&mut s) - 0.5
+                        }
+                    })
+                    .collect();
+                x.sort_by(f64::total_cmp);
+                x.dedup();
+                let n = x.len();
+                let w: Vec<f64> = x
+                    .iter()
+                    .map(|_| 1.0 + (lcg(&mut s) * 4.0).floor())
+                    .collect();
+                let p = Prefix::new(&x, &w);
+                // Layer 1 exactly, then a few layers on both paths from the same input.
+                let mut prev: Vec<f64> = (0..=n)
+                    .map(|i| if i == 0 { f64::INFINITY } else { p.cost(0, i) })
+                    .collect();
+                let mut opt_prev = vec![0u32; n + 1];
+                for m in 2..6 {
+                    let (mut c0, mut c1) = (vec![f64::INFINITY; n + 1], vec![f64::INFINITY; n + 1]);
+                    let (mut o0, mut o1) = (vec![0u32; n + 1], vec![0u32; n + 1]);
+                    knuth_layer_body(&p, &prev, &opt_prev, m, n, &mut c0, &mut o0);
+                    // SAFETY: AVX2 checked above.
+                    unsafe { knuth_layer_avx2(&p, &prev, &opt_prev, m, n, &mut c1, &mut o1) };
+                    assert_eq!(o0, o1, "case {case} layer {m}");
+                    let b0: Vec<u64> = c0.iter().map(|v| v.to_bits()).collect();
+                    let b1: Vec<u64> = c1.iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(b0, b1, "case {case} layer {m}");
+                    if std::is_x86_feature_detected!("avx512f") {
+                        let (mut c2, mut o2) = (vec![f64::INFINITY; n + 1], vec![0u32; n + 1]);
+                        // SAFETY: AVX-512F checked on the line above.
+                        unsafe { knuth_layer_avx512(&p, &prev, &opt_prev, m, n, &mut c2, &mut o2) };
+                        assert_eq!(o0, o2, "case {case} layer {m} (AVX-512)");
+                        let b2: Vec<u64> = c2.iter().map(|v| v.to_bits()).collect();
+                        assert_eq!(b0, b2, "case {case} layer {m} (AVX-512)");
+                    }
+                    prev = c0;
+                    opt_prev = o0;
+                }
             }
         }
     }

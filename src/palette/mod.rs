@@ -100,6 +100,80 @@ fn from_key(k: u32) -> f32 {
     })
 }
 
+/// A group's sorted distinct values (`-0.0` and `0.0` count as one), their counts, and for
+/// every weight the index of its value among them.
+pub struct Distinct {
+    pub xs: Vec<f64>,
+    pub ws: Vec<f64>,
+    pub index: Vec<u32>,
+}
+
+/// [`Distinct`] of `v`. Values that are all exact f16 (a half-precision checkpoint) are
+/// counted in 65536 bins of their f16 bits, in numeric order; others are sorted. Both give the
+/// same result.
+pub fn distinct(v: &[f32]) -> Distinct {
+    use half::slice::HalfFloatSliceExt;
+    let mut bits = vec![f16::ZERO; v.len()];
+    bits.convert_from_f32_slice(v);
+    let bits: Vec<u16> = bits.iter().map(|h| h.to_bits()).collect();
+    let exact_f16 = bits
+        .iter()
+        .zip(v)
+        .all(|(&b, &x)| crate::quant::f16_bits_to_f32(b).to_bits() == x.to_bits());
+    if exact_f16 {
+        // 16-bit order keys: negative values reversed below 0x8000, +0 (and -0) at 0x8000.
+        let key = |b: u16| -> usize {
+            let b = if b == 0x8000 { 0 } else { b };
+            (if b & 0x8000 != 0 { !b } else { b | 0x8000 }) as usize
+        };
+        let mut counts = vec![0u32; 1 << 16];
+        let (mut kmin, mut kmax) = (usize::MAX, 0usize);
+        for &b in &bits {
+            let k = key(b);
+            counts[k] += 1;
+            kmin = kmin.min(k);
+            kmax = kmax.max(k);
+        }
+        let mut slot = vec![0u32; 1 << 16];
+        let (mut xs, mut ws) = (Vec::new(), Vec::new());
+        for k in kmin..=kmax.max(kmin) {
+            if counts[k] > 0 {
+                slot[k] = xs.len() as u32;
+                let b = if k & 0x8000 != 0 {
+                    (k & 0x7FFF) as u16
+                } else {
+                    !(k as u16)
+                };
+                xs.push(f16::from_bits(b).to_f64());
+                ws.push(counts[k] as f64);
+            }
+        }
+        let index = bits.iter().map(|&b| slot[key(b)]).collect();
+        return Distinct { xs, ws, index };
+    }
+    let mut keys: Vec<u64> = v
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| ((order_key(if x == 0.0 { 0.0 } else { x }) as u64) << 32) | i as u64)
+        .collect();
+    keys.sort_unstable();
+    let mut xs: Vec<f64> = Vec::new();
+    let mut ws: Vec<f64> = Vec::new();
+    let mut index = vec![0u32; v.len()];
+    let mut last = None;
+    for k in keys {
+        let kv = (k >> 32) as u32;
+        if last != Some(kv) {
+            xs.push(from_key(kv) as f64);
+            ws.push(0.0);
+            last = Some(kv);
+        }
+        *ws.last_mut().expect("pushed above") += 1.0;
+        index[(k & 0xFFFF_FFFF) as usize] = (xs.len() - 1) as u32;
+    }
+    Distinct { xs, ws, index }
+}
+
 /// Sorted distinct values of `v` (`-0.0` and `0.0` count as one) with their counts.
 pub fn distinct_counts(v: &[f32]) -> (Vec<f64>, Vec<f64>) {
     let mut keys: Vec<u32> = v.iter().map(|&x| order_key(x)).collect();
@@ -147,11 +221,11 @@ pub fn palettize_group(
     let n_entries = 1usize << bits;
     let (table, indices) = match mode {
         Mode::Kmeans => {
-            let (xs, ws) = distinct_counts(values);
-            let entries: Vec<f64> = if xs.len() <= n_entries {
-                xs.clone()
+            let d = distinct(values);
+            let entries: Vec<f64> = if d.xs.len() <= n_entries {
+                d.xs.clone()
             } else {
-                kmeans::optimal(&xs, &ws, n_entries).means
+                kmeans::optimal(&d.xs, &d.ws, n_entries).means
             };
             let mut table = Vec::with_capacity(n_entries);
             for &e in &entries {
@@ -162,18 +236,22 @@ pub fn palettize_group(
             table.resize(n_entries, last);
             let tv: Vec<f64> = table.iter().map(|&h| f16::from_bits(h).to_f64()).collect();
             let used = entries.len();
-            let indices = values
-                .iter()
-                .map(|&v| nearest(&tv[..used], v as f64) as u8)
-                .collect();
+            // The nearest entry of each distinct value (ascending, so one merge walk), then
+            // of each weight through its value's index.
+            let near = nearest_sorted(&tv[..used], &d.xs);
+            let indices = d.index.iter().map(|&i| near[i as usize]).collect();
             (table, indices)
         }
         Mode::Uniform => uniform(values, bits, arith)?,
     };
     let mut sse = 0f64;
     let mut max_abs_err = 0f64;
+    let tv: Vec<f64> = table
+        .iter()
+        .map(|&h| crate::quant::f16_bits_to_f32(h) as f64)
+        .collect();
     for (&v, &i) in values.iter().zip(&indices) {
-        let e = (f16::from_bits(table[i as usize]).to_f64() - v as f64).abs();
+        let e = (tv[i as usize] - v as f64).abs();
         sse += e * e;
         max_abs_err = max_abs_err.max(e);
     }
@@ -185,8 +263,30 @@ pub fn palettize_group(
     })
 }
 
+/// [`nearest`] of every value of ascending `xs` in sorted `t`, by one merge walk (the same
+/// indices as a binary search per value).
+fn nearest_sorted(t: &[f64], xs: &[f64]) -> Vec<u8> {
+    let mut p = 0;
+    xs.iter()
+        .map(|&v| {
+            while p < t.len() && t[p] < v {
+                p += 1;
+            }
+            let i = if p == 0 {
+                0
+            } else if p == t.len() || v - t[p - 1] <= t[p] - v {
+                p - 1
+            } else {
+                p
+            };
+            i as u8
+        })
+        .collect()
+}
+
 /// Index of the entry of sorted `t` nearest to `v` (ties: the lower index).
 #[inline(always)]
+#[cfg_attr(not(test), allow(dead_code))]
 fn nearest(t: &[f64], v: f64) -> usize {
     let p = t.partition_point(|&e| e < v);
     if p == 0 {
@@ -356,6 +456,62 @@ impl PaletteView<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn distinct_paths_agree_and_index_every_weight() {
+        let mut seed = 3u64;
+        let mut lcg = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        let f32s: Vec<f32> = (0..5000).map(|_| lcg() * 0.1).collect();
+        let mut f16s: Vec<f32> = f32s.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+        f16s[7] = -0.0;
+        f16s[8] = 0.0;
+        f16s[9] = f16::from_bits(1).to_f32(); // smallest subnormal
+        for (name, v) in [("f32", &f32s), ("f16", &f16s)] {
+            let d = distinct(v);
+            let (xs, ws) = distinct_counts(v);
+            assert_eq!(d.xs, xs, "{name}");
+            assert_eq!(d.ws, ws, "{name}");
+            for (x, &i) in v.iter().zip(&d.index) {
+                assert_eq!(d.xs[i as usize], *x as f64, "{name}");
+            }
+        }
+        // The bins and the sort agree on f16 values too.
+        let sorted = {
+            let mut keys: Vec<u64> = f16s
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| {
+                    ((order_key(if x == 0.0 { 0.0 } else { x }) as u64) << 32) | i as u64
+                })
+                .collect();
+            keys.sort_unstable();
+            keys.dedup_by_key(|k| *k >> 32);
+            keys.iter()
+                .map(|k| from_key((*k >> 32) as u32) as f64)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(distinct(&f16s).xs, sorted);
+    }
+
+    #[test]
+    fn merge_walk_equals_binary_search() {
+        let t = [-1.0, -0.5, -0.5, 0.0, 0.25, 2.0];
+        let xs: Vec<f64> = (-30..=30)
+            .map(|i| i as f64 * 0.1)
+            .chain([-0.75, 0.125])
+            .collect();
+        let mut xs = xs;
+        xs.sort_by(f64::total_cmp);
+        let near = nearest_sorted(&t, &xs);
+        for (v, n) in xs.iter().zip(&near) {
+            assert_eq!(*n as usize, nearest(&t, *v), "{v}");
+        }
+    }
 
     #[test]
     fn pack_roundtrip_every_width() {
