@@ -23,7 +23,7 @@ OUT ?= $(LOWBIT_CACHE)/out
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all demo test fetch venv build bench bench-ternary bench-runtime bench-dequant bench-palette refvectors golden llama clean-out lint
+.PHONY: all demo test fetch venv build hf-checkpoints bench bench-ternary bench-runtime bench-dequant bench-palette refvectors golden llama clean-out lint
 
 all: build
 
@@ -79,8 +79,25 @@ $(SMOLLM2_TQ2): $(SMOLLM2) $(VENV)/.ok tests/ref/make_tq2_from_real.py
 	$(VPY) tests/ref/make_tq2_from_real.py $(SMOLLM2) --out $@ --json $(TERNARY)/smollm2-tq2_0-gguf-py.json
 ternary-real: $(SMOLLM2_TQ2)
 
+# Hugging Face checkpoints written from the GGUFs (tests/ref/make_hf_checkpoint.py, checked
+# there with `tokenizers`/`sentencepiece` and a Hugging Face-style forward pass against
+# llama.cpp), the inputs of the palettize tests on Hugging Face safetensors.
+HF := $(LOWBIT_CACHE)/hf
+HF_SMOLLM2 := $(HF)/smollm2-f32/config.json
+HF_TINY := $(HF)/minicpm-tiny-sharded/config.json
+$(HF_SMOLLM2): $(SMOLLM2) $(VENV)/.ok tests/ref/make_hf_checkpoint.py
+	$(VPY) tests/ref/make_hf_checkpoint.py $(SMOLLM2) $(HF)/smollm2-f32 --dtype f32 \
+		--tokenizer-vectors testdata/tokenizer/smollm2.json \
+		--llama-f32path testdata/llama/SmolLM2-135M-Instruct.Q4_1.f32path.json
+$(HF_TINY): $(VENV)/.ok tests/ref/make_hf_checkpoint.py
+	$(VPY) tests/ref/make_hf_checkpoint.py testdata/ternary/minicpm-tiny-tq2_0.gguf \
+		$(HF)/minicpm-tiny-sharded --dtype f32 --shards 2 \
+		--tokenizer-vectors testdata/tokenizer/minicpm-tiny.json \
+		--llama-f32path testdata/llama/minicpm-tiny-tq2_0.f32path.json
+hf-checkpoints: $(HF_SMOLLM2) $(HF_TINY)
+
 # Every test, with the real models required (a missing model fails instead of skipping).
-test: fetch $(SMOLLM2_TQ2)
+test: fetch $(SMOLLM2_TQ2) hf-checkpoints
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	LOWBIT_REQUIRE_MODELS=1 cargo test --release

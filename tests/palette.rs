@@ -434,11 +434,245 @@ fn more_bad_input_is_refused_with_names() {
     assert!(text(&o).contains("tokenizer.json"), "{}", text(&o));
     std::fs::write(&tok, tok_bytes).unwrap();
     let cfg = dir.path().join("config.json");
+    std::fs::write(&cfg, r#"{"hidden_size": 64}"#).unwrap();
+    let (_d, _o, o) = palettize(&st, &["--bits", "4"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("config.json")
+            && text(&o).contains("neither a Hugging Face configuration"),
+        "{}",
+        text(&o)
+    );
+    // A Hugging Face configuration missing a key names the file and the key.
     std::fs::write(&cfg, r#"{"model_type": "llama", "hidden_size": 64}"#).unwrap();
     let (_d, _o, o) = palettize(&st, &["--bits", "4"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(
-        text(&o).contains("config.json") && text(&o).contains("no \"lowbit\" section"),
+        text(&o).contains("config.json: num_hidden_layers: missing"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// `convert palettize input -o <tmp>/p.bundle -q args...`.
+fn palettize_plain(input: &Path, args: &[&str]) -> (tempfile::TempDir, PathBuf, Output) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("p.bundle");
+    let mut a = vec!["palettize", s(input), "-o", s(&out), "-q"];
+    a.extend_from_slice(args);
+    let o = run(&a);
+    (dir, out, o)
+}
+
+/// Copies a Hugging Face checkpoint directory (so a test may edit it).
+fn copy_dir(from: &Path) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), d.path().join(e.file_name())).unwrap();
+    }
+    d
+}
+
+fn tokenizer_metadata(bundle: &Path) -> Value {
+    let v: Value =
+        serde_json::from_slice(&std::fs::read(bundle.join("tokenizer.json")).unwrap()).unwrap();
+    v["metadata"].clone()
+}
+
+/// SmolLM2 as a Hugging Face checkpoint (f32 safetensors, config.json, tokenizer.json,
+/// tokenizer_config.json; written by tests/ref/make_hf_checkpoint.py and checked there with
+/// the `tokenizers` library and a Hugging Face-style forward pass against llama.cpp): the
+/// same weights, model configuration and tokenizer as palettizing the GGUF, and it runs; and
+/// `convert dequantize --with-config`'s safetensors of the GGUF gives the GGUF's bundle.
+#[test]
+fn smollm2_hugging_face_checkpoint_gives_the_gguf_bundle() {
+    let (Some(src), Some(hf)) = (
+        common::model("SmolLM2-135M-Instruct.Q4_1.gguf"),
+        common::hf_checkpoint("smollm2-f32"),
+    ) else {
+        return;
+    };
+    let args = ["--bits", "4", "--group-size", "32", "--context", "512"];
+    let (_a, from_gguf, r1) = palettize_plain(&src, &args);
+    let (_b, from_hf, r2) = palettize_plain(&hf.join("model.safetensors"), &args);
+    assert!(
+        r1.status.success() && r2.status.success(),
+        "{}{}",
+        text(&r1),
+        text(&r2)
+    );
+    assert!(
+        std::fs::read(from_gguf.join("weights.bin")).unwrap()
+            == std::fs::read(from_hf.join("weights.bin")).unwrap(),
+        "weights.bin differs"
+    );
+    let (a, b) = (
+        Bundle::open(&from_gguf).unwrap(),
+        Bundle::open(&from_hf).unwrap(),
+    );
+    assert_eq!(a.manifest.model, b.manifest.model);
+    assert_eq!(tokenizer_metadata(&from_gguf), tokenizer_metadata(&from_hf));
+    assert_eq!(
+        b.manifest.source.format.as_deref(),
+        Some("huggingface-safetensors")
+    );
+    // And from `convert dequantize --with-config`'s safetensors of the GGUF: the same bundle,
+    // byte for byte but for the manifest's source and command line.
+    let d = tempfile::tempdir().unwrap();
+    let st = d.path().join("model.safetensors");
+    let o = run(&["dequantize", s(&src), "-o", s(&st), "--with-config", "-q"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (_c, from_st, r3) = palettize_plain(&st, &args);
+    assert!(r3.status.success(), "{}", text(&r3));
+    for f in ["weights.bin", "tokenizer.json"] {
+        assert!(
+            std::fs::read(from_gguf.join(f)).unwrap() == std::fs::read(from_st.join(f)).unwrap(),
+            "{f} differs"
+        );
+    }
+    let c = Bundle::open(&from_st).unwrap();
+    assert_eq!(a.manifest.bundle_digest, c.manifest.bundle_digest);
+    assert_eq!(a.manifest.model, c.manifest.model);
+    // Both run, and generate the same text (4-bit is too coarse for this model to stay on
+    // "Paris"; identical weights, configuration and tokenizer give identical output).
+    let gen = |b: &Path| {
+        let o = run(&[
+            "run",
+            s(b),
+            "--prompt",
+            "The capital of France is",
+            "--max-tokens",
+            "8",
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        o.stdout
+    };
+    assert_eq!(gen(&from_gguf), gen(&from_hf));
+}
+
+/// The tiny MiniCPM as a sharded Hugging Face checkpoint (two safetensors files and their
+/// index, tokenizer.model, LongRoPE factors in config.json): the same weights as the GGUF.
+#[test]
+fn tiny_minicpm_sharded_hugging_face_checkpoint_gives_the_gguf_weights() {
+    let Some(hf) = common::hf_checkpoint("minicpm-tiny-sharded") else {
+        return;
+    };
+    let src = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
+    let args = ["--bits", "4", "--group-size", "2"];
+    let (_a, from_gguf, r1) = palettize_plain(&src, &args);
+    let idx = hf.join("model.safetensors.index.json");
+    let (_b, from_hf, r2) = palettize_plain(&idx, &args);
+    assert!(
+        r1.status.success() && r2.status.success(),
+        "{}{}",
+        text(&r1),
+        text(&r2)
+    );
+    assert!(
+        std::fs::read(from_gguf.join("weights.bin")).unwrap()
+            == std::fs::read(from_hf.join("weights.bin")).unwrap(),
+        "weights.bin differs"
+    );
+    let (a, b) = (
+        Bundle::open(&from_gguf).unwrap(),
+        Bundle::open(&from_hf).unwrap(),
+    );
+    // The tiny GGUF has no minicpm.vocab_size key (convert_hf_to_gguf writes one); the rest
+    // of the configuration, LongRoPE factors and mscale included, is the same.
+    let (mut ma, mut mb) = (a.manifest.model.clone(), b.manifest.model.clone());
+    mb.hparams.remove("minicpm.vocab_size");
+    ma.hparams.remove("minicpm.vocab_size");
+    assert_eq!(ma, mb);
+    let (mut ta, mut tb) = (tokenizer_metadata(&from_gguf), tokenizer_metadata(&from_hf));
+    // sentencepiece's add_dummy_prefix (true, llama.cpp's default when the key is absent)
+    assert_eq!(tb["ggml.add_space_prefix"], true);
+    ta.as_object_mut().unwrap().remove("ggml.add_space_prefix");
+    tb.as_object_mut().unwrap().remove("ggml.add_space_prefix");
+    assert_eq!(ta, tb);
+}
+
+#[test]
+fn hugging_face_bad_input_is_refused_with_names() {
+    let Some(hf) = common::hf_checkpoint("minicpm-tiny-sharded") else {
+        return;
+    };
+    let idx = |d: &Path| d.join("model.safetensors.index.json");
+    // An architecture this tool does not map.
+    let d = copy_dir(&hf);
+    let cfg = d.path().join("config.json");
+    let mut c: Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    c["model_type"] = "qwen3".into();
+    std::fs::write(&cfg, serde_json::to_vec(&c).unwrap()).unwrap();
+    let (_o, out, o) = palettize(&idx(d.path()), &["--bits", "4"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("model_type: \"qwen3\" is not supported"),
+        "{}",
+        text(&o)
+    );
+    assert!(!out.exists());
+    // LongRoPE factors of the wrong length name the key and both numbers.
+    let d = copy_dir(&hf);
+    let cfg = d.path().join("config.json");
+    let mut c: Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    c["rope_scaling"]["long_factor"] = serde_json::json!([1.0, 2.0]);
+    std::fs::write(&cfg, serde_json::to_vec(&c).unwrap()).unwrap();
+    let (_o, _out, o) = palettize(&idx(d.path()), &["--bits", "4"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("rope_scaling.long_factor: 2 factors, expected head_dim / 2 = 32"),
+        "{}",
+        text(&o)
+    );
+    // A shard the index names is missing.
+    let d = copy_dir(&hf);
+    std::fs::remove_file(d.path().join("model-00002-of-00002.safetensors")).unwrap();
+    let (_o, _out, o) = palettize(&idx(d.path()), &["--bits", "4"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("model-00002-of-00002.safetensors"),
+        "{}",
+        text(&o)
+    );
+    // An index pointing outside its directory.
+    let d = copy_dir(&hf);
+    std::fs::write(
+        idx(d.path()),
+        r#"{"weight_map": {"model.norm.weight": "../x.safetensors"}}"#,
+    )
+    .unwrap();
+    let (_o, _out, o) = palettize(&idx(d.path()), &["--bits", "4"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("is not a file beside the index"),
+        "{}",
+        text(&o)
+    );
+    // A truncated tokenizer.model names the file.
+    let d = copy_dir(&hf);
+    let tm = d.path().join("tokenizer.model");
+    let b = std::fs::read(&tm).unwrap();
+    std::fs::write(&tm, &b[..b.len() - 3]).unwrap();
+    let (_o, _out, o) = palettize(&idx(d.path()), &["--bits", "4"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("tokenizer.model") && text(&o).contains("past the end"),
+        "{}",
+        text(&o)
+    );
+    // A tensor name outside the mapping.
+    let d = copy_dir(&hf);
+    let shard = d.path().join("model-00001-of-00002.safetensors");
+    std::fs::remove_file(&shard).unwrap();
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &[0u8; 8]).unwrap();
+    safetensors::serialize_to_file([("model.layers.0.mystery.weight", view)], None, &shard)
+        .unwrap();
+    let (_o, _out, o) = palettize(&idx(d.path()), &["--bits", "4"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("model.layers.0.mystery.weight") && text(&o).contains("this tool maps"),
         "{}",
         text(&o)
     );

@@ -13,6 +13,7 @@
 //! checks them, [`verify`] compares them with their source (`convert verify`).
 
 pub mod config;
+pub mod hf;
 pub mod manifest;
 pub mod palettize;
 pub mod reader;
@@ -69,6 +70,14 @@ pub enum BundleError {
     /// Metadata the model configuration needs is missing or malformed.
     #[error("{file}: metadata key {key:?}: {detail}")]
     Config {
+        file: PathBuf,
+        key: String,
+        detail: String,
+    },
+    /// A Hugging Face checkpoint's configuration or tokenizer file lacks a key or holds a
+    /// value this tool cannot map.
+    #[error("{file}: {key}: {detail}")]
+    HfConfig {
         file: PathBuf,
         key: String,
         detail: String,

@@ -36,7 +36,7 @@ use sha2::{Digest, Sha256};
 use super::manifest::*;
 use super::reader::Bundle;
 use super::writer::{io_err, HashingWriter, Staging};
-use super::{config, BundleError};
+use super::{config, hf, BundleError};
 use crate::ggml::GgmlType;
 use crate::gguf::GgufFile;
 use crate::palette::{self, Arith, Mode};
@@ -82,20 +82,39 @@ struct InTensor {
 
 enum Loc {
     Gguf(usize),
-    Safetensors { start: usize, end: usize },
+    /// Bytes `start..end` of shard `shard`; `permute`: a Hugging Face q/k weight whose rows are
+    /// permuted for this many heads ([`hf::permuted_row`]).
+    Safetensors {
+        shard: usize,
+        start: usize,
+        end: usize,
+        permute: Option<usize>,
+    },
+    /// A tensor a Hugging Face checkpoint keeps in `config.json` (F32 bytes).
+    Extra(usize),
     Bundle(usize),
+}
+
+/// One safetensors file of a checkpoint.
+struct Shard {
+    path: PathBuf,
+    map: Mmap,
+    data_start: usize,
+    meta: Metadata,
 }
 
 #[allow(clippy::large_enum_variant)]
 enum Input {
     Gguf(GgufFile),
     Safetensors {
-        map: Mmap,
-        data_start: usize,
+        shards: Vec<Shard>,
         model: ModelConfig,
         tokenizer: TokenizerRef,
         tokenizer_bytes: Vec<u8>,
-        meta: Metadata,
+        /// Hugging Face tensor names (mapped to GGUF's), with the head counts of q and k.
+        hf: Option<(usize, usize)>,
+        /// GGUF-named F32 tensors made from config.json.
+        extra: Vec<(String, Vec<u8>)>,
     },
     Bundle(Bundle),
 }
@@ -153,7 +172,7 @@ pub fn sidecar_config(model: &ModelConfig, tokenizer: &TokenizerRef) -> serde_js
     })
 }
 
-fn open_safetensors(path: &Path) -> Result<Input, BundleError> {
+fn open_shard(path: &Path) -> Result<Shard, BundleError> {
     let f = File::open(path).map_err(io_err(path))?;
     // SAFETY: read-only map of a file we do not modify; see crate::gguf for the caveat.
     let map = unsafe { Mmap::map(&f) }.map_err(io_err(path))?;
@@ -161,10 +180,55 @@ fn open_safetensors(path: &Path) -> Result<Input, BundleError> {
         path: path.to_path_buf(),
         detail: format!("not a valid safetensors file: {e}"),
     })?;
+    Ok(Shard {
+        path: path.to_path_buf(),
+        map,
+        data_start: 8 + n,
+        meta,
+    })
+}
+
+/// The safetensors files of a checkpoint: `path` itself, or for a sharded checkpoint's
+/// `*.safetensors.index.json` every file its `weight_map` names (beside it), sorted.
+fn shard_paths(path: &Path, dir: &Path) -> Result<Vec<PathBuf>, BundleError> {
+    if !path.to_string_lossy().ends_with(".index.json") {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let bad = |detail: String| BundleError::Manifest {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let bytes = std::fs::read(path).map_err(io_err(path))?;
+    let idx: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let map = idx
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("no \"weight_map\" object".into()))?;
+    let mut files = std::collections::BTreeSet::new();
+    for (name, f) in map {
+        let f = f
+            .as_str()
+            .ok_or_else(|| bad(format!("weight_map[{name:?}] is not a file name")))?;
+        if f.is_empty() || f.contains('/') || f.contains('\\') || f == "." || f == ".." {
+            return Err(bad(format!(
+                "weight_map[{name:?}] = {f:?} is not a file beside the index"
+            )));
+        }
+        files.insert(f.to_string());
+    }
+    Ok(files.into_iter().map(|f| dir.join(f)).collect())
+}
+
+fn open_safetensors(path: &Path, context: Option<u64>) -> Result<Input, BundleError> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
+    let shards = shard_paths(path, &dir)?
+        .iter()
+        .map(|p| open_shard(p))
+        .collect::<Result<Vec<_>, _>>()?;
     let cpath = dir.join("config.json");
     let cbytes = std::fs::read(&cpath).map_err(|e| BundleError::Manifest {
         path: cpath.clone(),
@@ -175,10 +239,32 @@ fn open_safetensors(path: &Path) -> Result<Input, BundleError> {
             path: cpath.clone(),
             detail: e.to_string(),
         })?;
-    let lb = cjson.get("lowbit").ok_or_else(|| BundleError::Manifest {
-        path: cpath.clone(),
-        detail: "no \"lowbit\" section: only configurations written by `convert dequantize --with-config` are understood (Hugging Face configs and tokenizers are not mapped yet)".into(),
-    })?;
+    let Some(lb) = cjson.get("lowbit") else {
+        if !hf::is_hf_config(&cjson) {
+            return Err(BundleError::Manifest {
+                path: cpath.clone(),
+                detail: "neither a Hugging Face configuration (model_type, architectures) nor one written by `convert dequantize --with-config` (a \"lowbit\" section)".into(),
+            });
+        }
+        let mut m = hf::load(&dir, &cpath, &cjson, context)?;
+        // As in the GGUF: tied when there is no separate head.
+        m.model.tied_embeddings = !shards
+            .iter()
+            .any(|s| s.meta.tensors().iter().any(|(n, _)| n == "lm_head.weight"));
+        let extra = m
+            .extra
+            .iter()
+            .map(|(n, v)| (n.clone(), v.iter().flat_map(|x| x.to_le_bytes()).collect()))
+            .collect();
+        return Ok(Input::Safetensors {
+            shards,
+            model: m.model,
+            tokenizer: m.tokenizer,
+            tokenizer_bytes: m.tokenizer_bytes,
+            hf: Some((m.n_head, m.n_head_kv)),
+            extra,
+        });
+    };
     let parse = |key: &str| {
         lb.get(key).cloned().ok_or_else(|| BundleError::Manifest {
             path: cpath.clone(),
@@ -201,17 +287,38 @@ fn open_safetensors(path: &Path) -> Result<Input, BundleError> {
         detail: format!("a safetensors input needs tokenizer.json beside it ({e})"),
     })?;
     Ok(Input::Safetensors {
-        map,
-        data_start: 8 + n,
+        shards,
         model,
         tokenizer,
         tokenizer_bytes,
-        meta,
+        hf: None,
+        extra: Vec::new(),
     })
 }
 
+/// A sharded checkpoint's fingerprint: the SHA256 of one line `"<sha256> <size> <file>\n"`
+/// per shard, sorted by file name (as a bundle digest lists its files).
+fn shards_digest(paths: &[PathBuf]) -> std::io::Result<String> {
+    let mut lines = Vec::new();
+    for p in paths {
+        let size = std::fs::metadata(p)?.len();
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        lines.push(format!("{} {size} {name}\n", util::sha256_file(p)?));
+    }
+    lines.sort();
+    Ok(util::sha256_hex(lines.concat().as_bytes()))
+}
+
+/// Names a Hugging Face checkpoint may hold that the model does not use (buffers).
+fn hf_ignored(name: &str) -> bool {
+    name.ends_with(".rotary_emb.inv_freq")
+}
+
 impl Input {
-    fn open(path: &Path) -> Result<Input, BundleError> {
+    fn open(path: &Path, context: Option<u64>) -> Result<Input, BundleError> {
         if path.is_dir() {
             return Ok(Input::Bundle(Bundle::open(path)?));
         }
@@ -224,11 +331,11 @@ impl Input {
         if &magic == b"GGUF" {
             Ok(Input::Gguf(GgufFile::open(path)?))
         } else {
-            open_safetensors(path)
+            open_safetensors(path, context)
         }
     }
 
-    fn tensors(&self, path: &Path) -> Result<Vec<InTensor>, BundleError> {
+    fn tensors(&self) -> Result<Vec<InTensor>, BundleError> {
         let mut v = match self {
             Input::Gguf(f) => f
                 .tensors
@@ -254,30 +361,68 @@ impl Input {
                 v
             }
             Input::Safetensors {
-                meta, data_start, ..
+                shards, hf, extra, ..
             } => {
                 let mut v = Vec::new();
-                for (name, info) in meta.tensors() {
-                    let ty = match info.dtype {
-                        Dtype::F32 => GgmlType::F32,
-                        Dtype::F16 => GgmlType::F16,
-                        Dtype::BF16 => GgmlType::BF16,
-                        d => {
-                            return Err(terr(
-                                path,
-                                &name,
-                                format!("dtype {d:?} is not supported (F32, F16, BF16)"),
-                            ))
-                        }
-                    };
+                for (si, sh) in shards.iter().enumerate() {
+                    for (name, info) in sh.meta.tensors() {
+                        let ty = match info.dtype {
+                            Dtype::F32 => GgmlType::F32,
+                            Dtype::F16 => GgmlType::F16,
+                            Dtype::BF16 => GgmlType::BF16,
+                            d => {
+                                return Err(terr(
+                                    &sh.path,
+                                    &name,
+                                    format!("dtype {d:?} is not supported (F32, F16, BF16)"),
+                                ))
+                            }
+                        };
+                        let shape: Vec<u64> = info.shape.iter().map(|&d| d as u64).collect();
+                        let (gname, permute) = match hf {
+                            None => (name.clone(), None),
+                            Some(_) if hf_ignored(&name) => continue,
+                            Some((nh, nkv)) => match hf::gguf_name(&name, *nh, *nkv) {
+                                Some((g, hf::Source::Tensor(_))) => (g, None),
+                                Some((g, hf::Source::Permuted { heads, .. })) => {
+                                    let rows = shape.first().copied().unwrap_or(0) as usize;
+                                    if shape.len() != 2 || !rows.is_multiple_of(2 * heads) {
+                                        return Err(terr(
+                                            &sh.path,
+                                            &name,
+                                            format!("shape {shape:?}: rows are not a multiple of 2 x {heads} heads"),
+                                        ));
+                                    }
+                                    (g, Some(heads))
+                                }
+                                None => {
+                                    return Err(terr(
+                                        &sh.path,
+                                        &name,
+                                        "not a tensor of LlamaForCausalLM / MiniCPMForCausalLM this tool maps",
+                                    ))
+                                }
+                            },
+                        };
+                        v.push(InTensor {
+                            name: gname,
+                            shape,
+                            source_type: ty,
+                            loc: Loc::Safetensors {
+                                shard: si,
+                                start: sh.data_start + info.data_offsets.0,
+                                end: sh.data_start + info.data_offsets.1,
+                                permute,
+                            },
+                        });
+                    }
+                }
+                for (i, (name, bytes)) in extra.iter().enumerate() {
                     v.push(InTensor {
-                        name,
-                        shape: info.shape.iter().map(|&d| d as u64).collect(),
-                        source_type: ty,
-                        loc: Loc::Safetensors {
-                            start: data_start + info.data_offsets.0,
-                            end: data_start + info.data_offsets.1,
-                        },
+                        name: name.clone(),
+                        shape: vec![(bytes.len() / 4) as u64],
+                        source_type: GgmlType::F32,
+                        loc: Loc::Extra(i),
                     });
                 }
                 v
@@ -295,8 +440,14 @@ impl Input {
                 let ti = &f.tensors[*i];
                 (Some(ti.ty), f.tensor_data(ti))
             }
-            (Loc::Safetensors { start, end }, Input::Safetensors { map, .. }) => {
-                (Some(t.source_type), &map[*start..*end])
+            (
+                Loc::Safetensors {
+                    shard, start, end, ..
+                },
+                Input::Safetensors { shards, .. },
+            ) => (Some(t.source_type), &shards[*shard].map[*start..*end]),
+            (Loc::Extra(i), Input::Safetensors { extra, .. }) => {
+                (Some(GgmlType::F32), extra[*i].1.as_slice())
             }
             (Loc::Bundle(i), Input::Bundle(b)) => {
                 let te = &b.manifest.tensors[*i];
@@ -317,30 +468,65 @@ impl Input {
             unreachable!("only GGML-encoded tensors are palettized")
         };
         let rb = ty.bytes_for(cols).unwrap_or(0) as usize;
-        quant::dequantize_body_checked(ty, &bytes[r0 * rb..r1 * rb], out);
+        match t.loc {
+            Loc::Safetensors {
+                permute: Some(heads),
+                ..
+            } => {
+                let rows = t.shape[0] as usize;
+                for (r, o) in (r0..r1).zip(out.chunks_exact_mut(cols as usize)) {
+                    let s = hf::permuted_row(r, rows, heads);
+                    quant::dequantize_body_checked(ty, &bytes[s * rb..(s + 1) * rb], o);
+                }
+            }
+            _ => quant::dequantize_body_checked(ty, &bytes[r0 * rb..r1 * rb], out),
+        }
     }
 
     /// Drops a tensor's pages from the resident set once it is written (as `pack` does).
     fn release(&self, t: &InTensor) {
         match (&t.loc, self) {
             (Loc::Gguf(i), Input::Gguf(f)) => f.release(&f.tensors[*i]),
-            (Loc::Safetensors { start, end }, Input::Safetensors { map, .. }) => {
-                crate::gguf::release_range(map, *start as u64, (*end - *start) as u64)
-            }
+            (
+                Loc::Safetensors {
+                    shard, start, end, ..
+                },
+                Input::Safetensors { shards, .. },
+            ) => crate::gguf::release_range(
+                &shards[*shard].map,
+                *start as u64,
+                (*end - *start) as u64,
+            ),
+            (Loc::Extra(_), _) => {}
             (Loc::Bundle(i), Input::Bundle(b)) => b.release(&b.manifest.tensors[*i]),
             _ => unreachable!("tensor from another input"),
         }
     }
 
-    /// A tensor carried unchanged: its encoding and bytes.
-    fn carry<'a>(&'a self, t: &InTensor) -> (Encoding, &'a [u8]) {
+    /// A tensor carried unchanged: its encoding and bytes (a Hugging Face q/k weight's rows
+    /// permuted into GGUF's order).
+    fn carry<'a>(&'a self, t: &InTensor) -> (Encoding, std::borrow::Cow<'a, [u8]>) {
         if let (Loc::Bundle(i), Input::Bundle(b)) = (&t.loc, self) {
             let te = &b.manifest.tensors[*i];
-            return (te.encoding.clone(), b.tensor_bytes(te));
+            return (te.encoding.clone(), b.tensor_bytes(te).into());
         }
         let (ty, bytes) = self.stored(t);
         let ty = ty.expect("GGUF and safetensors tensors have a GGML type");
-        (gguf_encoding(ty), bytes)
+        if let Loc::Safetensors {
+            permute: Some(heads),
+            ..
+        } = t.loc
+        {
+            let rows = t.shape[0] as usize;
+            let rb = bytes.len() / rows.max(1);
+            let mut out = Vec::with_capacity(bytes.len());
+            for r in 0..rows {
+                let s = hf::permuted_row(r, rows, heads);
+                out.extend_from_slice(&bytes[s * rb..(s + 1) * rb]);
+            }
+            return (gguf_encoding(ty), out.into());
+        }
+        (gguf_encoding(ty), bytes.into())
     }
 }
 
@@ -435,8 +621,8 @@ pub fn palettize(
             detail: "--group-size must be at least 1".into(),
         });
     }
-    let inp = Input::open(input)?;
-    let tensors = inp.tensors(input)?;
+    let inp = Input::open(input, opts.context)?;
+    let tensors = inp.tensors()?;
     {
         let mut seen = std::collections::BTreeSet::new();
         for t in &tensors {
@@ -471,9 +657,17 @@ pub fn palettize(
     let (model, tokenizer, tokenizer_bytes, mut source) = describe_input(&inp, input, opts)?;
     // The input file's SHA256 on a thread of its own (plain reads, not the map, so that
     // hashing does not make the whole file resident), overlapping the palettization.
-    let source_hash = match inp {
+    let source_hash = match &inp {
         Input::Bundle(_) => None,
-        _ => {
+        Input::Safetensors { shards, .. } if shards.len() > 1 => {
+            let paths: Vec<PathBuf> = shards.iter().map(|s| s.path.clone()).collect();
+            Some(std::thread::spawn(move || shards_digest(&paths)))
+        }
+        Input::Safetensors { shards, .. } => {
+            let path = shards[0].path.clone();
+            Some(std::thread::spawn(move || util::sha256_file(&path)))
+        }
+        Input::Gguf(_) => {
             let path = input.to_path_buf();
             Some(std::thread::spawn(move || util::sha256_file(&path)))
         }
@@ -597,6 +791,7 @@ pub fn palettize(
                 )
             } else {
                 let (enc, bytes) = inp.carry(t);
+                let bytes: &[u8] = &bytes;
                 if bytes.len() >= 1 << 20 {
                     // The tensor's hash on a second thread while the file's is taken in writing.
                     std::thread::scope(|sc| -> Result<(), BundleError> {
@@ -697,25 +892,32 @@ fn describe_input(
             Ok((model, tokenizer, tb, source))
         }
         Input::Safetensors {
-            map,
+            shards,
             model,
             tokenizer,
             tokenizer_bytes,
-            meta,
+            hf,
             ..
         } => Ok((
             with_context(model.clone())?,
             tokenizer.clone(),
             tokenizer_bytes.clone(),
             Source {
-                format: Some("safetensors".into()),
+                format: Some(
+                    if hf.is_some() {
+                        "huggingface-safetensors"
+                    } else {
+                        "safetensors"
+                    }
+                    .into(),
+                ),
                 file_name,
-                size: map.len() as u64,
+                size: shards.iter().map(|s| s.map.len() as u64).sum(),
                 // Filled in by the hashing thread (see `palettize`).
                 sha256: String::new(),
                 gguf_version: None,
                 architecture: model.architecture.clone(),
-                tensor_count: meta.tensors().len() as u64,
+                tensor_count: shards.iter().map(|s| s.meta.tensors().len() as u64).sum(),
             },
         )),
         Input::Bundle(b) => {

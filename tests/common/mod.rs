@@ -34,6 +34,26 @@ pub fn model(name: &str) -> Option<PathBuf> {
     None
 }
 
+/// A Hugging Face checkpoint directory written by `make hf-checkpoints` into the cache
+/// (`tests/ref/make_hf_checkpoint.py`); skipped or required as [`model`].
+pub fn hf_checkpoint(name: &str) -> Option<PathBuf> {
+    let p = cache_dir().join("hf").join(name);
+    if p.join("config.json").exists() {
+        return Some(p);
+    }
+    if std::env::var("LOWBIT_REQUIRE_MODELS").as_deref() == Ok("1") {
+        panic!(
+            "{} is missing and LOWBIT_REQUIRE_MODELS=1: run `make hf-checkpoints`",
+            p.display()
+        );
+    }
+    eprintln!(
+        "skipping: {} not found (run `make hf-checkpoints`)",
+        p.display()
+    );
+    None
+}
+
 /// Bitwise equality, except that any NaN equals any NaN.
 pub fn same_bits(a: f32, b: f32) -> bool {
     a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())

@@ -1,0 +1,905 @@
+//! Hugging Face checkpoints as `convert palettize` inputs: the model configuration from
+//! `config.json`, tensor names mapped to the GGUF names the runtime uses, and the tokenizer
+//! from `tokenizer.json` (byte-level BPE) or `tokenizer.model` (SentencePiece), all as llama.cpp's
+//! `convert_hf_to_gguf.py` (build b11434: `conversion/llama.py`, `conversion/minicpm.py`,
+//! `conversion/base.py`, gguf-py's `vocab.py`) maps them, so that a checkpoint and the GGUF
+//! made from it give the same bundle weights.
+//!
+//! Architectures: `LlamaForCausalLM` (`model_type` `llama`) and `MiniCPMForCausalLM`
+//! (`minicpm`).
+//!
+//! Tensors (`N` the layer):
+//!
+//! ```text
+//! model.embed_tokens.weight                  token_embd.weight
+//! model.norm.weight                          output_norm.weight
+//! lm_head.weight                             output.weight (absent: tied embeddings)
+//! model.layers.N.input_layernorm.weight      blk.N.attn_norm.weight
+//! model.layers.N.post_attention_layernorm    blk.N.ffn_norm.weight
+//! model.layers.N.self_attn.{q,k,v,o}_proj    blk.N.attn_{q,k,v,output}.weight
+//! model.layers.N.mlp.{gate,up,down}_proj     blk.N.ffn_{gate,up,down}.weight
+//! config.json rope_scaling long/short_factor rope_factors_{long,short}.weight (F32, MiniCPM)
+//! ```
+//!
+//! `q_proj` and `k_proj` rows are permuted as `LlamaModel.permute` does (n_head heads for q,
+//! n_head_kv for k): GGUF row `h*hd + 2i + p` is Hugging Face row `h*hd + p*hd/2 + i`, which
+//! turns the Hugging Face "rotate half" RoPE layout into GGUF's adjacent pairs.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::{json, Map, Value as Json};
+
+use super::config::DEFAULT_CONTEXT;
+use super::manifest::{ModelConfig, RopeConfig, TokenizerRef, TOKENIZER_FILE};
+use super::BundleError;
+
+/// What a GGUF-named tensor is made from in the checkpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Source {
+    /// The Hugging Face tensor of this name, rows in the same order.
+    Tensor(String),
+    /// The Hugging Face tensor of this name with its rows permuted for `heads` heads
+    /// ([`permuted_row`]).
+    Permuted { name: String, heads: usize },
+}
+
+/// The checkpoint's configuration, tokenizer and the tensors GGUF has that a Hugging Face
+/// checkpoint keeps in `config.json`.
+pub struct HfModel {
+    pub model: ModelConfig,
+    pub tokenizer: TokenizerRef,
+    pub tokenizer_bytes: Vec<u8>,
+    /// F32 vectors by GGUF name (LongRoPE factors).
+    pub extra: Vec<(String, Vec<f32>)>,
+    /// `q_proj` / `k_proj` head counts for the permutation.
+    pub n_head: usize,
+    pub n_head_kv: usize,
+}
+
+fn err(file: &Path, key: &str, detail: impl Into<String>) -> BundleError {
+    BundleError::HfConfig {
+        file: file.to_path_buf(),
+        key: key.to_string(),
+        detail: detail.into(),
+    }
+}
+
+/// Row `r` of the GGUF-ordered `q`/`k` weight is row `permuted_row(r, rows, heads)` of the
+/// Hugging Face one (`rows` divisible by `2 * heads`).
+pub fn permuted_row(r: usize, rows: usize, heads: usize) -> usize {
+    let hd = rows / heads;
+    let (h, w) = (r / hd, r % hd);
+    h * hd + (w % 2) * (hd / 2) + w / 2
+}
+
+/// The GGUF name of a Hugging Face tensor name and how it is read, or `None` for a name this
+/// mapping does not know.
+pub fn gguf_name(hf: &str, n_head: usize, n_head_kv: usize) -> Option<(String, Source)> {
+    let plain = |g: String| Some((g, Source::Tensor(hf.to_string())));
+    match hf {
+        "model.embed_tokens.weight" => return plain("token_embd.weight".into()),
+        "model.norm.weight" => return plain("output_norm.weight".into()),
+        "lm_head.weight" => return plain("output.weight".into()),
+        _ => {}
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (n, tail) = rest.split_once('.')?;
+    let layer: u64 = n.parse().ok()?;
+    let kind = match tail {
+        "input_layernorm.weight" => "attn_norm",
+        "post_attention_layernorm.weight" => "ffn_norm",
+        "self_attn.q_proj.weight" => "attn_q",
+        "self_attn.k_proj.weight" => "attn_k",
+        "self_attn.v_proj.weight" => "attn_v",
+        "self_attn.o_proj.weight" => "attn_output",
+        "mlp.gate_proj.weight" => "ffn_gate",
+        "mlp.up_proj.weight" => "ffn_up",
+        "mlp.down_proj.weight" => "ffn_down",
+        _ => return None,
+    };
+    let g = format!("blk.{layer}.{kind}.weight");
+    let heads = match kind {
+        "attn_q" => n_head,
+        "attn_k" => n_head_kv,
+        _ => return plain(g),
+    };
+    Some((
+        g,
+        Source::Permuted {
+            name: hf.to_string(),
+            heads,
+        },
+    ))
+}
+
+/// Whether `config.json` is a Hugging Face configuration (it names architectures or a
+/// model type).
+pub fn is_hf_config(cfg: &Json) -> bool {
+    cfg.get("model_type").is_some() || cfg.get("architectures").is_some()
+}
+
+struct Cfg<'a> {
+    v: &'a Map<String, Json>,
+    path: &'a Path,
+}
+
+impl Cfg<'_> {
+    fn u64(&self, key: &str) -> Result<u64, BundleError> {
+        self.opt_u64(key)?
+            .ok_or_else(|| err(self.path, key, "missing"))
+    }
+    fn opt_u64(&self, key: &str) -> Result<Option<u64>, BundleError> {
+        match self.v.get(key) {
+            None | Some(Json::Null) => Ok(None),
+            Some(j) => j.as_u64().map(Some).ok_or_else(|| {
+                err(
+                    self.path,
+                    key,
+                    format!("expected an unsigned integer, found {j}"),
+                )
+            }),
+        }
+    }
+    fn f64(&self, key: &str) -> Result<f64, BundleError> {
+        self.opt_f64(key)?
+            .ok_or_else(|| err(self.path, key, "missing"))
+    }
+    fn opt_f64(&self, key: &str) -> Result<Option<f64>, BundleError> {
+        match self.v.get(key) {
+            None | Some(Json::Null) => Ok(None),
+            Some(j) => j
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| err(self.path, key, format!("expected a number, found {j}"))),
+        }
+    }
+}
+
+/// GGUF stores these hyperparameters as f32: round as convert_hf_to_gguf's writer does.
+fn f32r(x: f64) -> f64 {
+    x as f32 as f64
+}
+
+/// Reads a Hugging Face checkpoint's configuration and tokenizer from `dir` (`config.json`
+/// already parsed as `cfg`). `context` is the requested bundle context.
+pub fn load(
+    dir: &Path,
+    cfg_path: &Path,
+    cfg: &Json,
+    context: Option<u64>,
+) -> Result<HfModel, BundleError> {
+    let v = cfg
+        .as_object()
+        .ok_or_else(|| err(cfg_path, "(root)", "expected a JSON object"))?;
+    let c = Cfg { v, path: cfg_path };
+    let model_type = v.get("model_type").and_then(Json::as_str).unwrap_or("");
+    let arch = match model_type {
+        "llama" => "llama",
+        "minicpm" => "minicpm",
+        other => {
+            return Err(err(
+                cfg_path,
+                "model_type",
+                format!(
+                "{other:?} is not supported (llama: LlamaForCausalLM, minicpm: MiniCPMForCausalLM)"
+            ),
+            ))
+        }
+    };
+    let n_layer = c.u64("num_hidden_layers")?;
+    let n_embd = c.u64("hidden_size")?;
+    let n_ff = c.u64("intermediate_size")?;
+    let n_head = c.u64("num_attention_heads")?;
+    if n_head == 0 || n_embd % n_head != 0 {
+        return Err(err(
+            cfg_path,
+            "num_attention_heads",
+            format!("{n_head} does not divide hidden_size {n_embd}"),
+        ));
+    }
+    let n_head_kv = c.opt_u64("num_key_value_heads")?.unwrap_or(n_head);
+    if n_head_kv == 0 || n_head % n_head_kv != 0 {
+        return Err(err(
+            cfg_path,
+            "num_key_value_heads",
+            format!("{n_head_kv} does not divide num_attention_heads {n_head}"),
+        ));
+    }
+    let head_dim = c.opt_u64("head_dim")?.unwrap_or(n_embd / n_head);
+    if head_dim % 2 != 0 {
+        return Err(err(cfg_path, "head_dim", format!("{head_dim} is odd")));
+    }
+    let n_vocab = c.u64("vocab_size")?;
+    let n_ctx_train = c.u64("max_position_embeddings")?;
+    let n_ctx = match context {
+        Some(x) if x == 0 || x > n_ctx_train => {
+            return Err(err(
+                cfg_path,
+                "max_position_embeddings",
+                format!("--context {x} must be between 1 and the trained context {n_ctx_train}"),
+            ))
+        }
+        Some(x) => x,
+        None => n_ctx_train.min(DEFAULT_CONTEXT),
+    };
+    let norm_eps = f32r(c.f64("rms_norm_eps")?);
+    let freq_base = f32r(c.opt_f64("rope_theta")?.unwrap_or(10000.0));
+    let tied = match v.get("tie_word_embeddings") {
+        None => false,
+        Some(j) => j
+            .as_bool()
+            .ok_or_else(|| err(cfg_path, "tie_word_embeddings", "expected a boolean"))?,
+    };
+    // hparams as convert_hf_to_gguf writes them ({arch}.*)
+    let mut hp = BTreeMap::new();
+    let k = |s: &str| format!("{arch}.{s}");
+    hp.insert(k("block_count"), json!(n_layer));
+    hp.insert(k("context_length"), json!(n_ctx_train));
+    hp.insert(k("embedding_length"), json!(n_embd));
+    hp.insert(k("feed_forward_length"), json!(n_ff));
+    hp.insert(k("attention.head_count"), json!(n_head));
+    hp.insert(k("attention.head_count_kv"), json!(n_head_kv));
+    hp.insert(k("rope.freq_base"), json!(freq_base));
+    hp.insert(k("attention.layer_norm_rms_epsilon"), json!(norm_eps));
+    hp.insert(k("vocab_size"), json!(n_vocab));
+    hp.insert(k("rope.dimension_count"), json!(head_dim));
+    if head_dim != n_embd / n_head {
+        hp.insert(k("attention.key_length"), json!(head_dim));
+        hp.insert(k("attention.value_length"), json!(head_dim));
+    }
+    let mut rope = RopeConfig {
+        freq_base,
+        dimension_count: head_dim,
+        scaling_type: "none".into(),
+        scaling_factor: None,
+        original_context_length: None,
+        attn_factor: None,
+        factors_long: None,
+        factors_short: None,
+        freq_factors: None,
+    };
+    let mut extra = Vec::new();
+    if let Some(rs) = v.get("rope_scaling").filter(|j| !j.is_null()) {
+        let ty = rs
+            .get("rope_type")
+            .or_else(|| rs.get("type"))
+            .and_then(Json::as_str)
+            .unwrap_or("");
+        let factors = |key: &str| -> Result<Vec<f32>, BundleError> {
+            let a = rs.get(key).and_then(Json::as_array).ok_or_else(|| {
+                err(
+                    cfg_path,
+                    &format!("rope_scaling.{key}"),
+                    "missing or not an array",
+                )
+            })?;
+            let f: Option<Vec<f32>> = a.iter().map(|x| x.as_f64().map(|x| x as f32)).collect();
+            let f =
+                f.ok_or_else(|| err(cfg_path, &format!("rope_scaling.{key}"), "not all numbers"))?;
+            if f.len() as u64 != head_dim / 2 {
+                return Err(err(
+                    cfg_path,
+                    &format!("rope_scaling.{key}"),
+                    format!(
+                        "{} factors, expected head_dim / 2 = {}",
+                        f.len(),
+                        head_dim / 2
+                    ),
+                ));
+            }
+            Ok(f)
+        };
+        match ty {
+            "longrope" => {
+                extra.push((
+                    "rope_factors_long.weight".to_string(),
+                    factors("long_factor")?,
+                ));
+                extra.push((
+                    "rope_factors_short.weight".to_string(),
+                    factors("short_factor")?,
+                ));
+                let orig = rs
+                    .get("original_max_position_embeddings")
+                    .and_then(Json::as_u64)
+                    .or(c.opt_u64("original_max_position_embeddings")?)
+                    .ok_or_else(|| {
+                        err(
+                            cfg_path,
+                            "rope_scaling.original_max_position_embeddings",
+                            "missing",
+                        )
+                    })?;
+                rope.scaling_type = "longrope".into();
+                rope.original_context_length = Some(orig);
+                // Hugging Face's LongRoPE scales cos and sin by sqrt(1 + ln(max / orig) /
+                // ln(orig)) beyond the original context (llama.cpp's rope attn_factor).
+                // convert_hf_to_gguf writes neither this nor the original context.
+                if n_ctx_train > orig && orig > 1 {
+                    let m =
+                        (1.0 + (n_ctx_train as f64 / orig as f64).ln() / (orig as f64).ln()).sqrt();
+                    rope.attn_factor = Some(f32r(m));
+                    hp.insert(k("rope.scaling.attn_factor"), json!(f32r(m)));
+                }
+                rope.factors_long = Some("rope_factors_long.weight".into());
+                rope.factors_short = Some("rope_factors_short.weight".into());
+                hp.insert(k("rope.scaling.type"), json!("longrope"));
+                hp.insert(k("rope.scaling.original_context_length"), json!(orig));
+            }
+            "linear" => {
+                let f = rs
+                    .get("factor")
+                    .and_then(Json::as_f64)
+                    .ok_or_else(|| err(cfg_path, "rope_scaling.factor", "missing"))?;
+                rope.scaling_type = "linear".into();
+                rope.scaling_factor = Some(f32r(f));
+                hp.insert(k("rope.scaling.type"), json!("linear"));
+                hp.insert(k("rope.scaling.factor"), json!(f32r(f)));
+            }
+            "default" | "" => {}
+            other => {
+                return Err(err(
+                    cfg_path,
+                    "rope_scaling.rope_type",
+                    format!("{other:?} is not supported (longrope, linear)"),
+                ))
+            }
+        }
+    }
+    let (mut emb, mut res, mut logit) = (None, None, None);
+    if arch == "minicpm" {
+        // convert_hf_to_gguf (conversion/minicpm.py): embedding_scale = scale_emb, residual_scale
+        // = scale_depth / sqrt(num_hidden_layers), logit_scale = hidden_size / dim_model_base
+        let e = f32r(c.f64("scale_emb")?);
+        let r = f32r(c.f64("scale_depth")? / (n_layer as f64).sqrt());
+        let l = f32r(n_embd as f64 / c.f64("dim_model_base")?);
+        hp.insert(k("embedding_scale"), json!(e));
+        hp.insert(k("residual_scale"), json!(r));
+        hp.insert(k("logit_scale"), json!(l));
+        (emb, res, logit) = (Some(e), Some(r), Some(l));
+    }
+    let tok = tokenizer(dir, v, cfg_path)?;
+    let model = ModelConfig {
+        architecture: arch.into(),
+        n_layer,
+        n_embd,
+        n_ff,
+        n_head,
+        n_head_kv,
+        head_dim,
+        n_vocab,
+        n_ctx_train,
+        n_ctx,
+        norm_eps,
+        rope,
+        embedding_scale: emb,
+        residual_scale: res,
+        logit_scale: logit,
+        tied_embeddings: tied,
+        special_tokens: tok.special,
+        chat_template: tok.chat_template,
+        hparams: hp,
+    };
+    Ok(HfModel {
+        model,
+        tokenizer: TokenizerRef {
+            file: TOKENIZER_FILE.into(),
+            model: tok.model,
+            pre: tok.pre,
+            n_vocab: tok.n_vocab,
+        },
+        tokenizer_bytes: tok.bytes,
+        extra,
+        n_head: n_head as usize,
+        n_head_kv: n_head_kv as usize,
+    })
+}
+
+struct Tok {
+    model: String,
+    pre: Option<String>,
+    n_vocab: u64,
+    bytes: Vec<u8>,
+    special: BTreeMap<String, u64>,
+    chat_template: Option<String>,
+}
+
+fn read_json(path: &Path) -> Result<Option<Json>, BundleError> {
+    match std::fs::read(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(BundleError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }),
+        Ok(b) => serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| err(path, "(file)", format!("not JSON: {e}"))),
+    }
+}
+
+/// A token given in tokenizer_config.json as a string or as `{"content": ...}`.
+fn token_text(j: &Json) -> Option<&str> {
+    j.as_str()
+        .or_else(|| j.get("content").and_then(Json::as_str))
+}
+
+/// gguf-py's TokenType.
+const NORMAL: i64 = 1;
+const UNKNOWN: i64 = 2;
+const CONTROL: i64 = 3;
+const USER_DEFINED: i64 = 4;
+const BYTE: i64 = 6;
+
+/// Hugging Face pre-tokenizers (tokenizer.json `pre_tokenizer`) of byte-level BPE models and
+/// the llama.cpp pre-tokenizer name (`tokenizer.ggml.pre`) of each. convert_hf_to_gguf
+/// recognises a pre-tokenizer by hashing the ids of a test text; this table recognises the
+/// configurations themselves, for the ones listed.
+fn pre_name(pre: &Json) -> Option<&'static str> {
+    let byte_level = |j: &Json| {
+        j.get("type").and_then(Json::as_str) == Some("ByteLevel")
+            && j.get("use_regex").and_then(Json::as_bool).unwrap_or(true)
+    };
+    if byte_level(pre) {
+        return Some("gpt2");
+    }
+    if pre.get("type").and_then(Json::as_str) == Some("Sequence") {
+        let items = pre.get("pretokenizers").and_then(Json::as_array)?;
+        if let [digits, bl] = items.as_slice() {
+            if digits.get("type").and_then(Json::as_str) == Some("Digits")
+                && digits.get("individual_digits").and_then(Json::as_bool) == Some(true)
+                && byte_level(bl)
+            {
+                return Some("smollm");
+            }
+        }
+    }
+    None
+}
+
+fn tokenizer(dir: &Path, cfg: &Map<String, Json>, cfg_path: &Path) -> Result<Tok, BundleError> {
+    let tc_path = dir.join("tokenizer_config.json");
+    let tc = read_json(&tc_path)?.unwrap_or_else(|| json!({}));
+    let tj_path = dir.join("tokenizer.json");
+    let sp_path = dir.join("tokenizer.model");
+    let mut meta: BTreeMap<String, Json> = BTreeMap::new();
+    let (model, tokens, pre) = if sp_path.exists() {
+        let bytes = std::fs::read(&sp_path).map_err(|e| BundleError::Io {
+            path: sp_path.clone(),
+            source: e,
+        })?;
+        let sp = sentencepiece(&bytes).map_err(|d| err(&sp_path, "(ModelProto)", d))?;
+        meta.insert("ggml.model".into(), json!("llama"));
+        meta.insert(
+            "ggml.tokens".into(),
+            json!(sp.pieces.iter().map(|p| p.0.clone()).collect::<Vec<_>>()),
+        );
+        meta.insert(
+            "ggml.scores".into(),
+            json!(sp.pieces.iter().map(|p| p.1 as f64).collect::<Vec<_>>()),
+        );
+        meta.insert(
+            "ggml.token_type".into(),
+            json!(sp.pieces.iter().map(|p| p.2).collect::<Vec<_>>()),
+        );
+        meta.insert("ggml.add_space_prefix".into(), json!(sp.add_dummy_prefix));
+        let tokens: Vec<String> = sp.pieces.iter().map(|p| p.0.clone()).collect();
+        for (name, id) in [
+            ("unknown", sp.unk_id),
+            ("bos", sp.bos_id),
+            ("eos", sp.eos_id),
+            ("padding", sp.pad_id),
+        ] {
+            if id >= 0 {
+                meta.insert(format!("ggml.{name}_token_id"), json!(id));
+            }
+        }
+        ("llama".to_string(), tokens, None)
+    } else {
+        let tj = read_json(&tj_path)?.ok_or_else(|| err(&tj_path, "(file)", "a Hugging Face checkpoint needs tokenizer.json (byte-level BPE) or tokenizer.model (SentencePiece) beside config.json"))?;
+        let m = tj
+            .get("model")
+            .ok_or_else(|| err(&tj_path, "model", "missing"))?;
+        if m.get("type").and_then(Json::as_str) != Some("BPE") {
+            return Err(err(
+                &tj_path,
+                "model.type",
+                format!("{:?} is not supported (BPE)", m.get("type")),
+            ));
+        }
+        let pre = tj.get("pre_tokenizer").unwrap_or(&Json::Null);
+        let pre = pre_name(pre).ok_or_else(|| err(&tj_path, "pre_tokenizer", format!("{pre} is not a pre-tokenizer this tool maps to llama.cpp's (known: smollm, gpt2)")))?;
+        let vocab = m
+            .get("vocab")
+            .and_then(Json::as_object)
+            .ok_or_else(|| err(&tj_path, "model.vocab", "missing or not an object"))?;
+        let n_vocab = cfg
+            .get("vocab_size")
+            .and_then(Json::as_u64)
+            .unwrap_or(vocab.len() as u64) as usize;
+        let mut tokens: Vec<Option<String>> = vec![None; n_vocab.max(vocab.len())];
+        for (t, id) in vocab {
+            let id = id.as_u64().ok_or_else(|| {
+                err(
+                    &tj_path,
+                    "model.vocab",
+                    format!("id of {t:?} is not an integer"),
+                )
+            })? as usize;
+            if id >= tokens.len() {
+                return Err(err(
+                    &tj_path,
+                    "model.vocab",
+                    format!("id {id} of {t:?} is not below vocab_size {}", tokens.len()),
+                ));
+            }
+            tokens[id] = Some(t.clone());
+        }
+        let mut types = vec![NORMAL; tokens.len()];
+        if let Some(added) = tj.get("added_tokens").and_then(Json::as_array) {
+            for a in added {
+                let (Some(id), Some(content)) = (
+                    a.get("id").and_then(Json::as_u64),
+                    a.get("content").and_then(Json::as_str),
+                ) else {
+                    return Err(err(
+                        &tj_path,
+                        "added_tokens",
+                        format!("entry {a} lacks id or content"),
+                    ));
+                };
+                let id = id as usize;
+                if id >= tokens.len() {
+                    return Err(err(
+                        &tj_path,
+                        "added_tokens",
+                        format!("id {id} is not below vocab_size {}", tokens.len()),
+                    ));
+                }
+                tokens[id] = Some(content.to_string());
+                let special = a.get("special").and_then(Json::as_bool).unwrap_or(false);
+                types[id] = if special || looks_special(content) {
+                    CONTROL
+                } else {
+                    USER_DEFINED
+                };
+            }
+        }
+        // convert_hf_to_gguf fills ids the vocabulary lacks with "[PAD{i}]", user-defined.
+        let tokens: Vec<String> = tokens
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| {
+                t.unwrap_or_else(|| {
+                    types[i] = USER_DEFINED;
+                    format!("[PAD{i}]")
+                })
+            })
+            .collect();
+        let merges: Result<Vec<String>, BundleError> = m
+            .get("merges")
+            .and_then(Json::as_array)
+            .map(|a| a.as_slice())
+            .unwrap_or(&[])
+            .iter()
+            .map(|x| match x {
+                Json::String(s) => Ok(s.clone()),
+                Json::Array(p) if p.len() == 2 => match (p[0].as_str(), p[1].as_str()) {
+                    (Some(a), Some(b)) => Ok(format!("{a} {b}")),
+                    _ => Err(err(
+                        &tj_path,
+                        "model.merges",
+                        format!("{x} is not a pair of strings"),
+                    )),
+                },
+                _ => Err(err(&tj_path, "model.merges", format!("{x} is not a merge"))),
+            })
+            .collect();
+        meta.insert("ggml.model".into(), json!("gpt2"));
+        meta.insert("ggml.pre".into(), json!(pre));
+        meta.insert("ggml.tokens".into(), json!(tokens));
+        meta.insert("ggml.token_type".into(), json!(types));
+        meta.insert("ggml.merges".into(), json!(merges?));
+        // ByteLevel's add_prefix_space, as convert_hf_to_gguf reads it from tokenizer.json
+        let add_prefix = find_add_prefix_space(tj.get("pre_tokenizer").unwrap_or(&Json::Null));
+        if let Some(p) = add_prefix {
+            meta.insert("ggml.add_space_prefix".into(), json!(p));
+        }
+        ("gpt2".to_string(), tokens, Some(pre.to_string()))
+    };
+    // Special tokens (gguf-py SpecialVocab): tokenizer_config.json's <name>_token text, else
+    // config.json's <name>_token_id.
+    let id_of = |text: &str| tokens.iter().position(|t| t == text).map(|i| i as u64);
+    for (hf, gg) in [
+        ("bos", "bos"),
+        ("eos", "eos"),
+        ("unk", "unknown"),
+        ("pad", "padding"),
+    ] {
+        let from_tc = tc
+            .get(format!("{hf}_token"))
+            .and_then(token_text)
+            .and_then(id_of);
+        let from_cfg = cfg.get(&format!("{hf}_token_id")).and_then(Json::as_u64);
+        if let Some(id) = from_tc.or(from_cfg) {
+            meta.insert(format!("ggml.{gg}_token_id"), json!(id));
+        }
+    }
+    for (hf, gg) in [
+        ("add_bos_token", "ggml.add_bos_token"),
+        ("add_eos_token", "ggml.add_eos_token"),
+    ] {
+        if let Some(b) = tc.get(hf).and_then(Json::as_bool) {
+            meta.insert(gg.into(), json!(b));
+        }
+    }
+    let chat_template = tc
+        .get("chat_template")
+        .and_then(Json::as_str)
+        .map(|s| s.to_string());
+    if let Some(t) = &chat_template {
+        meta.insert("chat_template".into(), json!(t));
+    }
+    let special = meta
+        .iter()
+        .filter_map(|(key, v)| {
+            let name = key.strip_prefix("ggml.")?.strip_suffix("_token_id")?;
+            Some((name.to_string(), v.as_u64()?))
+        })
+        .collect();
+    let _ = cfg_path;
+    let doc = json!({
+        "format": "lowbit-tokenizer",
+        "format_version": 1,
+        "source": "Hugging Face tokenizer files, as convert_hf_to_gguf.py maps them to GGUF tokenizer.* keys",
+        "metadata": meta,
+    });
+    Ok(Tok {
+        model,
+        pre,
+        n_vocab: tokens.len() as u64,
+        bytes: serde_json::to_vec_pretty(&doc).expect("a JSON value always serializes"),
+        special,
+        chat_template,
+    })
+}
+
+/// convert_hf_to_gguf's `does_token_look_special`: `<|...|>` and a few known texts.
+fn looks_special(t: &str) -> bool {
+    (t.starts_with("<|") && t.ends_with("|>"))
+        || matches!(t, "<pad>" | "<mask>" | "<2mass>" | "[@BOS@]")
+}
+
+fn find_add_prefix_space(pre: &Json) -> Option<bool> {
+    if pre.get("type").and_then(Json::as_str) == Some("ByteLevel") {
+        return pre.get("add_prefix_space").and_then(Json::as_bool);
+    }
+    pre.get("pretokenizers")
+        .and_then(Json::as_array)?
+        .iter()
+        .find_map(find_add_prefix_space)
+}
+
+/// The parts of a SentencePiece `ModelProto` a GGUF vocabulary needs.
+#[derive(Debug)]
+struct SpModel {
+    /// (piece, score, gguf token type)
+    pieces: Vec<(String, f32, i64)>,
+    add_dummy_prefix: bool,
+    unk_id: i64,
+    bos_id: i64,
+    eos_id: i64,
+    pad_id: i64,
+}
+
+/// `MAX_SP_PIECES`: more pieces than any vocabulary has (protects the allocation from a
+/// malformed file; each piece needs at least a few bytes of the file anyway).
+const MAX_SP_PIECES: usize = 1 << 22;
+
+/// A minimal protobuf reader for sentencepiece_model.proto: `ModelProto.pieces` (1: piece 1,
+/// score 2, type 3), `trainer_spec` (2: unk_id 40, bos_id 41, eos_id 42, pad_id 43),
+/// `normalizer_spec` (3: add_dummy_prefix 3). Unknown fields are skipped.
+fn sentencepiece(b: &[u8]) -> Result<SpModel, String> {
+    let mut m = SpModel {
+        pieces: Vec::new(),
+        add_dummy_prefix: true,
+        unk_id: 0,
+        bos_id: 1,
+        eos_id: 2,
+        pad_id: -1,
+    };
+    for f in fields(b)? {
+        match (f.num, f.val) {
+            (1, Val::Bytes(p)) => {
+                if m.pieces.len() >= MAX_SP_PIECES {
+                    return Err(format!("more than {MAX_SP_PIECES} pieces"));
+                }
+                let (mut piece, mut score, mut ty) = (String::new(), 0f32, 1i64);
+                for g in fields(p)? {
+                    match (g.num, g.val) {
+                        (1, Val::Bytes(s)) => {
+                            piece = String::from_utf8(s.to_vec())
+                                .map_err(|_| format!("piece {} is not UTF-8", m.pieces.len()))?
+                        }
+                        (2, Val::Fixed32(x)) => score = f32::from_bits(x),
+                        (3, Val::Varint(t)) => ty = t as i64,
+                        _ => {}
+                    }
+                }
+                // sentencepiece Type -> gguf TokenType
+                let gty = match ty {
+                    1 => NORMAL,
+                    2 => UNKNOWN,
+                    3 => CONTROL,
+                    4 => USER_DEFINED,
+                    5 => 5,
+                    6 => BYTE,
+                    t => return Err(format!("piece {} has unknown type {t}", m.pieces.len())),
+                };
+                m.pieces.push((piece, score, gty));
+            }
+            (2, Val::Bytes(t)) => {
+                for g in fields(t)? {
+                    if let Val::Varint(x) = g.val {
+                        let x = x as i64 as i32 as i64; // int32, negative values sign-extended
+                        match g.num {
+                            40 => m.unk_id = x,
+                            41 => m.bos_id = x,
+                            42 => m.eos_id = x,
+                            43 => m.pad_id = x,
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            (3, Val::Bytes(n)) => {
+                for g in fields(n)? {
+                    if let (3, Val::Varint(x)) = (g.num, g.val) {
+                        m.add_dummy_prefix = x != 0;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    if m.pieces.is_empty() {
+        return Err("no pieces".into());
+    }
+    Ok(m)
+}
+
+enum Val<'a> {
+    Varint(u64),
+    Fixed64,
+    Bytes(&'a [u8]),
+    Fixed32(u32),
+}
+
+struct Field<'a> {
+    num: u64,
+    val: Val<'a>,
+}
+
+fn varint(b: &[u8], pos: &mut usize) -> Result<u64, String> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *b
+            .get(*pos)
+            .ok_or_else(|| format!("truncated varint at byte {}", *pos))?;
+        *pos += 1;
+        v |= ((byte & 0x7f) as u64) << shift;
+        if byte & 0x80 == 0 {
+            return Ok(v);
+        }
+    }
+    Err(format!("varint longer than 10 bytes before byte {}", *pos))
+}
+
+fn fields(b: &[u8]) -> Result<Vec<Field<'_>>, String> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < b.len() {
+        let at = pos;
+        let key = varint(b, &mut pos)?;
+        let (num, wt) = (key >> 3, key & 7);
+        let take = |pos: &mut usize, n: usize| -> Result<&[u8], String> {
+            let end = pos
+                .checked_add(n)
+                .filter(|&e| e <= b.len())
+                .ok_or_else(|| format!("field {num} at byte {at} runs past the end"))?;
+            let s = &b[*pos..end];
+            *pos = end;
+            Ok(s)
+        };
+        let val = match wt {
+            0 => Val::Varint(varint(b, &mut pos)?),
+            1 => {
+                take(&mut pos, 8)?;
+                Val::Fixed64
+            }
+            2 => {
+                let n = varint(b, &mut pos)?;
+                let n = usize::try_from(n)
+                    .map_err(|_| format!("field {num} at byte {at}: length {n}"))?;
+                Val::Bytes(take(&mut pos, n)?)
+            }
+            5 => Val::Fixed32(u32::from_le_bytes(
+                take(&mut pos, 4)?.try_into().expect("4 bytes"),
+            )),
+            w => {
+                return Err(format!(
+                    "field {num} at byte {at}: wire type {w} is not supported"
+                ))
+            }
+        };
+        out.push(Field { num, val });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permutation_is_convert_hf_to_gguf_permute() {
+        // LlamaModel.permute: w.reshape(n_head, 2, rows / n_head / 2, cols).swapaxes(1, 2)
+        let (heads, hd) = (3, 8);
+        let rows = heads * hd;
+        let mut gguf_of_hf = vec![0usize; rows];
+        for h in 0..heads {
+            for p in 0..2 {
+                for i in 0..hd / 2 {
+                    let hf = h * hd + p * hd / 2 + i;
+                    let g = h * hd + i * 2 + p;
+                    gguf_of_hf[g] = hf;
+                }
+            }
+        }
+        for (g, &hf) in gguf_of_hf.iter().enumerate() {
+            assert_eq!(permuted_row(g, rows, heads), hf);
+        }
+    }
+
+    #[test]
+    fn names_map_and_unknown_names_do_not() {
+        assert_eq!(
+            gguf_name("model.layers.7.self_attn.k_proj.weight", 9, 3),
+            Some((
+                "blk.7.attn_k.weight".into(),
+                Source::Permuted {
+                    name: "model.layers.7.self_attn.k_proj.weight".into(),
+                    heads: 3
+                }
+            ))
+        );
+        assert_eq!(
+            gguf_name("model.layers.0.mlp.down_proj.weight", 9, 3).map(|x| x.0),
+            Some("blk.0.ffn_down.weight".into())
+        );
+        assert_eq!(
+            gguf_name("model.layers.0.self_attn.rotary_emb.inv_freq", 9, 3),
+            None
+        );
+        assert_eq!(gguf_name("model.layers.x.mlp.up_proj.weight", 9, 3), None);
+    }
+
+    #[test]
+    fn protobuf_reader_rejects_truncation_and_reads_pieces() {
+        // pieces { piece: "a" score: -1.5 type: 3 }, normalizer_spec { add_dummy_prefix: false }
+        let mut piece = vec![0x0a, 1, b'a', 0x15];
+        piece.extend_from_slice(&(-1.5f32).to_bits().to_le_bytes());
+        piece.extend_from_slice(&[0x18, 3]);
+        let mut b = vec![0x0a, piece.len() as u8];
+        b.extend_from_slice(&piece);
+        b.extend_from_slice(&[0x1a, 2, 0x18, 0]);
+        let m = sentencepiece(&b).unwrap();
+        assert_eq!(m.pieces, vec![("a".to_string(), -1.5, CONTROL)]);
+        assert!(!m.add_dummy_prefix);
+        assert!(sentencepiece(&b[..b.len() - 1])
+            .unwrap_err()
+            .contains("past the end"));
+        assert!(sentencepiece(&[0x0a, 0xff]).is_err());
+        assert!(sentencepiece(&[]).unwrap_err().contains("no pieces"));
+    }
+}
