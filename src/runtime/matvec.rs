@@ -164,6 +164,72 @@ crate::multiversion! {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+fn palette_gather_ok() -> bool {
+    std::is_x86_feature_detected!("avx2") && std::env::var_os("LOWBIT_PALETTE_PORTABLE").is_none()
+}
+
+/// [`palette_rows`] for 8- and 4-bit indices without the row buffer: eight indices at a time
+/// are widened to i32 lanes, their entries gathered from the group's f32 table and multiplied
+/// with `x` into the eight lanes of [`dot`] (separate multiply and add, the same order), so the
+/// result has the same bits as rebuilding the row and taking [`dot`].
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn palette_rows_gather(
+    v: &crate::palette::PaletteView,
+    x: &[f32],
+    ys: &mut [f32],
+    r0: usize,
+) {
+    use std::arch::x86_64::*;
+    let cols = v.cols;
+    let n8 = cols / 8 * 8;
+    let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    let m4 = _mm256_set1_epi32(0xF);
+    let mut group = usize::MAX;
+    let mut table = [0f32; 256];
+    for (i, yo) in ys.iter_mut().enumerate() {
+        let r = r0 + i;
+        if r / v.group_size != group {
+            group = r / v.group_size;
+            table = v.table_f32(r);
+        }
+        let row = &v.indices[r * v.row_bytes..(r + 1) * v.row_bytes];
+        let mut acc = _mm256_setzero_ps();
+        let mut c = 0;
+        while c < n8 {
+            let ix = if v.bits == 8 {
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64(row.as_ptr().add(c) as *const __m128i))
+            } else {
+                let w = u32::from_le_bytes([
+                    row[c / 2],
+                    row[c / 2 + 1],
+                    row[c / 2 + 2],
+                    row[c / 2 + 3],
+                ]);
+                _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w as i32), shifts), m4)
+            };
+            let w = _mm256_i32gather_ps::<4>(table.as_ptr(), ix);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(w, _mm256_loadu_ps(x.as_ptr().add(c))));
+            c += 8;
+        }
+        let mut l = [0f32; 8];
+        _mm256_storeu_ps(l.as_mut_ptr(), acc);
+        for (j, k) in (n8..cols).enumerate() {
+            let ix = if v.bits == 8 {
+                row[k] as usize
+            } else {
+                ((row[k / 2] >> ((k % 2) * 4)) & 0xF) as usize
+            };
+            l[j] += table[ix] * x[k];
+        }
+        *yo = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    }
+}
+
 /// How ternary matrix-vector products treat the activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Kernel {
@@ -212,6 +278,16 @@ pub fn matvec_with(kernel: Kernel, w: WeightData, cols: usize, x: &[f32], y: &mu
                 .for_each(|(t, ys)| ternary_rows(words, scales, cols, x, ys, t * ROWS_PER_TASK));
         }
         WeightData::Palette(v) => {
+            #[cfg(target_arch = "x86_64")]
+            if (v.bits == 8 || v.bits == 4) && palette_gather_ok() {
+                y.par_chunks_mut(ROWS_PER_TASK)
+                    .enumerate()
+                    // SAFETY: AVX2 and F16C are present (palette_gather_ok).
+                    .for_each(|(t, ys)| unsafe {
+                        palette_rows_gather(&v, x, ys, t * ROWS_PER_TASK)
+                    });
+                return;
+            }
             y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each_init(
                 || (vec![0f32; cols], vec![0u8; cols]),
                 |(buf, idx), (t, ys)| palette_rows(&v, x, ys, t * ROWS_PER_TASK, buf, idx),
@@ -304,6 +380,54 @@ mod tests {
                     "{ty} row {r}: {a} vs {b}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn palette_gather_path_gives_the_rebuilt_rows_bits() {
+        let mut seed = 9u64;
+        for bits in [4u32, 8] {
+            let (rows, cols, g) = (12usize, 77usize, 4usize);
+            let rb = crate::palette::row_bytes(cols as u64, bits) as usize;
+            let mut indices = vec![0u8; rows * rb];
+            for r in 0..rows {
+                let idx: Vec<u8> = (0..cols)
+                    .map(|_| (lcg(&mut seed) % (1 << bits)) as u8)
+                    .collect();
+                crate::palette::pack_row(&idx, bits, &mut indices[r * rb..(r + 1) * rb]);
+            }
+            let tables: Vec<u8> = (0..(rows / g) << bits)
+                .flat_map(|_| {
+                    half::f16::from_f32((lcg(&mut seed) % 2001) as f32 / 1000.0 - 1.0).to_le_bytes()
+                })
+                .collect();
+            let v = crate::palette::PaletteView {
+                bits,
+                group_size: g,
+                cols,
+                row_bytes: rb,
+                tables: &tables,
+                indices: &indices,
+            };
+            let x: Vec<f32> = (0..cols)
+                .map(|_| (lcg(&mut seed) % 2001) as f32 / 1000.0 - 1.0)
+                .collect();
+            let mut want = vec![0f32; rows];
+            palette_rows(
+                &v,
+                &x,
+                &mut want,
+                0,
+                &mut vec![0f32; cols],
+                &mut vec![0u8; cols],
+            );
+            let mut y = vec![0f32; rows];
+            matvec(WeightData::Palette(v), cols, &x, &mut y);
+            assert_eq!(
+                y.iter().map(|a| a.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|a| a.to_bits()).collect::<Vec<_>>(),
+                "bits {bits}"
+            );
         }
     }
 
