@@ -150,17 +150,18 @@ bench-runtime: build $(MINICPM8B) $(SMOLLM2)
 		--threads $(BENCH_THREADS) --json $(LOWBIT_CACHE)/bench/runtime.json \
 		$(OUT)/bench-smollm2.bundle=$(SMOLLM2) $(OUT)/bench-minicpm8b.bundle=$(MINICPM8B)
 
-# Ternary conversion and verification of the MiniCPM4-8B-shape model, next to reading and
-# hashing the input once (the anchor), in one run.
 # Palettization: convert palettize next to coremltools 9.0 (k-means, per_grouped_channel, group
-# size 32) on the same f16 SmolLM2 weights, 8/6/4 bits, in one run; PALETTE_TENSORS narrows or
-# widens the set (default two layers' linears; "*.weight" is every linear, ~1 h for coremltools).
-PALETTE_TENSORS ?= blk.0.*.weight blk.15.*.weight
+# size 32) on the same f16 SmolLM2 weights, 8/6/4 bits, in one run. The default is every linear
+# (the aim's scope; about 15 minutes, most of it coremltools); PALETTE_TENSORS narrows it, e.g.
+# "blk.0.*.weight blk.15.*.weight" (two layers, about 2 minutes).
+PALETTE_TENSORS ?= blk.*.weight
 bench-palette: build $(VENV)/.ok fetch
 	$(VPY) -m pip install -q --disable-pip-version-check -r benches/requirements.txt
 	$(VPY) benches/palette_bench.py --convert $(CONVERT) --threads $(BENCH_THREADS) \
 		--tensors $(PALETTE_TENSORS) --json $(LOWBIT_CACHE)/bench/palette.json $(SMOLLM2)
 
+# Ternary conversion and verification of the MiniCPM4-8B-shape model, next to reading and
+# hashing the input once (the anchor), in one run.
 bench-ternary: build $(MINICPM8B)
 	$(VPY) benches/ternary_bench.py --convert $(CONVERT) --json $(LOWBIT_CACHE)/bench/ternary.json $(MINICPM8B)
 
