@@ -4,7 +4,7 @@ it came from, same threads, same prompt and generation lengths, in one run.
 
 Reports prompt and decode tokens/s for both, their ratio, lowbit's peak resident memory against
 weights + KV cache, and how close decode comes to the memory bandwidth measured in the same run
-(bytes of weights read per token x tokens/s, against a large memory copy).
+(bytes of weights read per token x tokens/s, against numpy summing a 2 GiB buffer).
 
 Usage: runtime_bench.py --convert target/release/convert --llama-bench PATH
          [--threads 2] [--prompt 64] [--gen 32] [--kernels f32,int8] [--json OUT]
@@ -37,6 +37,23 @@ def memcpy_gbps():
     return best
 
 
+def read_gbps():
+    """Read bandwidth: numpy sums a 2 GiB uint64 buffer (one thread; on the machines measured
+    a second thread adds nothing), best of 3."""
+    try:
+        import numpy as np
+    except ImportError:
+        return None
+    a = np.ones(256 << 20, dtype=np.uint64)
+    best = 0.0
+    for _ in range(3):
+        t = time.perf_counter()
+        a.sum()
+        best = max(best, a.nbytes / (time.perf_counter() - t) / 1e9)
+    del a
+    return best
+
+
 def llama_bench(exe, gguf, threads, p, n):
     out = subprocess.run(
         [exe, "-m", gguf, "-t", str(threads), "-p", str(p), "-n", str(n), "-r", "2", "-o", "json"],
@@ -53,7 +70,7 @@ def llama_bench(exe, gguf, threads, p, n):
 def lowbit_bench(exe, bundle, threads, p, n, kernel):
     out = subprocess.run(
         [exe, "--threads", str(threads), "bench", bundle, "--prompt-tokens", str(p),
-         "--gen-tokens", str(n), "--kernel", kernel, "--json"],
+         "--gen-tokens", str(n), "--kernel", kernel, "--repeats", "2", "--json"],
         capture_output=True, text=True, check=True,
     ).stdout
     return json.loads(out)
@@ -70,18 +87,21 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("pairs", nargs="+", help="BUNDLE=GGUF")
     a = ap.parse_args()
-    bw = memcpy_gbps()
-    results = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "memcpy_gbps": bw},
+    cbw = memcpy_gbps()
+    bw = read_gbps()
+    results = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "memcpy_gbps": cbw,
+                           "read_gbps": bw},
                "threads": a.threads, "prompt": a.prompt, "gen": a.gen, "models": []}
     print(f"machine: {cpu_name()}, {os.cpu_count()} cores; threads {a.threads}; "
-          f"prompt {a.prompt}, gen {a.gen}; memory copy {bw and round(bw, 1)} GB/s\n")
-    print("| model | engine | prompt tok/s | decode tok/s | decode vs llama.cpp | peak RSS / (weights + KV) | weight reads GB/s (of copy bw) |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+          f"prompt {a.prompt}, gen {a.gen}; memory read {bw and round(bw, 1)} GB/s, "
+          f"copy {cbw and round(cbw, 1)} GB/s\n")
+    print("| model | engine | prompt tok/s | decode tok/s | decode vs llama.cpp | peak RSS / (weights + KV) | MB read per token | weight reads GB/s (of read bw) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for pair in a.pairs:
         bundle, gguf = pair.split("=", 1)
         ll = llama_bench(a.llama_bench, gguf, a.threads, a.prompt, a.gen)
         name = os.path.basename(gguf)
-        print(f"| {name} | llama.cpp | {ll.get('prompt', 0):.2f} | {ll.get('decode', 0):.2f} | 1.00 | - | - |")
+        print(f"| {name} | llama.cpp | {ll.get('prompt', 0):.2f} | {ll.get('decode', 0):.2f} | 1.00 | - | - | - |")
         entry = {"gguf": name, "llama_cpp": ll, "lowbit": {}}
         for k in a.kernels.split(","):
             lb = lowbit_bench(a.convert, bundle, a.threads, a.prompt, a.gen, k)
@@ -91,7 +111,8 @@ def main():
             frac = f" ({rb / bw:.0%})" if bw else ""
             print(f"| {name} | lowbit cpu, {k} | {lb['prompt_tokens_per_second']:.2f} | "
                   f"{lb['decode_tokens_per_second']:.2f} | {ratio:.2f} | "
-                  f"{lb['rss_over_weights_plus_kv']:.2f} | {rb:.2f}{frac} |")
+                  f"{lb['rss_over_weights_plus_kv']:.2f} | {lb['decode_bytes_per_token'] / 1e6:.1f} | "
+                  f"{rb:.2f}{frac} |")
         results["models"].append(entry)
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)

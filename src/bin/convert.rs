@@ -607,6 +607,7 @@ fn bench_cmd(
     let m = &be.model;
     let weights = m.weight_bytes();
     let kv = be.kv_bytes();
+    let per_token = m.decode_bytes_per_token();
     let rss = peak_rss_bytes();
     let threads = rayon::current_num_threads();
     let report = serde_json::json!({
@@ -625,13 +626,14 @@ fn bench_cmd(
         "kv_cache_bytes": kv,
         "peak_rss_bytes": rss,
         "rss_over_weights_plus_kv": rss.map(|r| r as f64 / (weights + kv) as f64),
-        "decode_weight_read_gb_per_second": weights as f64 * st.decode_tps() / 1e9,
+        "decode_bytes_per_token": per_token,
+        "decode_weight_read_gb_per_second": per_token as f64 * st.decode_tps() / 1e9,
     });
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(
-            "{}: {} threads; load {:.2}s; prompt {} tokens {:.2} tok/s; decode {} tokens {:.2} tok/s; weights {:.1} MB, KV cache {:.1} MB, peak RSS {} MB ({:.2}x weights+KV); decode reads weights at {:.2} GB/s",
+            "{}: {} threads; load {:.2}s; prompt {} tokens {:.2} tok/s; decode {} tokens {:.2} tok/s; weights {:.1} MB, KV cache {:.1} MB, peak RSS {} MB ({:.2}x weights+KV); decode reads weights ({:.1} MB per token) at {:.2} GB/s",
             bundle.display(),
             threads,
             load_s,
@@ -643,7 +645,8 @@ fn bench_cmd(
             kv as f64 / 1e6,
             rss.map(|r| format!("{:.1}", r as f64 / 1e6)).unwrap_or_else(|| "?".into()),
             rss.map(|r| r as f64 / (weights + kv) as f64).unwrap_or(f64::NAN),
-            weights as f64 * st.decode_tps() / 1e9
+            per_token as f64 / 1e6,
+            per_token as f64 * st.decode_tps() / 1e9
         );
     }
     Ok(ExitCode::SUCCESS)

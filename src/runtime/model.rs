@@ -315,4 +315,19 @@ impl Model {
     pub fn weight_bytes(&self) -> u64 {
         self.bundle.manifest.tensors.iter().map(|t| t.length).sum()
     }
+
+    /// Bytes of weights one decode step reads: every tensor, except that an untied embedding
+    /// contributes one row (the head reads a tied one whole).
+    pub fn decode_bytes_per_token(&self) -> u64 {
+        let all = self.weight_bytes();
+        if self.cfg.tied_embeddings {
+            return all;
+        }
+        let emb = self
+            .bundle
+            .tensor(&self.tok_embd.name)
+            .map(|t| t.length)
+            .unwrap_or(0);
+        all - emb + emb / self.tok_embd.rows.max(1) as u64
+    }
 }
