@@ -23,7 +23,7 @@ OUT ?= $(LOWBIT_CACHE)/out
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all demo test fetch venv build hf-checkpoints bench bench-ternary bench-runtime bench-dequant bench-palette refvectors golden llama clean-out lint
+.PHONY: all demo test fetch venv build hf-checkpoints bench bench-ternary bench-runtime bench-dequant bench-palette refvectors golden llama ternary-real ternary-llama ternary-vectors minicpm8b
 
 all: build
 

@@ -192,6 +192,25 @@ fn flipped_byte_is_caught() {
         return;
     };
     verify_fails(&copy, 1, &["weights.bin", "sha256", "FAILED"]);
+    // The tensor holding the byte fails in the per-tensor report too (regression: its row
+    // said "ok" and the totals counted it as passed while a failure named its SHA256).
+    let o = run(&["verify", "--json"], &[&copy]);
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let failed: Vec<&Value> = r["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["passed"] == false)
+        .collect();
+    assert_eq!(failed.len(), 1, "{r:#}");
+    assert!(
+        failed[0]["detail"].as_str().unwrap().contains("sha256"),
+        "{r:#}"
+    );
+    assert_eq!(
+        r["totals"]["passed"].as_u64().unwrap() + 1,
+        r["totals"]["tensors"].as_u64().unwrap()
+    );
 }
 
 #[test]

@@ -669,6 +669,16 @@ fn hugging_face_bad_input_is_refused_with_names() {
         safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &[0u8; 8]).unwrap();
     safetensors::serialize_to_file([("model.layers.0.mystery.weight", view)], None, &shard)
         .unwrap();
+    // (listed in the index as that shard's only tensor, so the name mapping is what refuses it)
+    let ip = idx(d.path());
+    let mut iv: Value = serde_json::from_slice(&std::fs::read(&ip).unwrap()).unwrap();
+    let wm = iv["weight_map"].as_object_mut().unwrap();
+    wm.retain(|_, f| f != "model-00001-of-00002.safetensors");
+    wm.insert(
+        "model.layers.0.mystery.weight".into(),
+        "model-00001-of-00002.safetensors".into(),
+    );
+    std::fs::write(&ip, serde_json::to_vec(&iv).unwrap()).unwrap();
     let (_o, _out, o) = palettize(&idx(d.path()), &["--bits", "4"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(
@@ -872,6 +882,147 @@ fn smollm2_8bit_kmeans_validate_report_and_paris() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("Paris"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// Edits `config.json` of a copy of the tiny sharded checkpoint and palettizes it.
+fn hf_with_config(hf: &Path, edit: impl FnOnce(&mut Value)) -> Output {
+    let d = copy_dir(hf);
+    let cfg = d.path().join("config.json");
+    let mut c: Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    edit(&mut c);
+    std::fs::write(&cfg, serde_json::to_vec(&c).unwrap()).unwrap();
+    let (_o, out, o) = palettize_plain(
+        &d.path().join("model.safetensors.index.json"),
+        &["--bits", "4"],
+    );
+    assert!(!out.exists());
+    o
+}
+
+/// Regressions from an adversarial pass over Hugging Face inputs: each used to panic, hang,
+/// allocate without bound or write a bundle that could not run.
+#[test]
+fn hugging_face_config_is_checked_against_the_tensors() {
+    let Some(hf) = common::hf_checkpoint("minicpm-tiny-sharded") else {
+        return;
+    };
+    type Edit = Box<dyn FnOnce(&mut Value)>;
+    let cases: Vec<(Edit, &str)> = vec![
+        // a huge vocabulary used to be allocated (and padded) before anything was checked
+        (
+            Box::new(|c| c["vocab_size"] = 1_000_000.into()),
+            "vocab_size 1000000 and hidden_size 256 do not match model.embed_tokens.weight [474, 256]",
+        ),
+        (
+            Box::new(|c| c["vocab_size"] = 1_000_000_000_000u64.into()),
+            "vocab_size: 1000000000000 is not between 1 and",
+        ),
+        // a huge layer count used to pass palettize and abort `run` allocating layers
+        (
+            Box::new(|c| c["num_hidden_layers"] = 4_000_000_000u64.into()),
+            "\"blk.2.attn_norm.weight\": missing",
+        ),
+        (
+            Box::new(|c| c["num_hidden_layers"] = 1.into()),
+            "a layer past config.json's num_hidden_layers 1",
+        ),
+        // the wrong head count used to permute q/k with the wrong head dim
+        (
+            Box::new(|c| c["num_attention_heads"] = 8.into()),
+            "shape [256, 256], but config.json implies [512, 256]",
+        ),
+        // non-finite values used to become null in the manifest
+        (
+            Box::new(|c| c["rms_norm_eps"] = 1e300.into()),
+            "rms_norm_eps: 1e300 is not a positive finite f32 value",
+        ),
+        (
+            Box::new(|c| c["dim_model_base"] = 0.into()),
+            "dim_model_base: 0.0 is not a positive finite f32 value",
+        ),
+        (
+            Box::new(|c| c["max_position_embeddings"] = 0.into()),
+            "max_position_embeddings: is 0",
+        ),
+        (
+            Box::new(|c| c["rope_scaling"] = "longrope".into()),
+            "rope_scaling: expected an object or null",
+        ),
+    ];
+    for (edit, needle) in cases {
+        let o = hf_with_config(&hf, edit);
+        assert_eq!(o.status.code(), Some(2), "{needle}: {}", text(&o));
+        assert!(text(&o).contains(needle), "{needle}: {}", text(&o));
+    }
+    // A special token id outside the vocabulary (config.json's, with no tokenizer_config.json
+    // naming the token) used to give a bundle whose tokenizer could not be built.
+    let d = copy_dir(&hf);
+    std::fs::remove_file(d.path().join("tokenizer_config.json")).unwrap();
+    let cfg = d.path().join("config.json");
+    let mut c: Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    c["bos_token_id"] = 99999.into();
+    std::fs::write(&cfg, serde_json::to_vec(&c).unwrap()).unwrap();
+    let (_o, out, o) = palettize_plain(
+        &d.path().join("model.safetensors.index.json"),
+        &["--bits", "4"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("bos_token_id: 99999 is not below the vocabulary size 474"),
+        "{}",
+        text(&o)
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn hugging_face_index_and_shards_must_agree() {
+    let Some(hf) = common::hf_checkpoint("minicpm-tiny-sharded") else {
+        return;
+    };
+    let edit_index = |f: &dyn Fn(&mut Value)| {
+        let d = copy_dir(&hf);
+        let idx = d.path().join("model.safetensors.index.json");
+        let mut v: Value = serde_json::from_slice(&std::fs::read(&idx).unwrap()).unwrap();
+        f(&mut v);
+        std::fs::write(&idx, serde_json::to_vec(&v).unwrap()).unwrap();
+        let (_o, out, o) = palettize_plain(&idx, &["--bits", "4"]);
+        assert!(!out.exists());
+        o
+    };
+    // An empty weight_map used to panic (index out of bounds).
+    let o = edit_index(&|v| v["weight_map"] = serde_json::json!({}));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("names no tensor"), "{}", text(&o));
+    // A tensor listed under the wrong shard, or every tensor under one shard.
+    let o = edit_index(&|v| {
+        for (_, f) in v["weight_map"].as_object_mut().unwrap() {
+            *f = "model-00001-of-00002.safetensors".into();
+        }
+    });
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("but in no shard"), "{}", text(&o));
+    let o = edit_index(&|v| {
+        v["weight_map"]["model.layers.9.mlp.up_proj.weight"] =
+            "model-00001-of-00002.safetensors".into();
+    });
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("model.layers.9.mlp.up_proj.weight"),
+        "{}",
+        text(&o)
+    );
+    // --workers beyond the cap (100000 used to spawn that many threads).
+    let (_o, _out, o) = palettize_plain(
+        &hf.join("model.safetensors.index.json"),
+        &["--bits", "4", "--workers", "100000"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("--workers 100000 must be between 1 and 1024"),
         "{}",
         text(&o)
     );

@@ -587,3 +587,87 @@ fn smollm2_int8_kernel_is_as_close_to_truth_as_llama_cpp() {
     };
     check_int8(&m, "pack", 1.5);
 }
+
+/// Regressions from an adversarial pass over the run/bench/validate flags.
+#[test]
+fn huge_counts_are_refused_before_any_work() {
+    let (_d, b) = make_bundle(
+        &common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf"),
+        "gguf-to-ternary",
+    );
+    let max = u64::MAX.to_string();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        // prompt + max_tokens used to wrap around and panic on "capacity overflow"
+        (
+            vec!["run", "--prompt-ids", "1,2", "--max-tokens", &max],
+            "more than the bundle's context n_ctx = 512",
+        ),
+        (
+            vec!["bench", "--gen-tokens", &max],
+            "more than the bundle's context n_ctx = 512",
+        ),
+        // prompt tokens used to be truncated to u32 and allocated before the context check
+        (
+            vec!["bench", "--prompt-tokens", "4294967297"],
+            "more than the bundle's context n_ctx = 512",
+        ),
+        (vec!["bench", "--gen-tokens", "0"], "must be at least 1"),
+    ];
+    for (args, needle) in cases {
+        let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+            .args(&args[..1])
+            .arg(&b)
+            .args(&args[1..])
+            .output()
+            .unwrap();
+        let t = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {t}");
+        assert!(t.contains(needle), "{args:?}: {t}");
+    }
+    // validate's generated tokens: a setup error (exit 2), not "0 steps, FAILED".
+    let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+        .arg("validate")
+        .arg(&b)
+        .arg("--reference")
+        .arg(&b)
+        .args(["--gen-tokens", &max])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // --top-p is not used when decoding greedily, so 0 is accepted there...
+    let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+        .arg("run")
+        .arg(&b)
+        .args(["--prompt-ids", "1,2", "--max-tokens", "2", "--top-p", "0"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // ...and refused, naming the flag, when sampling.
+    let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+        .arg("run")
+        .arg(&b)
+        .args([
+            "--prompt-ids",
+            "1,2",
+            "--temperature",
+            "0.5",
+            "--top-p",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--top-p 0 must be in (0, 1]"));
+    let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+        .args(["--threads", "0", "run"])
+        .arg(&b)
+        .args(["--prompt-ids", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}

@@ -273,9 +273,17 @@ impl From<DtypeArg> for OutDtype {
     }
 }
 
+/// `MAX_THREADS`: `--threads` and `--workers` above this are refused (more than any machine's
+/// cores; each thread costs a stack and a kernel task).
+const MAX_THREADS: usize = 1024;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(n) = cli.threads {
+        if n == 0 || n > MAX_THREADS {
+            eprintln!("error: --threads {n}: must be between 1 and {MAX_THREADS}");
+            return ExitCode::from(2);
+        }
         if let Err(e) = rayon::ThreadPoolBuilder::new()
             .num_threads(n)
             .build_global()
@@ -582,18 +590,27 @@ fn bench_cmd(
     be.set_kernel(kernel.into());
     be.set_kv_type(kv_cache.into());
     let load_s = t_load.elapsed().as_secs_f64();
+    if prompt_tokens == 0 || gen_tokens == 0 || repeats == 0 {
+        anyhow::bail!("--prompt-tokens, --gen-tokens and --repeats must be at least 1");
+    }
+    if prompt_tokens.saturating_add(gen_tokens) > be.n_ctx() {
+        anyhow::bail!(
+            "--prompt-tokens {prompt_tokens} plus --gen-tokens {gen_tokens} is more than the bundle's context n_ctx = {}",
+            be.n_ctx()
+        );
+    }
     let n_vocab = be.n_vocab() as u32;
     // A fixed, deterministic prompt: token ids spread over the vocabulary.
-    let prompt: Vec<u32> = (0..prompt_tokens.max(1) as u32)
+    let prompt: Vec<u32> = (0..prompt_tokens as u32)
         .map(|i| (i.wrapping_mul(2654435761) >> 7) % n_vocab)
         .collect();
     let mut best: Option<runtime::GenStats> = None;
-    for _ in 0..repeats.max(1) {
+    for _ in 0..repeats {
         let mut sampler = Sampler::new(SamplerConfig::default())?;
         let (_, st) = runtime::generate(
             &mut be,
             &prompt,
-            gen_tokens.max(1),
+            gen_tokens,
             &mut sampler,
             &|_| false,
             &mut |_| {},
@@ -782,7 +799,26 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
     be.set_kernel(a.kernel.into());
     be.set_kv_type(a.kv_cache.into());
     let load_s = t_load.elapsed().as_secs_f64();
-    let tok = lowbit::tokenizer::Tokenizer::from_bundle_dir(&a.bundle).ok();
+    let tok_res = lowbit::tokenizer::Tokenizer::from_bundle_dir(&a.bundle);
+    let tok_err = tok_res.as_ref().err().map(|e| e.to_string());
+    let tok = tok_res.ok();
+    let no_tokenizer = || {
+        anyhow::anyhow!(
+            "{}: the bundle's tokenizer is unusable: {}",
+            a.bundle.display(),
+            tok_err.as_deref().unwrap_or("?")
+        )
+    };
+    if tok.is_none() {
+        if a.ignore_eos || a.prompt.is_some() {
+            return Err(no_tokenizer());
+        }
+        // --prompt-ids without a tokenizer: the ids still run, but nothing can be decoded.
+        eprintln!(
+            "warning: {}; generated text cannot be decoded (use --print-ids)",
+            no_tokenizer()
+        );
+    }
     let banned = match (&tok, a.ignore_eos) {
         (Some(k), true) => k.eog_ids().collect(),
         _ => Vec::new(),
@@ -797,9 +833,7 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
     let ids: Vec<u32> = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), _) => ids.clone(),
         (None, Some(text)) => {
-            let tok = tok.as_ref().ok_or_else(|| {
-                anyhow::anyhow!("{}: no usable tokenizer in the bundle", a.bundle.display())
-            })?;
+            let tok = tok.as_ref().ok_or_else(no_tokenizer)?;
             let text = if a.chat {
                 tok.apply_chat_template(&[("user".to_string(), text.clone())], true)?
             } else {
@@ -905,9 +939,10 @@ fn print_verify(out: &mut impl Write, r: &verify::VerifyReport) -> std::io::Resu
     let tt = &r.totals;
     writeln!(
         out,
-        "{} tensors ({} ternary, {} carried): {} passed; {} files; {} ternary elements compared, {} mismatched, max |diff| {} -> {}",
+        "{} tensors ({} ternary, {} palettized, {} carried): {} passed; {} files; {} ternary elements compared, {} mismatched, max |diff| {} -> {}",
         tt.tensors,
         tt.ternary,
+        tt.palettized,
         tt.carried,
         tt.passed,
         r.files_checked,

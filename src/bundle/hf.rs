@@ -161,19 +161,52 @@ fn f32r(x: f64) -> f64 {
     x as f32 as f64
 }
 
+/// `x` rounded to f32, refused (naming `key`) unless finite and, with `positive`, above 0.
+fn hyper(path: &Path, key: &str, x: f64, positive: bool) -> Result<f64, BundleError> {
+    let r = f32r(x);
+    if !r.is_finite() || (positive && r <= 0.0) {
+        return Err(err(
+            path,
+            key,
+            format!(
+                "{x:?} is not a {}finite f32 value",
+                if positive { "positive " } else { "" }
+            ),
+        ));
+    }
+    Ok(r)
+}
+
+/// `MAX_VOCAB`: vocabulary sizes above this are refused (the largest real vocabularies are
+/// about 2^18; this bounds what a config value can make the tokenizer allocate).
+pub const MAX_VOCAB: u64 = 1 << 22;
+
 /// Reads a Hugging Face checkpoint's configuration and tokenizer from `dir` (`config.json`
-/// already parsed as `cfg`). `context` is the requested bundle context.
+/// already parsed as `cfg`). `context` is the requested bundle context; `embedding` the
+/// `[rows, cols]` of `model.embed_tokens.weight`, which `vocab_size` and `hidden_size` must
+/// match (so a config value cannot size an allocation the weights do not back).
 pub fn load(
     dir: &Path,
     cfg_path: &Path,
     cfg: &Json,
     context: Option<u64>,
+    embedding: Option<(u64, u64)>,
 ) -> Result<HfModel, BundleError> {
     let v = cfg
         .as_object()
         .ok_or_else(|| err(cfg_path, "(root)", "expected a JSON object"))?;
     let c = Cfg { v, path: cfg_path };
-    let model_type = v.get("model_type").and_then(Json::as_str).unwrap_or("");
+    let model_type = match v.get("model_type") {
+        Some(Json::String(t)) => t.as_str(),
+        Some(j) => {
+            return Err(err(
+                cfg_path,
+                "model_type",
+                format!("expected a string, found {j}"),
+            ))
+        }
+        None => return Err(err(cfg_path, "model_type", "missing")),
+    };
     let arch = match model_type {
         "llama" => "llama",
         "minicpm" => "minicpm",
@@ -210,8 +243,46 @@ pub fn load(
     if head_dim % 2 != 0 {
         return Err(err(cfg_path, "head_dim", format!("{head_dim} is odd")));
     }
+    for (key, x) in [
+        ("num_hidden_layers", n_layer),
+        ("hidden_size", n_embd),
+        ("intermediate_size", n_ff),
+    ] {
+        if x == 0 {
+            return Err(err(cfg_path, key, "is 0"));
+        }
+    }
     let n_vocab = c.u64("vocab_size")?;
+    if n_vocab == 0 || n_vocab > MAX_VOCAB {
+        return Err(err(
+            cfg_path,
+            "vocab_size",
+            format!("{n_vocab} is not between 1 and {MAX_VOCAB}"),
+        ));
+    }
+    match embedding {
+        None => {
+            return Err(err(
+                cfg_path,
+                "vocab_size",
+                "the checkpoint has no model.embed_tokens.weight to check it against",
+            ))
+        }
+        Some((rows, cols)) if rows != n_vocab || cols != n_embd => {
+            return Err(err(
+                cfg_path,
+                "vocab_size",
+                format!(
+                    "vocab_size {n_vocab} and hidden_size {n_embd} do not match model.embed_tokens.weight [{rows}, {cols}]"
+                ),
+            ))
+        }
+        _ => {}
+    }
     let n_ctx_train = c.u64("max_position_embeddings")?;
+    if n_ctx_train == 0 {
+        return Err(err(cfg_path, "max_position_embeddings", "is 0"));
+    }
     let n_ctx = match context {
         Some(x) if x == 0 || x > n_ctx_train => {
             return Err(err(
@@ -223,8 +294,13 @@ pub fn load(
         Some(x) => x,
         None => n_ctx_train.min(DEFAULT_CONTEXT),
     };
-    let norm_eps = f32r(c.f64("rms_norm_eps")?);
-    let freq_base = f32r(c.opt_f64("rope_theta")?.unwrap_or(10000.0));
+    let norm_eps = hyper(cfg_path, "rms_norm_eps", c.f64("rms_norm_eps")?, true)?;
+    let freq_base = hyper(
+        cfg_path,
+        "rope_theta",
+        c.opt_f64("rope_theta")?.unwrap_or(10000.0),
+        true,
+    )?;
     let tied = match v.get("tie_word_embeddings") {
         None => false,
         Some(j) => j
@@ -261,11 +337,24 @@ pub fn load(
     };
     let mut extra = Vec::new();
     if let Some(rs) = v.get("rope_scaling").filter(|j| !j.is_null()) {
-        let ty = rs
-            .get("rope_type")
-            .or_else(|| rs.get("type"))
-            .and_then(Json::as_str)
-            .unwrap_or("");
+        if !rs.is_object() {
+            return Err(err(
+                cfg_path,
+                "rope_scaling",
+                format!("expected an object or null, found {rs}"),
+            ));
+        }
+        let ty = match rs.get("rope_type").or_else(|| rs.get("type")) {
+            None => "",
+            Some(Json::String(t)) => t.as_str(),
+            Some(j) => {
+                return Err(err(
+                    cfg_path,
+                    "rope_scaling.rope_type",
+                    format!("expected a string, found {j}"),
+                ))
+            }
+        };
         let factors = |key: &str| -> Result<Vec<f32>, BundleError> {
             let a = rs.get(key).and_then(Json::as_array).ok_or_else(|| {
                 err(
@@ -274,9 +363,21 @@ pub fn load(
                     "missing or not an array",
                 )
             })?;
-            let f: Option<Vec<f32>> = a.iter().map(|x| x.as_f64().map(|x| x as f32)).collect();
-            let f =
-                f.ok_or_else(|| err(cfg_path, &format!("rope_scaling.{key}"), "not all numbers"))?;
+            let f: Option<Vec<f32>> = a
+                .iter()
+                .map(|x| {
+                    x.as_f64()
+                        .map(|x| x as f32)
+                        .filter(|x| x.is_finite() && *x > 0.0)
+                })
+                .collect();
+            let f = f.ok_or_else(|| {
+                err(
+                    cfg_path,
+                    &format!("rope_scaling.{key}"),
+                    "not all positive finite f32 numbers",
+                )
+            })?;
             if f.len() as u64 != head_dim / 2 {
                 return Err(err(
                     cfg_path,
@@ -332,10 +433,11 @@ pub fn load(
                     .get("factor")
                     .and_then(Json::as_f64)
                     .ok_or_else(|| err(cfg_path, "rope_scaling.factor", "missing"))?;
+                let f = hyper(cfg_path, "rope_scaling.factor", f, true)?;
                 rope.scaling_type = "linear".into();
-                rope.scaling_factor = Some(f32r(f));
+                rope.scaling_factor = Some(f);
                 hp.insert(k("rope.scaling.type"), json!("linear"));
-                hp.insert(k("rope.scaling.factor"), json!(f32r(f)));
+                hp.insert(k("rope.scaling.factor"), json!(f));
             }
             "default" | "" => {}
             other => {
@@ -351,15 +453,21 @@ pub fn load(
     if arch == "minicpm" {
         // convert_hf_to_gguf (conversion/minicpm.py): embedding_scale = scale_emb, residual_scale
         // = scale_depth / sqrt(num_hidden_layers), logit_scale = hidden_size / dim_model_base
-        let e = f32r(c.f64("scale_emb")?);
-        let r = f32r(c.f64("scale_depth")? / (n_layer as f64).sqrt());
-        let l = f32r(n_embd as f64 / c.f64("dim_model_base")?);
+        let e = hyper(cfg_path, "scale_emb", c.f64("scale_emb")?, false)?;
+        let r = hyper(
+            cfg_path,
+            "scale_depth",
+            c.f64("scale_depth")? / (n_layer as f64).sqrt(),
+            false,
+        )?;
+        let base = hyper(cfg_path, "dim_model_base", c.f64("dim_model_base")?, true)?;
+        let l = hyper(cfg_path, "dim_model_base", n_embd as f64 / base, true)?;
         hp.insert(k("embedding_scale"), json!(e));
         hp.insert(k("residual_scale"), json!(r));
         hp.insert(k("logit_scale"), json!(l));
         (emb, res, logit) = (Some(e), Some(r), Some(l));
     }
-    let tok = tokenizer(dir, v, cfg_path)?;
+    let tok = tokenizer(dir, v, n_vocab as usize)?;
     let model = ModelConfig {
         architecture: arch.into(),
         n_layer,
@@ -441,7 +549,7 @@ fn pre_name(pre: &Json) -> Option<&'static str> {
             && j.get("use_regex").and_then(Json::as_bool).unwrap_or(true)
     };
     if byte_level(pre) {
-        return Some("gpt2");
+        return Some("gpt-2");
     }
     if pre.get("type").and_then(Json::as_str) == Some("Sequence") {
         let items = pre.get("pretokenizers").and_then(Json::as_array)?;
@@ -457,7 +565,7 @@ fn pre_name(pre: &Json) -> Option<&'static str> {
     None
 }
 
-fn tokenizer(dir: &Path, cfg: &Map<String, Json>, cfg_path: &Path) -> Result<Tok, BundleError> {
+fn tokenizer(dir: &Path, cfg: &Map<String, Json>, n_vocab: usize) -> Result<Tok, BundleError> {
     let tc_path = dir.join("tokenizer_config.json");
     let tc = read_json(&tc_path)?.unwrap_or_else(|| json!({}));
     let tj_path = dir.join("tokenizer.json");
@@ -469,6 +577,23 @@ fn tokenizer(dir: &Path, cfg: &Map<String, Json>, cfg_path: &Path) -> Result<Tok
             source: e,
         })?;
         let sp = sentencepiece(&bytes).map_err(|d| err(&sp_path, "(ModelProto)", d))?;
+        if sp.pieces.len() != n_vocab {
+            return Err(err(
+                &sp_path,
+                "pieces",
+                format!(
+                    "{} pieces, but config.json's vocab_size is {n_vocab}",
+                    sp.pieces.len()
+                ),
+            ));
+        }
+        if let Some((i, p)) = sp.pieces.iter().enumerate().find(|(_, p)| !p.1.is_finite()) {
+            return Err(err(
+                &sp_path,
+                "pieces",
+                format!("piece {i} {:?} has score {}", p.0, p.1),
+            ));
+        }
         meta.insert("ggml.model".into(), json!("llama"));
         meta.insert(
             "ggml.tokens".into(),
@@ -508,16 +633,22 @@ fn tokenizer(dir: &Path, cfg: &Map<String, Json>, cfg_path: &Path) -> Result<Tok
             ));
         }
         let pre = tj.get("pre_tokenizer").unwrap_or(&Json::Null);
-        let pre = pre_name(pre).ok_or_else(|| err(&tj_path, "pre_tokenizer", format!("{pre} is not a pre-tokenizer this tool maps to llama.cpp's (known: smollm, gpt2)")))?;
+        let pre = pre_name(pre).ok_or_else(|| err(&tj_path, "pre_tokenizer", format!("{pre} is not a pre-tokenizer this tool maps to llama.cpp's (known: smollm, gpt-2)")))?;
         let vocab = m
             .get("vocab")
             .and_then(Json::as_object)
             .ok_or_else(|| err(&tj_path, "model.vocab", "missing or not an object"))?;
-        let n_vocab = cfg
-            .get("vocab_size")
-            .and_then(Json::as_u64)
-            .unwrap_or(vocab.len() as u64) as usize;
-        let mut tokens: Vec<Option<String>> = vec![None; n_vocab.max(vocab.len())];
+        if vocab.len() > n_vocab {
+            return Err(err(
+                &tj_path,
+                "model.vocab",
+                format!(
+                    "{} tokens, more than config.json's vocab_size {n_vocab}",
+                    vocab.len()
+                ),
+            ));
+        }
+        let mut tokens: Vec<Option<String>> = vec![None; n_vocab];
         for (t, id) in vocab {
             let id = id.as_u64().ok_or_else(|| {
                 err(
@@ -576,14 +707,26 @@ fn tokenizer(dir: &Path, cfg: &Map<String, Json>, cfg_path: &Path) -> Result<Tok
                 })
             })
             .collect();
-        let merges: Result<Vec<String>, BundleError> = m
-            .get("merges")
-            .and_then(Json::as_array)
-            .map(|a| a.as_slice())
-            .unwrap_or(&[])
+        let merges = match m.get("merges") {
+            None | Some(Json::Null) => &[][..],
+            Some(Json::Array(a)) => a.as_slice(),
+            Some(j) => {
+                return Err(err(
+                    &tj_path,
+                    "model.merges",
+                    format!("expected an array, found {}", kind_of(j)),
+                ))
+            }
+        };
+        let merges: Result<Vec<String>, BundleError> = merges
             .iter()
             .map(|x| match x {
-                Json::String(s) => Ok(s.clone()),
+                Json::String(s)
+                    if s.split_once(' ')
+                        .is_some_and(|(a, b)| !a.is_empty() && !b.is_empty()) =>
+                {
+                    Ok(s.clone())
+                }
                 Json::Array(p) if p.len() == 2 => match (p[0].as_str(), p[1].as_str()) {
                     (Some(a), Some(b)) => Ok(format!("{a} {b}")),
                     _ => Err(err(
@@ -622,6 +765,13 @@ fn tokenizer(dir: &Path, cfg: &Map<String, Json>, cfg_path: &Path) -> Result<Tok
             .and_then(id_of);
         let from_cfg = cfg.get(&format!("{hf}_token_id")).and_then(Json::as_u64);
         if let Some(id) = from_tc.or(from_cfg) {
+            if id as usize >= tokens.len() {
+                return Err(err(
+                    &dir.join("config.json"),
+                    &format!("{hf}_token_id"),
+                    format!("{id} is not below the vocabulary size {}", tokens.len()),
+                ));
+            }
             meta.insert(format!("ggml.{gg}_token_id"), json!(id));
         }
     }
@@ -647,13 +797,21 @@ fn tokenizer(dir: &Path, cfg: &Map<String, Json>, cfg_path: &Path) -> Result<Tok
             Some((name.to_string(), v.as_u64()?))
         })
         .collect();
-    let _ = cfg_path;
     let doc = json!({
         "format": "lowbit-tokenizer",
         "format_version": 1,
         "source": "Hugging Face tokenizer files, as convert_hf_to_gguf.py maps them to GGUF tokenizer.* keys",
         "metadata": meta,
     });
+    // The runtime must be able to build it: refuse here, not when the bundle is run.
+    if let Err(e) = crate::tokenizer::Tokenizer::from_json(&doc) {
+        let file = if model == "llama" { sp_path } else { tj_path };
+        return Err(err(
+            &file,
+            "(tokenizer)",
+            format!("the mapped vocabulary is unusable: {e}"),
+        ));
+    }
     Ok(Tok {
         model,
         pre,
@@ -662,6 +820,17 @@ fn tokenizer(dir: &Path, cfg: &Map<String, Json>, cfg_path: &Path) -> Result<Tok
         special,
         chat_template,
     })
+}
+
+fn kind_of(j: &Json) -> &'static str {
+    match j {
+        Json::Null => "null",
+        Json::Bool(_) => "a boolean",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "an array",
+        Json::Object(_) => "an object",
+    }
 }
 
 /// convert_hf_to_gguf's `does_token_look_special`: `<|...|>` and a few known texts.
@@ -694,7 +863,7 @@ struct SpModel {
 
 /// `MAX_SP_PIECES`: more pieces than any vocabulary has (protects the allocation from a
 /// malformed file; each piece needs at least a few bytes of the file anyway).
-const MAX_SP_PIECES: usize = 1 << 22;
+const MAX_SP_PIECES: usize = MAX_VOCAB as usize;
 
 /// A minimal protobuf reader for sentencepiece_model.proto: `ModelProto.pieces` (1: piece 1,
 /// score 2, type 3), `trainer_spec` (2: unk_id 40, bos_id 41, eos_id 42, pad_id 43),
@@ -840,6 +1009,20 @@ fn fields(b: &[u8]) -> Result<Vec<Field<'_>>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_level_pre_tokenizers_map_to_names_the_runtime_knows() {
+        let gpt2 = json!({"type": "ByteLevel", "add_prefix_space": false, "use_regex": true});
+        let smollm = json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": true}, gpt2.clone()]});
+        // "gpt-2" is llama.cpp's name (a "gpt2" pre used to give an unusable tokenizer)
+        assert_eq!(pre_name(&gpt2), Some("gpt-2"));
+        assert_eq!(pre_name(&smollm), Some("smollm"));
+        for name in [pre_name(&gpt2).unwrap(), pre_name(&smollm).unwrap()] {
+            assert!(crate::tokenizer::PRE_TOKENIZERS.contains(&name), "{name}");
+        }
+        assert_eq!(pre_name(&json!({"type": "Whitespace"})), None);
+    }
 
     #[test]
     fn permutation_is_convert_hf_to_gguf_permute() {

@@ -23,6 +23,7 @@
 //! rayon pool of `workers` threads in batches joined in order, so the output does not depend
 //! on `workers`; memory is the packed indices of one batch plus its f32 rows.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -42,6 +43,10 @@ use crate::gguf::GgufFile;
 use crate::palette::{self, Arith, Mode};
 use crate::quant;
 use crate::util;
+
+/// `MAX_WORKERS`: more palettization threads than this are refused (more than any machine's
+/// cores; each thread costs a stack and a kernel task).
+pub const MAX_WORKERS: usize = 1024;
 
 /// `--min-elements` default: coremltools' `weight_threshold` default (2048).
 pub const DEFAULT_MIN_ELEMENTS: u64 = 2048;
@@ -78,6 +83,18 @@ struct InTensor {
     shape: Vec<u64>,
     source_type: GgmlType,
     loc: Loc,
+    /// Where a mapped tensor comes from (`"<Hugging Face name> in <shard>"`), for messages.
+    origin: Option<String>,
+}
+
+impl InTensor {
+    /// The name for messages: the GGUF name, and the checkpoint's when it was mapped.
+    fn label(&self) -> String {
+        match &self.origin {
+            Some(o) => format!("{} ({o})", self.name),
+            None => self.name.clone(),
+        }
+    }
 }
 
 enum Loc {
@@ -190,9 +207,13 @@ fn open_shard(path: &Path) -> Result<Shard, BundleError> {
 
 /// The safetensors files of a checkpoint: `path` itself, or for a sharded checkpoint's
 /// `*.safetensors.index.json` every file its `weight_map` names (beside it), sorted.
-fn shard_paths(path: &Path, dir: &Path) -> Result<Vec<PathBuf>, BundleError> {
+#[allow(clippy::type_complexity)]
+fn shard_paths(
+    path: &Path,
+    dir: &Path,
+) -> Result<(Vec<PathBuf>, Option<BTreeMap<String, String>>), BundleError> {
     if !path.to_string_lossy().ends_with(".index.json") {
-        return Ok(vec![path.to_path_buf()]);
+        return Ok((vec![path.to_path_buf()], None));
     }
     let bad = |detail: String| BundleError::Manifest {
         path: path.to_path_buf(),
@@ -206,6 +227,7 @@ fn shard_paths(path: &Path, dir: &Path) -> Result<Vec<PathBuf>, BundleError> {
         .and_then(|m| m.as_object())
         .ok_or_else(|| bad("no \"weight_map\" object".into()))?;
     let mut files = std::collections::BTreeSet::new();
+    let mut names = BTreeMap::new();
     for (name, f) in map {
         let f = f
             .as_str()
@@ -216,8 +238,61 @@ fn shard_paths(path: &Path, dir: &Path) -> Result<Vec<PathBuf>, BundleError> {
             )));
         }
         files.insert(f.to_string());
+        names.insert(name.clone(), f.to_string());
     }
-    Ok(files.into_iter().map(|f| dir.join(f)).collect())
+    if files.is_empty() {
+        return Err(bad("the weight_map names no tensor (no shards)".into()));
+    }
+    Ok((
+        files.into_iter().map(|f| dir.join(f)).collect(),
+        Some(names),
+    ))
+}
+
+/// Every tensor of every shard is where the index says, and every tensor the index lists is
+/// in its shard.
+fn check_weight_map(
+    index: &Path,
+    shards: &[Shard],
+    map: &BTreeMap<String, String>,
+) -> Result<(), BundleError> {
+    let bad = |detail: String| BundleError::Manifest {
+        path: index.to_path_buf(),
+        detail,
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for sh in shards {
+        let file = sh
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        for (name, _) in sh.meta.tensors() {
+            match map.get(&name) {
+                Some(f) if *f == file => {}
+                Some(f) => {
+                    return Err(bad(format!(
+                        "{name:?} is in {file}, but the weight_map says {f}"
+                    )))
+                }
+                None => {
+                    return Err(bad(format!(
+                        "{name:?} is in {file}, but not in the weight_map"
+                    )))
+                }
+            }
+            if !seen.insert(name.clone()) {
+                return Err(bad(format!("{name:?} is in more than one shard")));
+            }
+        }
+    }
+    if let Some(name) = map.keys().find(|n| !seen.contains(*n)) {
+        return Err(bad(format!(
+            "{name:?} is in the weight_map but in no shard ({})",
+            map[name]
+        )));
+    }
+    Ok(())
 }
 
 fn open_safetensors(path: &Path, context: Option<u64>) -> Result<Input, BundleError> {
@@ -225,10 +300,14 @@ fn open_safetensors(path: &Path, context: Option<u64>) -> Result<Input, BundleEr
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let shards = shard_paths(path, &dir)?
+    let (paths, weight_map) = shard_paths(path, &dir)?;
+    let shards = paths
         .iter()
         .map(|p| open_shard(p))
         .collect::<Result<Vec<_>, _>>()?;
+    if let Some(map) = &weight_map {
+        check_weight_map(path, &shards, map)?;
+    }
     let cpath = dir.join("config.json");
     let cbytes = std::fs::read(&cpath).map_err(|e| BundleError::Manifest {
         path: cpath.clone(),
@@ -246,7 +325,17 @@ fn open_safetensors(path: &Path, context: Option<u64>) -> Result<Input, BundleEr
                 detail: "neither a Hugging Face configuration (model_type, architectures) nor one written by `convert dequantize --with-config` (a \"lowbit\" section)".into(),
             });
         }
-        let mut m = hf::load(&dir, &cpath, &cjson, context)?;
+        let embedding = shards.iter().find_map(|s| {
+            s.meta
+                .tensors()
+                .into_iter()
+                .find(|(n, _)| n == "model.embed_tokens.weight")
+                .and_then(|(_, i)| match i.shape.as_slice() {
+                    [r, c] => Some((*r as u64, *c as u64)),
+                    _ => None,
+                })
+        });
+        let mut m = hf::load(&dir, &cpath, &cjson, context, embedding)?;
         // As in the GGUF: tied when there is no separate head.
         m.model.tied_embeddings = !shards
             .iter()
@@ -312,6 +401,62 @@ fn shards_digest(paths: &[PathBuf]) -> std::io::Result<String> {
     Ok(util::sha256_hex(lines.concat().as_bytes()))
 }
 
+/// A Hugging Face checkpoint's tensors against its config.json: every tensor the architecture
+/// needs for layers `0..num_hidden_layers`, each of the shape the configuration implies, and
+/// no layer past the last, before anything is read or written.
+fn check_hf_tensors(
+    input: &Path,
+    m: &ModelConfig,
+    tensors: &[InTensor],
+) -> Result<(), BundleError> {
+    let by: BTreeMap<&str, &InTensor> = tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+    let (e, hd, ff) = (m.n_embd, m.head_dim, m.n_ff);
+    let (q, kv) = (m.n_head * hd, m.n_head_kv * hd);
+    let want = |name: &str, shape: &[u64]| -> Result<(), BundleError> {
+        match by.get(name) {
+            None => Err(terr(
+                input,
+                name,
+                format!(
+                    "missing (config.json: {} layers, hidden_size {e}, {} heads, {} KV heads, head_dim {hd})",
+                    m.n_layer, m.n_head, m.n_head_kv
+                ),
+            )),
+            Some(t) if t.shape != shape => Err(terr(
+                input,
+                &t.label(),
+                format!("shape {:?}, but config.json implies {shape:?}", t.shape),
+            )),
+            Some(_) => Ok(()),
+        }
+    };
+    want("token_embd.weight", &[m.n_vocab, e])?;
+    want("output_norm.weight", &[e])?;
+    if by.contains_key("output.weight") {
+        want("output.weight", &[m.n_vocab, e])?;
+    }
+    for l in 0..m.n_layer {
+        let n = |s: &str| format!("blk.{l}.{s}.weight");
+        want(&n("attn_norm"), &[e])?;
+        want(&n("ffn_norm"), &[e])?;
+        want(&n("attn_q"), &[q, e])?;
+        want(&n("attn_k"), &[kv, e])?;
+        want(&n("attn_v"), &[kv, e])?;
+        want(&n("attn_output"), &[e, q])?;
+        want(&n("ffn_gate"), &[ff, e])?;
+        want(&n("ffn_up"), &[ff, e])?;
+        want(&n("ffn_down"), &[e, ff])?;
+    }
+    if let Some(t) = tensors.iter().find(|t| order_key(&t.name).0 > m.n_layer) {
+        return Err(terr(
+            input,
+            &t.label(),
+            format!("a layer past config.json's num_hidden_layers {}", m.n_layer),
+        ));
+    }
+    Ok(())
+}
+
 /// Names a Hugging Face checkpoint may hold that the model does not use (buffers).
 fn hf_ignored(name: &str) -> bool {
     name.ends_with(".rotary_emb.inv_freq")
@@ -346,6 +491,7 @@ impl Input {
                     shape: t.shape(),
                     source_type: t.ty,
                     loc: Loc::Gguf(i),
+                    origin: None,
                 })
                 .collect(),
             Input::Bundle(b) => {
@@ -356,6 +502,7 @@ impl Input {
                         shape: t.shape.clone(),
                         source_type: GgmlType::from_name(&t.source_type).unwrap_or(GgmlType::F32),
                         loc: Loc::Bundle(i),
+                        origin: None,
                     });
                 }
                 v
@@ -404,7 +551,15 @@ impl Input {
                                 }
                             },
                         };
+                        let file = sh
+                            .path
+                            .file_name()
+                            .map(|n| n.to_string_lossy().into_owned())
+                            .unwrap_or_default();
+                        let origin =
+                            (hf.is_some() || shards.len() > 1).then(|| format!("{name} in {file}"));
                         v.push(InTensor {
+                            origin,
                             name: gname,
                             shape,
                             source_type: ty,
@@ -423,6 +578,7 @@ impl Input {
                         shape: vec![(bytes.len() / 4) as u64],
                         source_type: GgmlType::F32,
                         loc: Loc::Extra(i),
+                        origin: Some("config.json rope_scaling".into()),
                     });
                 }
                 v
@@ -586,7 +742,7 @@ fn palettize_one(
     let grp = palette::palettize_group(&vals, opts.bits, opts.mode, arith).map_err(|e| {
         terr(
             input,
-            &t.name,
+            &t.label(),
             format!("group {gi} (rows {}..{}): {e}", gi * g, (gi + 1) * g),
         )
     })?;
@@ -615,6 +771,12 @@ pub fn palettize(
             ),
         });
     }
+    if let Some(w) = opts.workers.filter(|&w| w == 0 || w > MAX_WORKERS) {
+        return Err(BundleError::Manifest {
+            path: PathBuf::from("--workers"),
+            detail: format!("--workers {w} must be between 1 and {MAX_WORKERS}"),
+        });
+    }
     if opts.group_size == Some(0) {
         return Err(BundleError::Manifest {
             path: PathBuf::from("--group-size"),
@@ -624,12 +786,22 @@ pub fn palettize(
     let inp = Input::open(input, opts.context)?;
     let tensors = inp.tensors()?;
     {
-        let mut seen = std::collections::BTreeSet::new();
+        let mut seen = std::collections::BTreeMap::new();
         for t in &tensors {
-            if !seen.insert(t.name.as_str()) {
-                return Err(terr(input, &t.name, "appears twice"));
+            if let Some(first) = seen.insert(t.name.as_str(), t.label()) {
+                return Err(terr(
+                    input,
+                    &t.label(),
+                    format!("appears twice (also {first})"),
+                ));
             }
         }
+    }
+    if let Input::Safetensors {
+        hf: Some(_), model, ..
+    } = &inp
+    {
+        check_hf_tensors(input, model, &tensors)?;
     }
     let include = glob_set(input, &tensors, &opts.include, "--include")?;
     let exclude = glob_set(input, &tensors, &opts.exclude, "--exclude")?;
@@ -649,7 +821,7 @@ pub fn palettize(
         if rows % g != 0 {
             return Err(terr(
                 input,
-                &t.name,
+                &t.label(),
                 format!("{rows} rows are not divisible by --group-size {g}"),
             ));
         }

@@ -10,6 +10,7 @@
 //! f64) and must equal the SSE and max error the manifest records, bit for bit; `maxerr` does
 //! not apply to them.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
@@ -71,6 +72,7 @@ pub struct Totals {
     pub tensors: usize,
     pub passed: usize,
     pub ternary: usize,
+    pub palettized: usize,
     pub carried: usize,
     pub elements_compared: u64,
     pub mismatched: u64,
@@ -83,6 +85,19 @@ pub struct Totals {
 pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, BundleError> {
     let m = read_manifest(bundle)?;
     let (maps, mut failures) = check_integrity(bundle, &m)?;
+    // Integrity failures that name a tensor (its SHA256, its place in the file) fail that
+    // tensor's row too, not only the bundle.
+    let integrity_of = |name: &str| -> Option<String> {
+        let prefix = format!("tensor {name:?}: ");
+        failures
+            .iter()
+            .find_map(|f| f.strip_prefix(&prefix).map(|d| d.to_string()))
+    };
+    let bad_integrity: BTreeMap<String, String> = m
+        .tensors
+        .iter()
+        .filter_map(|t| integrity_of(&t.name).map(|d| (t.name.clone(), d)))
+        .collect();
     let source = match &opts.source {
         Some(p) => Some(GgufFile::open(p)?),
         None => None,
@@ -129,6 +144,14 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
             },
             Some(bytes) => check_tensor(t, bytes, source.as_ref(), opts.maxerr),
         };
+        let check = match bad_integrity.get(&t.name) {
+            Some(d) => TensorCheck {
+                passed: false,
+                detail: Some(d.clone()),
+                ..check
+            },
+            None => check,
+        };
         // Verification reads each tensor once: let its pages go.
         if let Some(map) = maps.get(&t.file) {
             crate::gguf::release_range(map, t.offset, t.length);
@@ -138,7 +161,7 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
                 src.release(st);
             }
         }
-        if !check.passed {
+        if !check.passed && !bad_integrity.contains_key(&t.name) {
             failures.push(format!(
                 "tensor {:?}: {}",
                 t.name,
@@ -158,6 +181,8 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
         totals.passed += c.passed as usize;
         if c.encoding == "ternary2" {
             totals.ternary += 1;
+        } else if c.encoding.starts_with("palette:") {
+            totals.palettized += 1;
         } else {
             totals.carried += 1;
         }

@@ -120,12 +120,17 @@ pub fn argmax(v: &[f32]) -> usize {
 
 impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Result<Sampler, RuntimeError> {
-        let temperature_ok = cfg.temperature.is_finite() && cfg.temperature >= 0.0;
-        let top_p_ok = cfg.top_p > 0.0 && cfg.top_p <= 1.0;
-        if !temperature_ok || !top_p_ok {
+        if !(cfg.temperature.is_finite() && cfg.temperature >= 0.0) {
             return Err(RuntimeError::Sampling(format!(
-                "temperature {} must be >= 0 and top_p {} in (0, 1]",
-                cfg.temperature, cfg.top_p
+                "--temperature {} must be a finite number >= 0",
+                cfg.temperature
+            )));
+        }
+        // top_p only matters when sampling (temperature > 0).
+        if cfg.temperature > 0.0 && !(cfg.top_p > 0.0 && cfg.top_p <= 1.0) {
+            return Err(RuntimeError::Sampling(format!(
+                "--top-p {} must be in (0, 1] when sampling (--temperature {})",
+                cfg.top_p, cfg.temperature
             )));
         }
         Ok(Sampler {
@@ -228,7 +233,7 @@ pub fn generate(
     }
     let n_ctx = backend.n_ctx();
     // The last generated token is never fed back, so prompt + max_tokens - 1 steps run.
-    let total = prompt.len() + max_tokens;
+    let total = prompt.len().saturating_add(max_tokens);
     if total > n_ctx {
         return Err(RuntimeError::TooLong {
             prompt: prompt.len(),

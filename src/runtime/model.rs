@@ -228,7 +228,10 @@ impl Model {
             get("output.weight")?
         };
         expect(&output, cfg.n_vocab, e)?;
-        let mut layers = Vec::with_capacity(cfg.n_layer as usize);
+        // Each layer needs its tensors: a count the manifest cannot back is refused below at the
+        // first missing one, not allocated for here.
+        let mut layers =
+            Vec::with_capacity((cfg.n_layer as usize).min(bundle.manifest.tensors.len()));
         for i in 0..cfg.n_layer {
             let g = |s: &str| get(&format!("blk.{i}.{s}.weight"));
             let l = Layer {

@@ -153,7 +153,12 @@ pub fn validate(
     let mut prompt_ids = Vec::new();
     for (pi, prompt) in opts.prompts.iter().enumerate() {
         let ids = tok.encode(prompt, true, false);
-        if ids.is_empty() || ids.len() + opts.gen_tokens > n_ctx {
+        if ids.is_empty()
+            || ids
+                .len()
+                .checked_add(opts.gen_tokens)
+                .is_none_or(|t| t > n_ctx)
+        {
             return Err(ValidateError::Input {
                 path: reference.to_path_buf(),
                 detail: format!(

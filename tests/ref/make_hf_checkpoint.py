@@ -229,7 +229,9 @@ def check_tokenizer(g: Gguf, out: Path, vectors: Path):
         if got != want:
             die(f"{model} tokenizer: {c['name']} {text[:40]!r}: {got[:12]} != llama-tokenize {want[:12]}")
         n += 1
-    log(f"tokenizer: {n} of {len(vec['cases'])} texts encode to llama-tokenize's ids ({field})")
+    skipped = len(vec["cases"]) - n
+    log(f"tokenizer: {n} texts encode to llama-tokenize's ids ({field})"
+        + (f"; {skipped} holding control-token text skipped (sentencepiece does not parse them)" if skipped else ""))
 
 
 # ------------------------------------------------------ HF-style forward pass ---
