@@ -576,7 +576,7 @@ fn tokenizer(dir: &Path, cfg: &Map<String, Json>, n_vocab: usize) -> Result<Tok,
             path: sp_path.clone(),
             source: e,
         })?;
-        let sp = sentencepiece(&bytes).map_err(|d| err(&sp_path, "(ModelProto)", d))?;
+        let sp = sentencepiece(&bytes, n_vocab).map_err(|d| err(&sp_path, "(ModelProto)", d))?;
         if sp.pieces.len() != n_vocab {
             return Err(err(
                 &sp_path,
@@ -868,7 +868,9 @@ const MAX_SP_PIECES: usize = MAX_VOCAB as usize;
 /// A minimal protobuf reader for sentencepiece_model.proto: `ModelProto.pieces` (1: piece 1,
 /// score 2, type 3), `trainer_spec` (2: unk_id 40, bos_id 41, eos_id 42, pad_id 43),
 /// `normalizer_spec` (3: add_dummy_prefix 3). Unknown fields are skipped.
-fn sentencepiece(b: &[u8]) -> Result<SpModel, String> {
+/// At most `max_pieces` pieces (config.json's vocabulary size) are read.
+fn sentencepiece(b: &[u8], max_pieces: usize) -> Result<SpModel, String> {
+    let max_pieces = max_pieces.min(MAX_SP_PIECES);
     let mut m = SpModel {
         pieces: Vec::new(),
         add_dummy_prefix: true,
@@ -880,8 +882,10 @@ fn sentencepiece(b: &[u8]) -> Result<SpModel, String> {
     for f in fields(b)? {
         match (f.num, f.val) {
             (1, Val::Bytes(p)) => {
-                if m.pieces.len() >= MAX_SP_PIECES {
-                    return Err(format!("more than {MAX_SP_PIECES} pieces"));
+                if m.pieces.len() >= max_pieces {
+                    return Err(format!(
+                        "more than {max_pieces} pieces (config.json's vocab_size, at most {MAX_SP_PIECES})"
+                    ));
                 }
                 let (mut piece, mut score, mut ty) = (String::new(), 0f32, 1i64);
                 for g in fields(p)? {
@@ -1076,13 +1080,16 @@ mod tests {
         let mut b = vec![0x0a, piece.len() as u8];
         b.extend_from_slice(&piece);
         b.extend_from_slice(&[0x1a, 2, 0x18, 0]);
-        let m = sentencepiece(&b).unwrap();
+        let m = sentencepiece(&b, 10).unwrap();
         assert_eq!(m.pieces, vec![("a".to_string(), -1.5, CONTROL)]);
         assert!(!m.add_dummy_prefix);
-        assert!(sentencepiece(&b[..b.len() - 1])
+        assert!(sentencepiece(&b, 0)
+            .unwrap_err()
+            .contains("more than 0 pieces"));
+        assert!(sentencepiece(&b[..b.len() - 1], 10)
             .unwrap_err()
             .contains("past the end"));
-        assert!(sentencepiece(&[0x0a, 0xff]).is_err());
-        assert!(sentencepiece(&[]).unwrap_err().contains("no pieces"));
+        assert!(sentencepiece(&[0x0a, 0xff], 10).is_err());
+        assert!(sentencepiece(&[], 10).unwrap_err().contains("no pieces"));
     }
 }
