@@ -19,22 +19,9 @@ import argparse, fnmatch, json, logging, os, shutil, subprocess, sys, tempfile, 
 
 import numpy as np
 
-from benchutil import cpu_name  # noqa: E402  (benches/ is on sys.path when run as a script)
+from benchutil import cpu_name, run_with_peak  # noqa: E402  (benches/ is on sys.path when run as a script)
 
 logging.disable(logging.WARNING)
-
-
-def vm_hwm_kb(pid):
-    """The process's peak resident set (VmHWM, KiB), 0 once it is gone. Not getrusage: on
-    Linux a child's ru_maxrss includes this Python process's RSS at fork (coremltools and the
-    weights), which is not the child's."""
-    try:
-        for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def main():
@@ -78,15 +65,10 @@ def main():
                    "--workers", str(a.threads), "-q"]
             for n in names:
                 cmd += ["--include", n]
-            t0 = time.perf_counter()
-            child = subprocess.Popen(cmd)
-            peak_kb = 0
-            while child.poll() is None:
-                peak_kb = max(peak_kb, vm_hwm_kb(child.pid))
-                time.sleep(0.02)
-            lb_t = time.perf_counter() - t0
-            if child.returncode != 0:
-                sys.exit(f"convert palettize failed: {cmd}")
+            rc, lb_t, peak, err = run_with_peak(cmd)
+            peak_kb = peak / 1024
+            if rc != 0:
+                sys.exit(f"convert palettize failed: {cmd}\n{err}")
             m = json.load(open(os.path.join(out, "manifest.json")))
             lb_sse = sum(t["encoding"]["sse"] for t in m["tensors"] if t["encoding"]["kind"] == "palette")
             shutil.rmtree(out)

@@ -13,14 +13,12 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
-from benchutil import cpu_name  # noqa: E402  (benches/ is on sys.path when run as a script)
+from benchutil import cpu_name, run_with_peak  # noqa: E402  (benches/ is on sys.path when run as a script)
 
 
 def read_and_hash(path):
@@ -32,20 +30,6 @@ def read_and_hash(path):
                 break
             h.update(b)
     return h.hexdigest()
-
-
-def run_child(cmd):
-    """Runs cmd; returns (seconds, peak RSS in bytes of that child)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    dt = time.perf_counter() - t0
-    if p.returncode != 0:
-        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr}")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    # ru_maxrss of RUSAGE_CHILDREN is the largest child so far; run the largest last or
-    # measure each in a fresh process (we do: see main).
-    return dt, max(after, before) * 1024
 
 
 def main():
@@ -64,17 +48,9 @@ def main():
     work = tempfile.mkdtemp(prefix="lowbit-bench-", dir=os.path.dirname(os.path.abspath(a.model)))
     out = os.path.join(work, "m.bundle")
     try:
-        # Each measured command runs in its own child of a fresh Python process so that
-        # ru_maxrss is that command's own peak.
+        # Each command's own peak RSS from its VmHWM (benchutil.run_with_peak).
         def measured(cmd):
-            code = (
-                "import resource,subprocess,sys,time,json;t=time.perf_counter();"
-                "p=subprocess.run(sys.argv[1:],stdout=subprocess.DEVNULL,stderr=subprocess.PIPE);"
-                "dt=time.perf_counter()-t;"
-                "print(json.dumps([p.returncode,dt,resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss*1024,p.stderr.decode()[-2000:]]))"
-            )
-            r = subprocess.run([sys.executable, "-c", code] + cmd, capture_output=True, text=True)
-            rc, dt, rss, err = json.loads(r.stdout)
+            rc, dt, rss, err = run_with_peak(cmd)
             if rc != 0:
                 sys.exit(f"failed ({rc}): {' '.join(cmd)}\n{err}")
             return dt, rss

@@ -774,8 +774,8 @@ fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {
     for f in r.failures.iter().take(10) {
         println!("  {f}");
     }
-    if r.failures.len() > 10 {
-        println!("  ... {} more failures", r.failures.len() - 10);
+    if r.failures_total > 10 {
+        println!("  ... {} more failures", r.failures_total - 10);
     }
     Ok(if r.passed {
         ExitCode::SUCCESS

@@ -578,9 +578,18 @@ impl Bundle {
         let manifest = read_manifest(dir)?;
         let (maps, failures) = check_integrity(dir, &manifest)?;
         if !failures.is_empty() {
+            // The first few failures (`convert verify` lists them all).
+            const SHOWN: usize = 5;
+            let mut detail = failures[..failures.len().min(SHOWN)].join("; ");
+            if failures.len() > SHOWN {
+                detail.push_str(&format!(
+                    "; and {} more (`convert verify` lists them)",
+                    failures.len() - SHOWN
+                ));
+            }
             return Err(BundleError::Integrity {
                 path: dir.to_path_buf(),
-                detail: failures.join("; "),
+                detail,
             });
         }
         Ok(Bundle {

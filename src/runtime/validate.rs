@@ -71,6 +71,8 @@ pub struct ValidateReport {
     pub kl_mean: f64,
     pub kl_max: f64,
     pub top1_agreement_rate: f64,
+    /// Every failure counted; the first [`MAX_LISTED_FAILURES`] in words.
+    pub failures_total: usize,
     pub failures: Vec<String>,
     pub per_prompt: Vec<PromptReport>,
 }
@@ -117,6 +119,9 @@ fn softmax(l: &[f32]) -> Vec<f64> {
 fn all_finite(l: &[f32]) -> bool {
     l.iter().all(|x| x.is_finite())
 }
+
+/// `MAX_LISTED_FAILURES`: failures listed in words in the report (all are counted).
+pub const MAX_LISTED_FAILURES: usize = 1000;
 
 /// Runs the gate. Errors are setup failures (a bundle that does not load, mismatched
 /// vocabularies, a prompt too long for the context); a failed gate is `passed: false`.
@@ -299,6 +304,7 @@ pub fn validate(
     };
     Ok(ValidateReport {
         passed: failures.is_empty() && steps > 0,
+        failures_total: failures.len(),
         gate:
             "equivalence (same argmax, |dp| bound, finite, repeatable); not a quality measurement",
         candidate: candidate.display().to_string(),
@@ -322,7 +328,7 @@ pub fn validate(
         },
         kl_max,
         top1_agreement_rate: argmax_agreement,
-        failures,
+        failures: failures.into_iter().take(MAX_LISTED_FAILURES).collect(),
         per_prompt,
     })
 }
