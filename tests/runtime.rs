@@ -57,6 +57,16 @@ fn make_bundle_ctx(src: &Path, sub: &str, n_ctx: Option<u64>) -> (tempfile::Temp
     (dir, out)
 }
 
+/// A model file's name without `.gguf`: the stem of its vectors in testdata/.
+fn stem(src: &Path) -> String {
+    src.file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .trim_end_matches(".gguf")
+        .to_string()
+}
+
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
@@ -99,13 +109,7 @@ struct Tolerances {
 }
 
 fn check_model(src: &Path, sub: &str, tol: Tolerances) {
-    let stem = src
-        .file_name()
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .trim_end_matches(".gguf")
-        .to_string();
+    let stem = stem(src);
     let repo = common::repo();
     let truth = json(&repo.join(format!("testdata/runtime/{stem}.json")));
     let llama = json(&repo.join(format!("testdata/llama/{stem}.json")));
@@ -214,13 +218,7 @@ fn check_model(src: &Path, sub: &str, tol: Tolerances) {
 /// `logit_tol` of llama.cpp's. With an f32 KV cache the remaining difference is the order of
 /// f32 sums; with the default f16 cache, also the rounding of K and V.
 fn check_llama_f32_path(src: &Path, sub: &str, kv: KvType, logit_tol: f32) {
-    let stem = src
-        .file_name()
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .trim_end_matches(".gguf")
-        .to_string();
+    let stem = stem(src);
     let repo = common::repo();
     let llama = json(&repo.join(format!("testdata/llama/{stem}.f32path.json")));
     assert_eq!(
@@ -518,13 +516,7 @@ fn cli_refuses_too_long_and_bad_ids() {
 /// format): its first-step logits sit about as far from the float64 ground truth as llama.cpp's
 /// default path (which also quantizes activations) does, and SmolLM2 still answers Paris.
 fn check_int8(src: &Path, sub: &str, max_ratio: f32) {
-    let stem = src
-        .file_name()
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .trim_end_matches(".gguf")
-        .to_string();
+    let stem = stem(src);
     let repo = common::repo();
     let truth = json(&repo.join(format!("testdata/runtime/{stem}.json")));
     let llama = json(&repo.join(format!("testdata/llama/{stem}.json")));

@@ -714,7 +714,7 @@ fn tokenizer(dir: &Path, cfg: &Map<String, Json>, n_vocab: usize) -> Result<Tok,
                 return Err(err(
                     &tj_path,
                     "model.merges",
-                    format!("expected an array, found {}", kind_of(j)),
+                    format!("expected an array, found {}", crate::tokenizer::kind(j)),
                 ))
             }
         };
@@ -820,17 +820,6 @@ fn tokenizer(dir: &Path, cfg: &Map<String, Json>, n_vocab: usize) -> Result<Tok,
         special,
         chat_template,
     })
-}
-
-fn kind_of(j: &Json) -> &'static str {
-    match j {
-        Json::Null => "null",
-        Json::Bool(_) => "a boolean",
-        Json::Number(_) => "a number",
-        Json::String(_) => "a string",
-        Json::Array(_) => "an array",
-        Json::Object(_) => "an object",
-    }
 }
 
 /// convert_hf_to_gguf's `does_token_look_special`: `<|...|>` and a few known texts.

@@ -367,7 +367,8 @@ impl<'a> Meta<'a> {
     }
 }
 
-fn kind(v: &Json) -> &'static str {
+/// What kind of JSON value `v` is, for messages ("a string", "an array", ...).
+pub fn kind(v: &Json) -> &'static str {
     match v {
         Json::Null => "null",
         Json::Bool(_) => "a boolean",
