@@ -43,6 +43,63 @@ pub fn progress_bar(len: u64, quiet: bool, bytes: bool) -> ProgressBar {
     pb
 }
 
+/// Temporary outputs (`.NAME.*.partial` files and directories) being written now, so that a
+/// signal handler can remove them: see [`remove_partial_outputs_and_exit`].
+static PARTIAL_OUTPUTS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+fn partial_outputs() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    PARTIAL_OUTPUTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Registers a temporary output for removal by [`remove_partial_outputs_and_exit`] while it
+/// lives; dropping it unregisters the path (removing the files stays with their owner).
+pub(crate) struct PartialOutput(PathBuf);
+
+impl PartialOutput {
+    pub(crate) fn register(path: &Path) -> PartialOutput {
+        partial_outputs().push(path.to_path_buf());
+        PartialOutput(path.to_path_buf())
+    }
+
+    /// Runs `publish` (the rename of the temporary output into place) so that a signal handler
+    /// either removes the temporary output before it or finds it already published, never
+    /// half-way.
+    pub(crate) fn publish<R>(&self, publish: impl FnOnce() -> R) -> R {
+        let mut list = partial_outputs();
+        let r = publish();
+        list.retain(|p| p != &self.0);
+        r
+    }
+}
+
+impl Drop for PartialOutput {
+    fn drop(&mut self) {
+        partial_outputs().retain(|p| p != &self.0);
+    }
+}
+
+/// Removes every temporary output being written (see [`PartialOutput`]) and exits the process
+/// with `code`, without returning. For a SIGINT/SIGTERM/SIGHUP handler: call it from the
+/// handler's thread (the `convert` binary installs one with the `ctrlc` crate), not from an
+/// async-signal context. It holds the registry's lock until exit, so no output is published
+/// after it starts.
+pub fn remove_partial_outputs_and_exit(code: i32) -> ! {
+    let list = partial_outputs();
+    for p in list.iter() {
+        let r = match p.symlink_metadata() {
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
+            Ok(_) => std::fs::remove_file(p),
+            Err(_) => Ok(()),
+        };
+        if let Err(e) = r {
+            eprintln!("error: removing the partial output {}: {e}", p.display());
+        }
+    }
+    std::process::exit(code)
+}
+
 /// Errors from [`write_file_atomically`].
 #[derive(Debug, thiserror::Error)]
 pub enum OutputError {
@@ -94,19 +151,22 @@ pub fn write_file_atomically<E>(
             path: dir.clone(),
             source,
         })?;
+    let partial = PartialOutput::register(tmp.path());
     if let Err(e) = write(tmp.path()) {
         return Ok(Err(e));
     }
-    tmp.persist_noclobber(out).map_err(|e| {
-        if e.error.kind() == std::io::ErrorKind::AlreadyExists {
-            OutputError::Exists(out.to_path_buf())
-        } else {
-            OutputError::Io {
-                path: out.to_path_buf(),
-                source: e.error,
+    partial
+        .publish(|| tmp.persist_noclobber(out))
+        .map_err(|e| {
+            if e.error.kind() == std::io::ErrorKind::AlreadyExists {
+                OutputError::Exists(out.to_path_buf())
+            } else {
+                OutputError::Io {
+                    path: out.to_path_buf(),
+                    source: e.error,
+                }
             }
-        }
-    })?;
+        })?;
     Ok(Ok(()))
 }
 

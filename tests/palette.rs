@@ -1027,3 +1027,57 @@ fn hugging_face_index_and_shards_must_agree() {
         text(&o)
     );
 }
+
+/// SIGTERM or SIGINT during a palettize: the `.NAME.*.partial` directory being written is
+/// removed, nothing appears at the output path, and the exit status is 130.
+#[test]
+fn a_signal_removes_the_partial_output() {
+    let Some(src) = common::model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("p8.bundle");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_convert"))
+            .args(["palettize", s(&src), "-o", s(&out), "-q", "--bits", "8"])
+            .spawn()
+            .unwrap();
+        let partial = |d: &Path| {
+            std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".partial"))
+                .count()
+        };
+        // Wait until the staging directory exists and holds the weights file being written.
+        let t0 = std::time::Instant::now();
+        loop {
+            let staged = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .any(|p| p.is_dir() && p.join("weights.bin").exists());
+            if staged {
+                break;
+            }
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "palettize ended before it was signalled"
+            );
+            assert!(
+                t0.elapsed().as_secs() < 120,
+                "no staging directory appeared"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(partial(dir.path()), 1);
+        unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(130), "signal {signal}: {status:?}");
+        assert_eq!(
+            partial(dir.path()),
+            0,
+            "signal {signal}: partial output left"
+        );
+        assert!(!out.exists());
+    }
+}

@@ -279,6 +279,14 @@ const MAX_THREADS: usize = 1024;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // SIGINT, SIGTERM and SIGHUP: remove the `.NAME.*.partial` output being written, then exit
+    // as the shell reports a signal (128 + SIGINT). Without a handler it would stay beside the
+    // output.
+    if let Err(e) = ctrlc::set_handler(|| lowbit::util::remove_partial_outputs_and_exit(130)) {
+        eprintln!(
+            "warning: no signal handler ({e}); an interrupted run may leave a .partial output"
+        );
+    }
     if let Some(n) = cli.threads {
         if n == 0 || n > MAX_THREADS {
             eprintln!("error: --threads {n}: must be between 1 and {MAX_THREADS}");

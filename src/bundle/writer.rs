@@ -157,6 +157,8 @@ impl HashingWriter<BufWriter<File>> {
 pub(crate) struct Staging {
     tmp: tempfile::TempDir,
     output: PathBuf,
+    /// Declared after `tmp`, so dropped after the directory is removed.
+    partial: util::PartialOutput,
 }
 
 impl Staging {
@@ -174,9 +176,11 @@ impl Staging {
             .suffix(".partial")
             .tempdir_in(&parent)
             .map_err(io_err(&parent))?;
+        let partial = util::PartialOutput::register(tmp.path());
         Ok(Staging {
             tmp,
             output: output.to_path_buf(),
+            partial,
         })
     }
 
@@ -238,7 +242,8 @@ impl Staging {
         mbytes.push(b'\n');
         let mpath = self.path().join(MANIFEST_FILE);
         std::fs::write(&mpath, &mbytes).map_err(io_err(&mpath))?;
-        rename_dir_noclobber(self.path(), &self.output)?;
+        self.partial
+            .publish(|| rename_dir_noclobber(self.path(), &self.output))?;
         // The directory now lives at `output`; keep tempfile from removing it.
         let _ = self.tmp.keep();
         Ok((manifest, mbytes.len() as u64))
