@@ -11,9 +11,45 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// Opens an input file for reading, refusing anything that is not a regular file (a
+/// directory, a FIFO, a device, a socket) with an `InvalidInput` error that says what it is,
+/// instead of blocking on a FIFO or failing later with "No such device". Opened with
+/// `O_NONBLOCK` on Unix, so a FIFO never blocks the open; for regular files it changes nothing.
+pub fn open_input(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NONBLOCK);
+    }
+    let f = o.open(path)?;
+    let t = f.metadata()?.file_type();
+    if t.is_file() {
+        return Ok(f);
+    }
+    let what = if t.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file (a FIFO, device or socket)"
+    };
+    Err(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!("is {what}; expected a regular file"),
+    ))
+}
+
+/// The whole of an input file, through [`open_input`] (a FIFO or directory is an error).
+pub fn read_input(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut f = open_input(path)?;
+    let mut v = Vec::new();
+    f.read_to_end(&mut v)?;
+    Ok(v)
+}
+
 /// Lowercase hex SHA256 of a file's contents, read in 1 MiB pieces.
 pub fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut f = std::fs::File::open(path)?;
+    let mut f = open_input(path)?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
@@ -120,10 +156,13 @@ pub fn refuse_existing(out: &Path) -> Result<(), OutputError> {
     Ok(())
 }
 
-/// Creates `out` by writing a temporary file beside it with `write` and renaming it into place
-/// only after `write` succeeded. `out` must not exist; if it appears meanwhile the rename
-/// refuses to replace it. After any failure nothing is left at `out` and the temporary file is
-/// removed.
+/// Creates `out` by writing it inside a temporary directory beside it (`.NAME.XXXXXX.partial`)
+/// with `write`, and linking it into place only after `write` succeeded. `out` must not exist;
+/// if it appears meanwhile the link refuses to replace it. After any failure, or SIGINT/SIGTERM
+/// in the `convert` binary ([`remove_partial_outputs_and_exit`]), nothing is left at `out` and
+/// the temporary directory is removed, with whatever `write` put there (a writer that stages
+/// its own temporary file beside the path it is given, as `safetensors::serialize_to_file`
+/// does, stages it inside that directory). The file is made mode 0644 on Unix.
 pub fn write_file_atomically<E>(
     out: &Path,
     write: impl FnOnce(&Path) -> Result<(), E>,
@@ -137,33 +176,36 @@ pub fn write_file_atomically<E>(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let prefix = format!(".{name}.");
-    let mut builder = tempfile::Builder::new();
-    builder.prefix(&prefix).suffix(".partial");
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| OutputError::Io { path, source }
+    };
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".partial")
+        .tempdir_in(&dir)
+        .map_err(io(&dir))?;
+    let partial = PartialOutput::register(tmp.path());
+    let staged = tmp.path().join(if name.is_empty() { "out" } else { &name });
+    if let Err(e) = write(&staged) {
+        return Ok(Err(e));
+    }
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        builder.permissions(std::fs::Permissions::from_mode(0o644));
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o644))
+            .map_err(io(&staged))?;
     }
-    let tmp = builder
-        .tempfile_in(&dir)
-        .map_err(|source| OutputError::Io {
-            path: dir.clone(),
-            source,
-        })?;
-    let partial = PartialOutput::register(tmp.path());
-    if let Err(e) = write(tmp.path()) {
-        return Ok(Err(e));
-    }
+    // A hard link never replaces an existing path; the staged name goes with the directory.
     partial
-        .publish(|| tmp.persist_noclobber(out))
+        .publish(|| std::fs::hard_link(&staged, out))
         .map_err(|e| {
-            if e.error.kind() == std::io::ErrorKind::AlreadyExists {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
                 OutputError::Exists(out.to_path_buf())
             } else {
                 OutputError::Io {
                     path: out.to_path_buf(),
-                    source: e.error,
+                    source: e,
                 }
             }
         })?;

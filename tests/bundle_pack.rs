@@ -382,3 +382,54 @@ fn dequantize_bundle_equals_dequantize_source() {
         assert_eq!(t.data(), c.tensor(&name).unwrap().data(), "{name}");
     }
 }
+
+/// Inputs that are not regular files: a FIFO is refused at once (it used to block every
+/// command forever), a directory where a file is expected is named as one.
+#[test]
+fn fifo_and_directory_inputs_are_refused() {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.gguf");
+    let c = CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let out = dir.path().join("out");
+    let o = out.to_str().unwrap();
+    let f = fifo.to_str().unwrap();
+    for args in [
+        vec!["inspect", f],
+        vec!["pack", f, "-o", o],
+        vec!["palettize", f, "-o", o, "--bits", "8"],
+        vec!["dequantize", f, "-o", o],
+    ] {
+        let mut child = convert()
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if t0.elapsed().as_secs() > 30 {
+                child.kill().unwrap();
+                panic!("{args:?}: still running after 30 s (blocked on the FIFO)");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let o = child.wait_with_output().unwrap();
+        let t = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {t}");
+        assert!(
+            t.contains("fifo.gguf") && t.contains("not a regular file"),
+            "{args:?}: {t}"
+        );
+        assert!(!out.exists());
+    }
+    let o = convert()
+        .args(["inspect", dir.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let t = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(t.contains("is a directory"), "{t}");
+}

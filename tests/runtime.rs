@@ -242,7 +242,7 @@ fn check_llama_f32_path(src: &Path, sub: &str, kv: KvType, logit_tol: f32) {
             lc["prompt"]
         );
         let mut be = runtime::load_cpu(b).unwrap();
-        be.set_kv_type(kv);
+        be.set_kv_type(kv).unwrap();
         let want = f32s(
             &repo
                 .join("testdata/llama")
@@ -662,4 +662,86 @@ fn huge_counts_are_refused_before_any_work() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
+}
+
+/// A manifest whose model configuration is out of range (the manifest is not among the hashed
+/// files, so only these checks stand between it and the runtime): `run`, `bench` and
+/// `validate` refuse it naming the field (exit 2, no abort on a huge KV cache, no panic);
+/// `verify` fails it (exit 1); `palettize` of it is refused and leaves nothing.
+#[test]
+fn out_of_range_model_configs_are_refused_naming_the_field() {
+    let (_d, b) = make_bundle(
+        &common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf"),
+        "gguf-to-ternary",
+    );
+    type Edit = fn(&mut Value);
+    let cases: Vec<(Edit, &str)> = vec![
+        (|m| m["n_ctx"] = (1u64 << 40).into(), "model.n_ctx"),
+        (|m| m["n_ctx"] = (1u64 << 62).into(), "model.n_ctx"),
+        (|m| m["n_ctx"] = u64::MAX.into(), "model.n_ctx"),
+        (|m| m["n_ctx"] = 0.into(), "model.n_ctx"),
+        (|m| m["n_head"] = 0.into(), "model.n_head"),
+        (|m| m["n_head_kv"] = 3.into(), "model.n_head_kv"),
+        (|m| m["head_dim"] = (1u64 << 40).into(), "model.head_dim"),
+        (|m| m["norm_eps"] = (-1e-5).into(), "model.norm_eps"),
+        (
+            |m| m["rope"]["scaling_type"] = "yarn".into(),
+            "model.rope.scaling_type",
+        ),
+        (|m| m["logit_scale"] = 0.0.into(), "model.logit_scale"),
+        // Consistent in itself, not with the tensors: caught where the model is built.
+        (|m| m["n_ff"] = 7.into(), "ffn_gate"),
+        (
+            |m| {
+                m["rope"]["factors_short"] = "token_embd.weight".into();
+                m["rope"]["factors_long"] = "token_embd.weight".into();
+            },
+            "token_embd.weight",
+        ),
+    ];
+    for (i, (edit, needle)) in cases.into_iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("t.bundle");
+        std::fs::create_dir(&t).unwrap();
+        for f in ["weights.bin", "tokenizer.json", "manifest.json"] {
+            std::fs::copy(b.join(f), t.join(f)).unwrap();
+        }
+        let mut m = json(&t.join("manifest.json"));
+        edit(&mut m["model"]);
+        std::fs::write(t.join("manifest.json"), serde_json::to_vec(&m).unwrap()).unwrap();
+        let convert = |args: &[&str]| {
+            let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+                .args(&args[..1])
+                .arg(&t)
+                .args(&args[1..])
+                .output()
+                .unwrap();
+            (
+                o.status.code(),
+                String::from_utf8_lossy(&o.stdout).into_owned()
+                    + &String::from_utf8_lossy(&o.stderr),
+            )
+        };
+        let tref = t.to_str().unwrap().to_string();
+        for args in [
+            vec!["run", "--prompt-ids", "1,2", "--max-tokens", "2"],
+            vec!["bench", "--prompt-tokens", "2", "--gen-tokens", "2"],
+            vec!["validate", "--reference", &tref, "--gen-tokens", "1"],
+        ] {
+            let (code, out) = convert(&args);
+            assert_eq!(code, Some(2), "case {i} {args:?}: {out}");
+            assert!(out.contains(needle), "case {i} {args:?}: {out}");
+        }
+        let (code, out) = convert(&["verify"]);
+        assert_eq!(code, Some(1), "case {i} verify: {out}");
+        assert!(out.contains(needle), "case {i} verify: {out}");
+        let p = dir.path().join("p.bundle");
+        let ps = p.to_str().unwrap();
+        let (code, out) = convert(&["palettize", "-o", ps, "--bits", "4", "-q"]);
+        if i < 10 {
+            assert_eq!(code, Some(2), "case {i} palettize: {out}");
+            assert!(out.contains(needle), "case {i} palettize: {out}");
+            assert!(!p.exists());
+        }
+    }
 }

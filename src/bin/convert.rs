@@ -596,7 +596,8 @@ fn bench_cmd(
     let mut be =
         runtime::load_cpu(&bundle).with_context(|| format!("load {}", bundle.display()))?;
     be.set_kernel(kernel.into());
-    be.set_kv_type(kv_cache.into());
+    be.set_kv_type(kv_cache.into())
+        .with_context(|| format!("load {}", bundle.display()))?;
     let load_s = t_load.elapsed().as_secs_f64();
     if prompt_tokens == 0 || gen_tokens == 0 || repeats == 0 {
         anyhow::bail!("--prompt-tokens, --gen-tokens and --repeats must be at least 1");
@@ -805,7 +806,8 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
     let mut be =
         runtime::load_cpu(&a.bundle).with_context(|| format!("load {}", a.bundle.display()))?;
     be.set_kernel(a.kernel.into());
-    be.set_kv_type(a.kv_cache.into());
+    be.set_kv_type(a.kv_cache.into())
+        .with_context(|| format!("load {}", a.bundle.display()))?;
     let load_s = t_load.elapsed().as_secs_f64();
     let tok_res = lowbit::tokenizer::Tokenizer::from_bundle_dir(&a.bundle);
     let tok_err = tok_res.as_ref().err().map(|e| e.to_string());

@@ -180,7 +180,7 @@ pub fn model_config(f: &GgufFile, context: Option<u64>) -> Result<ModelConfig, B
         .filter(|(key, _)| key.starts_with(&prefix))
         .map(|(key, v)| (key.clone(), value_to_json(v)))
         .collect();
-    Ok(ModelConfig {
+    let m = ModelConfig {
         architecture: arch,
         n_layer,
         n_embd,
@@ -200,7 +200,14 @@ pub fn model_config(f: &GgufFile, context: Option<u64>) -> Result<ModelConfig, B
         special_tokens,
         chat_template,
         hparams,
-    })
+    };
+    m.check()
+        .map_err(|(field, detail)| BundleError::ModelConfig {
+            path: f.path().to_path_buf(),
+            field: format!("{field} (from the {}.* metadata)", m.architecture),
+            detail,
+        })?;
+    Ok(m)
 }
 
 /// [`tokenizer_json`] as the bytes of a bundle's `tokenizer.json` (pretty-printed).

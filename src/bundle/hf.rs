@@ -514,7 +514,7 @@ struct Tok {
 }
 
 fn read_json(path: &Path) -> Result<Option<Json>, BundleError> {
-    match std::fs::read(path) {
+    match crate::util::read_input(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(BundleError::Io {
             path: path.to_path_buf(),
@@ -572,7 +572,7 @@ fn tokenizer(dir: &Path, cfg: &Map<String, Json>, n_vocab: usize) -> Result<Tok,
     let sp_path = dir.join("tokenizer.model");
     let mut meta: BTreeMap<String, Json> = BTreeMap::new();
     let (model, tokens, pre) = if sp_path.exists() {
-        let bytes = std::fs::read(&sp_path).map_err(|e| BundleError::Io {
+        let bytes = crate::util::read_input(&sp_path).map_err(|e| BundleError::Io {
             path: sp_path.clone(),
             source: e,
         })?;

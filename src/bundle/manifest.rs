@@ -102,13 +102,123 @@ pub struct ModelConfig {
     pub hparams: BTreeMap<String, Json>,
 }
 
+/// Largest `n_ctx` a bundle may declare (2^24 positions): the KV cache is allocated for all of
+/// them when a bundle is loaded.
+pub const MAX_CONTEXT: u64 = 1 << 24;
+
+impl ModelConfig {
+    /// The configuration's own consistency, before any tensor is looked at: dimensions of at
+    /// least 1 (and small enough for their products to fit 64 bits), `n_head_kv` dividing
+    /// `n_head`, `1 <= n_ctx <= min(n_ctx_train, MAX_CONTEXT)`, a finite positive `norm_eps`,
+    /// RoPE values (finite positive base, even `dimension_count` of at most `head_dim`) and
+    /// finite non-zero scales, a RoPE scaling type the runtime implements. On failure returns the field's name (as in the manifest's
+    /// `model` object) and what is wrong. The shapes of the tensors against these values are
+    /// checked where the model is built (`runtime::model::Model::new`, `verify`).
+    pub fn check(&self) -> Result<(), (String, String)> {
+        let bad = |field: &str, detail: String| Err((field.to_string(), detail));
+        // 2^32 bounds each dimension so that products of two or three never overflow u64.
+        let dim_cap = 1u64 << 32;
+        for (field, v) in [
+            ("n_layer", self.n_layer),
+            ("n_embd", self.n_embd),
+            ("n_ff", self.n_ff),
+            ("n_head", self.n_head),
+            ("n_head_kv", self.n_head_kv),
+            ("head_dim", self.head_dim),
+            ("n_vocab", self.n_vocab),
+            ("n_ctx_train", self.n_ctx_train),
+        ] {
+            if v == 0 || v > dim_cap {
+                return bad(field, format!("{v} must be between 1 and 2^32"));
+            }
+        }
+        if !self.n_head.is_multiple_of(self.n_head_kv) {
+            return bad(
+                "n_head_kv",
+                format!("{} does not divide n_head {}", self.n_head_kv, self.n_head),
+            );
+        }
+        if self.n_ctx == 0 || self.n_ctx > self.n_ctx_train || self.n_ctx > MAX_CONTEXT {
+            return bad(
+                "n_ctx",
+                format!(
+                    "{} must be between 1 and the trained context n_ctx_train = {} (and at most 2^24)",
+                    self.n_ctx, self.n_ctx_train
+                ),
+            );
+        }
+        if !(self.norm_eps.is_finite() && self.norm_eps > 0.0) {
+            return bad(
+                "norm_eps",
+                format!("{} must be finite and positive", self.norm_eps),
+            );
+        }
+        let r = &self.rope;
+        if !(r.freq_base.is_finite() && r.freq_base > 0.0) {
+            return bad(
+                "rope.freq_base",
+                format!("{} must be finite and positive", r.freq_base),
+            );
+        }
+        if r.dimension_count == 0
+            || r.dimension_count > self.head_dim
+            || !r.dimension_count.is_multiple_of(2)
+        {
+            return bad(
+                "rope.dimension_count",
+                format!(
+                    "{} must be even, at least 2 and at most head_dim {}",
+                    r.dimension_count, self.head_dim
+                ),
+            );
+        }
+        if !matches!(r.scaling_type.as_str(), "none" | "linear" | "longrope") {
+            return bad(
+                "rope.scaling_type",
+                format!(
+                    "{:?} is not supported (none, linear, longrope; YaRN's ramp and mscale are not implemented)",
+                    r.scaling_type
+                ),
+            );
+        }
+        for (field, v) in [
+            ("rope.scaling_factor", r.scaling_factor),
+            ("rope.attn_factor", r.attn_factor),
+        ] {
+            if let Some(v) = v {
+                if !(v.is_finite() && v > 0.0) {
+                    return bad(field, format!("{v} must be finite and positive"));
+                }
+            }
+        }
+        if r.original_context_length == Some(0) {
+            return bad(
+                "rope.original_context_length",
+                "0 must be at least 1".into(),
+            );
+        }
+        for (field, v) in [
+            ("embedding_scale", self.embedding_scale),
+            ("residual_scale", self.residual_scale),
+            ("logit_scale", self.logit_scale),
+        ] {
+            if let Some(v) = v {
+                if !(v.is_finite() && v != 0.0) {
+                    return bad(field, format!("{v} must be finite and non-zero"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RopeConfig {
     pub freq_base: f64,
     /// Rotated dimensions per head (`n_rot`).
     pub dimension_count: u64,
-    /// `none`, `linear`, `yarn` or `longrope`.
+    /// `none`, `linear` or `longrope` (others, `yarn` among them, are refused).
     pub scaling_type: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scaling_factor: Option<f64>,

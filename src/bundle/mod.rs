@@ -82,6 +82,13 @@ pub enum BundleError {
         key: String,
         detail: String,
     },
+    /// A model configuration value out of range ([`manifest::ModelConfig::check`]).
+    #[error("{path}: model.{field}: {detail}")]
+    ModelConfig {
+        path: PathBuf,
+        field: String,
+        detail: String,
+    },
     /// The manifest cannot be read or is not a manifest this build understands.
     #[error("{path}: {detail}")]
     Manifest { path: PathBuf, detail: String },

@@ -190,7 +190,7 @@ pub fn sidecar_config(model: &ModelConfig, tokenizer: &TokenizerRef) -> serde_js
 }
 
 fn open_shard(path: &Path) -> Result<Shard, BundleError> {
-    let f = File::open(path).map_err(io_err(path))?;
+    let f = util::open_input(path).map_err(io_err(path))?;
     // SAFETY: read-only map of a file we do not modify; see crate::gguf for the caveat.
     let map = unsafe { Mmap::map(&f) }.map_err(io_err(path))?;
     let (n, meta) = SafeTensors::read_metadata(&map).map_err(|e| BundleError::Manifest {
@@ -219,7 +219,7 @@ fn shard_paths(
         path: path.to_path_buf(),
         detail,
     };
-    let bytes = std::fs::read(path).map_err(io_err(path))?;
+    let bytes = crate::util::read_input(path).map_err(io_err(path))?;
     let idx: serde_json::Value =
         serde_json::from_slice(&bytes).map_err(|e| bad(format!("not JSON: {e}")))?;
     let map = idx
@@ -309,7 +309,7 @@ fn open_safetensors(path: &Path, context: Option<u64>) -> Result<Input, BundleEr
         check_weight_map(path, &shards, map)?;
     }
     let cpath = dir.join("config.json");
-    let cbytes = std::fs::read(&cpath).map_err(|e| BundleError::Manifest {
+    let cbytes = crate::util::read_input(&cpath).map_err(|e| BundleError::Manifest {
         path: cpath.clone(),
         detail: format!("a safetensors input needs config.json beside it ({e})"),
     })?;
@@ -371,7 +371,7 @@ fn open_safetensors(path: &Path, context: Option<u64>) -> Result<Input, BundleEr
             detail: format!("lowbit.tokenizer: {e}"),
         })?;
     let tpath = dir.join(TOKENIZER_FILE);
-    let tokenizer_bytes = std::fs::read(&tpath).map_err(|e| BundleError::Manifest {
+    let tokenizer_bytes = crate::util::read_input(&tpath).map_err(|e| BundleError::Manifest {
         path: tpath.clone(),
         detail: format!("a safetensors input needs tokenizer.json beside it ({e})"),
     })?;
@@ -470,7 +470,7 @@ impl Input {
         let mut magic = [0u8; 4];
         {
             use std::io::Read;
-            let mut f = File::open(path).map_err(io_err(path))?;
+            let mut f = util::open_input(path).map_err(io_err(path))?;
             let _ = f.read(&mut magic).map_err(io_err(path))?;
         }
         if &magic == b"GGUF" {
@@ -1044,6 +1044,14 @@ fn describe_input(
             }
             m.n_ctx = c;
         }
+        // A bundle or a `dequantize --with-config` checkpoint carries its configuration
+        // verbatim: held to the same rules as one read from GGUF metadata.
+        m.check()
+            .map_err(|(field, detail)| BundleError::ModelConfig {
+                path: path.to_path_buf(),
+                field,
+                detail,
+            })?;
         Ok(m)
     };
     match inp {

@@ -98,6 +98,17 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
         .iter()
         .filter_map(|t| integrity_of(&t.name).map(|d| (t.name.clone(), d)))
         .collect();
+    // A bundle that verifies is one the runtime can build: the model configuration and the
+    // tensors' shapes against it. Architectures the runtime does not run are only held to
+    // the configuration's own checks.
+    match crate::runtime::model::check_manifest(&m) {
+        Ok(()) | Err(crate::runtime::RuntimeError::Architecture { .. }) => {
+            if let Err((field, detail)) = m.model.check() {
+                failures.push(format!("manifest.json model.{field}: {detail}"));
+            }
+        }
+        Err(e) => failures.push(format!("the runtime cannot build the model: {e}")),
+    }
     let source = match &opts.source {
         Some(p) => Some(GgufFile::open(p)?),
         None => None,

@@ -24,7 +24,6 @@ pub use error::{ErrorKind, GgufError};
 pub use value::{Value, ValueType, SUMMARY_ARRAY_LEN};
 
 use std::collections::HashSet;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -126,7 +125,7 @@ impl GgufFile {
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
         let io = |e: std::io::Error| GgufError::new(path, 0, ErrorKind::Io(e.to_string()));
-        let file = File::open(path).map_err(io)?;
+        let file = crate::util::open_input(path).map_err(io)?;
         // SAFETY: the map is read-only; we document that the file must not change while open.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         #[cfg(unix)]

@@ -26,6 +26,7 @@ use rayon::prelude::*;
 use super::matvec::{self, dot};
 use super::model::{Arch, Model};
 use super::{Backend, RuntimeError};
+use crate::bundle::manifest::ModelConfig;
 
 /// Element type of the KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -191,10 +192,55 @@ fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
+/// Elements of K (and of V) in the KV cache, `n_layer * n_head_kv * n_ctx * head_dim`, when
+/// the cache of `elem_bytes`-byte elements fits this machine's physical memory. The pages are
+/// zero and untouched until a position is written (calloc), so the bound is what the
+/// allocation could come to, not what it costs at once.
+fn kv_elements(c: &ModelConfig, elem_bytes: u64) -> Result<usize, RuntimeError> {
+    let err = |detail: String| RuntimeError::KvCache {
+        n_ctx: c.n_ctx,
+        detail,
+    };
+    let n = [c.n_head_kv, c.n_ctx, c.head_dim]
+        .iter()
+        .try_fold(c.n_layer, |a, &b| a.checked_mul(b))
+        .ok_or_else(|| err("the element count overflows 64 bits".into()))?;
+    let bytes = n
+        .checked_mul(2 * elem_bytes)
+        .ok_or_else(|| err("the byte count overflows 64 bits".into()))?;
+    let phys = physical_memory();
+    if bytes > phys {
+        return Err(err(format!(
+            "K and V need {bytes} bytes, more than this machine's {phys} bytes of memory"
+        )));
+    }
+    usize::try_from(n).map_err(|_| err(format!("{n} elements do not fit this address space")))
+}
+
+/// Physical memory in bytes (u64::MAX where it cannot be read).
+fn physical_memory() -> u64 {
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf has no preconditions.
+        let (pages, size) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PHYS_PAGES),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        if pages > 0 && size > 0 {
+            return (pages as u64).saturating_mul(size as u64);
+        }
+    }
+    u64::MAX
+}
+
 impl CpuBackend {
-    pub fn new(model: Model) -> CpuBackend {
+    /// The backend for `model` with an f16 KV cache of `n_ctx` positions. Errors when that
+    /// cache cannot be allocated ([`RuntimeError::KvCache`], with the byte count).
+    pub fn new(model: Model) -> Result<CpuBackend, RuntimeError> {
         let c = &model.cfg;
-        let n = (c.n_layer * c.n_head_kv * c.n_ctx * c.head_dim) as usize;
+        let n = kv_elements(c, 2)?;
         let norms = model
             .layers
             .iter()
@@ -206,7 +252,7 @@ impl CpuBackend {
             })
             .collect();
         let output_norm = model.output_norm.vector(&model.bundle);
-        CpuBackend {
+        Ok(CpuBackend {
             kv: KvStore::F16 {
                 k: vec![0; n],
                 v: vec![0; n],
@@ -217,7 +263,7 @@ impl CpuBackend {
             output_norm,
             model,
             kernel: matvec::Kernel::F32,
-        }
+        })
     }
 
     /// The matvec kernel in use.
@@ -234,10 +280,16 @@ impl CpuBackend {
         matvec::matvec_with(self.kernel, w.data(&self.model.bundle), w.cols, x, y);
     }
 
-    /// Chooses the KV cache's element type (f16 by default); the sequence restarts.
-    pub fn set_kv_type(&mut self, t: KvType) {
-        let c = &self.model.cfg;
-        let n = (c.n_layer * c.n_head_kv * c.n_ctx * c.head_dim) as usize;
+    /// Chooses the KV cache's element type (f16 by default); the sequence restarts. Errors
+    /// (keeping the current cache) when the new one cannot be allocated.
+    pub fn set_kv_type(&mut self, t: KvType) -> Result<(), RuntimeError> {
+        let n = kv_elements(
+            &self.model.cfg,
+            match t {
+                KvType::F16 => 2,
+                KvType::F32 => 4,
+            },
+        )?;
         self.kv = match t {
             KvType::F16 => KvStore::F16 {
                 k: vec![0; n],
@@ -249,6 +301,7 @@ impl CpuBackend {
             },
         };
         self.next_pos = 0;
+        Ok(())
     }
 
     /// The KV cache's element type.

@@ -30,6 +30,10 @@ pub enum RuntimeError {
     Bundle(#[from] BundleError),
     #[error("architecture {arch:?} is not supported by the runtime (supported: llama, minicpm)")]
     Architecture { arch: String },
+    #[error("manifest.json model.{field}: {detail}")]
+    Config { field: String, detail: String },
+    #[error("KV cache for n_ctx = {n_ctx}: {detail}; rebuild the bundle with a smaller --context")]
+    KvCache { n_ctx: u64, detail: String },
     #[error("tensor {tensor:?} is missing from the bundle")]
     MissingTensor { tensor: String },
     #[error("tensor {tensor:?}: {detail}")]
@@ -72,7 +76,7 @@ pub trait Backend {
 pub fn load_cpu(bundle_dir: &Path) -> Result<cpu::CpuBackend, RuntimeError> {
     let bundle = Bundle::open(bundle_dir)?;
     let model = model::Model::new(bundle)?;
-    Ok(cpu::CpuBackend::new(model))
+    cpu::CpuBackend::new(model)
 }
 
 /// Sampling settings. `temperature == 0` is greedy (argmax, lowest id on ties).

@@ -1,7 +1,7 @@
 //! The model as the runtime sees it: configuration from the manifest and every weight located
 //! in the bundle, checked against the shapes the architecture needs.
 
-use crate::bundle::manifest::{Encoding, ModelConfig, TensorEntry};
+use crate::bundle::manifest::{Encoding, Manifest, ModelConfig, TensorEntry};
 use crate::bundle::reader::Bundle;
 use crate::ggml::GgmlType;
 
@@ -187,10 +187,33 @@ pub struct WeightRef<'a> {
     pub cols: usize,
 }
 
-impl Model {
-    /// Builds the model from an opened (and therefore checked) bundle.
-    pub fn new(bundle: Bundle) -> Result<Model, RuntimeError> {
-        let cfg = bundle.manifest.model.clone();
+/// What [`Model::new`] resolves from the manifest alone, before any weight byte is read.
+struct Layout {
+    arch: Arch,
+    cfg: ModelConfig,
+    tok_embd: Weight,
+    output_norm: Weight,
+    output: Weight,
+    layers: Vec<Layer>,
+    rope_factors: Option<Weight>,
+    rope_freq_scale: f32,
+    rope_attn_factor: f32,
+}
+
+/// Whether the runtime can build a model from this manifest: the configuration's own checks
+/// ([`ModelConfig::check`]), a supported architecture, every tensor it needs present with
+/// the shape the configuration implies and an encoding a kernel reads. `convert verify`
+/// runs this too, so a bundle that verifies is one that loads.
+pub fn check_manifest(m: &Manifest) -> Result<(), RuntimeError> {
+    layout(m).map(|_| ())
+}
+
+fn layout(manifest: &Manifest) -> Result<Layout, RuntimeError> {
+    let bundle = manifest;
+    {
+        let cfg = bundle.model.clone();
+        cfg.check()
+            .map_err(|(field, detail)| RuntimeError::Config { field, detail })?;
         let arch = match cfg.architecture.as_str() {
             "llama" => Arch::Llama,
             "minicpm" => Arch::MiniCpm,
@@ -202,7 +225,9 @@ impl Model {
         };
         let get = |name: &str| -> Result<Weight, RuntimeError> {
             let t = bundle
-                .tensor(name)
+                .tensors
+                .iter()
+                .find(|t| t.name == name)
                 .ok_or_else(|| RuntimeError::MissingTensor {
                     tensor: name.to_string(),
                 })?;
@@ -230,8 +255,7 @@ impl Model {
         expect(&output, cfg.n_vocab, e)?;
         // Each layer needs its tensors: a count the manifest cannot back is refused below at the
         // first missing one, not allocated for here.
-        let mut layers =
-            Vec::with_capacity((cfg.n_layer as usize).min(bundle.manifest.tensors.len()));
+        let mut layers = Vec::with_capacity((cfg.n_layer as usize).min(bundle.tensors.len()));
         for i in 0..cfg.n_layer {
             let g = |s: &str| get(&format!("blk.{i}.{s}.weight"));
             let l = Layer {
@@ -283,7 +307,7 @@ impl Model {
             Some(n) => {
                 let w = get(&n)?;
                 expect(&w, 1, rope.dimension_count / 2)?;
-                Some(w.vector(&bundle))
+                Some(w)
             }
             None => None,
         };
@@ -292,8 +316,7 @@ impl Model {
             _ => 1.0,
         };
         let rope_attn_factor = rope.attn_factor.map(|a| a as f32).unwrap_or(1.0);
-        Ok(Model {
-            bundle,
+        Ok(Layout {
             arch,
             cfg,
             tok_embd,
@@ -303,6 +326,45 @@ impl Model {
             rope_factors,
             rope_freq_scale,
             rope_attn_factor,
+        })
+    }
+}
+
+impl Model {
+    /// Builds the model from an opened (and therefore checked) bundle: [`check_manifest`]'s
+    /// checks, then the RoPE frequency factors read (each must be finite and positive).
+    pub fn new(bundle: Bundle) -> Result<Model, RuntimeError> {
+        let l = layout(&bundle.manifest)?;
+        let rope_factors = match &l.rope_factors {
+            Some(w) => {
+                let v = w.vector(&bundle);
+                if let Some((i, x)) = v
+                    .iter()
+                    .enumerate()
+                    .find(|(_, x)| !(x.is_finite() && **x > 0.0))
+                {
+                    return Err(RuntimeError::Encoding {
+                        tensor: w.name.clone(),
+                        detail: format!(
+                            "RoPE frequency factor {i} is {x}; must be finite and positive"
+                        ),
+                    });
+                }
+                Some(v)
+            }
+            None => None,
+        };
+        Ok(Model {
+            bundle,
+            arch: l.arch,
+            cfg: l.cfg,
+            tok_embd: l.tok_embd,
+            output_norm: l.output_norm,
+            output: l.output,
+            layers: l.layers,
+            rope_factors,
+            rope_freq_scale: l.rope_freq_scale,
+            rope_attn_factor: l.rope_attn_factor,
         })
     }
 

@@ -88,7 +88,7 @@ pub enum ValidateError {
 
 /// Reads a prompt file: a JSON array of strings.
 pub fn read_prompts(path: &Path) -> Result<Vec<String>, ValidateError> {
-    let bytes = std::fs::read(path).map_err(|e| ValidateError::Input {
+    let bytes = crate::util::read_input(path).map_err(|e| ValidateError::Input {
         path: path.to_path_buf(),
         detail: e.to_string(),
     })?;

@@ -94,6 +94,9 @@ pub(crate) fn strftime_utc(format: &str, unix_secs: i64) -> Result<String, Strin
     Ok(out)
 }
 
+/// The instruction budget of one chat-template render (minijinja fuel).
+const TEMPLATE_FUEL: u64 = 2_000_000;
+
 /// Renders `template` for `messages` (`(role, content)`).
 pub(crate) fn render(
     template: &str,
@@ -103,6 +106,10 @@ pub(crate) fn render(
     eos_token: &str,
 ) -> Result<String, TokenizerError> {
     let mut env = Environment::new();
+    // A template is data from the model file: bound its work (about 2e6 instructions; a
+    // real chat template spends some hundreds per message) so that nested loops end in an
+    // error, not in gigabytes of output.
+    env.set_fuel(Some(TEMPLATE_FUEL));
     let syntax = SyntaxConfig::builder()
         .trim_blocks(true)
         .lstrip_blocks(true)
@@ -160,6 +167,17 @@ mod tests {
             "1970-01-01 00:00:00 %"
         );
         assert!(strftime_utc("%Q", 0).is_err());
+    }
+
+    #[test]
+    fn runaway_templates_run_out_of_fuel() {
+        let t = "{% for i in range(10000) %}{% for j in range(10000) %}x{% endfor %}{% endfor %}";
+        let e = render(t, &[("user", "hi")], true, "", "").unwrap_err();
+        assert!(e.to_string().contains("fuel"), "{e}");
+        // A realistic template over many messages stays well inside the budget.
+        let chatml = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+        let msgs: Vec<(&str, &str)> = (0..2000).map(|_| ("user", "hello")).collect();
+        assert!(render(chatml, &msgs, true, "", "").is_ok());
     }
 
     #[test]

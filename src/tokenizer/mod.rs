@@ -396,7 +396,7 @@ impl Tokenizer {
 
     /// Reads a `tokenizer.json` file.
     pub fn from_file(path: &Path) -> Result<Tokenizer, TokenizerError> {
-        let bytes = std::fs::read(path).map_err(|source| TokenizerError::Io {
+        let bytes = crate::util::read_input(path).map_err(|source| TokenizerError::Io {
             path: path.to_path_buf(),
             source,
         })?;
