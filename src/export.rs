@@ -376,6 +376,7 @@ pub fn dequantize_bundle(
     opts: &DequantizeOptions,
 ) -> Result<DequantizeSummary, ExportError> {
     util::refuse_existing(output)?;
+    util::refuse_output_inside(input, output)?;
     let bundle = Bundle::open(input)?;
     let m = &bundle.manifest;
     let sidecars = if opts.with_config {

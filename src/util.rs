@@ -141,11 +141,86 @@ pub fn remove_partial_outputs_and_exit(code: i32) -> ! {
 pub enum OutputError {
     #[error("{0}: output already exists; refusing to overwrite it")]
     Exists(PathBuf),
+    #[error("{output}: output inside the input bundle {input}; write it elsewhere")]
+    InsideInput { output: PathBuf, input: PathBuf },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
     },
+}
+
+/// Checks, before any work, that a report file (`--json`, `--dump-logits`) can be written at
+/// `out`: its directory exists and `out` is not a directory. Reports, unlike bundles and
+/// checkpoints, replace an existing file ([`replace_file`]).
+pub fn check_report_path(out: &Path) -> Result<(), OutputError> {
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let bad = |detail: &str| OutputError::Io {
+        path: out.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, detail.to_string()),
+    };
+    if out.is_dir() {
+        return Err(bad("is a directory"));
+    }
+    if !parent.is_dir() {
+        return Err(bad("its directory does not exist"));
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `out` through a temporary file beside it renamed over `out`: readers see
+/// the old file or the new one, never a part.
+pub fn replace_file(out: &Path, bytes: &[u8]) -> Result<(), OutputError> {
+    use std::io::Write;
+    check_report_path(out)?;
+    let dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| OutputError::Io { path, source }
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".report.")
+        .suffix(".partial")
+        .tempfile_in(&dir)
+        .map_err(io(&dir))?;
+    let partial = PartialOutput::register(tmp.path());
+    tmp.write_all(bytes).map_err(io(out))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))
+            .map_err(io(out))?;
+    }
+    partial
+        .publish(|| tmp.persist(out))
+        .map_err(|e| io(out)(e.error))?;
+    Ok(())
+}
+
+/// Refuses an output path inside the bundle directory `input` (it would add a file the
+/// input's manifest does not list, and the input would no longer verify). Paths are compared
+/// after resolving symlinks; an output whose parent does not exist is left to the writer.
+pub fn refuse_output_inside(input: &Path, out: &Path) -> Result<(), OutputError> {
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if let (Ok(i), Ok(p)) = (input.canonicalize(), parent.canonicalize()) {
+        if p.starts_with(&i) {
+            return Err(OutputError::InsideInput {
+                output: out.to_path_buf(),
+                input: input.to_path_buf(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Refuses an output path that already exists (file, directory or dangling symlink).

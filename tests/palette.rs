@@ -1111,3 +1111,70 @@ fn a_signal_removes_the_partial_output() {
         assert!(left.is_empty(), "{cmd} signal {signal}: left {left:?}");
     }
 }
+
+/// Outputs that would damage the input or fail only after the work: an output inside the
+/// input bundle is refused (palettize, dequantize) and the input still verifies; a report
+/// path that is a directory or in a missing directory is refused before any step is run; an
+/// existing report is replaced whole.
+#[test]
+fn outputs_inside_the_input_and_bad_report_paths_are_refused_early() {
+    let src = tiny_f16();
+    let (d, b, o) = palettize(&src, &["--bits", "4"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let inside = b.join("sub.bundle");
+    for args in [
+        vec!["palettize", s(&b), "-o", s(&inside), "--bits", "4", "-q"],
+        vec!["dequantize", s(&b), "-o", s(&inside), "-q"],
+    ] {
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains("inside the input bundle"), "{}", text(&o));
+        assert!(!inside.exists());
+    }
+    let o = run(&["verify", s(&b)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let missing = d.path().join("no/such/dir/r.json");
+    for p in [d.path(), missing.as_path()] {
+        let t0 = std::time::Instant::now();
+        let o = run(&[
+            "validate",
+            s(&b),
+            "--reference",
+            s(&b),
+            "--gen-tokens",
+            "200",
+            "--json",
+            s(p),
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(text(&o).contains("--json"), "{}", text(&o));
+        assert!(t0.elapsed().as_secs() < 20, "refused only after the run");
+        let o = run(&[
+            "run",
+            s(&b),
+            "--prompt-ids",
+            "1,2",
+            "--max-tokens",
+            "1",
+            "--dump-logits",
+            s(p),
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(text(&o).contains("--dump-logits"), "{}", text(&o));
+    }
+    let report = d.path().join("r.json");
+    std::fs::write(&report, b"old").unwrap();
+    let o = run(&[
+        "validate",
+        s(&b),
+        "--reference",
+        s(&b),
+        "--gen-tokens",
+        "1",
+        "--json",
+        s(&report),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(r["passed"], true);
+}

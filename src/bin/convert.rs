@@ -310,10 +310,28 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             ExitCode::from(2)
         }
     }
+}
+
+/// The error and its causes on one line, `: `-separated, leaving out a cause whose text the
+/// message already contains (errors that print their source, as `"{path}: {source}"` does,
+/// would otherwise say it twice).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut s = String::new();
+    for c in e.chain() {
+        let t = c.to_string();
+        if s.contains(&t) {
+            continue;
+        }
+        if !s.is_empty() {
+            s.push_str(": ");
+        }
+        s.push_str(&t);
+    }
+    s
 }
 
 /// File name of a path, for the manifest's command line.
@@ -725,6 +743,9 @@ fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {
         eprintln!("error: validate: --repeats and --gen-tokens must be at least 1 and --max-prob-err >= 0");
         return Ok(ExitCode::from(2));
     }
+    if let Some(p) = &a.json {
+        lowbit::util::check_report_path(p).context("--json")?;
+    }
     let prompts = match &a.prompts {
         Some(p) => validate::read_prompts(p),
         None => validate::parse_prompts(validate::DEFAULT_PROMPTS.as_bytes()).map_err(|detail| {
@@ -758,7 +779,7 @@ fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {
     if let Some(p) = &a.json {
         let mut b = serde_json::to_vec_pretty(&r)?;
         b.push(b'\n');
-        std::fs::write(p, b).with_context(|| format!("write {}", p.display()))?;
+        lowbit::util::replace_file(p, &b).context("--json")?;
     }
     println!(
         "{}: {} prompts, {} steps; argmax agreement {:.4}; max |dp| {:.6} (limit {}); finite {}; repeats identical {} ({}x)",
@@ -801,6 +822,9 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
             a.backend
         );
         return Ok(ExitCode::from(2));
+    }
+    if let Some(p) = &a.dump_logits {
+        lowbit::util::check_report_path(p).context("--dump-logits")?;
     }
     let t_load = std::time::Instant::now();
     let mut be =
@@ -873,7 +897,7 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
         for v in &last {
             bytes.extend_from_slice(&v.to_le_bytes());
         }
-        std::fs::write(p, bytes).with_context(|| format!("write {}", p.display()))?;
+        lowbit::util::replace_file(p, &bytes).context("--dump-logits")?;
     }
     let stop = |t: u32| !a.ignore_eos && tok.as_ref().map(|k| k.is_eog(t)).unwrap_or(false);
     let mut out = std::io::stdout().lock();

@@ -783,6 +783,9 @@ pub fn palettize(
             detail: "--group-size must be at least 1".into(),
         });
     }
+    if input.is_dir() {
+        util::refuse_output_inside(input, output)?;
+    }
     let inp = Input::open(input, opts.context)?;
     let tensors = inp.tensors()?;
     {
