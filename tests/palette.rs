@@ -1178,3 +1178,49 @@ fn outputs_inside_the_input_and_bad_report_paths_are_refused_early() {
     let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     assert_eq!(r["passed"], true);
 }
+
+/// A palette table entry that is NaN, in a bundle whose hashes were all recomputed (a buggy
+/// producer): the runtime refuses to load it, naming the tensor and the group.
+#[test]
+fn a_non_finite_palette_entry_is_refused_at_load() {
+    use lowbit::bundle::manifest::{canonical_file_list, Manifest};
+    let src = tiny_f16();
+    let (_d, b, o) = palettize(&src, &["--bits", "4"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let mpath = b.join("manifest.json");
+    let mut m: Manifest = serde_json::from_slice(&std::fs::read(&mpath).unwrap()).unwrap();
+    let mut w = std::fs::read(b.join("weights.bin")).unwrap();
+    let t = m
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "blk.1.ffn_up.weight")
+        .unwrap();
+    let Encoding::Palette { tables_offset, .. } = t.encoding else {
+        panic!("not palettized")
+    };
+    let at = (t.offset + tables_offset) as usize + 2 * 3;
+    w[at..at + 2].copy_from_slice(&f16::NAN.to_le_bytes());
+    let (o0, o1) = (t.offset as usize, (t.offset + t.length) as usize);
+    t.sha256 = lowbit::util::sha256_hex(&w[o0..o1]);
+    std::fs::write(b.join("weights.bin"), &w).unwrap();
+    for f in &mut m.files {
+        if f.path == "weights.bin" {
+            f.sha256 = lowbit::util::sha256_hex(&w);
+        }
+    }
+    m.bundle_digest = lowbit::util::sha256_hex(canonical_file_list(&m.files).as_bytes());
+    std::fs::write(&mpath, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    let o = run(&["verify", s(&b)]);
+    assert!(
+        o.status.success(),
+        "the hashes are consistent: {}",
+        text(&o)
+    );
+    let o = run(&["run", s(&b), "--prompt-ids", "1,2", "--max-tokens", "1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let t = text(&o);
+    assert!(
+        t.contains("blk.1.ffn_up.weight") && t.contains("group 0, entry 3, is not finite"),
+        "{t}"
+    );
+}

@@ -745,3 +745,71 @@ fn out_of_range_model_configs_are_refused_naming_the_field() {
         }
     }
 }
+
+/// A tokenizer whose token count is not the model's n_vocab (written consistently: the file's
+/// SHA256 and the bundle digest recomputed) fails `verify` and is refused by `run` and
+/// `validate`, naming it.
+#[test]
+fn tokenizer_of_another_vocabulary_size_is_refused() {
+    use lowbit::bundle::manifest::{canonical_file_list, Manifest};
+    let (_d, b) = make_bundle(
+        &common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf"),
+        "gguf-to-ternary",
+    );
+    let mut tok = json(&b.join("tokenizer.json"));
+    for key in ["ggml.tokens", "ggml.scores", "ggml.token_type"] {
+        if let Some(a) = tok["metadata"][key].as_array_mut() {
+            a.truncate(400);
+        }
+    }
+    let bytes = serde_json::to_vec_pretty(&tok).unwrap();
+    std::fs::write(b.join("tokenizer.json"), &bytes).unwrap();
+    let mut m: Manifest =
+        serde_json::from_slice(&std::fs::read(b.join("manifest.json")).unwrap()).unwrap();
+    for f in &mut m.files {
+        if f.path == "tokenizer.json" {
+            f.size = bytes.len() as u64;
+            f.sha256 = lowbit::util::sha256_hex(&bytes);
+        }
+    }
+    m.bundle_digest = lowbit::util::sha256_hex(canonical_file_list(&m.files).as_bytes());
+    std::fs::write(
+        b.join("manifest.json"),
+        serde_json::to_vec_pretty(&m).unwrap(),
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+        .arg("verify")
+        .arg(&b)
+        .output()
+        .unwrap();
+    let t = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("400 tokens, but the model's n_vocab is 474"),
+        "{t}"
+    );
+    for args in [
+        vec!["run", "--prompt", "hello", "--max-tokens", "1"],
+        vec![
+            "validate",
+            "--reference",
+            b.to_str().unwrap(),
+            "--gen-tokens",
+            "1",
+        ],
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+            .args(&args[..1])
+            .arg(&b)
+            .args(&args[1..])
+            .output()
+            .unwrap();
+        let t = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {t}");
+        assert!(
+            t.contains("400 tokens, but the model's n_vocab is 474"),
+            "{args:?}: {t}"
+        );
+    }
+}

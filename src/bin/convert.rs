@@ -833,7 +833,7 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
     be.set_kv_type(a.kv_cache.into())
         .with_context(|| format!("load {}", a.bundle.display()))?;
     let load_s = t_load.elapsed().as_secs_f64();
-    let tok_res = lowbit::tokenizer::Tokenizer::from_bundle_dir(&a.bundle);
+    let tok_res = lowbit::tokenizer::Tokenizer::for_model(&a.bundle, be.n_vocab());
     let tok_err = tok_res.as_ref().err().map(|e| e.to_string());
     let tok = tok_res.ok();
     let no_tokenizer = || {

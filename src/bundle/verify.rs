@@ -98,11 +98,18 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
         .iter()
         .filter_map(|t| integrity_of(&t.name).map(|d| (t.name.clone(), d)))
         .collect();
-    // A bundle that verifies is one the runtime can build: the model configuration and the
-    // tensors' shapes against it. Architectures the runtime does not run are only held to
-    // the configuration's own checks.
+    // A bundle that verifies is one the runtime can build: the model configuration, the
+    // tensors' shapes against it and the tokenizer. Architectures the runtime does not run
+    // are only held to the configuration's own checks.
     match crate::runtime::model::check_manifest(&m) {
-        Ok(()) | Err(crate::runtime::RuntimeError::Architecture { .. }) => {
+        Ok(()) => {
+            // The tokenizer the runtime would load, of the model's vocabulary size.
+            if let Err(e) = crate::tokenizer::Tokenizer::for_model(bundle, m.model.n_vocab as usize)
+            {
+                failures.push(format!("the runtime cannot use the tokenizer: {e}"));
+            }
+        }
+        Err(crate::runtime::RuntimeError::Architecture { .. }) => {
             if let Err((field, detail)) = m.model.check() {
                 failures.push(format!("manifest.json model.{field}: {detail}"));
             }

@@ -203,7 +203,8 @@ struct Layout {
 /// Whether the runtime can build a model from this manifest: the configuration's own checks
 /// ([`ModelConfig::check`]), a supported architecture, every tensor it needs present with
 /// the shape the configuration implies and an encoding a kernel reads. `convert verify`
-/// runs this too, so a bundle that verifies is one that loads.
+/// runs this too, so a bundle that verifies has a configuration and layout the runtime
+/// accepts (the values in its weights, such as palette entries, are checked at load).
 pub fn check_manifest(m: &Manifest) -> Result<(), RuntimeError> {
     layout(m).map(|_| ())
 }
@@ -354,6 +355,31 @@ impl Model {
             }
             None => None,
         };
+        // Palette tables are small (2^bits f16 per group): a non-finite entry is named here,
+        // not met as non-finite logits later.
+        let mut all = vec![&l.tok_embd, &l.output];
+        for x in &l.layers {
+            all.extend([&x.wq, &x.wk, &x.wv, &x.wo, &x.w_gate, &x.w_up, &x.w_down]);
+        }
+        for w in all {
+            if let WeightData::Palette(v) = w.data(&bundle) {
+                let e = 1usize << v.bits;
+                if let Some(i) = v
+                    .tables
+                    .chunks_exact(2)
+                    .position(|h| !half::f16::from_le_bytes([h[0], h[1]]).is_finite())
+                {
+                    return Err(RuntimeError::Encoding {
+                        tensor: w.name.clone(),
+                        detail: format!(
+                            "palette table of group {}, entry {}, is not finite",
+                            i / e,
+                            i % e
+                        ),
+                    });
+                }
+            }
+        }
         Ok(Model {
             bundle,
             arch: l.arch,

@@ -144,10 +144,11 @@ pub fn validate(
             ),
         });
     }
-    let tok = Tokenizer::from_bundle_dir(reference).map_err(|e| ValidateError::Input {
-        path: reference.to_path_buf(),
-        detail: format!("tokenizer: {e}"),
-    })?;
+    let tok =
+        Tokenizer::for_model(reference, refb.n_vocab()).map_err(|e| ValidateError::Input {
+            path: reference.to_path_buf(),
+            detail: format!("tokenizer: {e}"),
+        })?;
     let n_ctx = cand.n_ctx().min(refb.n_ctx());
     let mut failures = Vec::new();
     let mut per_prompt = Vec::new();

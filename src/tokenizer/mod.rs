@@ -394,6 +394,23 @@ impl Tokenizer {
         Self::from_file(&dir.join(crate::bundle::manifest::TOKENIZER_FILE))
     }
 
+    /// [`Tokenizer::from_bundle_dir`] for a model of `n_vocab` logits: the token count must
+    /// equal it (as llama.cpp requires of the vocabulary and the embedding's rows), so every
+    /// id the tokenizer makes has a logit and every logit a token.
+    pub fn for_model(dir: &Path, n_vocab: usize) -> Result<Tokenizer, TokenizerError> {
+        let t = Self::from_bundle_dir(dir)?;
+        if t.n_vocab() != n_vocab {
+            return Err(field_err(
+                "metadata ggml.tokens",
+                format!(
+                    "{} tokens, but the model's n_vocab is {n_vocab}",
+                    t.n_vocab()
+                ),
+            ));
+        }
+        Ok(t)
+    }
+
     /// Reads a `tokenizer.json` file.
     pub fn from_file(path: &Path) -> Result<Tokenizer, TokenizerError> {
         let bytes = crate::util::read_input(path).map_err(|source| TokenizerError::Io {
