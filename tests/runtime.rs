@@ -813,3 +813,72 @@ fn tokenizer_of_another_vocabulary_size_is_refused() {
         );
     }
 }
+
+/// The manifest's description of the tokenizer and the tied head must match what the runtime
+/// reads: `verify` fails each mismatch (exit 1) naming the field; a `tied_embeddings` that
+/// would ignore the bundle's `output.weight` is also refused by `run`.
+#[test]
+fn manifest_tokenizer_and_head_descriptions_are_checked() {
+    let (_d, b) = make_bundle(
+        &common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf"),
+        "gguf-to-ternary",
+    );
+    type Edit = fn(&mut Value);
+    let cases: Vec<(Edit, &str, bool)> = vec![
+        (
+            |m| m["tokenizer"]["file"] = "weights.bin".into(),
+            "tokenizer.file",
+            false,
+        ),
+        (
+            |m| m["tokenizer"]["model"] = "bert".into(),
+            "tokenizer.model",
+            false,
+        ),
+        (
+            |m| m["tokenizer"]["n_vocab"] = 10.into(),
+            "tokenizer.n_vocab",
+            false,
+        ),
+        (
+            |m| m["model"]["special_tokens"]["eos"] = 100000.into(),
+            "model.special_tokens.eos",
+            false,
+        ),
+        (
+            |m| m["model"]["tied_embeddings"] = true.into(),
+            "tied_embeddings",
+            true,
+        ),
+    ];
+    for (i, (edit, needle, run_refuses)) in cases.into_iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("t.bundle");
+        std::fs::create_dir(&t).unwrap();
+        for f in ["weights.bin", "tokenizer.json", "manifest.json"] {
+            std::fs::copy(b.join(f), t.join(f)).unwrap();
+        }
+        let mut m = json(&t.join("manifest.json"));
+        edit(&mut m);
+        std::fs::write(t.join("manifest.json"), serde_json::to_vec(&m).unwrap()).unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+            .arg("verify")
+            .arg(&t)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(o.status.code(), Some(1), "case {i}: {out}");
+        assert!(out.contains(needle), "case {i}: {out}");
+        if run_refuses {
+            let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+                .arg("run")
+                .arg(&t)
+                .args(["--prompt-ids", "1,2", "--max-tokens", "1"])
+                .output()
+                .unwrap();
+            let e = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(2), "case {i}: {e}");
+            assert!(e.contains(needle), "case {i}: {e}");
+        }
+    }
+}

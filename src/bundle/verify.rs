@@ -79,6 +79,49 @@ pub struct Totals {
     pub max_abs_diff: f64,
 }
 
+/// Where the manifest's description of the tokenizer (`tokenizer` object, the model's
+/// `special_tokens`) differs from the tokenizer file the runtime reads.
+fn tokenizer_ref_faults(m: &Manifest, tok: &crate::tokenizer::Tokenizer) -> Vec<String> {
+    let r = &m.tokenizer;
+    let mut v = Vec::new();
+    if r.file != TOKENIZER_FILE {
+        v.push(format!(
+            "manifest.json tokenizer.file is {:?}; the runtime reads {TOKENIZER_FILE:?}",
+            r.file
+        ));
+    }
+    if r.model != tok.model() {
+        v.push(format!(
+            "manifest.json tokenizer.model is {:?}, {TOKENIZER_FILE} says {:?}",
+            r.model,
+            tok.model()
+        ));
+    }
+    if r.pre.as_deref().unwrap_or("") != tok.pre() {
+        v.push(format!(
+            "manifest.json tokenizer.pre is {:?}, {TOKENIZER_FILE} says {:?}",
+            r.pre,
+            tok.pre()
+        ));
+    }
+    if r.n_vocab as usize != tok.n_vocab() {
+        v.push(format!(
+            "manifest.json tokenizer.n_vocab is {}, {TOKENIZER_FILE} has {} tokens",
+            r.n_vocab,
+            tok.n_vocab()
+        ));
+    }
+    for (name, &id) in &m.model.special_tokens {
+        if id >= m.model.n_vocab {
+            v.push(format!(
+                "manifest.json model.special_tokens.{name} = {id} is outside the vocabulary (n_vocab = {})",
+                m.model.n_vocab
+            ));
+        }
+    }
+    v
+}
+
 /// Runs every check. `Err` is for problems that stop verification before it can judge
 /// (unreadable or malformed manifest, unreadable source); a bundle that fails a check gives
 /// `Ok` with `passed: false`.
@@ -104,9 +147,9 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
     match crate::runtime::model::check_manifest(&m) {
         Ok(()) => {
             // The tokenizer the runtime would load, of the model's vocabulary size.
-            if let Err(e) = crate::tokenizer::Tokenizer::for_model(bundle, m.model.n_vocab as usize)
-            {
-                failures.push(format!("the runtime cannot use the tokenizer: {e}"));
+            match crate::tokenizer::Tokenizer::for_model(bundle, m.model.n_vocab as usize) {
+                Err(e) => failures.push(format!("the runtime cannot use the tokenizer: {e}")),
+                Ok(tok) => failures.extend(tokenizer_ref_faults(&m, &tok)),
             }
         }
         Err(crate::runtime::RuntimeError::Architecture { .. }) => {

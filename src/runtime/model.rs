@@ -248,6 +248,14 @@ fn layout(manifest: &Manifest) -> Result<Layout, RuntimeError> {
         expect(&tok_embd, cfg.n_vocab, e)?;
         let output_norm = get("output_norm.weight")?;
         expect(&output_norm, 1, e)?;
+        let has_output = bundle.tensors.iter().any(|t| t.name == "output.weight");
+        if cfg.tied_embeddings && has_output {
+            return Err(RuntimeError::Config {
+                field: "tied_embeddings".into(),
+                detail: "true, but the bundle has an output.weight (the head would be ignored)"
+                    .into(),
+            });
+        }
         let output = if cfg.tied_embeddings {
             tok_embd.clone()
         } else {
