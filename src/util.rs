@@ -90,23 +90,32 @@ fn partial_outputs() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
 }
 
 /// Registers a temporary output for removal by [`remove_partial_outputs_and_exit`] while it
-/// lives; dropping it unregisters the path (removing the files stays with their owner).
+/// lives; dropping it unregisters the path. Its owner removes the files on every normal path
+/// and must drop them before this (a struct declares it after its `TempDir`).
 pub(crate) struct PartialOutput(PathBuf);
 
 impl PartialOutput {
-    pub(crate) fn register(path: &Path) -> PartialOutput {
-        partial_outputs().push(path.to_path_buf());
-        PartialOutput(path.to_path_buf())
+    /// Creates the temporary output with `make` and registers `path(&made)`, under the
+    /// registry's lock: a signal arriving meanwhile is handled after the registration, so the
+    /// new directory or file is removed too.
+    pub(crate) fn create<T, E>(
+        make: impl FnOnce() -> Result<T, E>,
+        path: impl FnOnce(&T) -> &Path,
+    ) -> Result<(T, PartialOutput), E> {
+        let mut list = partial_outputs();
+        let made = make()?;
+        let p = path(&made).to_path_buf();
+        list.push(p.clone());
+        Ok((made, PartialOutput(p)))
     }
 
-    /// Runs `publish` (the rename of the temporary output into place) so that a signal handler
-    /// either removes the temporary output before it or finds it already published, never
-    /// half-way.
+    /// Runs `publish` (the rename or link of the temporary output into place) under the
+    /// registry's lock, so that a signal handler runs before it (and the output never
+    /// appears) or after it. The path stays registered until drop: after a link the staging
+    /// directory still exists and the handler removes it; after a rename it is gone.
     pub(crate) fn publish<R>(&self, publish: impl FnOnce() -> R) -> R {
-        let mut list = partial_outputs();
-        let r = publish();
-        list.retain(|p| p != &self.0);
-        r
+        let _list = partial_outputs();
+        publish()
     }
 }
 
@@ -129,7 +138,11 @@ pub fn remove_partial_outputs_and_exit(code: i32) -> ! {
             Ok(_) => std::fs::remove_file(p),
             Err(_) => Ok(()),
         };
-        if let Err(e) = r {
+        // NotFound: published by a rename, or its owner removed it meanwhile.
+        if let Err(e) = r.or_else(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Ok(()),
+            _ => Err(e),
+        }) {
             eprintln!("error: removing the partial output {}: {e}", p.display());
         }
     }
@@ -141,7 +154,7 @@ pub fn remove_partial_outputs_and_exit(code: i32) -> ! {
 pub enum OutputError {
     #[error("{0}: output already exists; refusing to overwrite it")]
     Exists(PathBuf),
-    #[error("{output}: output inside the input bundle {input}; write it elsewhere")]
+    #[error("{output}: inside the input bundle {input}; write it elsewhere")]
     InsideInput { output: PathBuf, input: PathBuf },
     #[error("{path}: {source}")]
     Io {
@@ -153,7 +166,9 @@ pub enum OutputError {
 /// Checks, before any work, that a report file (`--json`, `--dump-logits`) can be written at
 /// `out`: its directory exists and `out` is not a directory. Reports, unlike bundles and
 /// checkpoints, replace an existing file ([`replace_file`]).
-pub fn check_report_path(out: &Path) -> Result<(), OutputError> {
+/// `inputs` are the command's inputs: a report may not be written inside an input bundle
+/// directory nor over an input file.
+pub fn check_report_path(out: &Path, inputs: &[&Path]) -> Result<(), OutputError> {
     let parent = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -168,14 +183,22 @@ pub fn check_report_path(out: &Path) -> Result<(), OutputError> {
     if !parent.is_dir() {
         return Err(bad("its directory does not exist"));
     }
+    for i in inputs {
+        if i.is_dir() {
+            refuse_output_inside(i, out)?;
+        } else if let (Ok(a), Ok(b)) = (i.canonicalize(), out.canonicalize()) {
+            if a == b {
+                return Err(bad("is an input of this command"));
+            }
+        }
+    }
     Ok(())
 }
 
 /// Writes `bytes` to `out` through a temporary file beside it renamed over `out`: readers see
-/// the old file or the new one, never a part.
+/// the old file or the new one, never a part. Check `out` with [`check_report_path`] first.
 pub fn replace_file(out: &Path, bytes: &[u8]) -> Result<(), OutputError> {
     use std::io::Write;
-    check_report_path(out)?;
     let dir = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -184,12 +207,18 @@ pub fn replace_file(out: &Path, bytes: &[u8]) -> Result<(), OutputError> {
         let path = path.to_path_buf();
         move |source| OutputError::Io { path, source }
     };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".report.")
-        .suffix(".partial")
-        .tempfile_in(&dir)
-        .map_err(io(&dir))?;
-    let partial = PartialOutput::register(tmp.path());
+    let (made, partial) = PartialOutput::create(
+        || {
+            tempfile::Builder::new()
+                .prefix(".report.")
+                .suffix(".partial")
+                .tempfile_in(&dir)
+        },
+        |t| t.path(),
+    )
+    .map_err(io(&dir))?;
+    // Declared after `partial`, so removed (on an error) before the registration ends.
+    let mut tmp = made;
     tmp.write_all(bytes).map_err(io(out))?;
     #[cfg(unix)]
     {
@@ -255,13 +284,23 @@ pub fn write_file_atomically<E>(
         let path = path.to_path_buf();
         move |source| OutputError::Io { path, source }
     };
-    let tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .suffix(".partial")
-        .tempdir_in(&dir)
-        .map_err(io(&dir))?;
-    let partial = PartialOutput::register(tmp.path());
-    let staged = tmp.path().join(if name.is_empty() { "out" } else { &name });
+    // Fields drop in order: the directory is removed before its registration ends.
+    struct Staged(tempfile::TempDir, PartialOutput);
+    let (tmp, partial) = PartialOutput::create(
+        || {
+            tempfile::Builder::new()
+                .prefix(&format!(".{name}."))
+                .suffix(".partial")
+                .tempdir_in(&dir)
+        },
+        |t| t.path(),
+    )
+    .map_err(io(&dir))?;
+    let staging = Staged(tmp, partial);
+    let staged = staging
+        .0
+        .path()
+        .join(if name.is_empty() { "out" } else { &name });
     if let Err(e) = write(&staged) {
         return Ok(Err(e));
     }
@@ -272,7 +311,8 @@ pub fn write_file_atomically<E>(
             .map_err(io(&staged))?;
     }
     // A hard link never replaces an existing path; the staged name goes with the directory.
-    partial
+    staging
+        .1
         .publish(|| std::fs::hard_link(&staged, out))
         .map_err(|e| {
             if e.kind() == std::io::ErrorKind::AlreadyExists {

@@ -970,6 +970,11 @@ fn hugging_face_config_is_checked_against_the_tensors() {
             Box::new(|c| c["rope_scaling"] = "longrope".into()),
             "rope_scaling: expected an object or null",
         ),
+        // transformers would tie the head and ignore lm_head.weight; this used to use it
+        (
+            Box::new(|c| c["tie_word_embeddings"] = true.into()),
+            "tie_word_embeddings: true, but the checkpoint has an lm_head.weight",
+        ),
     ];
     for (edit, needle) in cases {
         let o = hf_with_config(&hf, edit);
@@ -1131,6 +1136,48 @@ fn outputs_inside_the_input_and_bad_report_paths_are_refused_early() {
         assert!(text(&o).contains("inside the input bundle"), "{}", text(&o));
         assert!(!inside.exists());
     }
+    // Reports over a file of the input bundle, or over the prompt set being read.
+    let prompts = d.path().join("prompts.json");
+    std::fs::write(&prompts, br#"["Hello"]"#).unwrap();
+    for (flag, target) in [
+        ("--json", b.join("manifest.json")),
+        ("--json", b.join("r.json")),
+        ("--json", prompts.clone()),
+        ("--dump-logits", b.join("weights.bin")),
+    ] {
+        let o = if flag == "--json" {
+            run(&[
+                "validate",
+                s(&b),
+                "--reference",
+                s(&b),
+                "--prompts",
+                s(&prompts),
+                "--gen-tokens",
+                "1",
+                flag,
+                s(&target),
+            ])
+        } else {
+            run(&[
+                "run",
+                s(&b),
+                "--prompt-ids",
+                "1",
+                "--max-tokens",
+                "1",
+                flag,
+                s(&target),
+            ])
+        };
+        assert_eq!(o.status.code(), Some(2), "{flag} {target:?}: {}", text(&o));
+        assert!(
+            text(&o).contains("inside the input bundle") || text(&o).contains("is an input"),
+            "{}",
+            text(&o)
+        );
+    }
+    assert_eq!(std::fs::read(&prompts).unwrap(), br#"["Hello"]"#);
     let o = run(&["verify", s(&b)]);
     assert!(o.status.success(), "{}", text(&o));
     let missing = d.path().join("no/such/dir/r.json");

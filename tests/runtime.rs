@@ -882,3 +882,61 @@ fn manifest_tokenizer_and_head_descriptions_are_checked() {
         }
     }
 }
+
+/// The model configuration is not hashed: `verify --source` holds it to the source's
+/// metadata, and `verify` holds the `main` function to it.
+#[test]
+fn verify_holds_the_configuration_to_the_source_and_functions() {
+    let src = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
+    let (_d, b) = make_bundle(&src, "gguf-to-ternary");
+    let verify = |t: &Path, source: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_convert"));
+        c.arg("verify").arg(t);
+        if source {
+            c.arg("--source").arg(&src);
+        }
+        let o = c.output().unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
+    };
+    assert_eq!(verify(&b, true).0, Some(0), "{}", verify(&b, true).1);
+    type Edit = fn(&mut Value);
+    let cases: Vec<(Edit, bool, &str)> = vec![
+        (
+            |m| m["model"]["embedding_scale"] = 1.0.into(),
+            true,
+            "model.embedding_scale is 1.0, the source's metadata gives 10.0",
+        ),
+        (
+            |m| m["model"]["rope"]["scaling_type"] = "none".into(),
+            true,
+            "model.rope",
+        ),
+        (
+            |m| m["model"]["special_tokens"]["bos"] = 2.into(),
+            false,
+            "special_tokens.bos is 2, tokenizer.json says 1",
+        ),
+        (
+            |m| m["model"]["n_ctx"] = 256.into(),
+            false,
+            "manifest.json functions",
+        ),
+    ];
+    for (i, (edit, source, needle)) in cases.into_iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("t.bundle");
+        std::fs::create_dir(&t).unwrap();
+        for f in ["weights.bin", "tokenizer.json", "manifest.json"] {
+            std::fs::copy(b.join(f), t.join(f)).unwrap();
+        }
+        let mut m = json(&t.join("manifest.json"));
+        edit(&mut m);
+        std::fs::write(t.join("manifest.json"), serde_json::to_vec(&m).unwrap()).unwrap();
+        let (code, out) = verify(&t, source);
+        assert_eq!(code, Some(1), "case {i}: {out}");
+        assert!(out.contains(needle), "case {i}: {out}");
+    }
+}

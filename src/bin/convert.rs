@@ -420,8 +420,9 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             let s = match s {
                 Ok(s) => s,
                 Err(ExportError::Bundle(e)) => {
+                    // A damaged input bundle is an input error here, as in run and palettize.
                     eprintln!("error: dequantize {}: {e}", input.display());
-                    return Ok(ExitCode::from(e.exit_code()));
+                    return Ok(ExitCode::from(2));
                 }
                 Err(e) => return Err(e).with_context(|| format!("dequantize {}", input.display())),
             };
@@ -535,7 +536,7 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
                 }
                 Err(e) => {
                     eprintln!("error: palettize {}: {e}", input.display());
-                    Ok(ExitCode::from(e.exit_code()))
+                    Ok(ExitCode::from(2))
                 }
             }
         }
@@ -744,7 +745,9 @@ fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(2));
     }
     if let Some(p) = &a.json {
-        lowbit::util::check_report_path(p).context("--json")?;
+        let mut inputs = vec![a.candidate.as_path(), a.reference.as_path()];
+        inputs.extend(a.prompts.as_deref());
+        lowbit::util::check_report_path(p, &inputs).context("--json")?;
     }
     let prompts = match &a.prompts {
         Some(p) => validate::read_prompts(p),
@@ -772,7 +775,7 @@ fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {
     let r = match validate::validate(&a.candidate, &a.reference, &opts) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: validate {}: {e}", a.candidate.display());
+            eprintln!("error: validate: {e}");
             return Ok(ExitCode::from(2));
         }
     };
@@ -824,7 +827,7 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(2));
     }
     if let Some(p) = &a.dump_logits {
-        lowbit::util::check_report_path(p).context("--dump-logits")?;
+        lowbit::util::check_report_path(p, &[a.bundle.as_path()]).context("--dump-logits")?;
     }
     let t_load = std::time::Instant::now();
     let mut be =

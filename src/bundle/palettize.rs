@@ -337,9 +337,18 @@ fn open_safetensors(path: &Path, context: Option<u64>) -> Result<Input, BundleEr
         });
         let mut m = hf::load(&dir, &cpath, &cjson, context, embedding)?;
         // As in the GGUF: tied when there is no separate head.
-        m.model.tied_embeddings = !shards
+        let has_head = shards
             .iter()
             .any(|s| s.meta.tensors().iter().any(|(n, _)| n == "lm_head.weight"));
+        if m.model.tied_embeddings && has_head {
+            // transformers would tie the head to the embedding and ignore lm_head.weight.
+            return Err(BundleError::HfConfig {
+                file: cpath.clone(),
+                key: "tie_word_embeddings".into(),
+                detail: "true, but the checkpoint has an lm_head.weight (transformers would ignore it); remove the tensor or set tie_word_embeddings to false".into(),
+            });
+        }
+        m.model.tied_embeddings = !has_head;
         let extra = m
             .extra
             .iter()

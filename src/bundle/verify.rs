@@ -112,6 +112,21 @@ fn tokenizer_ref_faults(m: &Manifest, tok: &crate::tokenizer::Tokenizer) -> Vec<
         ));
     }
     for (name, &id) in &m.model.special_tokens {
+        // The ids the runtime uses come from the tokenizer file; the manifest must say the same.
+        let used = match name.as_str() {
+            "bos" => tok.bos(),
+            "eos" => tok.eos(),
+            "eot" => tok.eot(),
+            "unknown" => tok.unk(),
+            _ => None,
+        };
+        if let Some(u) = used {
+            if u64::from(u) != id {
+                v.push(format!(
+                    "manifest.json model.special_tokens.{name} is {id}, {TOKENIZER_FILE} says {u}"
+                ));
+            }
+        }
         if id >= m.model.n_vocab {
             v.push(format!(
                 "manifest.json model.special_tokens.{name} = {id} is outside the vocabulary (n_vocab = {})",
@@ -163,7 +178,43 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
         Some(p) => Some(GgufFile::open(p)?),
         None => None,
     };
+    if m.functions.len() != 1
+        || m.functions.get("main") != Some(&super::writer::main_function(&m.model))
+    {
+        failures.push(
+            "manifest.json functions: not the single function \"main\" that model implies (shapes, n_ctx, n_vocab)".into(),
+        );
+    }
     if let Some(src) = &source {
+        // The model configuration is not hashed: it must be what the source's metadata gives
+        // (at the bundle's n_ctx, the one value chosen at conversion).
+        match super::config::model_config(src, Some(m.model.n_ctx)) {
+            Ok(want) => {
+                let (a, b) = (serde_json::to_value(&m.model), serde_json::to_value(&want));
+                if let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) = (a, b)
+                {
+                    let keys: std::collections::BTreeSet<&String> =
+                        a.keys().chain(b.keys()).collect();
+                    let show = |v: Option<&serde_json::Value>| {
+                        let t = v.map(|v| v.to_string()).unwrap_or_else(|| "absent".into());
+                        match t.char_indices().nth(120) {
+                            Some((i, _)) => format!("{}...", &t[..i]),
+                            None => t,
+                        }
+                    };
+                    for k in keys {
+                        if a.get(k) != b.get(k) {
+                            failures.push(format!(
+                                "manifest.json model.{k} is {}, the source's metadata gives {}",
+                                show(a.get(k)),
+                                show(b.get(k))
+                            ));
+                        }
+                    }
+                }
+            }
+            Err(e) => failures.push(format!("the source's model configuration: {e}")),
+        }
         let h = util::sha256_file(src.path()).map_err(|e| BundleError::Io {
             path: src.path().to_path_buf(),
             source: e,

@@ -171,12 +171,16 @@ impl Staging {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let tmp = tempfile::Builder::new()
-            .prefix(&format!(".{name}."))
-            .suffix(".partial")
-            .tempdir_in(&parent)
-            .map_err(io_err(&parent))?;
-        let partial = util::PartialOutput::register(tmp.path());
+        let (tmp, partial) = util::PartialOutput::create(
+            || {
+                tempfile::Builder::new()
+                    .prefix(&format!(".{name}."))
+                    .suffix(".partial")
+                    .tempdir_in(&parent)
+            },
+            |t| t.path(),
+        )
+        .map_err(io_err(&parent))?;
         Ok(Staging {
             tmp,
             output: output.to_path_buf(),

@@ -130,8 +130,14 @@ pub fn validate(
     reference: &Path,
     opts: &ValidateOptions,
 ) -> Result<ValidateReport, ValidateError> {
-    let mut cand = load_cpu(candidate)?;
-    let mut refb = load_cpu(reference)?;
+    let load = |p: &Path| {
+        load_cpu(p).map_err(|e| ValidateError::Input {
+            path: p.to_path_buf(),
+            detail: e.to_string(),
+        })
+    };
+    let mut cand = load(candidate)?;
+    let mut refb = load(reference)?;
     let cdig = cand.model.bundle.manifest.bundle_digest.clone();
     let rdig = refb.model.bundle.manifest.bundle_digest.clone();
     if cand.n_vocab() != refb.n_vocab() {
