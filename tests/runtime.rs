@@ -940,3 +940,51 @@ fn verify_holds_the_configuration_to_the_source_and_functions() {
         assert!(out.contains(needle), "case {i}: {out}");
     }
 }
+
+/// An Inf ternary scale in a bundle whose hashes were all recomputed (a buggy producer): the
+/// runtime refuses it at load naming the tensor, row and block, not as non-finite logits.
+#[test]
+fn a_non_finite_ternary_scale_is_refused_at_load() {
+    use lowbit::bundle::manifest::{canonical_file_list, Encoding, Manifest};
+    let (_d, b) = make_bundle(
+        &common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf"),
+        "gguf-to-ternary",
+    );
+    let mpath = b.join("manifest.json");
+    let mut m: Manifest = serde_json::from_slice(&std::fs::read(&mpath).unwrap()).unwrap();
+    let mut w = std::fs::read(b.join("weights.bin")).unwrap();
+    let t = m
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "blk.1.ffn_down.weight")
+        .unwrap();
+    let Encoding::Ternary2 { scales_offset, .. } = t.encoding else {
+        panic!("not ternary")
+    };
+    let blocks = (t.shape[1] as usize).div_ceil(256);
+    // row 1, block 0
+    let at = (t.offset + scales_offset) as usize + 2 * blocks;
+    w[at..at + 2].copy_from_slice(&half::f16::INFINITY.to_le_bytes());
+    let (o0, o1) = (t.offset as usize, (t.offset + t.length) as usize);
+    t.sha256 = lowbit::util::sha256_hex(&w[o0..o1]);
+    std::fs::write(b.join("weights.bin"), &w).unwrap();
+    for f in &mut m.files {
+        if f.path == "weights.bin" {
+            f.sha256 = lowbit::util::sha256_hex(&w);
+        }
+    }
+    m.bundle_digest = lowbit::util::sha256_hex(canonical_file_list(&m.files).as_bytes());
+    std::fs::write(&mpath, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+        .arg("run")
+        .arg(&b)
+        .args(["--prompt-ids", "1,2", "--max-tokens", "1"])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("blk.1.ffn_down.weight") && e.contains("row 1, block 0, is not finite"),
+        "{e}"
+    );
+}

@@ -364,12 +364,30 @@ impl Model {
             None => None,
         };
         // Palette tables are small (2^bits f16 per group): a non-finite entry is named here,
-        // not met as non-finite logits later.
+        // not met as non-finite logits later; so are ternary scales.
         let mut all = vec![&l.tok_embd, &l.output];
         for x in &l.layers {
             all.extend([&x.wq, &x.wk, &x.wv, &x.wo, &x.w_gate, &x.w_up, &x.w_down]);
         }
         for w in all {
+            // Ternary block scales (one f16 per 256 weights: 1/128 of the bytes, which the
+            // load has just hashed anyway).
+            if let WeightData::Ternary { scales, .. } = w.data(&bundle) {
+                if let Some(i) = scales
+                    .iter()
+                    .position(|&h| !half::f16::from_bits(h).is_finite())
+                {
+                    let blocks = w.cols.div_ceil(256).max(1);
+                    return Err(RuntimeError::Encoding {
+                        tensor: w.name.clone(),
+                        detail: format!(
+                            "scale d of row {}, block {}, is not finite",
+                            i / blocks,
+                            i % blocks
+                        ),
+                    });
+                }
+            }
             if let WeightData::Palette(v) = w.data(&bundle) {
                 let e = 1usize << v.bits;
                 if let Some(i) = v
