@@ -304,10 +304,7 @@ fn check_sidecars(
     tok: &crate::bundle::manifest::TokenizerRef,
     tokenizer_bytes: Vec<u8>,
 ) -> Result<Sidecars, ExportError> {
-    let dir = match output.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let dir = util::parent_dir(output);
     let mut cfg = serde_json::to_vec_pretty(&crate::bundle::palettize::sidecar_config(model, tok))
         .expect("JSON values serialize");
     cfg.push(b'\n');

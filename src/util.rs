@@ -169,10 +169,7 @@ pub enum OutputError {
 /// `inputs` are the command's inputs: a report may not be written inside an input bundle
 /// directory nor over an input file.
 pub fn check_report_path(out: &Path, inputs: &[&Path]) -> Result<(), OutputError> {
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let parent = parent_dir(out);
     let bad = |detail: &str| OutputError::Io {
         path: out.to_path_buf(),
         source: std::io::Error::new(std::io::ErrorKind::InvalidInput, detail.to_string()),
@@ -199,10 +196,7 @@ pub fn check_report_path(out: &Path, inputs: &[&Path]) -> Result<(), OutputError
 /// the old file or the new one, never a part. Check `out` with [`check_report_path`] first.
 pub fn replace_file(out: &Path, bytes: &[u8]) -> Result<(), OutputError> {
     use std::io::Write;
-    let dir = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let dir = parent_dir(out);
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| OutputError::Io { path, source }
@@ -237,10 +231,7 @@ pub fn replace_file(out: &Path, bytes: &[u8]) -> Result<(), OutputError> {
 /// input's manifest does not list, and the input would no longer verify). Paths are compared
 /// after resolving symlinks; an output whose parent does not exist is left to the writer.
 pub fn refuse_output_inside(input: &Path, out: &Path) -> Result<(), OutputError> {
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let parent = parent_dir(out);
     if let (Ok(i), Ok(p)) = (input.canonicalize(), parent.canonicalize()) {
         if p.starts_with(&i) {
             return Err(OutputError::InsideInput {
@@ -272,33 +263,12 @@ pub fn write_file_atomically<E>(
     write: impl FnOnce(&Path) -> Result<(), E>,
 ) -> Result<Result<(), E>, OutputError> {
     refuse_existing(out)?;
-    let dir = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let staging = StagingDir::beside(out)?;
     let name = out
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| OutputError::Io { path, source }
-    };
-    // Fields drop in order: the directory is removed before its registration ends.
-    struct Staged(tempfile::TempDir, PartialOutput);
-    let (tmp, partial) = PartialOutput::create(
-        || {
-            tempfile::Builder::new()
-                .prefix(&format!(".{name}."))
-                .suffix(".partial")
-                .tempdir_in(&dir)
-        },
-        |t| t.path(),
-    )
-    .map_err(io(&dir))?;
-    let staging = Staged(tmp, partial);
     let staged = staging
-        .0
         .path()
         .join(if name.is_empty() { "out" } else { &name });
     if let Err(e) = write(&staged) {
@@ -307,12 +277,15 @@ pub fn write_file_atomically<E>(
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o644))
-            .map_err(io(&staged))?;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o644)).map_err(
+            |source| OutputError::Io {
+                path: staged.clone(),
+                source,
+            },
+        )?;
     }
     // A hard link never replaces an existing path; the staged name goes with the directory.
     staging
-        .1
         .publish(|| std::fs::hard_link(&staged, out))
         .map_err(|e| {
             if e.kind() == std::io::ErrorKind::AlreadyExists {
@@ -325,6 +298,62 @@ pub fn write_file_atomically<E>(
             }
         })?;
     Ok(Ok(()))
+}
+
+/// The directory `out` is (to be) in: its parent, or `.` for a bare name.
+pub(crate) fn parent_dir(out: &Path) -> PathBuf {
+    match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// A `.NAME.XXXXXX.partial` directory beside an output, registered for the signal handler
+/// ([`PartialOutput`]) and removed when dropped, unless [`StagingDir::keep`] says it was
+/// renamed into place.
+pub(crate) struct StagingDir {
+    dir: tempfile::TempDir,
+    /// Declared after `dir`, so the directory is removed before its registration ends.
+    partial: PartialOutput,
+}
+
+impl StagingDir {
+    /// Creates the staging directory beside `out`.
+    pub(crate) fn beside(out: &Path) -> Result<StagingDir, OutputError> {
+        let parent = parent_dir(out);
+        let name = out
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let (dir, partial) = PartialOutput::create(
+            || {
+                tempfile::Builder::new()
+                    .prefix(&format!(".{name}."))
+                    .suffix(".partial")
+                    .tempdir_in(&parent)
+            },
+            |t| t.path(),
+        )
+        .map_err(|source| OutputError::Io {
+            path: parent.clone(),
+            source,
+        })?;
+        Ok(StagingDir { dir, partial })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// [`PartialOutput::publish`]: runs the rename or link into place.
+    pub(crate) fn publish<R>(&self, publish: impl FnOnce() -> R) -> R {
+        self.partial.publish(publish)
+    }
+
+    /// The directory was renamed into place: do not remove it.
+    pub(crate) fn keep(self) {
+        let _ = self.dir.keep();
+    }
 }
 
 /// Why [`glob_set_matching`] refused a list of tensor-name globs.

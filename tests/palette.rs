@@ -1230,7 +1230,7 @@ fn outputs_inside_the_input_and_bad_report_paths_are_refused_early() {
 /// producer): the runtime refuses to load it, naming the tensor and the group.
 #[test]
 fn a_non_finite_palette_entry_is_refused_at_load() {
-    use lowbit::bundle::manifest::{canonical_file_list, Manifest};
+    use lowbit::bundle::manifest::Manifest;
     let src = tiny_f16();
     let (_d, b, o) = palettize(&src, &["--bits", "4"]);
     assert!(o.status.success(), "{}", text(&o));
@@ -1247,16 +1247,7 @@ fn a_non_finite_palette_entry_is_refused_at_load() {
     };
     let at = (t.offset + tables_offset) as usize + 2 * 3;
     w[at..at + 2].copy_from_slice(&f16::NAN.to_le_bytes());
-    let (o0, o1) = (t.offset as usize, (t.offset + t.length) as usize);
-    t.sha256 = lowbit::util::sha256_hex(&w[o0..o1]);
-    std::fs::write(b.join("weights.bin"), &w).unwrap();
-    for f in &mut m.files {
-        if f.path == "weights.bin" {
-            f.sha256 = lowbit::util::sha256_hex(&w);
-        }
-    }
-    m.bundle_digest = lowbit::util::sha256_hex(canonical_file_list(&m.files).as_bytes());
-    std::fs::write(&mpath, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    common::write_rehashed(&b, &mut m, "weights.bin", &w);
     let o = run(&["verify", s(&b)]);
     assert!(
         o.status.success(),

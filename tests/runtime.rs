@@ -700,15 +700,7 @@ fn out_of_range_model_configs_are_refused_naming_the_field() {
         ),
     ];
     for (i, (edit, needle)) in cases.into_iter().enumerate() {
-        let dir = tempfile::tempdir().unwrap();
-        let t = dir.path().join("t.bundle");
-        std::fs::create_dir(&t).unwrap();
-        for f in ["weights.bin", "tokenizer.json", "manifest.json"] {
-            std::fs::copy(b.join(f), t.join(f)).unwrap();
-        }
-        let mut m = json(&t.join("manifest.json"));
-        edit(&mut m["model"]);
-        std::fs::write(t.join("manifest.json"), serde_json::to_vec(&m).unwrap()).unwrap();
+        let (dir, t) = common::edited_copy(&b, |m| edit(&mut m["model"]));
         let convert = |args: &[&str]| {
             let o = Command::new(env!("CARGO_BIN_EXE_convert"))
                 .args(&args[..1])
@@ -751,7 +743,7 @@ fn out_of_range_model_configs_are_refused_naming_the_field() {
 /// `validate`, naming it.
 #[test]
 fn tokenizer_of_another_vocabulary_size_is_refused() {
-    use lowbit::bundle::manifest::{canonical_file_list, Manifest};
+    use lowbit::bundle::manifest::Manifest;
     let (_d, b) = make_bundle(
         &common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf"),
         "gguf-to-ternary",
@@ -763,21 +755,9 @@ fn tokenizer_of_another_vocabulary_size_is_refused() {
         }
     }
     let bytes = serde_json::to_vec_pretty(&tok).unwrap();
-    std::fs::write(b.join("tokenizer.json"), &bytes).unwrap();
     let mut m: Manifest =
         serde_json::from_slice(&std::fs::read(b.join("manifest.json")).unwrap()).unwrap();
-    for f in &mut m.files {
-        if f.path == "tokenizer.json" {
-            f.size = bytes.len() as u64;
-            f.sha256 = lowbit::util::sha256_hex(&bytes);
-        }
-    }
-    m.bundle_digest = lowbit::util::sha256_hex(canonical_file_list(&m.files).as_bytes());
-    std::fs::write(
-        b.join("manifest.json"),
-        serde_json::to_vec_pretty(&m).unwrap(),
-    )
-    .unwrap();
+    common::write_rehashed(&b, &mut m, "tokenizer.json", &bytes);
     let o = Command::new(env!("CARGO_BIN_EXE_convert"))
         .arg("verify")
         .arg(&b)
@@ -852,15 +832,7 @@ fn manifest_tokenizer_and_head_descriptions_are_checked() {
         ),
     ];
     for (i, (edit, needle, run_refuses)) in cases.into_iter().enumerate() {
-        let dir = tempfile::tempdir().unwrap();
-        let t = dir.path().join("t.bundle");
-        std::fs::create_dir(&t).unwrap();
-        for f in ["weights.bin", "tokenizer.json", "manifest.json"] {
-            std::fs::copy(b.join(f), t.join(f)).unwrap();
-        }
-        let mut m = json(&t.join("manifest.json"));
-        edit(&mut m);
-        std::fs::write(t.join("manifest.json"), serde_json::to_vec(&m).unwrap()).unwrap();
+        let (_dir, t) = common::edited_copy(&b, edit);
         let o = Command::new(env!("CARGO_BIN_EXE_convert"))
             .arg("verify")
             .arg(&t)
@@ -926,15 +898,7 @@ fn verify_holds_the_configuration_to_the_source_and_functions() {
         ),
     ];
     for (i, (edit, source, needle)) in cases.into_iter().enumerate() {
-        let dir = tempfile::tempdir().unwrap();
-        let t = dir.path().join("t.bundle");
-        std::fs::create_dir(&t).unwrap();
-        for f in ["weights.bin", "tokenizer.json", "manifest.json"] {
-            std::fs::copy(b.join(f), t.join(f)).unwrap();
-        }
-        let mut m = json(&t.join("manifest.json"));
-        edit(&mut m);
-        std::fs::write(t.join("manifest.json"), serde_json::to_vec(&m).unwrap()).unwrap();
+        let (_dir, t) = common::edited_copy(&b, edit);
         let (code, out) = verify(&t, source);
         assert_eq!(code, Some(1), "case {i}: {out}");
         assert!(out.contains(needle), "case {i}: {out}");
@@ -945,7 +909,7 @@ fn verify_holds_the_configuration_to_the_source_and_functions() {
 /// runtime refuses it at load naming the tensor, row and block, not as non-finite logits.
 #[test]
 fn a_non_finite_ternary_scale_is_refused_at_load() {
-    use lowbit::bundle::manifest::{canonical_file_list, Encoding, Manifest};
+    use lowbit::bundle::manifest::{Encoding, Manifest};
     let (_d, b) = make_bundle(
         &common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf"),
         "gguf-to-ternary",
@@ -965,16 +929,7 @@ fn a_non_finite_ternary_scale_is_refused_at_load() {
     // row 1, block 0
     let at = (t.offset + scales_offset) as usize + 2 * blocks;
     w[at..at + 2].copy_from_slice(&half::f16::INFINITY.to_le_bytes());
-    let (o0, o1) = (t.offset as usize, (t.offset + t.length) as usize);
-    t.sha256 = lowbit::util::sha256_hex(&w[o0..o1]);
-    std::fs::write(b.join("weights.bin"), &w).unwrap();
-    for f in &mut m.files {
-        if f.path == "weights.bin" {
-            f.sha256 = lowbit::util::sha256_hex(&w);
-        }
-    }
-    m.bundle_digest = lowbit::util::sha256_hex(canonical_file_list(&m.files).as_bytes());
-    std::fs::write(&mpath, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    common::write_rehashed(&b, &mut m, "weights.bin", &w);
     let o = Command::new(env!("CARGO_BIN_EXE_convert"))
         .arg("run")
         .arg(&b)

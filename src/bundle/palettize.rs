@@ -296,10 +296,7 @@ fn check_weight_map(
 }
 
 fn open_safetensors(path: &Path, context: Option<u64>) -> Result<Input, BundleError> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let dir = util::parent_dir(path);
     let (paths, weight_map) = shard_paths(path, &dir)?;
     let shards = paths
         .iter()

@@ -155,41 +155,20 @@ impl HashingWriter<BufWriter<File>> {
 /// A bundle being written: a temporary directory beside the output, renamed into place by
 /// [`Staging::commit`] once the manifest is written, removed if dropped before that.
 pub(crate) struct Staging {
-    tmp: tempfile::TempDir,
+    dir: util::StagingDir,
     output: PathBuf,
-    /// Declared after `tmp`, so dropped after the directory is removed.
-    partial: util::PartialOutput,
 }
 
 impl Staging {
     pub(crate) fn new(output: &Path) -> Result<Staging, BundleError> {
-        let parent = match output.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let name = output
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let (tmp, partial) = util::PartialOutput::create(
-            || {
-                tempfile::Builder::new()
-                    .prefix(&format!(".{name}."))
-                    .suffix(".partial")
-                    .tempdir_in(&parent)
-            },
-            |t| t.path(),
-        )
-        .map_err(io_err(&parent))?;
         Ok(Staging {
-            tmp,
+            dir: util::StagingDir::beside(output)?,
             output: output.to_path_buf(),
-            partial,
         })
     }
 
     pub(crate) fn path(&self) -> &Path {
-        self.tmp.path()
+        self.dir.path()
     }
 
     /// Writes the tokenizer and the manifest (files sorted, digest over them), then renames
@@ -246,10 +225,10 @@ impl Staging {
         mbytes.push(b'\n');
         let mpath = self.path().join(MANIFEST_FILE);
         std::fs::write(&mpath, &mbytes).map_err(io_err(&mpath))?;
-        self.partial
+        self.dir
             .publish(|| rename_dir_noclobber(self.path(), &self.output))?;
         // The directory now lives at `output`; keep tempfile from removing it.
-        let _ = self.tmp.keep();
+        self.dir.keep();
         Ok((manifest, mbytes.len() as u64))
     }
 }

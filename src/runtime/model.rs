@@ -365,7 +365,10 @@ impl Model {
         };
         // Palette tables are small (2^bits f16 per group): a non-finite entry is named here,
         // not met as non-finite logits later; so are ternary scales.
-        let mut all = vec![&l.tok_embd, &l.output];
+        let mut all = vec![&l.tok_embd];
+        if !l.cfg.tied_embeddings {
+            all.push(&l.output);
+        }
         for x in &l.layers {
             all.extend([&x.wq, &x.wk, &x.wv, &x.wo, &x.w_gate, &x.w_up, &x.w_down]);
         }

@@ -66,3 +66,49 @@ pub fn sha256_f32(v: &[f32]) -> String {
     }
     lowbit::util::sha256_hex(&bytes)
 }
+
+/// A copy of bundle `b` (its three files) in a new temporary directory, with `edit` applied to
+/// its manifest's JSON (which no hash covers). Returns the directory and the copy's path.
+pub fn edited_copy(
+    b: &Path,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("t.bundle");
+    std::fs::create_dir(&t).unwrap();
+    for f in ["weights.bin", "tokenizer.json", "manifest.json"] {
+        std::fs::copy(b.join(f), t.join(f)).unwrap();
+    }
+    let mpath = t.join("manifest.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&mpath).unwrap()).unwrap();
+    edit(&mut m);
+    std::fs::write(&mpath, serde_json::to_vec(&m).unwrap()).unwrap();
+    (dir, t)
+}
+
+/// Replaces bundle `b`'s file `file` with `bytes` as a producer would write it: the SHA256s of
+/// the file and of every tensor in it, the file's size and the bundle digest recomputed in
+/// `m`, which is then written as the bundle's manifest.
+pub fn write_rehashed(
+    b: &Path,
+    m: &mut lowbit::bundle::manifest::Manifest,
+    file: &str,
+    bytes: &[u8],
+) {
+    use lowbit::util::sha256_hex;
+    std::fs::write(b.join(file), bytes).unwrap();
+    for t in m.tensors.iter_mut().filter(|t| t.file == file) {
+        t.sha256 = sha256_hex(&bytes[t.offset as usize..(t.offset + t.length) as usize]);
+    }
+    for f in m.files.iter_mut().filter(|f| f.path == file) {
+        f.size = bytes.len() as u64;
+        f.sha256 = sha256_hex(bytes);
+    }
+    m.bundle_digest =
+        sha256_hex(lowbit::bundle::manifest::canonical_file_list(&m.files).as_bytes());
+    std::fs::write(
+        b.join("manifest.json"),
+        serde_json::to_vec_pretty(m).unwrap(),
+    )
+    .unwrap();
+}
