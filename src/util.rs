@@ -133,16 +133,29 @@ impl Drop for PartialOutput {
 pub fn remove_partial_outputs_and_exit(code: i32) -> ! {
     let list = partial_outputs();
     for p in list.iter() {
-        let r = match p.symlink_metadata() {
-            Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
-            Ok(_) => std::fs::remove_file(p),
-            Err(_) => Ok(()),
+        let remove = || {
+            let r = match p.symlink_metadata() {
+                Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
+                Ok(_) => std::fs::remove_file(p),
+                Err(_) => Ok(()),
+            };
+            // NotFound: published by a rename, or its owner removed it meanwhile.
+            r.or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            })
         };
-        // NotFound: published by a rename, or its owner removed it meanwhile.
-        if let Err(e) = r.or_else(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Ok(()),
-            _ => Err(e),
-        }) {
+        // Other threads may still be creating files in a staging directory ("Directory not
+        // empty"); once it is gone they cannot, so a few retries settle it.
+        let mut r = remove();
+        for _ in 0..50 {
+            if r.is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            r = remove();
+        }
+        if let Err(e) = r {
             eprintln!("error: removing the partial output {}: {e}", p.display());
         }
     }
