@@ -7,12 +7,10 @@ fn main() {
     let a: Vec<String> = std::env::args().collect();
     let mut be = runtime::load_cpu(std::path::Path::new(&a[1])).unwrap();
     let ids: Vec<u32> = a[2].split(',').map(|s| s.parse().unwrap()).collect();
-    let mut last = Vec::new();
     let t0 = std::time::Instant::now();
-    for (p, &t) in ids.iter().enumerate() {
-        last = be.step(t, p).unwrap().to_vec();
-    }
-    eprintln!("{} steps in {:.3}s", ids.len(), t0.elapsed().as_secs_f64());
+    runtime::run_prompt(&mut be, &ids, 0).unwrap();
+    let last = be.logits().unwrap().to_vec();
+    eprintln!("{} tokens in {:.3}s", ids.len(), t0.elapsed().as_secs_f64());
     let am = runtime::argmax(&last);
     println!("argmax {am} logit {}", last[am]);
     if let Some(r) = a.get(3) {

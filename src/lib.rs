@@ -6,6 +6,7 @@
 //! gguf-py; [`inspect`] and [`export`] back the `convert inspect` and `convert dequantize`
 //! commands.
 
+pub mod arch;
 pub mod bundle;
 pub mod export;
 pub mod ggml;

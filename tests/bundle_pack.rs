@@ -344,6 +344,7 @@ fn refuses_existing_output_and_leaves_nothing_after_a_failure() {
     let opts = PackOptions {
         mode: Mode::Pack,
         context: None,
+        prefill_buckets: None,
         quiet: true,
         fail_after_tensors: Some(100),
     };

@@ -87,17 +87,17 @@ fn run_banned(
     n: usize,
     banned: Vec<u32>,
 ) -> (Vec<f32>, Vec<u32>) {
-    be.reset();
     let mut logits = Vec::new();
-    for (p, &t) in prompt.iter().enumerate() {
-        logits = be.step(t, p).unwrap().to_vec();
-    }
     let mut s = Sampler::new(SamplerConfig {
         banned,
         ..Default::default()
     })
     .unwrap();
-    let (gen, _) = runtime::generate(be, prompt, n, &mut s, &|_| false, &mut |_| {}).unwrap();
+    let (gen, _) =
+        runtime::generate_with_hook(be, prompt, n, &mut s, &|_| false, &mut |_| true, &mut |l| {
+            logits = l.to_vec()
+        })
+        .unwrap();
     (logits, gen)
 }
 
@@ -241,8 +241,15 @@ fn check_llama_f32_path(src: &Path, sub: &str, kv: KvType, logit_tol: f32) {
             "tokenizer: {:?}",
             lc["prompt"]
         );
-        let mut be = runtime::load_cpu(b).unwrap();
-        be.set_kv_type(kv).unwrap();
+        let mut be = runtime::load_cpu_with(
+            b,
+            &runtime::LoadOptions {
+                kernel: Kernel::F32,
+                kv,
+                buckets: None,
+            },
+        )
+        .unwrap();
         let want = f32s(
             &repo
                 .join("testdata/llama")
@@ -370,11 +377,14 @@ fn limits_are_checked_before_any_work() {
     let (_d, mut be) = tiny_backend();
     let mut s = Sampler::new(SamplerConfig::default()).unwrap();
     let n_ctx = be.n_ctx();
-    let e =
-        runtime::generate(&mut be, &[1, 2, 3], n_ctx, &mut s, &|_| false, &mut |_| {}).unwrap_err();
+    let e = runtime::generate(&mut be, &[1, 2, 3], n_ctx, &mut s, &|_| false, &mut |_| {
+        true
+    })
+    .unwrap_err();
     assert!(matches!(e, RuntimeError::TooLong { prompt: 3, .. }), "{e}");
     assert!(e.to_string().contains("--max-tokens"), "{e}");
-    let e = runtime::generate(&mut be, &[1, 474], 4, &mut s, &|_| false, &mut |_| {}).unwrap_err();
+    let e =
+        runtime::generate(&mut be, &[1, 474], 4, &mut s, &|_| false, &mut |_| true).unwrap_err();
     assert!(
         matches!(
             e,
@@ -385,10 +395,10 @@ fn limits_are_checked_before_any_work() {
         ),
         "{e}"
     );
-    let e = runtime::generate(&mut be, &[], 4, &mut s, &|_| false, &mut |_| {}).unwrap_err();
+    let e = runtime::generate(&mut be, &[], 4, &mut s, &|_| false, &mut |_| true).unwrap_err();
     assert!(matches!(e, RuntimeError::EmptyPrompt), "{e}");
     be.reset();
-    let e = be.step(1, 1).unwrap_err();
+    let e = be.decode(1, 1).unwrap_err();
     assert!(
         matches!(
             e,
@@ -399,15 +409,28 @@ fn limits_are_checked_before_any_work() {
         ),
         "{e}"
     );
-    let e = be.step(1, n_ctx).unwrap_err();
+    let e = be.decode(1, n_ctx).unwrap_err();
     assert!(matches!(e, RuntimeError::PositionOutOfRange { .. }), "{e}");
 }
 
 /// A backend whose logits turn non-finite at a given position.
-struct NanAt(usize, Vec<f32>);
+struct NanAt(usize, Vec<f32>, usize);
 impl Backend for NanAt {
-    fn name(&self) -> &'static str {
-        "test"
+    fn info(&self) -> runtime::BackendInfo {
+        runtime::BackendInfo {
+            backend: "test",
+            architecture: "test".into(),
+            kernel: "f32",
+            kv_cache: "f32",
+            kv_cache_bytes: 0,
+            weight_bytes: 0,
+            decode_bytes_per_token: 0,
+            buckets: vec![16],
+            buckets_from: "override",
+            n_ctx: 64,
+            n_vocab: 4,
+            threads: 1,
+        }
     }
     fn n_vocab(&self) -> usize {
         4
@@ -415,28 +438,49 @@ impl Backend for NanAt {
     fn n_ctx(&self) -> usize {
         64
     }
-    fn reset(&mut self) {}
-    fn step(&mut self, _t: u32, pos: usize) -> Result<&[f32], RuntimeError> {
+    fn position(&self) -> usize {
+        self.2
+    }
+    fn reset(&mut self) {
+        self.2 = 0;
+    }
+    fn prefill(&mut self, tokens: &[u32], start: usize) -> Result<(), RuntimeError> {
+        self.decode(tokens[tokens.len() - 1], start + tokens.len() - 1)
+    }
+    fn decode(&mut self, _t: u32, pos: usize) -> Result<(), RuntimeError> {
         self.1 = if pos == self.0 {
             vec![0.0, f32::NAN, 1.0, 0.0]
         } else {
             vec![0.0, 0.0, 1.0, 0.0]
         };
+        self.2 = pos + 1;
+        Ok(())
+    }
+    fn logits(&mut self) -> Result<&[f32], RuntimeError> {
         Ok(&self.1)
+    }
+    fn argmax(&mut self, _banned: &[u32]) -> Result<Option<u32>, RuntimeError> {
+        Ok(self
+            .1
+            .iter()
+            .all(|v| v.is_finite())
+            .then(|| runtime::argmax(&self.1) as u32))
     }
 }
 
 #[test]
-fn non_finite_logits_stop_with_the_step() {
+fn non_finite_logits_stop_with_the_step_and_the_position() {
+    // Prompt at positions 0..=2 (its logits pick generated token 0); decode steps 1, 2, ...
+    // run at positions 3, 4, ...: position 6 is step 4.
     let mut s = Sampler::new(SamplerConfig::default()).unwrap();
-    let mut be = NanAt(6, vec![]);
+    let mut be = NanAt(6, vec![], 0);
     let e =
-        runtime::generate(&mut be, &[1, 2, 3], 10, &mut s, &|_| false, &mut |_| {}).unwrap_err();
+        runtime::generate(&mut be, &[1, 2, 3], 10, &mut s, &|_| false, &mut |_| true).unwrap_err();
     assert!(
-        matches!(e, RuntimeError::NonFinite { step: 6, pos: 6 }),
+        matches!(e, RuntimeError::NonFinite { step: 4, pos: 6 }),
         "{e}"
     );
-    assert!(e.to_string().contains("step 6"));
+    assert!(e.to_string().contains("step 4 (position 6)"), "{e}");
 }
 
 #[test]
@@ -450,11 +494,15 @@ fn sampling_is_seeded_and_greedy_at_zero_temperature() {
         ..Default::default()
     };
     let mut a = Sampler::new(cfg.clone()).unwrap();
-    let (x, _) =
-        runtime::generate(&mut be, &[1, 321, 261], 16, &mut a, &|_| false, &mut |_| {}).unwrap();
+    let (x, _) = runtime::generate(&mut be, &[1, 321, 261], 16, &mut a, &|_| false, &mut |_| {
+        true
+    })
+    .unwrap();
     let mut b = Sampler::new(cfg).unwrap();
-    let (y, _) =
-        runtime::generate(&mut be, &[1, 321, 261], 16, &mut b, &|_| false, &mut |_| {}).unwrap();
+    let (y, _) = runtime::generate(&mut be, &[1, 321, 261], 16, &mut b, &|_| false, &mut |_| {
+        true
+    })
+    .unwrap();
     assert_eq!(x, y);
     assert!(Sampler::new(SamplerConfig {
         temperature: -1.0,
@@ -532,8 +580,14 @@ fn check_int8(src: &Path, sub: &str, max_ratio: f32) {
         let (_, b) = bundles
             .entry(lc["n_ctx"].as_u64())
             .or_insert_with(|| make_bundle_ctx(src, sub, lc["n_ctx"].as_u64()));
-        let mut be = runtime::load_cpu(b).unwrap();
-        be.set_kernel(Kernel::Int8);
+        let mut be = runtime::load_cpu_with(
+            b,
+            &runtime::LoadOptions {
+                kernel: Kernel::Int8,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let want_gt = f32s(
             &repo
                 .join("testdata/runtime")

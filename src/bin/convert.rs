@@ -132,7 +132,7 @@ enum Command {
     Bench {
         /// The bundle directory.
         bundle: PathBuf,
-        /// Prompt tokens (run as single-token steps).
+        /// Prompt tokens (run as prefill chunks, see --prefill).
         #[arg(long, default_value_t = 64)]
         prompt_tokens: usize,
         /// Generated tokens (greedy).
@@ -141,12 +141,8 @@ enum Command {
         /// Repetitions; the best is reported.
         #[arg(long, default_value_t = 1)]
         repeats: usize,
-        /// Matvec kernel (see `run --help`).
-        #[arg(long, value_enum, default_value_t = KernelArg::F32)]
-        kernel: KernelArg,
-        /// KV cache element type (see `run --help`).
-        #[arg(long, value_enum, default_value_t = KvArg::F16)]
-        kv_cache: KvArg,
+        #[command(flatten)]
+        rt: RuntimeArgs,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -190,6 +186,11 @@ struct BundleArgs {
     /// smaller of 4096 and the trained context.
     #[arg(long)]
     context: Option<u64>,
+    /// Prefill buckets: the static prompt-chunk lengths the bundle declares (its `prefill_S`
+    /// functions), ascending, each at most the context; default 16,64,256 (those up to the
+    /// context).
+    #[arg(long, value_delimiter = ',', value_name = "S,S,...")]
+    prefill_buckets: Option<Vec<u64>>,
     /// No progress bar or summary.
     #[arg(long, short)]
     quiet: bool,
@@ -218,6 +219,53 @@ struct ValidateArgs {
     /// Write the full report as JSON to this path.
     #[arg(long)]
     json: Option<PathBuf>,
+    #[command(flatten)]
+    rt: RuntimeArgs,
+}
+
+/// How a command that runs a model runs it.
+#[derive(clap::Args)]
+struct RuntimeArgs {
+    /// Backend: cpu.
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// Matrix kernel: int8 activations (the default: exact integer block sums for ternary,
+    /// Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K weights, llama.cpp-like rounding of the
+    /// activations; other encodings use f32) or f32 activations (the exact reference).
+    #[arg(long, value_enum, default_value_t = KernelArg::Int8)]
+    kernel: KernelArg,
+    /// KV cache element type: f16 (the bundle's state type) or f32 (no rounding of K and V;
+    /// twice the memory).
+    #[arg(long, value_enum, default_value_t = KvArg::F16)]
+    kv_cache: KvArg,
+    /// Prompt processing: the bundle's prefill buckets (chunks of up to the largest bucket,
+    /// each weight read once per chunk), or single decode steps (the reference the buckets
+    /// are held to; the same logits, bit for bit).
+    #[arg(long, value_enum, default_value_t = PrefillArg::Buckets)]
+    prefill: PrefillArg,
+}
+
+impl RuntimeArgs {
+    fn backend(&self) -> anyhow::Result<lowbit::runtime::BackendKind> {
+        Ok(self.backend.parse()?)
+    }
+
+    fn load_options(&self) -> lowbit::runtime::LoadOptions {
+        lowbit::runtime::LoadOptions {
+            kernel: self.kernel.into(),
+            kv: self.kv_cache.into(),
+            buckets: match self.prefill {
+                PrefillArg::Buckets => None,
+                PrefillArg::Single => Some(vec![1]),
+            },
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PrefillArg {
+    Buckets,
+    Single,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -247,11 +295,11 @@ enum KvArg {
     F32,
 }
 
-impl From<KvArg> for lowbit::runtime::cpu::KvType {
+impl From<KvArg> for lowbit::runtime::KvType {
     fn from(k: KvArg) -> Self {
         match k {
-            KvArg::F16 => lowbit::runtime::cpu::KvType::F16,
-            KvArg::F32 => lowbit::runtime::cpu::KvType::F32,
+            KvArg::F16 => lowbit::runtime::KvType::F16,
+            KvArg::F32 => lowbit::runtime::KvType::F32,
         }
     }
 }
@@ -355,6 +403,7 @@ fn pack(
     let opts = PackOptions {
         mode,
         context: common.context,
+        prefill_buckets: common.prefill_buckets.clone(),
         quiet: common.quiet,
         fail_after_tensors: None,
     };
@@ -512,6 +561,7 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
                 include,
                 exclude,
                 context: common.context,
+                prefill_buckets: common.prefill_buckets.clone(),
                 quiet: common.quiet,
             };
             let t0 = std::time::Instant::now();
@@ -547,18 +597,9 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             prompt_tokens,
             gen_tokens,
             repeats,
-            kernel,
-            kv_cache,
+            rt,
             json,
-        } => bench_cmd(
-            bundle,
-            prompt_tokens,
-            gen_tokens,
-            repeats,
-            kernel,
-            kv_cache,
-            json,
-        ),
+        } => bench_cmd(bundle, prompt_tokens, gen_tokens, repeats, &rt, json),
         Command::Verify {
             bundle,
             source,
@@ -606,66 +647,80 @@ fn bench_cmd(
     prompt_tokens: usize,
     gen_tokens: usize,
     repeats: usize,
-    kernel: KernelArg,
-    kv_cache: KvArg,
+    rt: &RuntimeArgs,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    use lowbit::runtime::{self, Backend, Sampler, SamplerConfig};
-    let t_load = std::time::Instant::now();
-    let mut be =
-        runtime::load_cpu(&bundle).with_context(|| format!("load {}", bundle.display()))?;
-    be.set_kernel(kernel.into());
-    be.set_kv_type(kv_cache.into())
-        .with_context(|| format!("load {}", bundle.display()))?;
-    let load_s = t_load.elapsed().as_secs_f64();
+    use lowbit::runtime::{self, Sampler, SamplerConfig};
+    // Arguments first: nothing is loaded for a run that cannot happen.
     if prompt_tokens == 0 || gen_tokens == 0 || repeats == 0 {
         anyhow::bail!("--prompt-tokens, --gen-tokens and --repeats must be at least 1");
     }
-    if prompt_tokens.saturating_add(gen_tokens) > be.n_ctx() {
+    let backend = rt.backend()?;
+    let manifest = lowbit::bundle::reader::read_manifest(&bundle)
+        .with_context(|| format!("load {}", bundle.display()))?;
+    lowbit::arch::check_config(&manifest.model)
+        .with_context(|| format!("load {}", bundle.display()))?;
+    if prompt_tokens.saturating_add(gen_tokens) as u64 > manifest.model.n_ctx {
         anyhow::bail!(
             "--prompt-tokens {prompt_tokens} plus --gen-tokens {gen_tokens} is more than the bundle's context n_ctx = {}",
-            be.n_ctx()
+            manifest.model.n_ctx
         );
     }
+    let t_load = std::time::Instant::now();
+    let mut be = runtime::load(backend, &bundle, &rt.load_options())
+        .with_context(|| format!("load {}", bundle.display()))?;
+    let load_s = t_load.elapsed().as_secs_f64();
     let n_vocab = be.n_vocab() as u32;
     // A fixed, deterministic prompt: token ids spread over the vocabulary.
     let prompt: Vec<u32> = (0..prompt_tokens as u32)
         .map(|i| (i.wrapping_mul(2654435761) >> 7) % n_vocab)
         .collect();
-    let mut best: Option<runtime::GenStats> = None;
+    let (mut best_pp, mut best_tg): (Option<runtime::GenStats>, Option<runtime::GenStats>) =
+        (None, None);
     for _ in 0..repeats {
         let mut sampler = Sampler::new(SamplerConfig::default())?;
         let (_, st) = runtime::generate(
-            &mut be,
+            be.as_mut(),
             &prompt,
             gen_tokens,
             &mut sampler,
             &|_| false,
-            &mut |_| {},
+            &mut |_| true,
         )?;
-        best = Some(match best {
-            Some(b) if b.decode_tps() >= st.decode_tps() => b,
-            _ => st,
-        });
+        if best_pp
+            .as_ref()
+            .is_none_or(|b| st.prompt_tps() > b.prompt_tps())
+        {
+            best_pp = Some(st.clone());
+        }
+        if best_tg
+            .as_ref()
+            .is_none_or(|b| st.decode_tps() > b.decode_tps())
+        {
+            best_tg = Some(st);
+        }
     }
-    let st = best.expect("at least one repeat");
-    let m = &be.model;
-    let weights = m.weight_bytes();
-    let kv = be.kv_bytes();
-    let per_token = m.decode_bytes_per_token();
+    let (pp, st) = (
+        best_pp.expect("at least one repeat"),
+        best_tg.expect("at least one repeat"),
+    );
+    let info = be.info();
+    let weights = info.weight_bytes;
+    let kv = info.kv_cache_bytes;
+    let per_token = info.decode_bytes_per_token;
     let rss = peak_rss_bytes();
-    let threads = rayon::current_num_threads();
     let report = serde_json::json!({
         "bundle": bundle.display().to_string(),
-        "architecture": m.cfg.architecture,
-        "backend": be.name(),
-        "kernel": format!("{:?}", be.kernel()),
-        "kv_cache": format!("{:?}", be.kv_type()),
-        "threads": threads,
-        "prompt_tokens": st.prompt_tokens,
+        "info": info,
+        "architecture": info.architecture,
+        "backend": info.backend,
+        "kernel": info.kernel,
+        "kv_cache": info.kv_cache,
+        "threads": info.threads,
+        "prompt_tokens": pp.prompt_tokens,
         "gen_tokens": st.generated,
         "load_seconds": load_s,
-        "prompt_tokens_per_second": st.prompt_tps(),
+        "prompt_tokens_per_second": pp.prompt_tps(),
         "decode_tokens_per_second": st.decode_tps(),
         "weight_bytes": weights,
         "kv_cache_bytes": kv,
@@ -678,12 +733,15 @@ fn bench_cmd(
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(
-            "{}: {} threads; load {:.2}s; prompt {} tokens {:.2} tok/s; decode {} tokens {:.2} tok/s; weights {:.1} MB, KV cache {:.1} MB, peak RSS {} MB ({:.2}x weights+KV); decode reads weights ({:.1} MB per token) at {:.2} GB/s",
+            "{}: {} backend, {} kernel, {} threads, buckets {:?}; load {:.2}s; prompt {} tokens {:.2} tok/s; decode {} tokens {:.2} tok/s; weights {:.1} MB, KV cache {:.1} MB, peak RSS {} MB ({:.2}x weights+KV); decode reads weights ({:.1} MB per token) at {:.2} GB/s",
             bundle.display(),
-            threads,
+            info.backend,
+            info.kernel,
+            info.threads,
+            info.buckets,
             load_s,
-            st.prompt_tokens,
-            st.prompt_tps(),
+            pp.prompt_tokens,
+            pp.prompt_tps(),
             st.generated,
             st.decode_tps(),
             weights as f64 / 1e6,
@@ -715,17 +773,8 @@ struct RunArgs {
     chat: bool,
     #[command(flatten)]
     sample: SampleArgs,
-    /// Backend: cpu.
-    #[arg(long, default_value = "cpu")]
-    backend: String,
-    /// Matvec kernel: f32 activations (the reference) or int8 activations for ternary,
-    /// Q8_0, Q4_0, Q4_1, Q4_K and Q6_K weights (faster, with llama.cpp-like rounding).
-    #[arg(long, value_enum, default_value_t = KernelArg::F32)]
-    kernel: KernelArg,
-    /// KV cache element type: f16 (the bundle's state type) or f32 (no rounding of K and V;
-    /// twice the memory).
-    #[arg(long, value_enum, default_value_t = KvArg::F16)]
-    kv_cache: KvArg,
+    #[command(flatten)]
+    rt: RuntimeArgs,
     /// Never pick an end-of-generation token and keep generating to --max-tokens (as
     /// llama.cpp's --ignore-eos: their logits count as -inf).
     #[arg(long)]
@@ -765,7 +814,16 @@ fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
+    let backend = match a.rt.backend() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: validate: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
     let opts = validate::ValidateOptions {
+        backend,
+        load: a.rt.load_options(),
         prompts,
         max_prob_err: a.max_prob_err,
         repeats: a.repeats,
@@ -818,22 +876,13 @@ fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
-    use lowbit::runtime::{self, Backend, Sampler, SamplerConfig};
-    if a.backend != "cpu" {
-        eprintln!(
-            "error: --backend {}: only the cpu backend exists so far",
-            a.backend
-        );
-        return Ok(ExitCode::from(2));
-    }
+    use lowbit::runtime::{self, Sampler, SamplerConfig};
+    let backend = a.rt.backend()?;
     if let Some(p) = &a.dump_logits {
         lowbit::util::check_report_path(p, &[a.bundle.as_path()]).context("--dump-logits")?;
     }
     let t_load = std::time::Instant::now();
-    let mut be =
-        runtime::load_cpu(&a.bundle).with_context(|| format!("load {}", a.bundle.display()))?;
-    be.set_kernel(a.kernel.into());
-    be.set_kv_type(a.kv_cache.into())
+    let mut be = runtime::load(backend, &a.bundle, &a.rt.load_options())
         .with_context(|| format!("load {}", a.bundle.display()))?;
     let load_s = t_load.elapsed().as_secs_f64();
     let tok_res = lowbit::tokenizer::Tokenizer::for_model(&a.bundle, be.n_vocab());
@@ -880,65 +929,97 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
         }
         (None, None) => anyhow::bail!("give --prompt TEXT or --prompt-ids IDS"),
     };
-    if let Some(p) = &a.dump_logits {
-        // Prompt only, then dump the logits of its last step.
-        if ids.is_empty() {
-            anyhow::bail!("the prompt is empty");
-        }
-        if ids.len() > be.n_ctx() {
-            anyhow::bail!(
-                "prompt of {} tokens exceeds the context {}",
-                ids.len(),
-                be.n_ctx()
-            );
-        }
-        let mut last = Vec::new();
-        for (pos, &t) in ids.iter().enumerate() {
-            last = be.step(t, pos)?.to_vec();
-        }
-        let mut bytes = Vec::with_capacity(last.len() * 4);
-        for v in &last {
-            bytes.extend_from_slice(&v.to_le_bytes());
-        }
-        lowbit::util::replace_file(p, &bytes).context("--dump-logits")?;
-    }
     let stop = |t: u32| !a.ignore_eos && tok.as_ref().map(|k| k.is_eog(t)).unwrap_or(false);
     let mut out = std::io::stdout().lock();
     let mut pending: Vec<u8> = Vec::new();
-    let mut emit = |t: u32| {
-        if let Some(k) = &tok {
-            if k.is_eog(t) {
-                return;
+    // The first write error (a closed stdout among them) stops generation and is reported.
+    let mut write_err: Option<std::io::Error> = None;
+    let mut first = true;
+    let dump = a.dump_logits.clone();
+    let mut dump_err: Option<anyhow::Error> = None;
+    let (gen, stats) = {
+        let mut emit = |t: u32| {
+            if let Some(k) = &tok {
+                if k.is_eog(t) {
+                    return true;
+                }
+                pending.extend_from_slice(&k.token_to_bytes(t));
+                // Print the longest valid UTF-8 prefix; keep an incomplete tail for the next
+                // token.
+                let valid = match std::str::from_utf8(&pending) {
+                    Ok(s) => s.len(),
+                    Err(e) if e.error_len().is_none() => e.valid_up_to(),
+                    Err(_) => pending.len(),
+                };
+                if let Err(e) = out.write_all(&pending[..valid]).and_then(|_| out.flush()) {
+                    write_err = Some(e);
+                    return false;
+                }
+                pending.drain(..valid);
             }
-            pending.extend_from_slice(&k.token_to_bytes(t));
-            // Print the longest valid UTF-8 prefix; keep an incomplete tail for the next token.
-            let valid = match std::str::from_utf8(&pending) {
-                Ok(s) => s.len(),
-                Err(e) if e.error_len().is_none() => e.valid_up_to(),
-                Err(_) => pending.len(),
-            };
-            let _ = out.write_all(&pending[..valid]);
-            let _ = out.flush();
-            pending.drain(..valid);
+            true
+        };
+        // --dump-logits: the logits after the prompt are the ones the first token is picked
+        // from; they are written from the same run, before that token is emitted.
+        let mut on_token = |t: u32| -> bool { emit(t) };
+        if let Some(p) = &dump {
+            let (g, st) = runtime::generate_with_hook(
+                be.as_mut(),
+                &ids,
+                a.max_tokens,
+                &mut sampler,
+                &stop,
+                &mut on_token,
+                &mut |logits: &[f32]| {
+                    if !first {
+                        return;
+                    }
+                    first = false;
+                    let mut bytes = Vec::with_capacity(logits.len() * 4);
+                    for v in logits {
+                        bytes.extend_from_slice(&v.to_le_bytes());
+                    }
+                    if let Err(e) = lowbit::util::replace_file(p, &bytes) {
+                        dump_err = Some(anyhow::Error::new(e).context("--dump-logits"));
+                    }
+                },
+            )?;
+            (g, st)
+        } else {
+            runtime::generate(
+                be.as_mut(),
+                &ids,
+                a.max_tokens,
+                &mut sampler,
+                &stop,
+                &mut on_token,
+            )?
         }
     };
-    let (gen, stats) =
-        runtime::generate(&mut be, &ids, a.max_tokens, &mut sampler, &stop, &mut emit)?;
-    let _ = out.write_all(&pending);
-    let _ = writeln!(out);
+    if let Some(e) = dump_err {
+        return Err(e);
+    }
+    if let Some(e) = write_err {
+        return Err(anyhow::Error::new(e).context("writing the generated text to stdout"));
+    }
+    out.write_all(&pending)
+        .and_then(|_| writeln!(out))
+        .context("writing the generated text to stdout")?;
     if a.print_ids {
         eprintln!("prompt ids: {ids:?}");
         eprintln!("generated ids: {gen:?}");
     }
+    let info = be.info();
     eprintln!(
-        "load {:.2}s; prompt {} tokens {:.2} tok/s; decode {} tokens {:.2} tok/s ({} backend, {} threads)",
+        "load {:.2}s; prompt {} tokens {:.2} tok/s; decode {} tokens {:.2} tok/s ({} backend, {} kernel, {} threads)",
         load_s,
         stats.prompt_tokens,
         stats.prompt_tps(),
         stats.generated,
         stats.decode_tps(),
-        be.name(),
-        rayon::current_num_threads()
+        info.backend,
+        info.kernel,
+        info.threads
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -207,6 +207,7 @@ pub fn model_config(f: &GgufFile, context: Option<u64>) -> Result<ModelConfig, B
             field: format!("{field} (from the {}.* metadata)", m.architecture),
             detail,
         })?;
+    super::check_model(f.path(), &m)?;
     Ok(m)
 }
 

@@ -235,7 +235,64 @@ pub struct RopeConfig {
     pub freq_factors: Option<String>,
 }
 
-/// A function the bundle exposes (only `main`: one decode step).
+/// Default prefill buckets (`--prefill-buckets`): the lengths `S` of the bundle's
+/// `prefill_S` functions, the static chunk lengths a prompt is run in.
+pub const DEFAULT_PREFILL_BUCKETS: [u64; 3] = [16, 64, 256];
+
+/// `MAX_PREFILL_BUCKETS`: prefill functions a bundle may declare (each is one compiled graph
+/// on a static-shape device).
+pub const MAX_PREFILL_BUCKETS: usize = 16;
+
+/// A prefill bucket list valid for a context: non-empty, at most [`MAX_PREFILL_BUCKETS`],
+/// strictly ascending, each between 1 and `n_ctx`. On failure, what is wrong.
+pub fn check_prefill_buckets(buckets: &[u64], n_ctx: u64) -> Result<(), String> {
+    if buckets.is_empty() {
+        return Err("the list is empty".into());
+    }
+    if buckets.len() > MAX_PREFILL_BUCKETS {
+        return Err(format!("more than {MAX_PREFILL_BUCKETS} buckets"));
+    }
+    if buckets.contains(&0) {
+        return Err("a bucket of 0 tokens".into());
+    }
+    if let Some(w) = buckets.windows(2).find(|w| w[0] >= w[1]) {
+        return Err(format!("not strictly ascending ({} then {})", w[0], w[1]));
+    }
+    if let Some(b) = buckets.iter().find(|&&b| b > n_ctx) {
+        return Err(format!(
+            "bucket {b} is larger than the context n_ctx = {n_ctx}"
+        ));
+    }
+    Ok(())
+}
+
+/// [`DEFAULT_PREFILL_BUCKETS`] up to `n_ctx` (`[n_ctx]` when the context is shorter than the
+/// smallest).
+pub fn default_prefill_buckets(n_ctx: u64) -> Vec<u64> {
+    let v: Vec<u64> = DEFAULT_PREFILL_BUCKETS
+        .iter()
+        .copied()
+        .filter(|&b| b <= n_ctx)
+        .collect();
+    if v.is_empty() {
+        vec![n_ctx]
+    } else {
+        v
+    }
+}
+
+/// The lengths `S` of the `prefill_S` functions, ascending.
+pub fn prefill_buckets(functions: &BTreeMap<String, Function>) -> Vec<u64> {
+    let mut v: Vec<u64> = functions
+        .keys()
+        .filter_map(|k| k.strip_prefix("prefill_")?.parse().ok())
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// A function the bundle exposes: `main` (one decode step) and `prefill_S` (one chunk of `S`
+/// tokens), each with its static shapes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Function {

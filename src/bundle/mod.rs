@@ -110,3 +110,36 @@ impl BundleError {
         }
     }
 }
+
+/// The configuration checks every writer runs before anything is written
+/// ([`crate::arch::check_config`]: the configuration's own ranges, an architecture the runtime
+/// implements, that architecture's hyper-parameters), as an error naming `path`.
+pub(crate) fn check_model(
+    path: &std::path::Path,
+    m: &manifest::ModelConfig,
+) -> Result<(), BundleError> {
+    crate::arch::check_config(m)
+        .map(|_| ())
+        .map_err(|e| layout_error(path, e))
+}
+
+/// An architecture error about the model in `path`.
+pub(crate) fn layout_error(path: &std::path::Path, e: crate::arch::ArchError) -> BundleError {
+    match e {
+        crate::arch::ArchError::Config { field, detail } => BundleError::ModelConfig {
+            path: path.to_path_buf(),
+            field,
+            detail,
+        },
+        e @ crate::arch::ArchError::Unsupported { .. } => BundleError::ModelConfig {
+            path: path.to_path_buf(),
+            field: "architecture".into(),
+            detail: e.to_string(),
+        },
+        other => BundleError::ModelConfig {
+            path: path.to_path_buf(),
+            field: "tensors".into(),
+            detail: other.to_string(),
+        },
+    }
+}

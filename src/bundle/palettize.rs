@@ -63,6 +63,8 @@ pub struct PalettizeOptions {
     pub include: Vec<String>,
     pub exclude: Vec<String>,
     pub context: Option<u64>,
+    /// Prefill buckets (`prefill_S` functions); `None` = the defaults up to the context.
+    pub prefill_buckets: Option<Vec<u64>>,
     pub quiet: bool,
 }
 
@@ -836,6 +838,14 @@ pub fn palettize(
         }
     }
     let (model, tokenizer, tokenizer_bytes, mut source) = describe_input(&inp, input, opts)?;
+    // The tensors the architecture needs, with their shapes, before anything is written.
+    crate::arch::Layout::new(&model, &|name| {
+        tensors
+            .iter()
+            .find(|t| t.name == name)
+            .map(|t| t.shape.clone())
+    })
+    .map_err(|e| super::layout_error(input, e))?;
     // The input file's SHA256 on a thread of its own (plain reads, not the map, so that
     // hashing does not make the whole file resident), overlapping the palettization.
     let source_hash = match &inp {
@@ -865,6 +875,7 @@ pub fn palettize(
         })?
     };
 
+    let buckets = super::writer::resolve_buckets(opts.prefill_buckets.as_deref(), model.n_ctx)?;
     let tmp = Staging::new(output)?;
     let wpath = tmp.path().join(WEIGHTS_FILE);
     let mut w = HashingWriter::create(&wpath)?;
@@ -1019,6 +1030,7 @@ pub fn palettize(
         source,
         entries,
         command_line,
+        &buckets,
     )?;
     Ok(PalettizeSummary {
         tensors: manifest.tensors.len(),
@@ -1055,12 +1067,7 @@ fn describe_input(
         }
         // A bundle or a `dequantize --with-config` checkpoint carries its configuration
         // verbatim: held to the same rules as one read from GGUF metadata.
-        m.check()
-            .map_err(|(field, detail)| BundleError::ModelConfig {
-                path: path.to_path_buf(),
-                field,
-                detail,
-            })?;
+        super::check_model(path, &m)?;
         Ok(m)
     };
     match inp {

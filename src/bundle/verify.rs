@@ -156,20 +156,14 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
         .iter()
         .filter_map(|t| integrity_of(&t.name).map(|d| (t.name.clone(), d)))
         .collect();
-    // A bundle that verifies is one the runtime can build: the model configuration, the
-    // tensors' shapes against it and the tokenizer. Architectures the runtime does not run
-    // are only held to the configuration's own checks.
-    match crate::runtime::model::check_manifest(&m) {
+    // A bundle that verifies is one every backend can build: an implemented architecture,
+    // the model configuration, the tensors' shapes against it, and the tokenizer.
+    match crate::arch::check_manifest(&m) {
         Ok(()) => {
             // The tokenizer the runtime would load, of the model's vocabulary size.
             match crate::tokenizer::Tokenizer::for_model(bundle, m.model.n_vocab as usize) {
                 Err(e) => failures.push(format!("the runtime cannot use the tokenizer: {e}")),
                 Ok(tok) => failures.extend(tokenizer_ref_faults(&m, &tok)),
-            }
-        }
-        Err(crate::runtime::RuntimeError::Architecture { .. }) => {
-            if let Err((field, detail)) = m.model.check() {
-                failures.push(format!("manifest.json model.{field}: {detail}"));
             }
         }
         Err(e) => failures.push(format!("the runtime cannot build the model: {e}")),
@@ -178,13 +172,7 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
         Some(p) => Some(GgufFile::open(p)?),
         None => None,
     };
-    if m.functions.len() != 1
-        || m.functions.get("main") != Some(&super::writer::main_function(&m.model))
-    {
-        failures.push(
-            "manifest.json functions: not the single function \"main\" that model implies (shapes, n_ctx, n_vocab)".into(),
-        );
-    }
+    failures.extend(function_table_faults(&m));
     if let Some(src) = &source {
         // The model configuration is not hashed: it must be what the source's metadata gives
         // (at the bundle's n_ctx, the one value chosen at conversion).
@@ -548,4 +536,38 @@ fn check_tensor(
             c
         }
     }
+}
+
+/// What is wrong with a manifest's function table: it must hold `main` and a `prefill_S` for
+/// each bucket it declares (a valid bucket list for the context), each with the shapes the
+/// model implies, and nothing else. The runtime refuses a bundle with any of these faults.
+pub fn function_table_faults(m: &super::manifest::Manifest) -> Vec<String> {
+    let mut failures = Vec::new();
+    let buckets = super::manifest::prefill_buckets(&m.functions);
+    let well_named = |k: &str| {
+        k == "main"
+            || k.strip_prefix("prefill_")
+                .and_then(|s| s.parse::<u64>().ok())
+                .is_some_and(|b| format!("prefill_{b}") == k)
+    };
+    if let Some(name) = m.functions.keys().find(|k| !well_named(k)) {
+        failures.push(format!(
+            "manifest.json functions: {name:?} is neither \"main\" nor \"prefill_S\""
+        ));
+    } else if !buckets.is_empty() {
+        if let Err(detail) = super::manifest::check_prefill_buckets(&buckets, m.model.n_ctx) {
+            failures.push(format!(
+                "manifest.json functions: prefill buckets {buckets:?}: {detail}"
+            ));
+        }
+    }
+    let want = super::writer::functions_for(&m.model, &buckets);
+    for (name, f) in &want {
+        if m.functions.get(name) != Some(f) {
+            failures.push(format!(
+                "manifest.json functions.{name}: not the function the model implies (shapes, n_ctx, n_vocab)"
+            ));
+        }
+    }
+    failures
 }

@@ -44,6 +44,8 @@ pub struct PackOptions {
     pub mode: Mode,
     /// Bundle context (`position_ids` length and KV cache); `None` = default.
     pub context: Option<u64>,
+    /// Prefill buckets (`prefill_S` functions); `None` = the defaults up to the context.
+    pub prefill_buckets: Option<Vec<u64>>,
     pub quiet: bool,
     /// Test hook: fail after writing this many tensors.
     #[doc(hidden)]
@@ -183,6 +185,7 @@ impl Staging {
         source: Source,
         tensors: Vec<TensorEntry>,
         command_line: Vec<String>,
+        buckets: &[u64],
     ) -> Result<(Manifest, u64), BundleError> {
         let tok_path = self.path().join(TOKENIZER_FILE);
         std::fs::write(&tok_path, tokenizer_bytes).map_err(io_err(&tok_path))?;
@@ -196,8 +199,7 @@ impl Staging {
         ];
         files.sort_by(|a, b| a.path.cmp(&b.path));
         let bundle_digest = util::sha256_hex(canonical_file_list(&files).as_bytes());
-        let mut functions = BTreeMap::new();
-        functions.insert("main".to_string(), main_function(&model));
+        let functions = functions_for(&model, buckets);
         let manifest = Manifest {
             format: FORMAT.into(),
             format_version: FORMAT_VERSION,
@@ -416,6 +418,71 @@ pub fn main_function(m: &ModelConfig) -> Function {
     }
 }
 
+/// `prefill_S`: one prompt chunk of a static length `S` against the same KV state as `main`.
+pub fn prefill_function(m: &ModelConfig, s: u64) -> Function {
+    let spec = |name: &str, dtype: &str, shape: Vec<u64>, d: &str| TensorSpec {
+        name: name.into(),
+        dtype: dtype.into(),
+        shape,
+        dynamic_dims: vec![],
+        description: d.into(),
+    };
+    let cache = vec![m.n_layer, m.n_head_kv, m.n_ctx, m.head_dim];
+    Function {
+        inputs: vec![
+            spec(
+                "input_ids",
+                "int32",
+                vec![1, s],
+                "the chunk's tokens; static [1,S]; entries past the prompt are padding (any id)",
+            ),
+            spec(
+                "position_ids",
+                "int32",
+                vec![1, s],
+                "each token's position, contiguous from the sequence's next position; -1 marks padding, which is masked and writes no KV slot",
+            ),
+        ],
+        states: vec![
+            spec("keyCache", "float16", cache.clone(), "[n_layer, n_head_kv, n_ctx, head_dim], keys after RoPE, rows of the chunk's real positions written in place"),
+            spec("valueCache", "float16", cache, "[n_layer, n_head_kv, n_ctx, head_dim], rows of the chunk's real positions written in place"),
+        ],
+        outputs: vec![spec(
+            "logits",
+            "float32",
+            vec![1, 1, m.n_vocab],
+            "next-token logits of the chunk's last real position",
+        )],
+    }
+}
+
+/// The function table of a bundle: `main` and one `prefill_S` per bucket.
+pub fn functions_for(m: &ModelConfig, buckets: &[u64]) -> BTreeMap<String, Function> {
+    let mut f = BTreeMap::new();
+    f.insert("main".to_string(), main_function(m));
+    for &b in buckets {
+        f.insert(format!("prefill_{b}"), prefill_function(m, b));
+    }
+    f
+}
+
+/// The prefill buckets a writer records: `requested` (`--prefill-buckets`) checked against the
+/// context, or the defaults up to it. Errors name the option.
+pub fn resolve_buckets(requested: Option<&[u64]>, n_ctx: u64) -> Result<Vec<u64>, BundleError> {
+    match requested {
+        None => Ok(super::manifest::default_prefill_buckets(n_ctx)),
+        Some(b) => {
+            super::manifest::check_prefill_buckets(b, n_ctx).map_err(|detail| {
+                BundleError::Manifest {
+                    path: PathBuf::from("--prefill-buckets"),
+                    detail: format!("{b:?}: {detail}"),
+                }
+            })?;
+            Ok(b.to_vec())
+        }
+    }
+}
+
 /// Writes a bundle for `input` at `output` (which must not exist). `command_line` is recorded
 /// in the manifest as given (callers pass file names, not full paths).
 pub fn write_bundle(
@@ -436,6 +503,11 @@ pub fn write_bundle(
         let _ = ternarize;
     }
     let model = config::model_config(&file, opts.context)?;
+    let buckets = resolve_buckets(opts.prefill_buckets.as_deref(), model.n_ctx)?;
+    // The tensors the architecture needs, with their shapes: checked before anything is
+    // written (a bundle the runtime could not build is never made).
+    crate::arch::Layout::new(&model, &|name| file.tensor(name).map(|t| t.shape()))
+        .map_err(|e| super::layout_error(input, e))?;
 
     let tmp = Staging::new(output)?;
 
@@ -470,6 +542,7 @@ pub fn write_bundle(
         source,
         tensors,
         command_line,
+        &buckets,
     )?;
     Ok(PackSummary {
         tensors: manifest.tensors.len(),

@@ -1,31 +1,29 @@
-//! The CPU reference backend: one token per step, f32 activations (or int8 with
-//! `Kernel::Int8`), f16 KV cache (or f32 with [`KvType::F32`]).
+//! The CPU reference backend: f32 or int8 activations ([`Kernel`]), f16 or f32 KV cache
+//! ([`KvType`]), one decode step or one prefill chunk per call.
 //!
-//! The forward pass follows llama.cpp's graphs (`src/models/llama.cpp`, `granite.cpp`, which
-//! MiniCPM reuses, at build b11434):
+//! The forward pass is the architecture's ([`crate::arch`], one module each, following
+//! llama.cpp's graphs at build b11434), built from shared pieces:
 //!
-//! ```text
-//! x = token_embd[token]                    (MiniCPM: x *= embedding_scale)
-//! per layer:
-//!   h = rms_norm(x) * attn_norm
-//!   q, k, v = Wq h, Wk h, Wv h;  RoPE(q, k) at this position (adjacent pairs, "NORM" mode)
-//!   keyCache[l, :, pos] = k; valueCache[l, :, pos] = v   (stored as f16)
-//!   a = softmax(q k^T / sqrt(head_dim)) v   per head; head h reads KV head h / (n_head/n_head_kv)
-//!   x = x + Wo a                            (MiniCPM: x + residual_scale * Wo a)
-//!   h = rms_norm(x) * ffn_norm
-//!   x = x + Wdown (silu(Wgate h) * Wup h)   (MiniCPM: residual_scale as above)
-//! logits = Wout (rms_norm(x) * output_norm) (MiniCPM: logits * (1 / logit_scale))
-//! ```
+//! - `rms_norm(x) = x * (1 / sqrt(mean(x^2) + eps))` with the sum of squares in f64, then
+//!   the weight multiplied separately, as ggml's CPU kernels;
+//! - RoPE angles built as ggml's rope cache builds them: `theta = pos`, then per pair
+//!   `theta_i = freq_scale * (theta / factor_i)` and `theta *= base^(-2/n_rot)`, all in f32;
+//!   adjacent pairs (NORM) or halves (NEOX) by the architecture;
+//! - attention per head over positions `lo..=pos` (`lo > 0` on sliding-window layers),
+//!   `softmax(q k^T * scale)` with the max subtracted first and the normalizer summed in f64;
+//! - the gated FFN `down(act(gate h) * up h)`.
 //!
-//! `rms_norm(x) = x * (1 / sqrt(mean(x^2) + eps))` with the sum of squares in f64, as ggml's
-//! CPU kernel. RoPE angles are built as ggml's rope cache builds them: `theta = pos`, then per
-//! pair `theta_i = theta / factor_i` and `theta *= base^(-2/n_rot)`, all in f32.
+//! A prefill chunk runs each matrix as one matrix-matrix product ([`matvec::matmul_with`]:
+//! each weight read once per chunk) and everything else token by token with the same code
+//! as a decode step, so its logits have the same bits as single steps.
 
 use rayon::prelude::*;
 
-use super::matvec::{self, dot};
-use super::model::{Arch, Model};
-use super::{Backend, RuntimeError};
+use super::matvec::{self, dot, Kernel, WeightData};
+use super::model::{Model, Weight, WeightKind};
+use super::RuntimeError;
+use super::{Backend, BackendInfo, LoadOptions};
+use crate::arch::{Activation, RopeMode};
 use crate::bundle::manifest::ModelConfig;
 
 /// Element type of the KV cache.
@@ -96,10 +94,12 @@ struct AttnShape {
     hd: usize,
     group: usize,
     pos: usize,
+    /// First position attended (`pos + 1 - window` on a sliding-window layer, else 0).
+    lo: usize,
     kq_scale: f32,
 }
 
-/// Writes this position's K and V rows, then attends every head over positions `0..=pos`:
+/// Writes this position's K and V rows, then attends every head over positions `lo..=pos`:
 /// `softmax(q k^T * kq_scale) v`, the max subtracted first, the normalizer summed in f64.
 fn attend<T: KvElem>(
     kc: &mut [T],
@@ -122,9 +122,9 @@ fn attend<T: KvElem>(
     out.par_chunks_mut(hd).enumerate().for_each(|(head, out)| {
         let kh = head / sh.group;
         let qh = &q[head * hd..(head + 1) * hd];
-        let base = sh.layer_base + kh * nctx * hd;
-        let n = pos + 1;
-        // This head's keys and values for positions 0..=pos, widened once.
+        let base = sh.layer_base + (kh * nctx + sh.lo) * hd;
+        let n = pos + 1 - sh.lo;
+        // This head's keys and values for positions lo..=pos, widened once.
         let mut rows = vec![0f32; n * hd];
         T::widen(&kc[base..base + n * hd], &mut rows);
         let mut scores: Vec<f32> = rows
@@ -144,19 +144,6 @@ fn attend<T: KvElem>(
             axpy(s * inv, vt, out);
         }
     });
-}
-
-/// KV cache and scratch buffers of one decode session.
-pub struct CpuBackend {
-    pub model: Model,
-    kv: KvStore,
-    /// The next position expected (positions are contiguous from 0).
-    next_pos: usize,
-    logits: Vec<f32>,
-    norms: Vec<(Vec<f32>, Vec<f32>)>,
-    output_norm: Vec<f32>,
-    /// Matvec kernel: f32 activations (reference) or int8; set with [`CpuBackend::set_kernel`].
-    kernel: matvec::Kernel,
 }
 
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -190,6 +177,38 @@ fn trace(name: &str, il: usize, v: &[f32]) {
 
 fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
+}
+
+/// `gelu(x)` for every f16 `x`, rounded to f16: ggml's `ggml_table_gelu_f16`, built as
+/// `ggml-cpu.c` builds it from `ggml_gelu_f32` (`0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715
+/// x^2)))`, f32).
+fn gelu_table() -> &'static [u16] {
+    static T: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        const GELU_COEF_A: f32 = 0.044715;
+        let sqrt_2_over_pi = (2.0f64 / std::f64::consts::PI).sqrt() as f32;
+        (0..=u16::MAX)
+            .map(|i| {
+                let x = crate::quant::f16_bits_to_f32(i);
+                let g = 0.5f32
+                    * x
+                    * (1.0f32 + (sqrt_2_over_pi * x * (1.0f32 + GELU_COEF_A * x * x)).tanh());
+                half::f16::from_f32(g).to_bits()
+            })
+            .collect()
+    })
+}
+
+/// `gelu(x) * g` as ggml's `ggml_vec_geglu_f32` computes it on the CPU (`GGML_GELU_FP16`):
+/// `0` at or below -10, `x * g` at or above 10, else the table entry of `f16(x)` times `g`.
+fn geglu(x: f32, g: f32, table: &[u16]) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x * g
+    } else {
+        crate::quant::f16_bits_to_f32(table[half::f16::from_f32(x).to_bits() as usize]) * g
+    }
 }
 
 /// Elements of K (and of V) in the KV cache, `n_layer * n_head_kv * n_ctx * head_dim`, when
@@ -235,62 +254,92 @@ fn physical_memory() -> u64 {
     u64::MAX
 }
 
+/// Small per-layer vectors, decoded once at load.
+struct LayerVecs {
+    attn_norm: Vec<f32>,
+    ffn_norm: Vec<f32>,
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    post_attn_norm: Option<Vec<f32>>,
+    post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// The CPU backend: the model, its KV cache and the last position's logits.
+pub struct CpuBackend {
+    pub model: Model,
+    kv: KvStore,
+    /// The next position expected (positions are contiguous from 0).
+    next_pos: usize,
+    /// Logits of the last position run (valid when `has_logits`).
+    logits: Vec<f32>,
+    has_logits: bool,
+    vecs: Vec<LayerVecs>,
+    output_norm: Vec<f32>,
+    kernel: Kernel,
+    buckets: Vec<usize>,
+    buckets_from: &'static str,
+}
+
+/// The kernel's view of a weight's bytes in the bundle's memory map.
+fn view<'a>(w: &Weight, m: &'a Model) -> WeightData<'a> {
+    let b = &m.bundle;
+    match w.kind {
+        WeightKind::Gguf { ty, range } => WeightData::Gguf {
+            ty,
+            bytes: w.bytes(b, range),
+        },
+        WeightKind::Ternary { codes, scales } => WeightData::Ternary {
+            words: bytemuck::cast_slice(w.bytes(b, codes)),
+            scales: bytemuck::cast_slice(w.bytes(b, scales)),
+        },
+        WeightKind::Palette { .. } => WeightData::Palette(
+            w.palette_view(b)
+                .expect("a palette weight has a palette view"),
+        ),
+    }
+}
+
+/// The prefill buckets of a bundle: the lengths `S` of its `prefill_S` functions.
+pub fn bundle_buckets(m: &crate::bundle::manifest::Manifest) -> Vec<usize> {
+    crate::bundle::manifest::prefill_buckets(&m.functions)
+        .into_iter()
+        .map(|b| b as usize)
+        .collect()
+}
+
 impl CpuBackend {
-    /// The backend for `model` with an f16 KV cache of `n_ctx` positions. Errors when that
-    /// cache cannot be allocated ([`RuntimeError::KvCache`], with the byte count).
-    pub fn new(model: Model) -> Result<CpuBackend, RuntimeError> {
-        let c = &model.cfg;
-        let n = kv_elements(c, 2)?;
-        let norms = model
-            .layers
-            .iter()
-            .map(|l| {
-                (
-                    l.attn_norm.vector(&model.bundle),
-                    l.ffn_norm.vector(&model.bundle),
-                )
-            })
-            .collect();
-        let output_norm = model.output_norm.vector(&model.bundle);
-        Ok(CpuBackend {
-            kv: KvStore::F16 {
-                k: vec![0; n],
-                v: vec![0; n],
-            },
-            next_pos: 0,
-            logits: vec![0f32; c.n_vocab as usize],
-            norms,
-            output_norm,
-            model,
-            kernel: matvec::Kernel::F32,
-        })
-    }
-
-    /// The matvec kernel in use.
-    pub fn kernel(&self) -> matvec::Kernel {
-        self.kernel
-    }
-
-    /// Chooses the matvec kernel (f32 activations, the reference, or int8).
-    pub fn set_kernel(&mut self, k: matvec::Kernel) {
-        self.kernel = k;
-    }
-
-    fn mvw(&self, w: &super::model::Weight, x: &[f32], y: &mut [f32]) {
-        matvec::matvec_with(self.kernel, w.data(&self.model.bundle), w.cols, x, y);
-    }
-
-    /// Chooses the KV cache's element type (f16 by default); the sequence restarts. Errors
-    /// (keeping the current cache) when the new one cannot be allocated.
-    pub fn set_kv_type(&mut self, t: KvType) -> Result<(), RuntimeError> {
+    /// The backend for `model` with a KV cache of `n_ctx` positions. Errors when that cache
+    /// cannot be allocated ([`RuntimeError::KvCache`], with the byte count) or an override of
+    /// the buckets is not a valid list for the context.
+    pub fn new(model: Model, opts: &LoadOptions) -> Result<CpuBackend, RuntimeError> {
+        let c = &model.layout.cfg;
+        let (buckets, buckets_from) = match &opts.buckets {
+            Some(b) => {
+                let b64: Vec<u64> = b.iter().map(|&x| x as u64).collect();
+                super::check_buckets(&b64, c.n_ctx)?;
+                (b.clone(), "override")
+            }
+            None => {
+                let b = bundle_buckets(&model.bundle.manifest);
+                if b.is_empty() {
+                    let d = crate::bundle::manifest::default_prefill_buckets(c.n_ctx);
+                    (d.into_iter().map(|x| x as usize).collect(), "default")
+                } else {
+                    (b, "bundle")
+                }
+            }
+        };
         let n = kv_elements(
-            &self.model.cfg,
-            match t {
+            c,
+            match opts.kv {
                 KvType::F16 => 2,
                 KvType::F32 => 4,
             },
         )?;
-        self.kv = match t {
+        let kv = match opts.kv {
             KvType::F16 => KvStore::F16 {
                 k: vec![0; n],
                 v: vec![0; n],
@@ -300,8 +349,41 @@ impl CpuBackend {
                 v: vec![0.0; n],
             },
         };
-        self.next_pos = 0;
-        Ok(())
+        let b = &model.bundle;
+        let ov = |w: &Option<Weight>| w.as_ref().map(|w| w.vector(b));
+        let vecs = model
+            .layers
+            .iter()
+            .map(|l| LayerVecs {
+                attn_norm: l.attn_norm.vector(b),
+                ffn_norm: l.ffn_norm.vector(b),
+                bq: ov(&l.bq),
+                bk: ov(&l.bk),
+                bv: ov(&l.bv),
+                q_norm: ov(&l.q_norm),
+                k_norm: ov(&l.k_norm),
+                post_attn_norm: ov(&l.post_attn_norm),
+                post_ffn_norm: ov(&l.post_ffn_norm),
+            })
+            .collect();
+        let output_norm = model.output_norm.vector(b);
+        Ok(CpuBackend {
+            kv,
+            next_pos: 0,
+            logits: vec![0f32; c.n_vocab as usize],
+            has_logits: false,
+            vecs,
+            output_norm,
+            kernel: opts.kernel,
+            buckets,
+            buckets_from,
+            model,
+        })
+    }
+
+    /// The matrix kernel in use.
+    pub fn kernel(&self) -> Kernel {
+        self.kernel
     }
 
     /// The KV cache's element type.
@@ -320,12 +402,16 @@ impl CpuBackend {
         }
     }
 
-    /// Rotates adjacent pairs of the first `n_rot` dims of each head in place.
-    fn rope(&self, v: &mut [f32], n_heads: usize, pos: usize) {
-        let c = &self.model.cfg;
-        let hd = c.head_dim as usize;
-        let n_rot = c.rope.dimension_count as usize;
-        let base = c.rope.freq_base as f32;
+    /// `Y = W X` for the `n` rows of `xs` (one matrix-vector product when `n == 1`).
+    fn mm(&self, w: &Weight, xs: &[f32], ys: &mut [f32]) {
+        matvec::matmul_with(self.kernel, view(w, &self.model), w.cols, xs, ys);
+    }
+
+    /// Rotates the first `n_rot` dims of each head of `v` in place, at `pos`, with the layer's
+    /// base and frequency scale.
+    fn rope(&self, v: &mut [f32], n_heads: usize, pos: usize, base: f32, freq_scale: f32) {
+        let hp = &self.model.layout.hyper;
+        let (hd, n_rot) = (hp.head_dim, hp.n_rot);
         let theta_scale = base.powf(-2.0 / n_rot as f32);
         let mut cache = vec![0f32; n_rot];
         let mut theta = pos as f32;
@@ -336,160 +422,311 @@ impl CpuBackend {
                 .as_ref()
                 .map(|f| f[i])
                 .unwrap_or(1.0);
-            let t = self.model.rope_freq_scale * (theta / ff);
-            cache[2 * i] = t.cos() * self.model.rope_attn_factor;
-            cache[2 * i + 1] = t.sin() * self.model.rope_attn_factor;
+            let t = freq_scale * (theta / ff);
+            cache[2 * i] = t.cos() * hp.rope_attn_factor;
+            cache[2 * i + 1] = t.sin() * hp.rope_attn_factor;
             theta *= theta_scale;
         }
+        let neox = self.model.layout.spec.rope == RopeMode::Neox;
         for h in 0..n_heads {
             let x = &mut v[h * hd..(h + 1) * hd];
             for i in 0..n_rot / 2 {
                 let (cos, sin) = (cache[2 * i], cache[2 * i + 1]);
-                let (x0, x1) = (x[2 * i], x[2 * i + 1]);
-                x[2 * i] = x0 * cos - x1 * sin;
-                x[2 * i + 1] = x0 * sin + x1 * cos;
+                let (a, b) = if neox {
+                    (i, i + n_rot / 2)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
+                let (x0, x1) = (x[a], x[b]);
+                x[a] = x0 * cos - x1 * sin;
+                x[b] = x0 * sin + x1 * cos;
             }
         }
+    }
+
+    /// Checks a span before any work: non-empty, ids in the vocabulary, contiguous, inside the
+    /// context, at most the largest bucket (`max`).
+    fn check_span(&self, tokens: &[u32], start: usize, max: usize) -> Result<(), RuntimeError> {
+        let c = &self.model.layout.cfg;
+        if tokens.is_empty() {
+            return Err(RuntimeError::EmptyPrompt);
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as u64 >= c.n_vocab) {
+            return Err(RuntimeError::TokenOutOfRange {
+                token: t,
+                n_vocab: c.n_vocab,
+            });
+        }
+        let last = start.saturating_add(tokens.len() - 1);
+        if last as u64 >= c.n_ctx {
+            return Err(RuntimeError::PositionOutOfRange {
+                pos: last,
+                n_ctx: c.n_ctx,
+            });
+        }
+        if start != self.next_pos {
+            return Err(RuntimeError::NonContiguous {
+                pos: start,
+                expected: self.next_pos,
+            });
+        }
+        if tokens.len() > max {
+            return Err(RuntimeError::SpanTooLong {
+                len: tokens.len(),
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs on a worker of the rayon pool, so that the parallel loops inside split work among
+    /// the workers directly instead of each being handed over from (and waking) a thread
+    /// outside the pool: one hand-over per call instead of one per matrix.
+    fn run(&mut self, tokens: &[u32], start: usize) -> Result<(), RuntimeError> {
+        let r = if rayon::current_thread_index().is_none() {
+            rayon::scope(|_| self.forward(tokens, start))
+        } else {
+            self.forward(tokens, start)
+        };
+        self.has_logits = r.is_ok();
+        r
+    }
+
+    /// Runs `tokens` at `start..`: every layer for every token, the head for the last one.
+    fn forward(&mut self, tokens: &[u32], start: usize) -> Result<(), RuntimeError> {
+        let hp = self.model.layout.hyper.clone();
+        let spec = self.model.layout.spec;
+        let n = tokens.len();
+        let (e, hd) = (hp.n_embd, hp.head_dim);
+        let (nh, nkv, nctx) = (hp.n_head, hp.n_head_kv, hp.n_ctx);
+        let (nq, nk) = (nh * hd, nkv * hd);
+        let eps = hp.norm_eps;
+        let residual = |x: &mut [f32], o: &[f32]| match hp.residual_scale {
+            Some(s) => x.iter_mut().zip(o).for_each(|(xi, oi)| *xi += oi * s),
+            None => x.iter_mut().zip(o).for_each(|(xi, oi)| *xi += *oi),
+        };
+
+        let mut x = vec![0f32; n * e];
+        {
+            let emb = view(&self.model.tok_embd, &self.model);
+            for (xt, &t) in x.chunks_exact_mut(e).zip(tokens) {
+                matvec::row(emb, e, t as usize, xt);
+                if let Some(s) = hp.embed_scale {
+                    xt.iter_mut().for_each(|v| *v *= s);
+                }
+            }
+        }
+        let mut h = vec![0f32; n * e];
+        let mut q = vec![0f32; n * nq];
+        let mut k = vec![0f32; n * nk];
+        let mut v = vec![0f32; n * nk];
+        let mut attn = vec![0f32; n * nq];
+        let mut o = vec![0f32; n * e];
+        let nff = hp.n_ff;
+        let mut g = vec![0f32; n * nff];
+        let mut u = vec![0f32; n * nff];
+        let mut tmp = vec![0f32; e.max(hd)];
+        let (kq_scale, q_scale) = match hp.q_scale {
+            Some(s) => (1.0f32, Some(s)),
+            None => (1.0f32 / (hd as f32).sqrt(), None),
+        };
+        let group = nh / nkv;
+        let gelu = (spec.activation == Activation::GeluTanh).then(gelu_table);
+
+        for il in 0..hp.n_layer {
+            let lv = &self.vecs[il];
+            let layer = &self.model.layers[il];
+            for (xt, ht) in x.chunks_exact(e).zip(h.chunks_exact_mut(e)) {
+                rms_norm(xt, &lv.attn_norm, eps, ht);
+            }
+            trace("attn_norm", il, &h[..e]);
+            self.mm(&layer.wq, &h, &mut q);
+            self.mm(&layer.wk, &h, &mut k);
+            self.mm(&layer.wv, &h, &mut v);
+            let (base, fscale) = hp.rope_of_layer(il);
+            for t in 0..n {
+                let pos = start + t;
+                let (qt, kt, vt) = (
+                    &mut q[t * nq..(t + 1) * nq],
+                    &mut k[t * nk..(t + 1) * nk],
+                    &mut v[t * nk..(t + 1) * nk],
+                );
+                for (y, b) in [(&mut *qt, &lv.bq), (&mut *kt, &lv.bk), (&mut *vt, &lv.bv)] {
+                    if let Some(b) = b {
+                        y.iter_mut().zip(b).for_each(|(a, c)| *a += c);
+                    }
+                }
+                trace("Qcur_mm", il, qt);
+                trace("Kcur_mm", il, kt);
+                trace("Vcur", il, vt);
+                for (y, w) in [(&mut *qt, &lv.q_norm), (&mut *kt, &lv.k_norm)] {
+                    if let Some(w) = w {
+                        for head in y.chunks_exact_mut(hd) {
+                            tmp[..hd].copy_from_slice(head);
+                            rms_norm(&tmp[..hd], w, eps, head);
+                        }
+                    }
+                }
+                self.rope(qt, nh, pos, base, fscale);
+                self.rope(kt, nkv, pos, base, fscale);
+                if let Some(s) = q_scale {
+                    qt.iter_mut().for_each(|a| *a *= s);
+                }
+                trace("Qcur_rope", il, qt);
+                trace("Kcur_rope", il, kt);
+                let sh = AttnShape {
+                    layer_base: il * nkv * nctx * hd,
+                    nctx,
+                    hd,
+                    group,
+                    pos,
+                    lo: hp
+                        .window_of_layer(il)
+                        .map(|w| (pos + 1).saturating_sub(w))
+                        .unwrap_or(0),
+                    kq_scale,
+                };
+                let at = &mut attn[t * nq..(t + 1) * nq];
+                match &mut self.kv {
+                    KvStore::F16 { k: kc, v: vc } => attend(kc, vc, qt, kt, vt, at, &sh),
+                    KvStore::F32 { k: kc, v: vc } => attend(kc, vc, qt, kt, vt, at, &sh),
+                }
+                trace("kqv_out", il, at);
+            }
+            self.mm(&layer.wo, &attn, &mut o);
+            for (xt, ot) in x.chunks_exact_mut(e).zip(o.chunks_exact_mut(e)) {
+                trace("attn_out", il, ot);
+                if let Some(w) = &lv.post_attn_norm {
+                    tmp[..e].copy_from_slice(ot);
+                    rms_norm(&tmp[..e], w, eps, ot);
+                }
+                residual(xt, ot);
+            }
+            for (xt, ht) in x.chunks_exact(e).zip(h.chunks_exact_mut(e)) {
+                rms_norm(xt, &lv.ffn_norm, eps, ht);
+            }
+            self.mm(&layer.w_gate, &h, &mut g);
+            self.mm(&layer.w_up, &h, &mut u);
+            match gelu {
+                Some(table) => g
+                    .iter_mut()
+                    .zip(&u)
+                    .for_each(|(gi, ui)| *gi = geglu(*gi, *ui, table)),
+                None => g
+                    .iter_mut()
+                    .zip(&u)
+                    .for_each(|(gi, ui)| *gi = silu(*gi) * ui),
+            }
+            trace("ffn_swiglu", il, &g[..nff]);
+            self.mm(&layer.w_down, &g, &mut o);
+            for (xt, ot) in x.chunks_exact_mut(e).zip(o.chunks_exact_mut(e)) {
+                trace("ffn_out", il, ot);
+                if let Some(w) = &lv.post_ffn_norm {
+                    tmp[..e].copy_from_slice(ot);
+                    rms_norm(&tmp[..e], w, eps, ot);
+                }
+                residual(xt, ot);
+            }
+        }
+        let hl = &mut h[..e];
+        rms_norm(&x[(n - 1) * e..], &self.output_norm, eps, hl);
+        trace("result_norm", 0, hl);
+        let mut logits = std::mem::take(&mut self.logits);
+        matvec::matvec_with(
+            self.kernel,
+            view(&self.model.output, &self.model),
+            e,
+            hl,
+            &mut logits,
+        );
+        if let Some(m) = hp.logit_mul {
+            logits.iter_mut().for_each(|v| *v *= m);
+        }
+        if let Some(c) = hp.final_softcap {
+            logits.iter_mut().for_each(|v| *v = (*v / c).tanh() * c);
+        }
+        self.logits = logits;
+        self.next_pos = start + n;
+        Ok(())
     }
 }
 
 impl Backend for CpuBackend {
-    fn name(&self) -> &'static str {
-        "cpu"
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            backend: "cpu",
+            architecture: self.model.layout.cfg.architecture.clone(),
+            kernel: match self.kernel {
+                Kernel::F32 => "f32",
+                Kernel::Int8 => "int8",
+            },
+            kv_cache: match self.kv_type() {
+                KvType::F16 => "f16",
+                KvType::F32 => "f32",
+            },
+            kv_cache_bytes: self.kv_bytes(),
+            weight_bytes: self.model.weight_bytes(),
+            decode_bytes_per_token: self.model.decode_bytes_per_token(),
+            buckets: self.buckets.clone(),
+            buckets_from: self.buckets_from,
+            n_ctx: self.n_ctx(),
+            n_vocab: self.n_vocab(),
+            threads: rayon::current_num_threads(),
+        }
     }
 
     fn n_vocab(&self) -> usize {
-        self.model.cfg.n_vocab as usize
+        self.model.layout.hyper.n_vocab
     }
 
     fn n_ctx(&self) -> usize {
-        self.model.cfg.n_ctx as usize
+        self.model.layout.hyper.n_ctx
+    }
+
+    fn position(&self) -> usize {
+        self.next_pos
+    }
+
+    fn prefill(&mut self, tokens: &[u32], start: usize) -> Result<(), RuntimeError> {
+        let max = *self.buckets.last().unwrap_or(&1);
+        self.check_span(tokens, start, max)?;
+        self.run(tokens, start)
+    }
+
+    fn decode(&mut self, token: u32, pos: usize) -> Result<(), RuntimeError> {
+        self.check_span(&[token], pos, 1)?;
+        self.run(&[token], pos)
+    }
+
+    fn logits(&mut self) -> Result<&[f32], RuntimeError> {
+        if !self.has_logits {
+            return Err(RuntimeError::Backend {
+                name: "cpu".into(),
+                detail: "no logits: nothing has run since the last reset".into(),
+            });
+        }
+        Ok(&self.logits)
+    }
+
+    fn argmax(&mut self, banned: &[u32]) -> Result<Option<u32>, RuntimeError> {
+        let l = self.logits()?;
+        if l.iter().any(|v| !v.is_finite()) {
+            return Ok(None);
+        }
+        let mut best: Option<usize> = None;
+        for (i, x) in l.iter().enumerate() {
+            if banned.contains(&(i as u32)) {
+                continue;
+            }
+            if best.is_none_or(|b| *x > l[b]) {
+                best = Some(i);
+            }
+        }
+        Ok(best.map(|b| b as u32))
     }
 
     fn reset(&mut self) {
         self.next_pos = 0;
-    }
-
-    fn step(&mut self, token: u32, pos: usize) -> Result<&[f32], RuntimeError> {
-        // The step runs on a worker of the rayon pool, so that its parallel loops split work
-        // among the workers directly instead of each one being handed over from (and waking)
-        // a thread outside the pool: one hand-over per token instead of one per matvec.
-        if rayon::current_thread_index().is_none() {
-            rayon::scope(|_| self.forward(token, pos))?;
-        } else {
-            self.forward(token, pos)?;
-        }
-        Ok(&self.logits)
-    }
-}
-
-impl CpuBackend {
-    /// One decode step (see [`Backend::step`]); the logits are left in `self.logits`.
-    fn forward(&mut self, token: u32, pos: usize) -> Result<(), RuntimeError> {
-        let c = self.model.cfg.clone();
-        if token as u64 >= c.n_vocab {
-            return Err(RuntimeError::TokenOutOfRange {
-                token,
-                n_vocab: c.n_vocab,
-            });
-        }
-        if pos as u64 >= c.n_ctx {
-            return Err(RuntimeError::PositionOutOfRange {
-                pos,
-                n_ctx: c.n_ctx,
-            });
-        }
-        if pos != self.next_pos {
-            return Err(RuntimeError::NonContiguous {
-                pos,
-                expected: self.next_pos,
-            });
-        }
-        let (e, hd) = (c.n_embd as usize, c.head_dim as usize);
-        let (nh, nkv, nctx) = (c.n_head as usize, c.n_head_kv as usize, c.n_ctx as usize);
-        let eps = c.norm_eps as f32;
-        let minicpm = self.model.arch == Arch::MiniCpm;
-        let res_scale = if minicpm {
-            c.residual_scale.unwrap_or(1.0) as f32
-        } else {
-            1.0
-        };
-
-        let mut x = vec![0f32; e];
-        let emb = self.model.weight(&self.model.tok_embd);
-        matvec::row(emb.data, e, token as usize, &mut x);
-        if minicpm {
-            let s = c.embedding_scale.unwrap_or(1.0) as f32;
-            x.iter_mut().for_each(|v| *v *= s);
-        }
-
-        let mut h = vec![0f32; e];
-        let mut q = vec![0f32; nh * hd];
-        let mut k = vec![0f32; nkv * hd];
-        let mut v = vec![0f32; nkv * hd];
-        let mut attn = vec![0f32; nh * hd];
-        let mut o = vec![0f32; e];
-        let nff = c.n_ff as usize;
-        let mut g = vec![0f32; nff];
-        let mut u = vec![0f32; nff];
-        let kq_scale = 1.0f32 / (hd as f32).sqrt();
-        let group = nh / nkv;
-
-        for (il, layer) in self.model.layers.iter().enumerate() {
-            rms_norm(&x, &self.norms[il].0, eps, &mut h);
-            trace("attn_norm", il, &h);
-            self.mvw(&layer.wq, &h, &mut q);
-            self.mvw(&layer.wk, &h, &mut k);
-            self.mvw(&layer.wv, &h, &mut v);
-            trace("Qcur_mm", il, &q);
-            trace("Kcur_mm", il, &k);
-            trace("Vcur", il, &v);
-            self.rope(&mut q, nh, pos);
-            self.rope(&mut k, nkv, pos);
-            trace("Qcur_rope", il, &q);
-            trace("Kcur_rope", il, &k);
-            let sh = AttnShape {
-                layer_base: il * nkv * nctx * hd,
-                nctx,
-                hd,
-                group,
-                pos,
-                kq_scale,
-            };
-            match &mut self.kv {
-                KvStore::F16 { k: kc, v: vc } => attend(kc, vc, &q, &k, &v, &mut attn, &sh),
-                KvStore::F32 { k: kc, v: vc } => attend(kc, vc, &q, &k, &v, &mut attn, &sh),
-            }
-            trace("kqv_out", il, &attn);
-            self.mvw(&layer.wo, &attn, &mut o);
-            trace("attn_out", il, &o);
-            for (xi, oi) in x.iter_mut().zip(&o) {
-                *xi += if minicpm { oi * res_scale } else { *oi };
-            }
-            rms_norm(&x, &self.norms[il].1, eps, &mut h);
-            self.mvw(&layer.w_gate, &h, &mut g);
-            self.mvw(&layer.w_up, &h, &mut u);
-            for (gi, ui) in g.iter_mut().zip(&u) {
-                *gi = silu(*gi) * ui;
-            }
-            trace("ffn_swiglu", il, &g);
-            self.mvw(&layer.w_down, &g, &mut o);
-            trace("ffn_out", il, &o);
-            for (xi, oi) in x.iter_mut().zip(&o) {
-                *xi += if minicpm { oi * res_scale } else { *oi };
-            }
-        }
-        rms_norm(&x, &self.output_norm, eps, &mut h);
-        trace("result_norm", 0, &h);
-        let out_w = self.model.weight(&self.model.output);
-        let mut logits = std::mem::take(&mut self.logits);
-        matvec::matvec_with(self.kernel, out_w.data, e, &h, &mut logits);
-        if minicpm {
-            let s = 1.0f32 / c.logit_scale.unwrap_or(1.0) as f32;
-            logits.iter_mut().for_each(|v| *v *= s);
-        }
-        self.logits = logits;
-        self.next_pos = pos + 1;
-        Ok(())
+        self.has_logits = false;
     }
 }

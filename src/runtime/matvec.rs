@@ -310,12 +310,13 @@ unsafe fn palette_rows_gather(
 /// How ternary matrix-vector products treat the activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Kernel {
-    /// f32 activations: the reference.
-    #[default]
+    /// f32 activations: the exact reference.
     F32,
-    /// Activations quantized to int8 (per 256 for ternary and k-quants, per 32 for Q8_0,
-    /// Q4_0, Q4_1) and exact integer dot products with the weights' codes (`super::q8`);
-    /// faster, with llama.cpp-like error. Other encodings keep the f32 kernels.
+    /// Activations quantized to int8 (per 256 for ternary and k-quants, per 32 for the
+    /// 32-element types) and exact integer dot products with the weights' codes
+    /// (`super::q8`); faster, with llama.cpp-like error (llama.cpp's CPU backend does the
+    /// same). Other encodings keep the f32 kernels. The default.
+    #[default]
     Int8,
 }
 
@@ -324,58 +325,133 @@ pub fn matvec(w: WeightData, cols: usize, x: &[f32], y: &mut [f32]) {
     matvec_with(Kernel::F32, w, cols, x, y)
 }
 
-/// [`matvec`] with a choice of ternary kernel.
-pub fn matvec_with(kernel: Kernel, w: WeightData, cols: usize, x: &[f32], y: &mut [f32]) {
-    debug_assert_eq!(x.len(), cols);
+/// One input vector prepared for a weight's kernel: quantized once for the int8 kernels.
+enum Prepared {
+    F32,
+    /// int8 activations for a GGML type ([`q8::act_block`]).
+    Q(q8::QAct),
+    /// int8 activations and their permutation for the ternary words.
+    Ternary(q8::QAct, Vec<i8>),
+}
+
+/// Which kernel `kernel` selects for `w`, with `x` prepared for it.
+fn prepare(kernel: Kernel, w: &WeightData, cols: usize, x: &[f32]) -> Prepared {
     match w {
-        WeightData::Ternary { words, scales } if kernel == Kernel::Int8 => {
+        WeightData::Ternary { .. } if kernel == Kernel::Int8 => {
             let a = q8::quantize(x, 256);
             let p = q8::permute_for_ternary(&a);
-            let isa = q8::detect();
-            y.par_chunks_mut(ROWS_PER_TASK)
-                .enumerate()
-                .for_each(|(t, ys)| {
-                    q8::ternary_rows(isa, words, scales, cols, &a, &p, ys, t * ROWS_PER_TASK)
-                });
+            Prepared::Ternary(a, p)
         }
-        WeightData::Gguf { ty, bytes }
+        WeightData::Gguf { ty, .. }
             if kernel == Kernel::Int8
-                && q8::act_block(ty).is_some_and(|b| cols.is_multiple_of(b)) =>
+                && q8::act_block(*ty).is_some_and(|b| cols.is_multiple_of(b)) =>
         {
-            let a = q8::quantize(x, q8::act_block(ty).unwrap_or(32));
+            Prepared::Q(q8::quantize(x, q8::act_block(*ty).unwrap_or(32)))
+        }
+        _ => Prepared::F32,
+    }
+}
+
+/// Per-task scratch of the f32 kernels that rebuild a row (`cols` values and indices).
+struct Scratch {
+    buf: Vec<f32>,
+    idx: Vec<u8>,
+}
+
+/// Rows `r0 .. r0 + ys.len()` of `W x`, by the kernel `a` was prepared for. Every product of
+/// one row with one input vector goes through here, so a row's result does not depend on
+/// how rows and vectors are grouped into tasks (decode, prefill, any thread count).
+#[allow(clippy::too_many_arguments)]
+fn rows(
+    w: &WeightData,
+    cols: usize,
+    x: &[f32],
+    a: &Prepared,
+    isa: q8::Isa,
+    ys: &mut [f32],
+    r0: usize,
+    s: &mut Scratch,
+) {
+    match (w, a) {
+        (WeightData::Ternary { words, scales }, Prepared::Ternary(q, p)) => {
+            q8::ternary_rows(isa, words, scales, cols, q, p, ys, r0)
+        }
+        (WeightData::Gguf { ty, bytes }, Prepared::Q(q)) => {
             let rb = ty.bytes_for(cols as u64).unwrap_or(0) as usize;
-            let isa = q8::detect();
-            y.par_chunks_mut(ROWS_PER_TASK)
-                .enumerate()
-                .for_each(|(t, ys)| q8::gguf_rows(isa, ty, bytes, rb, &a, ys, t * ROWS_PER_TASK));
+            q8::gguf_rows(isa, *ty, bytes, rb, q, ys, r0)
         }
-        WeightData::Ternary { words, scales } => {
-            y.par_chunks_mut(ROWS_PER_TASK)
-                .enumerate()
-                .for_each(|(t, ys)| ternary_rows(words, scales, cols, x, ys, t * ROWS_PER_TASK));
-        }
-        WeightData::Palette(v) => {
+        (WeightData::Ternary { words, scales }, _) => ternary_rows(words, scales, cols, x, ys, r0),
+        (WeightData::Palette(v), _) => {
             #[cfg(target_arch = "x86_64")]
             if (v.bits == 8 || v.bits == 4) && palette_gather_ok() {
-                y.par_chunks_mut(ROWS_PER_TASK)
-                    .enumerate()
-                    // SAFETY: AVX2 and F16C are present (palette_gather_ok).
-                    .for_each(|(t, ys)| unsafe {
-                        palette_rows_gather(&v, x, ys, t * ROWS_PER_TASK)
-                    });
+                // SAFETY: AVX2 and F16C are present (palette_gather_ok).
+                unsafe { palette_rows_gather(v, x, ys, r0) };
                 return;
             }
-            y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each_init(
-                || (vec![0f32; cols], vec![0u8; cols]),
-                |(buf, idx), (t, ys)| palette_rows(&v, x, ys, t * ROWS_PER_TASK, buf, idx),
-            );
+            palette_rows(v, x, ys, r0, &mut s.buf, &mut s.idx)
         }
-        WeightData::Gguf { ty, bytes } => {
+        (WeightData::Gguf { ty, bytes }, _) => {
             let rb = ty.bytes_for(cols as u64).unwrap_or(0) as usize;
-            y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each_init(
-                || vec![0f32; cols],
-                |buf, (t, ys)| gguf_rows(ty, bytes, rb, x, ys, t * ROWS_PER_TASK, buf),
-            );
+            gguf_rows(*ty, bytes, rb, x, ys, r0, &mut s.buf)
+        }
+    }
+}
+
+/// [`matvec`] with a choice of kernel.
+pub fn matvec_with(kernel: Kernel, w: WeightData, cols: usize, x: &[f32], y: &mut [f32]) {
+    debug_assert_eq!(x.len(), cols);
+    let a = prepare(kernel, &w, cols, x);
+    let isa = q8::detect();
+    y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each_init(
+        || Scratch {
+            buf: vec![0f32; cols],
+            idx: vec![0u8; cols],
+        },
+        |s, (t, ys)| rows(&w, cols, x, &a, isa, ys, t * ROWS_PER_TASK, s),
+    );
+}
+
+/// `Y = W X` for `n` input vectors at once (prefill): `xs` is `[n, cols]`, `ys` is
+/// `[n, rows]`, both row-major. Each task takes a tile of [`ROWS_PER_TASK`] rows and runs it
+/// against every vector before the next tile, so each weight byte is read from memory once
+/// per call, not once per vector. Each vector is prepared (quantized) once, exactly as
+/// [`matvec_with`] prepares it, and every (row, vector) product goes through the same row
+/// kernel: `ys[i]` has the same bits as `matvec_with(kernel, w, cols, xs[i], ys[i])`.
+pub fn matmul_with(kernel: Kernel, w: WeightData, cols: usize, xs: &[f32], ys: &mut [f32]) {
+    let n = xs.len() / cols.max(1);
+    if n <= 1 {
+        return matvec_with(kernel, w, cols, xs, ys);
+    }
+    let nrows = ys.len() / n;
+    let prepared: Vec<Prepared> = xs
+        .par_chunks_exact(cols)
+        .map(|x| prepare(kernel, &w, cols, x))
+        .collect();
+    let isa = q8::detect();
+    // Row-major by weight row ([nrows, n]) so that each task owns one contiguous tile.
+    let mut yt = vec![0f32; nrows * n];
+    yt.par_chunks_mut(ROWS_PER_TASK * n)
+        .enumerate()
+        .for_each_init(
+            || Scratch {
+                buf: vec![0f32; cols],
+                idx: vec![0u8; cols],
+            },
+            |s, (t, out)| {
+                let r0 = t * ROWS_PER_TASK;
+                let k = out.len() / n;
+                let mut tile = [0f32; ROWS_PER_TASK];
+                for (i, (x, a)) in xs.chunks_exact(cols).zip(&prepared).enumerate() {
+                    rows(&w, cols, x, a, isa, &mut tile[..k], r0, s);
+                    for (j, v) in tile[..k].iter().enumerate() {
+                        out[j * n + i] = *v;
+                    }
+                }
+            },
+        );
+    for (i, y) in ys.chunks_exact_mut(nrows).enumerate() {
+        for (r, v) in y.iter_mut().enumerate() {
+            *v = yt[r * n + i];
         }
     }
 }

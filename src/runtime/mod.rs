@@ -1,12 +1,32 @@
-//! The runtime: loads a checked bundle and decodes one token per step through a [`Backend`].
+//! The runtime: loads a checked bundle onto a backend and runs it.
 //!
-//! The bundle's function "main" is the contract: `step(token_id, position) -> logits[n_vocab]`
-//! with the KV cache as state mutated in place. A prompt runs as pipelined single-token steps
-//! (positions 0, 1, 2, ...), then generation continues one token per step.
+//! # The backend contract
 //!
-//! Refused before any work: a token id outside the vocabulary, a position at or past the
-//! bundle's context, a prompt plus `max_tokens` longer than the context (never truncated).
-//! Non-finite logits stop generation with an error naming the step.
+//! [`load`] opens a bundle (every file hashed and checked first), builds the model's
+//! [`crate::arch::Layout`] and hands it to the backend named by [`BackendKind`]. A
+//! [`Backend`] holds one sequence: its KV cache and the position it has reached.
+//!
+//! - Positions are contiguous from 0: [`Backend::prefill`] of a span `tokens` at `start`, or
+//!   [`Backend::decode`] of one token at `pos`, must begin where the sequence stands
+//!   ([`Backend::position`]); [`Backend::reset`] starts a new sequence at 0 (the KV cache is
+//!   overwritten as positions are reached again, never read past the sequence).
+//! - A prefill span holds at most the largest of the backend's prefill buckets
+//!   ([`BackendInfo::buckets`]); [`run_prompt`] cuts a prompt into the fewest such chunks.
+//! - After either call the backend holds the logits of the last position it ran:
+//!   [`Backend::argmax`] picks the greedy token without copying them, [`Backend::logits`]
+//!   gives them (a copy from the device on a GPU).
+//! - Refused before any work, with the sequence unchanged: a token id outside the vocabulary,
+//!   a position other than the next one, a span past the context `n_ctx` or longer than the
+//!   largest bucket, an empty span.
+//!
+//! The bundle's functions are the static-shape form of the same contract: `main` is one
+//! decode step (`input_ids [1,1]`), `prefill_S` one chunk of a fixed length `S`
+//! (`input_ids [1,S]`, the tail past the prompt padded and masked). A prompt runs as prefill
+//! chunks, then generation continues one token per decode step. With the int8 kernel (the
+//! default) and with the f32 reference alike, a chunk's logits have the same bits as running
+//! its tokens as single decode steps.
+//!
+//! Non-finite logits stop generation with an error naming the step and the position.
 
 pub mod cpu;
 pub mod matvec;
@@ -18,9 +38,14 @@ use std::path::Path;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
 
+use crate::arch::ArchError;
 use crate::bundle::reader::Bundle;
 use crate::bundle::BundleError;
+
+pub use cpu::KvType;
+pub use matvec::Kernel;
 
 /// Runtime errors.
 #[derive(Debug, thiserror::Error)]
@@ -28,16 +53,10 @@ use crate::bundle::BundleError;
 pub enum RuntimeError {
     #[error(transparent)]
     Bundle(#[from] BundleError),
-    #[error("architecture {arch:?} is not supported by the runtime (supported: llama, minicpm)")]
-    Architecture { arch: String },
-    #[error("manifest.json model.{field}: {detail}")]
-    Config { field: String, detail: String },
+    #[error(transparent)]
+    Arch(#[from] ArchError),
     #[error("KV cache for n_ctx = {n_ctx}: {detail}; rebuild the bundle with a smaller --context")]
     KvCache { n_ctx: u64, detail: String },
-    #[error("tensor {tensor:?} is missing from the bundle")]
-    MissingTensor { tensor: String },
-    #[error("tensor {tensor:?}: {detail}")]
-    Shape { tensor: String, detail: String },
     #[error("tensor {tensor:?}: {detail}")]
     Encoding { tensor: String, detail: String },
     #[error("token id {token} is outside the vocabulary (n_vocab = {n_vocab})")]
@@ -46,6 +65,8 @@ pub enum RuntimeError {
     PositionOutOfRange { pos: usize, n_ctx: u64 },
     #[error("position {pos} given, but positions are contiguous from 0 and {expected} is next")]
     NonContiguous { pos: usize, expected: usize },
+    #[error("prefill of {len} tokens: more than the largest prefill bucket {max}")]
+    SpanTooLong { len: usize, max: usize },
     #[error("prompt of {prompt} tokens plus --max-tokens {max_tokens} is {total} tokens, more than the bundle's context n_ctx = {n_ctx}; rebuild the bundle with a larger --context or shorten the input")]
     TooLong {
         prompt: usize,
@@ -55,28 +76,180 @@ pub enum RuntimeError {
     },
     #[error("the prompt is empty (no tokens)")]
     EmptyPrompt,
-    #[error("non-finite logits at step {step} (position {pos})")]
+    #[error("non-finite logits at generation step {step} (position {pos})")]
     NonFinite { step: usize, pos: usize },
     #[error("sampling: {0}")]
     Sampling(String),
+    #[error("prefill buckets {buckets:?}: {detail}")]
+    Buckets { buckets: Vec<u64>, detail: String },
+    #[error("{bundle}: {detail}")]
+    Functions {
+        bundle: std::path::PathBuf,
+        detail: String,
+    },
+    #[error("backend {name:?}: {detail}")]
+    Backend { name: String, detail: String },
 }
 
-/// A decode backend: one token per step, KV cache as internal state.
+/// The backends [`load`] knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// The CPU reference: f32 or int8 activations, f16 or f32 KV cache.
+    Cpu,
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = RuntimeError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "cpu" => Ok(BackendKind::Cpu),
+            other => Err(RuntimeError::Backend {
+                name: other.into(),
+                detail: "unknown backend (this build has: cpu)".into(),
+            }),
+        }
+    }
+}
+
+/// How a backend is set up.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// Matrix kernel (int8 activations by default).
+    pub kernel: Kernel,
+    pub kv: KvType,
+    /// Prefill chunk lengths to use instead of the bundle's `prefill_S` functions (`[1]` runs a
+    /// prompt as single decode steps).
+    pub buckets: Option<Vec<usize>>,
+}
+
+/// What a loaded backend is (what `bench --json` prints).
+#[derive(Clone, Debug, Serialize)]
+pub struct BackendInfo {
+    pub backend: &'static str,
+    pub architecture: String,
+    /// `f32` (the exact reference) or `int8`.
+    pub kernel: &'static str,
+    /// `f16` or `f32`.
+    pub kv_cache: &'static str,
+    pub kv_cache_bytes: u64,
+    pub weight_bytes: u64,
+    /// Weight bytes one decode step reads.
+    pub decode_bytes_per_token: u64,
+    /// Prefill chunk lengths, ascending.
+    pub buckets: Vec<usize>,
+    /// Where the buckets come from: `bundle` (its `prefill_S` functions), `default` (a bundle
+    /// made before prefill functions existed) or `override`.
+    pub buckets_from: &'static str,
+    pub n_ctx: usize,
+    pub n_vocab: usize,
+    pub threads: usize,
+}
+
+/// One sequence on a device: the KV cache and the position reached (see the module doc).
 pub trait Backend {
-    fn name(&self) -> &'static str;
+    fn info(&self) -> BackendInfo;
     fn n_vocab(&self) -> usize;
     fn n_ctx(&self) -> usize;
-    /// Runs one step: `token` at `pos` (contiguous from 0). Returns the logits `[n_vocab]`.
-    fn step(&mut self, token: u32, pos: usize) -> Result<&[f32], RuntimeError>;
-    /// Forgets the sequence (the next step must be position 0).
+    /// The next position (the number of tokens in the sequence).
+    fn position(&self) -> usize;
+    /// Runs `tokens` at positions `start..start + tokens.len()` as one chunk (at most the
+    /// largest bucket); keeps the last position's logits.
+    fn prefill(&mut self, tokens: &[u32], start: usize) -> Result<(), RuntimeError>;
+    /// Runs one token at `pos`; keeps its logits.
+    fn decode(&mut self, token: u32, pos: usize) -> Result<(), RuntimeError>;
+    /// The last position's logits `[n_vocab]`.
+    fn logits(&mut self) -> Result<&[f32], RuntimeError>;
+    /// The greedy token of the last position (lowest id on ties), never one of `banned`;
+    /// `None` when a logit is not finite.
+    fn argmax(&mut self, banned: &[u32]) -> Result<Option<u32>, RuntimeError>;
+    /// Starts a new sequence at position 0.
     fn reset(&mut self);
 }
 
-/// Opens, checks and loads a bundle onto the CPU backend.
+/// Opens, checks and loads a bundle onto the backend `kind`.
+pub fn load(
+    kind: BackendKind,
+    bundle_dir: &Path,
+    opts: &LoadOptions,
+) -> Result<Box<dyn Backend + Send>, RuntimeError> {
+    match kind {
+        BackendKind::Cpu => Ok(Box::new(load_cpu_with(bundle_dir, opts)?)),
+    }
+}
+
+/// Opens, checks and loads a bundle onto the CPU backend with the exact f32 reference kernel
+/// (the backend every other is held to).
 pub fn load_cpu(bundle_dir: &Path) -> Result<cpu::CpuBackend, RuntimeError> {
+    load_cpu_with(
+        bundle_dir,
+        &LoadOptions {
+            kernel: Kernel::F32,
+            ..Default::default()
+        },
+    )
+}
+
+/// Opens, checks and loads a bundle onto the CPU backend.
+pub fn load_cpu_with(
+    bundle_dir: &Path,
+    opts: &LoadOptions,
+) -> Result<cpu::CpuBackend, RuntimeError> {
     let bundle = Bundle::open(bundle_dir)?;
+    if let Some(f) = crate::bundle::verify::function_table_faults(&bundle.manifest)
+        .into_iter()
+        .next()
+    {
+        return Err(RuntimeError::Functions {
+            bundle: bundle_dir.to_path_buf(),
+            detail: f,
+        });
+    }
     let model = model::Model::new(bundle)?;
-    cpu::CpuBackend::new(model)
+    cpu::CpuBackend::new(model, opts)
+}
+
+/// Checks a prefill bucket list against the context
+/// ([`crate::bundle::manifest::check_prefill_buckets`]).
+pub fn check_buckets(buckets: &[u64], n_ctx: u64) -> Result<(), RuntimeError> {
+    crate::bundle::manifest::check_prefill_buckets(buckets, n_ctx).map_err(|detail| {
+        RuntimeError::Buckets {
+            buckets: buckets.to_vec(),
+            detail,
+        }
+    })
+}
+
+/// How a prompt of `n` tokens is cut into prefill chunks: `(length, bucket)` pairs, the fewest
+/// chunks (every chunk but the last fills the largest bucket; the last runs in the smallest
+/// bucket that holds it, padded and masked). `buckets` ascending, non-empty.
+pub fn plan_chunks(buckets: &[usize], n: usize) -> Vec<(usize, usize)> {
+    let max = *buckets.last().expect("non-empty bucket list");
+    let mut out = Vec::with_capacity(n.div_ceil(max.max(1)));
+    let mut left = n;
+    while left > max {
+        out.push((max, max));
+        left -= max;
+    }
+    if left > 0 {
+        let b = buckets.iter().copied().find(|&b| b >= left).unwrap_or(max);
+        out.push((left, b));
+    }
+    out
+}
+
+/// Runs `tokens` from position `start` as prefill chunks ([`plan_chunks`]).
+pub fn run_prompt(
+    backend: &mut dyn Backend,
+    tokens: &[u32],
+    start: usize,
+) -> Result<(), RuntimeError> {
+    let buckets = backend.info().buckets;
+    let mut pos = start;
+    for (len, _) in plan_chunks(&buckets, tokens.len()) {
+        backend.prefill(&tokens[pos - start..pos - start + len], pos)?;
+        pos += len;
+    }
+    Ok(())
 }
 
 /// Sampling settings. `temperature == 0` is greedy (argmax, lowest id on ties).
@@ -123,6 +296,11 @@ pub fn argmax(v: &[f32]) -> usize {
 }
 
 impl Sampler {
+    /// Whether this sampler takes the argmax (temperature 0).
+    pub fn is_greedy(&self) -> bool {
+        self.cfg.temperature == 0.0
+    }
+
     pub fn new(cfg: SamplerConfig) -> Result<Sampler, RuntimeError> {
         if !(cfg.temperature.is_finite() && cfg.temperature >= 0.0) {
             return Err(RuntimeError::Sampling(format!(
@@ -214,16 +392,74 @@ impl GenStats {
     }
 }
 
-/// Runs the prompt as single-token steps, then generates up to `max_tokens` tokens, calling
-/// `on_token(id)` for each generated one; stops early when `stop(id)` says so (the stop token
-/// is still reported). All limits are checked before the first step.
+/// The next token from the backend's last logits: the backend's argmax when greedy (no copy),
+/// else a sample from the copied logits. `step` and `pos` name it in a non-finite error.
+fn pick(
+    backend: &mut dyn Backend,
+    sampler: &mut Sampler,
+    step: usize,
+    pos: usize,
+) -> Result<u32, RuntimeError> {
+    if sampler.is_greedy() {
+        return backend
+            .argmax(&sampler.cfg.banned)?
+            .ok_or(RuntimeError::NonFinite { step, pos });
+    }
+    let logits = backend.logits()?;
+    if logits.iter().any(|v| !v.is_finite()) {
+        return Err(RuntimeError::NonFinite { step, pos });
+    }
+    Ok(sampler.sample(logits))
+}
+
+/// Runs the prompt as prefill chunks, then generates up to `max_tokens` tokens, calling
+/// `on_token(id)` for each generated one (it returns false to stop, e.g. when its output is
+/// closed); stops early when `stop(id)` says so (the stop token is still reported). All
+/// limits are checked before the first step.
 pub fn generate(
     backend: &mut dyn Backend,
     prompt: &[u32],
     max_tokens: usize,
     sampler: &mut Sampler,
     stop: &dyn Fn(u32) -> bool,
-    on_token: &mut dyn FnMut(u32),
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<(Vec<u32>, GenStats), RuntimeError> {
+    generate_inner(backend, prompt, max_tokens, sampler, stop, on_token, None)
+}
+
+/// [`generate`], also handing the logits after the prompt (those the first token is picked
+/// from) to `after_prompt` (`run --dump-logits`): one run, not two.
+pub fn generate_with_hook(
+    backend: &mut dyn Backend,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampler: &mut Sampler,
+    stop: &dyn Fn(u32) -> bool,
+    on_token: &mut dyn FnMut(u32) -> bool,
+    after_prompt: &mut dyn FnMut(&[f32]),
+) -> Result<(Vec<u32>, GenStats), RuntimeError> {
+    generate_inner(
+        backend,
+        prompt,
+        max_tokens,
+        sampler,
+        stop,
+        on_token,
+        Some(after_prompt),
+    )
+}
+
+/// A callback given the logits after the prompt.
+type PromptHook<'a> = Option<&'a mut dyn FnMut(&[f32])>;
+
+fn generate_inner(
+    backend: &mut dyn Backend,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampler: &mut Sampler,
+    stop: &dyn Fn(u32) -> bool,
+    on_token: &mut dyn FnMut(u32) -> bool,
+    after_prompt: PromptHook,
 ) -> Result<(Vec<u32>, GenStats), RuntimeError> {
     if prompt.is_empty() {
         return Err(RuntimeError::EmptyPrompt);
@@ -252,33 +488,24 @@ pub fn generate(
         ..Default::default()
     };
     let t0 = std::time::Instant::now();
-    let mut next = 0u32;
-    for (pos, &t) in prompt.iter().enumerate() {
-        let logits = backend.step(t, pos)?;
-        if pos + 1 == prompt.len() {
-            if logits.iter().any(|v| !v.is_finite()) {
-                return Err(RuntimeError::NonFinite { step: pos, pos });
-            }
-            next = sampler.sample(logits);
-        }
+    run_prompt(backend, prompt, 0)?;
+    if let Some(f) = after_prompt {
+        f(backend.logits()?);
     }
+    let mut next = pick(backend, sampler, 0, prompt.len() - 1)?;
     stats.prompt_seconds = t0.elapsed().as_secs_f64();
     let mut out = Vec::with_capacity(max_tokens);
     let t1 = std::time::Instant::now();
     let mut pos = prompt.len();
     while out.len() < max_tokens {
         out.push(next);
-        on_token(next);
-        if stop(next) || out.len() == max_tokens {
+        if !on_token(next) || stop(next) || out.len() == max_tokens {
             break;
         }
-        let logits = backend.step(next, pos)?;
-        if logits.iter().any(|v| !v.is_finite()) {
-            return Err(RuntimeError::NonFinite { step: pos, pos });
-        }
-        next = sampler.sample(logits);
-        pos += 1;
+        backend.decode(next, pos)?;
         stats.decode_steps += 1;
+        next = pick(backend, sampler, stats.decode_steps, pos)?;
+        pos += 1;
     }
     stats.decode_seconds = t1.elapsed().as_secs_f64();
     stats.generated = out.len();

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::{argmax, load_cpu, Backend, RuntimeError};
+use super::{argmax, load, run_prompt, BackendKind, LoadOptions, RuntimeError};
 use crate::tokenizer::Tokenizer;
 
 /// The checked-in default prompt set (`testdata/validate/prompts.json`).
@@ -25,6 +25,9 @@ pub const DEFAULT_PROMPTS: &str = include_str!("../../testdata/validate/prompts.
 
 #[derive(Clone, Debug)]
 pub struct ValidateOptions {
+    /// Backend and kernel both bundles run on.
+    pub backend: BackendKind,
+    pub load: LoadOptions,
     pub prompts: Vec<String>,
     pub max_prob_err: f64,
     pub repeats: usize,
@@ -131,15 +134,23 @@ pub fn validate(
     opts: &ValidateOptions,
 ) -> Result<ValidateReport, ValidateError> {
     let load = |p: &Path| {
-        load_cpu(p).map_err(|e| ValidateError::Input {
+        load(opts.backend, p, &opts.load).map_err(|e| ValidateError::Input {
             path: p.to_path_buf(),
             detail: e.to_string(),
         })
     };
     let mut cand = load(candidate)?;
     let mut refb = load(reference)?;
-    let cdig = cand.model.bundle.manifest.bundle_digest.clone();
-    let rdig = refb.model.bundle.manifest.bundle_digest.clone();
+    let digest = |p: &Path| -> Result<String, ValidateError> {
+        crate::bundle::reader::read_manifest(p)
+            .map(|m| m.bundle_digest)
+            .map_err(|e| ValidateError::Input {
+                path: p.to_path_buf(),
+                detail: e.to_string(),
+            })
+    };
+    let cdig = digest(candidate)?;
+    let rdig = digest(reference)?;
     if cand.n_vocab() != refb.n_vocab() {
         return Err(ValidateError::Input {
             path: candidate.to_path_buf(),
@@ -194,37 +205,24 @@ pub fn validate(
             reference_tokens: Vec::new(),
         };
         let mut feed = ids.clone();
-        let mut pos = 0;
         let mut kl_p = 0f64;
-        // Prompt steps (logits of all but the last are not judged), then gen_tokens - 1 fed
-        // greedy tokens: gen_tokens judged steps.
-        while pos < ids.len() + opts.gen_tokens - 1 {
-            let t = feed[pos];
-            let lc = cand.step(t, pos).map(|l| l.to_vec());
-            let lr = refb.step(t, pos).map(|l| l.to_vec());
-            let (lc, lr) = match (lc, lr) {
-                (Ok(c), Ok(r)) => (c, r),
-                (Err(RuntimeError::NonFinite { .. }), _)
-                | (_, Err(RuntimeError::NonFinite { .. })) => {
-                    finite = false;
-                    failures.push(format!("prompt {pi}: non-finite logits at position {pos}"));
-                    break;
-                }
-                (Err(e), _) | (_, Err(e)) => return Err(e.into()),
-            };
+        // The prompt as prefill chunks (the logits of its last position are step 0), then
+        // gen_tokens - 1 fed greedy tokens: gen_tokens judged steps.
+        let mut ran =
+            run_prompt(cand.as_mut(), &ids, 0).and_then(|_| run_prompt(refb.as_mut(), &ids, 0));
+        let mut pos = ids.len() - 1;
+        loop {
+            if let Err(e) = ran {
+                return Err(e.into());
+            }
+            let lc = cand.logits()?.to_vec();
+            let lr = refb.logits()?.to_vec();
             for v in &lc {
                 cand_hash.update(v.to_le_bytes());
             }
-            pos += 1;
-            if pos < ids.len() {
-                continue;
-            }
             if !all_finite(&lc) || !all_finite(&lr) {
                 finite = false;
-                failures.push(format!(
-                    "prompt {pi}: non-finite logits at position {}",
-                    pos - 1
-                ));
+                failures.push(format!("prompt {pi}: non-finite logits at position {pos}"));
                 break;
             }
             let (ac, ar) = (argmax(&lc), argmax(&lr));
@@ -265,11 +263,15 @@ pub fn validate(
             pr.kl_max = pr.kl_max.max(kl);
             kl_p += kl;
             pr.reference_tokens.push(ar as u32);
-            if feed.len() == pos {
-                feed.push(ar as u32);
+            if pr.steps == opts.gen_tokens {
+                break;
             }
+            feed.push(ar as u32);
+            pos += 1;
+            ran = cand
+                .decode(ar as u32, pos)
+                .and_then(|_| refb.decode(ar as u32, pos));
         }
-        feed.truncate(pos);
         pr.kl_mean = if pr.steps > 0 {
             kl_p / pr.steps as f64
         } else {
@@ -279,7 +281,7 @@ pub fn validate(
         max_ldiff = max_ldiff.max(pr.max_abs_logit_diff);
         kl_max = kl_max.max(pr.kl_max);
         kl_sum += kl_p;
-        prompt_ids.push(feed);
+        prompt_ids.push((ids.len(), feed));
         per_prompt.push(pr);
     }
     drop(refb);
@@ -288,10 +290,16 @@ pub fn validate(
     let mut repeats_identical = true;
     for rep in 1..opts.repeats {
         let mut h = Sha256::new();
-        for feed in &prompt_ids {
+        for (n_prompt, feed) in &prompt_ids {
             cand.reset();
-            for (pos, &t) in feed.iter().enumerate() {
-                match cand.step(t, pos) {
+            if run_prompt(cand.as_mut(), &feed[..*n_prompt], 0).is_err() {
+                continue;
+            }
+            for (i, &t) in feed.iter().enumerate().skip(*n_prompt - 1) {
+                if i >= *n_prompt && cand.decode(t, i).is_err() {
+                    break;
+                }
+                match cand.logits() {
                     Ok(l) => l.iter().for_each(|v| h.update(v.to_le_bytes())),
                     Err(_) => break,
                 }
