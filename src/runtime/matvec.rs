@@ -314,7 +314,7 @@ pub enum Kernel {
     #[default]
     F32,
     /// Activations quantized to int8 (per 256 for ternary and k-quants, per 32 for Q8_0,
-    /// Q4_0, Q4_1) and exact integer dot products with the weights' codes (`super::q8`);
+    /// Q4_0, Q4_1, Q5_0) and exact integer dot products with the weights' codes (`super::q8`);
     /// faster, with llama.cpp-like error. Other encodings keep the f32 kernels.
     Int8,
 }

@@ -17,6 +17,7 @@
 //! Q8_0 (32)       (dw * da) * f32(sum w*q)
 //! Q4_0 (32)       (dw * da) * f32(sum w*q - 8 sum q)                w in 0..16
 //! Q4_1 (32)       (dw * da) * f32(sum w*q) + (mw * da) * f32(sum q)
+//! Q5_0 (32)       (dw * da) * f32(sum w*q - 16 sum q)               w in 0..32
 //! Q4_K (256)      (d * da) * f32(sum_j sc_j sum_{32} w*q) - (dmin * da) * f32(sum_j m_j sum_{32} q)
 //! Q6_K (256)      (d * da) * f32(sum_j sc_j (sum_{16} w*q - 32 sum_{16} q))   w in 0..64
 //! ```
@@ -27,7 +28,12 @@
 //! the AVX-512 VNNI path give the same bits; the tests compare them.
 //!
 //! The integer sums cannot overflow: `maddubs` pairs stay below 2^15 (|w| <= 128, |q| <= 127,
-//! two products; Q6_K 63 * 127 * 2), block sums below 2^31.
+//! two products; Q6_K 63 * 127 * 2; Q5_0 31 * 127 * 2), block sums below 2^31.
+//!
+//! Q5_0 (`ggml_vec_dot_q5_0_q8_0` in the same llama.cpp file): weight `k` of a block is
+//! `(qs nibble) | (bit k of qh) << 4`, `w - 16` the signed code (`legacy::BlockQ5_0`). llama.cpp
+//! folds the `- 16` into the bytes and multiplies signed by signed; we keep `w` unsigned for
+//! `maddubs` / `vpdpbusd` and subtract `16 sum q` from the exact sum, as Q4_0 does with 8.
 
 use crate::ggml::GgmlType;
 use crate::quant::f16_bits_to_f32;
@@ -80,7 +86,7 @@ pub fn quantize(x: &[f32], block: usize) -> QAct {
 /// Weight types the integer kernels take, and the activation block each needs.
 pub fn act_block(ty: GgmlType) -> Option<usize> {
     match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => Some(32),
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 => Some(32),
         GgmlType::Q4_K | GgmlType::Q6_K => Some(256),
         _ => None,
     }
@@ -224,12 +230,14 @@ pub fn ternary_rows(
     }
 }
 
-/// The term of a 32-element block (Q8_0, Q4_0, Q4_1) from its exact `sum w*q`.
+/// The term of a 32-element block (Q8_0, Q4_0, Q4_1, Q5_0) from its exact `sum w*q` (`w` the
+/// unsigned code for Q4_x and Q5_0).
 #[inline(always)]
 fn term32(ty: GgmlType, blk: &[u8], a: &QAct, b: usize, isum: i32) -> f32 {
     let da = a.d[b];
     match ty {
         GgmlType::Q4_0 => (f16_at(blk, 0) * da) * (isum - 8 * a.sum[b]) as f32,
+        GgmlType::Q5_0 => (f16_at(blk, 0) * da) * (isum - 16 * a.sum[b]) as f32,
         GgmlType::Q4_1 => {
             (f16_at(blk, 0) * da) * isum as f32 + (f16_at(blk, 2) * da) * a.sum[b] as f32
         }
@@ -272,6 +280,18 @@ pub mod portable {
                 for j in 0..16 {
                     let w = blk[off + j];
                     isum += (w & 0x0F) as i32 * q[j] as i32 + (w >> 4) as i32 * q[j + 16] as i32;
+                }
+                term32(ty, blk, a, b, isum)
+            }
+            GgmlType::Q5_0 => {
+                let blk5: &crate::quant::legacy::BlockQ5_0 = bytemuck::from_bytes(blk);
+                let qh = u32::from_le_bytes(blk5.qh);
+                let q = &a.q[b * 32..b * 32 + 32];
+                let mut isum = 0i32;
+                for (j, &w) in blk5.qs.iter().enumerate() {
+                    let lo = (w & 0x0F) as u32 | (((qh >> j) & 1) << 4);
+                    let hi = (w >> 4) as u32 | (((qh >> (j + 16)) & 1) << 4);
+                    isum += lo as i32 * q[j] as i32 + hi as i32 * q[j + 16] as i32;
                 }
                 term32(ty, blk, a, b, isum)
             }
@@ -392,8 +412,30 @@ mod x86 {
         _mm256_set_m128i(hi, lo)
     }
 
+    /// `0x10` in byte `k` where bit `k` of the little-endian u32 at `blk[off..off + 4]` is set,
+    /// else 0: the fifth bits of a Q5 block's 32 weights in element order. As llama.cpp's
+    /// `bytes_from_bits_32`: broadcast, byte `k / 8` of the word into bytes `8(k / 8)..`, OR
+    /// every bit but `k % 8`, compare with all-ones. Scalar reference: `((qh >> k) & 1) << 4`
+    /// in [`portable::term`].
+    #[inline(always)]
+    unsafe fn q5_high_bits(blk: &[u8], off: usize) -> __m256i {
+        debug_assert!(off + 4 <= blk.len());
+        let qh = (blk.as_ptr().add(off) as *const i32).read_unaligned();
+        let shuf = _mm256_set_epi64x(
+            0x0303030303030303,
+            0x0202020202020202,
+            0x0101010101010101,
+            0x0000000000000000,
+        );
+        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh), shuf);
+        let others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+        let set = _mm256_cmpeq_epi8(_mm256_or_si256(bytes, others), _mm256_set1_epi8(-1));
+        _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+    }
+
     /// Exact integer dot product of a 32-element block with its activations (Q8_0: signed
-    /// weights through the sign trick; Q4_x: unsigned nibbles).
+    /// weights through the sign trick; Q4_x: unsigned nibbles; Q5_0: unsigned nibbles with
+    /// their fifth bits, [`q5_high_bits`]).
     #[inline(always)]
     unsafe fn block32<const VNNI: bool>(ty: GgmlType, blk: &[u8], a: &QAct, b: usize) -> __m256i {
         let q = load_q(a, b * 32);
@@ -403,6 +445,9 @@ mod x86 {
                 dot::<VNNI>(_mm256_abs_epi8(w), _mm256_sign_epi8(q, w))
             }
             GgmlType::Q4_0 => dot::<VNNI>(q4_weights(blk, 2), q),
+            GgmlType::Q5_0 => {
+                dot::<VNNI>(_mm256_or_si256(q4_weights(blk, 6), q5_high_bits(blk, 2)), q)
+            }
             _ => dot::<VNNI>(q4_weights(blk, 4), q),
         }
     }
@@ -440,6 +485,9 @@ mod x86 {
                 let asum = _mm256_loadu_si256(a.sum.as_ptr().add(b) as *const __m256i);
                 if ty == GgmlType::Q4_0 {
                     isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(asum, 3));
+                }
+                if ty == GgmlType::Q5_0 {
+                    isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(asum, 4));
                 }
                 let dwv = _mm256_cvtph_ps(_mm_loadu_si128(dw.as_ptr() as *const __m128i));
                 let mut t = _mm256_mul_ps(_mm256_mul_ps(dwv, da), _mm256_cvtepi32_ps(isum));
@@ -568,7 +616,7 @@ mod x86 {
         r0: usize,
     ) {
         match ty {
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 => {
                 rows32::<VNNI>(ty, bytes, rb, a, ys, r0)
             }
             GgmlType::Q4_K | GgmlType::Q6_K => rows256(ty, bytes, rb, a, ys, r0),
@@ -757,6 +805,7 @@ mod tests {
             GgmlType::Q8_0,
             GgmlType::Q4_0,
             GgmlType::Q4_1,
+            GgmlType::Q5_0,
             GgmlType::Q4_K,
             GgmlType::Q6_K,
         ] {
@@ -825,6 +874,107 @@ mod tests {
                     ((p - q).abs() as f64) <= bound * 1.001 + 1e-5,
                     "{ty} row {r}: {p} vs f32 {q} (bound {bound})"
                 );
+            }
+        }
+    }
+
+    /// Q5 blocks covering the edge cases, by block index: `d = 0`, negative `d`, `qh = 0`,
+    /// `qh = 0xFFFFFFFF` with every nibble 15 (all weights 31), `qh = 0xFFFFFFFF` with every
+    /// nibble 0 (all weights 16), then random bytes with a random-sign scale.
+    fn q5_edge_blocks(ty: GgmlType, n_blocks: usize, seed: &mut u64) -> Vec<u8> {
+        let ts = ty.type_size();
+        let (qh, qs) = if ty == GgmlType::Q5_0 { (2, 6) } else { (4, 8) };
+        let mut bytes = random_blocks(ty, n_blocks, seed);
+        for (i, b) in bytes.chunks_exact_mut(ts).enumerate() {
+            let sign = if lcg(seed).is_multiple_of(2) {
+                1.0
+            } else {
+                -1.0
+            };
+            let d = match i % 7 {
+                0 => 0.0,
+                1 => -0.75,
+                _ => sign * 0.001 * (1 + lcg(seed) % 50) as f32,
+            };
+            b[0..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+            match i % 7 {
+                2 => b[qh..qh + 4].copy_from_slice(&0u32.to_le_bytes()),
+                3 => {
+                    b[qh..qh + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+                    b[qs..qs + 16].fill(0xFF);
+                }
+                4 => {
+                    b[qh..qh + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+                    b[qs..qs + 16].fill(0);
+                }
+                _ => {}
+            }
+        }
+        bytes
+    }
+
+    /// The term of block `b` from an independent decoding: the block dequantized by
+    /// `crate::quant` with `d = 1` (and `m = 0`) gives the signed codes exactly, whose dot
+    /// with the activation codes is summed in i64.
+    fn q5_reference_term(ty: GgmlType, blk: &[u8], a: &QAct, b: usize) -> f32 {
+        let mut unit = blk.to_vec();
+        unit[0..2].copy_from_slice(&half::f16::ONE.to_le_bytes());
+        if ty == GgmlType::Q5_1 {
+            unit[2..4].copy_from_slice(&half::f16::ZERO.to_le_bytes());
+        }
+        let mut w = [0f32; 32];
+        crate::quant::dequantize(ty, &unit, &mut w).unwrap();
+        let lo = if ty == GgmlType::Q5_0 { -16.0 } else { 0.0 };
+        assert!(w
+            .iter()
+            .all(|v| v.fract() == 0.0 && (lo..lo + 32.0).contains(v)));
+        let q = &a.q[b * 32..b * 32 + 32];
+        let isum: i64 = w.iter().zip(q).map(|(&w, &q)| w as i64 * q as i64).sum();
+        let (dw, da) = (f16_at(blk, 0), a.d[b]);
+        if ty == GgmlType::Q5_1 {
+            (dw * da) * isum as f32 + (f16_at(blk, 2) * da) * a.sum[b] as f32
+        } else {
+            (dw * da) * isum as f32
+        }
+    }
+
+    #[test]
+    fn q5_edge_blocks_match_the_integer_reference_on_every_path() {
+        for ty in [GgmlType::Q5_0] {
+            // 19 blocks: two groups of eight and a tail of three; an odd row count.
+            let (cols, rows) = (19 * 32, 13);
+            let mut seed = 23u64;
+            let rb = ty.bytes_for(cols as u64).unwrap() as usize;
+            let bytes = q5_edge_blocks(ty, rows * rb / ty.type_size(), &mut seed);
+            let mut x = activations(cols, &mut seed);
+            // Blocks of activations at +127 and at -127 (the largest |sum q|).
+            x[64..96].fill(1.0);
+            x[96..128].fill(-2.0);
+            let a = quantize(&x, 32);
+            assert!(a.q[64..96].iter().all(|&q| q == 127) && a.sum[3] == -127 * 32);
+            let mut want = vec![0f32; rows];
+            for (r, y) in want.iter_mut().enumerate() {
+                let row = &bytes[r * rb..(r + 1) * rb];
+                let mut l = [0f32; 8];
+                for (b, blk) in row.chunks_exact(ty.type_size()).enumerate() {
+                    let t = q5_reference_term(ty, blk, &a, b);
+                    let p = portable::term(ty, blk, &a, b);
+                    assert_eq!(
+                        p.to_bits(),
+                        t.to_bits(),
+                        "{ty} row {r} block {b}: {p} vs {t}"
+                    );
+                    l[b % 8] += t;
+                }
+                *y = lanes_sum(&l);
+            }
+            for isa in isas() {
+                let mut y = vec![0f32; rows];
+                gguf_rows(isa, ty, &bytes, rb, &a, &mut y[7..], 7);
+                gguf_rows(isa, ty, &bytes, rb, &a, &mut y[..7], 0);
+                for (r, (p, q)) in y.iter().zip(&want).enumerate() {
+                    assert_eq!(p.to_bits(), q.to_bits(), "{ty} {isa:?} row {r}: {p} vs {q}");
+                }
             }
         }
     }
