@@ -979,6 +979,49 @@ mod tests {
         }
     }
 
+    /// Time of one Q5_0 matvec at Qwen2.5-0.5B's FFN shapes on one thread: the f32 kernel
+    /// (dequantize a row, then dot) against the integer kernel on each ISA (activation
+    /// quantization included). Prints; asserts nothing. Run with
+    /// `cargo test --release --lib q5_0_matvec_timing -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn q5_0_matvec_timing() {
+        let ty = GgmlType::Q5_0;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        for (rows, cols) in [(4864, 896), (896, 4864)] {
+            let mut seed = 3u64;
+            let rb = ty.bytes_for(cols as u64).unwrap() as usize;
+            let bytes = random_blocks(ty, rows * rb / ty.type_size(), &mut seed);
+            let x = activations(cols, &mut seed);
+            let mut y = vec![0f32; rows];
+            let time = |f: &mut dyn FnMut()| {
+                f();
+                let mut t: Vec<u128> = (0..15)
+                    .map(|_| {
+                        let s = std::time::Instant::now();
+                        f();
+                        s.elapsed().as_nanos()
+                    })
+                    .collect();
+                t.sort();
+                t[t.len() / 2]
+            };
+            let wd = WeightData::Gguf { ty, bytes: &bytes };
+            let f32_ns = time(&mut || pool.install(|| matvec::matvec(wd, cols, &x, &mut y)));
+            eprintln!("Q5_0 [{rows}, {cols}] f32 kernel: {f32_ns} ns");
+            for isa in isas() {
+                let ns = time(&mut || {
+                    let a = quantize(&x, 32);
+                    gguf_rows(isa, ty, &bytes, rb, &a, &mut y, 0);
+                });
+                eprintln!("Q5_0 [{rows}, {cols}] int8 {isa:?}: {ns} ns");
+            }
+        }
+    }
+
     #[test]
     fn ternary_paths_agree_bit_for_bit() {
         // 2304 = 9 blocks: one group of eight and a tail.
