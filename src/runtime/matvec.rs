@@ -314,8 +314,8 @@ pub enum Kernel {
     #[default]
     F32,
     /// Activations quantized to int8 (per 256 for ternary and k-quants, per 32 for Q8_0,
-    /// Q4_0, Q4_1, Q5_0) and exact integer dot products with the weights' codes (`super::q8`);
-    /// faster, with llama.cpp-like error. Other encodings keep the f32 kernels.
+    /// Q4_0, Q4_1, Q5_0, Q5_1) and exact integer dot products with the weights' codes
+    /// (`super::q8`); faster, with llama.cpp-like error. Other encodings keep the f32 kernels.
     Int8,
 }
 

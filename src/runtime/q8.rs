@@ -18,6 +18,7 @@
 //! Q4_0 (32)       (dw * da) * f32(sum w*q - 8 sum q)                w in 0..16
 //! Q4_1 (32)       (dw * da) * f32(sum w*q) + (mw * da) * f32(sum q)
 //! Q5_0 (32)       (dw * da) * f32(sum w*q - 16 sum q)               w in 0..32
+//! Q5_1 (32)       (dw * da) * f32(sum w*q) + (mw * da) * f32(sum q) w in 0..32
 //! Q4_K (256)      (d * da) * f32(sum_j sc_j sum_{32} w*q) - (dmin * da) * f32(sum_j m_j sum_{32} q)
 //! Q6_K (256)      (d * da) * f32(sum_j sc_j (sum_{16} w*q - 32 sum_{16} q))   w in 0..64
 //! ```
@@ -30,10 +31,12 @@
 //! The integer sums cannot overflow: `maddubs` pairs stay below 2^15 (|w| <= 128, |q| <= 127,
 //! two products; Q6_K 63 * 127 * 2; Q5_0 31 * 127 * 2), block sums below 2^31.
 //!
-//! Q5_0 (`ggml_vec_dot_q5_0_q8_0` in the same llama.cpp file): weight `k` of a block is
-//! `(qs nibble) | (bit k of qh) << 4`, `w - 16` the signed code (`legacy::BlockQ5_0`). llama.cpp
-//! folds the `- 16` into the bytes and multiplies signed by signed; we keep `w` unsigned for
-//! `maddubs` / `vpdpbusd` and subtract `16 sum q` from the exact sum, as Q4_0 does with 8.
+//! Q5_0 and Q5_1 (`ggml_vec_dot_q5_0_q8_0`, `ggml_vec_dot_q5_1_q8_1` in the same llama.cpp
+//! file): weight `k` of a block is `(qs nibble) | (bit k of qh) << 4` (`legacy::BlockQ5_0`,
+//! `BlockQ5_1`), `w - 16` the signed Q5_0 code. For Q5_0 llama.cpp folds the `- 16` into the
+//! bytes and multiplies signed by signed; we keep `w` unsigned for `maddubs` / `vpdpbusd` and
+//! subtract `16 sum q` from the exact sum, as Q4_0 does with 8. Q5_1 takes the min as Q4_1
+//! does (llama.cpp reads `m * d_act * sum q` from its Q8_1 activations; ours carry `sum q`).
 
 use crate::ggml::GgmlType;
 use crate::quant::f16_bits_to_f32;
@@ -86,7 +89,9 @@ pub fn quantize(x: &[f32], block: usize) -> QAct {
 /// Weight types the integer kernels take, and the activation block each needs.
 pub fn act_block(ty: GgmlType) -> Option<usize> {
     match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 => Some(32),
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
+            Some(32)
+        }
         GgmlType::Q4_K | GgmlType::Q6_K => Some(256),
         _ => None,
     }
@@ -230,15 +235,15 @@ pub fn ternary_rows(
     }
 }
 
-/// The term of a 32-element block (Q8_0, Q4_0, Q4_1, Q5_0) from its exact `sum w*q` (`w` the
-/// unsigned code for Q4_x and Q5_0).
+/// The term of a 32-element block (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) from its exact `sum w*q` (`w`
+/// the unsigned code for Q4_x and Q5_x).
 #[inline(always)]
 fn term32(ty: GgmlType, blk: &[u8], a: &QAct, b: usize, isum: i32) -> f32 {
     let da = a.d[b];
     match ty {
         GgmlType::Q4_0 => (f16_at(blk, 0) * da) * (isum - 8 * a.sum[b]) as f32,
         GgmlType::Q5_0 => (f16_at(blk, 0) * da) * (isum - 16 * a.sum[b]) as f32,
-        GgmlType::Q4_1 => {
+        GgmlType::Q4_1 | GgmlType::Q5_1 => {
             (f16_at(blk, 0) * da) * isum as f32 + (f16_at(blk, 2) * da) * a.sum[b] as f32
         }
         _ => (f16_at(blk, 0) * da) * isum as f32,
@@ -257,6 +262,21 @@ pub mod portable {
             acc[b % 8] += term(ty, blk, a, b);
         }
         lanes_sum(&acc)
+    }
+
+    /// Exact `sum w*q` of a Q5 block with block `b` of `a`: `w = nibble | (bit k of qh) << 4`,
+    /// elements `0..16` in the low nibbles of `qs`, `16..32` in the high ones.
+    #[inline(always)]
+    fn q5_isum(qh: [u8; 4], qs: &[u8; 16], a: &QAct, b: usize) -> i32 {
+        let qh = u32::from_le_bytes(qh);
+        let q = &a.q[b * 32..b * 32 + 32];
+        let mut isum = 0i32;
+        for (j, &w) in qs.iter().enumerate() {
+            let lo = (w & 0x0F) as u32 | (((qh >> j) & 1) << 4);
+            let hi = (w >> 4) as u32 | (((qh >> (j + 16)) & 1) << 4);
+            isum += lo as i32 * q[j] as i32 + hi as i32 * q[j + 16] as i32;
+        }
+        isum
     }
 
     /// Block `b`'s term.
@@ -285,15 +305,11 @@ pub mod portable {
             }
             GgmlType::Q5_0 => {
                 let blk5: &crate::quant::legacy::BlockQ5_0 = bytemuck::from_bytes(blk);
-                let qh = u32::from_le_bytes(blk5.qh);
-                let q = &a.q[b * 32..b * 32 + 32];
-                let mut isum = 0i32;
-                for (j, &w) in blk5.qs.iter().enumerate() {
-                    let lo = (w & 0x0F) as u32 | (((qh >> j) & 1) << 4);
-                    let hi = (w >> 4) as u32 | (((qh >> (j + 16)) & 1) << 4);
-                    isum += lo as i32 * q[j] as i32 + hi as i32 * q[j + 16] as i32;
-                }
-                term32(ty, blk, a, b, isum)
+                term32(ty, blk, a, b, q5_isum(blk5.qh, &blk5.qs, a, b))
+            }
+            GgmlType::Q5_1 => {
+                let blk5: &crate::quant::legacy::BlockQ5_1 = bytemuck::from_bytes(blk);
+                term32(ty, blk, a, b, q5_isum(blk5.qh, &blk5.qs, a, b))
             }
             GgmlType::Q4_K => {
                 let sc: &[u8; 12] = blk[4..16].try_into().expect("12 bytes");
@@ -402,7 +418,8 @@ mod x86 {
         _mm256_loadu_si256(a.q.as_ptr().add(off) as *const __m256i)
     }
 
-    /// The 32 weights of a Q4_0/Q4_1 block as bytes 0..16 in element order.
+    /// The 32 nibbles of a Q4_0/Q4_1 block (the low four bits of a Q5_0/Q5_1 block) as bytes
+    /// in element order: low nibbles in bytes 0..16, high nibbles in 16..32.
     #[inline(always)]
     unsafe fn q4_weights(blk: &[u8], off: usize) -> __m256i {
         let v = _mm_loadu_si128(blk.as_ptr().add(off) as *const __m128i);
@@ -434,7 +451,7 @@ mod x86 {
     }
 
     /// Exact integer dot product of a 32-element block with its activations (Q8_0: signed
-    /// weights through the sign trick; Q4_x: unsigned nibbles; Q5_0: unsigned nibbles with
+    /// weights through the sign trick; Q4_x: unsigned nibbles; Q5_x: unsigned nibbles with
     /// their fifth bits, [`q5_high_bits`]).
     #[inline(always)]
     unsafe fn block32<const VNNI: bool>(ty: GgmlType, blk: &[u8], a: &QAct, b: usize) -> __m256i {
@@ -447,6 +464,9 @@ mod x86 {
             GgmlType::Q4_0 => dot::<VNNI>(q4_weights(blk, 2), q),
             GgmlType::Q5_0 => {
                 dot::<VNNI>(_mm256_or_si256(q4_weights(blk, 6), q5_high_bits(blk, 2)), q)
+            }
+            GgmlType::Q5_1 => {
+                dot::<VNNI>(_mm256_or_si256(q4_weights(blk, 8), q5_high_bits(blk, 4)), q)
             }
             _ => dot::<VNNI>(q4_weights(blk, 4), q),
         }
@@ -491,7 +511,7 @@ mod x86 {
                 }
                 let dwv = _mm256_cvtph_ps(_mm_loadu_si128(dw.as_ptr() as *const __m128i));
                 let mut t = _mm256_mul_ps(_mm256_mul_ps(dwv, da), _mm256_cvtepi32_ps(isum));
-                if ty == GgmlType::Q4_1 {
+                if ty == GgmlType::Q4_1 || ty == GgmlType::Q5_1 {
                     let mwv = _mm256_cvtph_ps(_mm_loadu_si128(mw.as_ptr() as *const __m128i));
                     t = _mm256_add_ps(
                         t,
@@ -616,7 +636,7 @@ mod x86 {
         r0: usize,
     ) {
         match ty {
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 => {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
                 rows32::<VNNI>(ty, bytes, rb, a, ys, r0)
             }
             GgmlType::Q4_K | GgmlType::Q6_K => rows256(ty, bytes, rb, a, ys, r0),
@@ -778,7 +798,7 @@ mod tests {
             let m = half::f16::from_f32(-0.01 * (1 + i % 4) as f32).to_le_bytes();
             match ty {
                 GgmlType::Q6_K => b[208..210].copy_from_slice(&d),
-                GgmlType::Q4_1 | GgmlType::Q4_K => {
+                GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K => {
                     b[0..2].copy_from_slice(&d);
                     b[2..4].copy_from_slice(&m);
                 }
@@ -806,6 +826,7 @@ mod tests {
             GgmlType::Q4_0,
             GgmlType::Q4_1,
             GgmlType::Q5_0,
+            GgmlType::Q5_1,
             GgmlType::Q4_K,
             GgmlType::Q6_K,
         ] {
@@ -880,7 +901,8 @@ mod tests {
 
     /// Q5 blocks covering the edge cases, by block index: `d = 0`, negative `d`, `qh = 0`,
     /// `qh = 0xFFFFFFFF` with every nibble 15 (all weights 31), `qh = 0xFFFFFFFF` with every
-    /// nibble 0 (all weights 16), then random bytes with a random-sign scale.
+    /// nibble 0 (all weights 16), then random bytes with a random-sign scale. Q5_1 mins: zero
+    /// every fifth block, else of random sign.
     fn q5_edge_blocks(ty: GgmlType, n_blocks: usize, seed: &mut u64) -> Vec<u8> {
         let ts = ty.type_size();
         let (qh, qs) = if ty == GgmlType::Q5_0 { (2, 6) } else { (4, 8) };
@@ -897,6 +919,13 @@ mod tests {
                 _ => sign * 0.001 * (1 + lcg(seed) % 50) as f32,
             };
             b[0..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+            if ty == GgmlType::Q5_1 {
+                let m = match i % 5 {
+                    0 => 0.0,
+                    _ => sign * -0.02 * (1 + lcg(seed) % 10) as f32,
+                };
+                b[2..4].copy_from_slice(&half::f16::from_f32(m).to_le_bytes());
+            }
             match i % 7 {
                 2 => b[qh..qh + 4].copy_from_slice(&0u32.to_le_bytes()),
                 3 => {
@@ -914,8 +943,8 @@ mod tests {
     }
 
     /// The term of block `b` from an independent decoding: the block dequantized by
-    /// `crate::quant` with `d = 1` (and `m = 0`) gives the signed codes exactly, whose dot
-    /// with the activation codes is summed in i64.
+    /// `crate::quant` with `d = 1` (and `m = 0`) gives the codes exactly (Q5_0 signed, Q5_1
+    /// unsigned), whose dot with the activation codes, and their sum, are summed in i64.
     fn q5_reference_term(ty: GgmlType, blk: &[u8], a: &QAct, b: usize) -> f32 {
         let mut unit = blk.to_vec();
         unit[0..2].copy_from_slice(&half::f16::ONE.to_le_bytes());
@@ -930,9 +959,10 @@ mod tests {
             .all(|v| v.fract() == 0.0 && (lo..lo + 32.0).contains(v)));
         let q = &a.q[b * 32..b * 32 + 32];
         let isum: i64 = w.iter().zip(q).map(|(&w, &q)| w as i64 * q as i64).sum();
+        let qsum: i64 = q.iter().map(|&q| q as i64).sum();
         let (dw, da) = (f16_at(blk, 0), a.d[b]);
         if ty == GgmlType::Q5_1 {
-            (dw * da) * isum as f32 + (f16_at(blk, 2) * da) * a.sum[b] as f32
+            (dw * da) * isum as f32 + (f16_at(blk, 2) * da) * qsum as f32
         } else {
             (dw * da) * isum as f32
         }
@@ -940,7 +970,7 @@ mod tests {
 
     #[test]
     fn q5_edge_blocks_match_the_integer_reference_on_every_path() {
-        for ty in [GgmlType::Q5_0] {
+        for ty in [GgmlType::Q5_0, GgmlType::Q5_1] {
             // 19 blocks: two groups of eight and a tail of three; an odd row count.
             let (cols, rows) = (19 * 32, 13);
             let mut seed = 23u64;
@@ -979,19 +1009,21 @@ mod tests {
         }
     }
 
-    /// Time of one Q5_0 matvec at Qwen2.5-0.5B's FFN shapes on one thread: the f32 kernel
+    /// Time of one Q5_0 and one Q5_1 matvec at Qwen2.5-0.5B's FFN shapes on one thread: the f32 kernel
     /// (dequantize a row, then dot) against the integer kernel on each ISA (activation
     /// quantization included). Prints; asserts nothing. Run with
-    /// `cargo test --release --lib q5_0_matvec_timing -- --ignored --nocapture`.
+    /// `cargo test --release --lib q5_matvec_timing -- --ignored --nocapture`.
     #[test]
     #[ignore]
-    fn q5_0_matvec_timing() {
-        let ty = GgmlType::Q5_0;
+    fn q5_matvec_timing() {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(1)
             .build()
             .unwrap();
-        for (rows, cols) in [(4864, 896), (896, 4864)] {
+        for (ty, (rows, cols)) in [GgmlType::Q5_0, GgmlType::Q5_1]
+            .into_iter()
+            .flat_map(|ty| [(ty, (4864, 896)), (ty, (896, 4864))])
+        {
             let mut seed = 3u64;
             let rb = ty.bytes_for(cols as u64).unwrap() as usize;
             let bytes = random_blocks(ty, rows * rb / ty.type_size(), &mut seed);
@@ -1011,13 +1043,13 @@ mod tests {
             };
             let wd = WeightData::Gguf { ty, bytes: &bytes };
             let f32_ns = time(&mut || pool.install(|| matvec::matvec(wd, cols, &x, &mut y)));
-            eprintln!("Q5_0 [{rows}, {cols}] f32 kernel: {f32_ns} ns");
+            eprintln!("{ty} [{rows}, {cols}] f32 kernel: {f32_ns} ns");
             for isa in isas() {
                 let ns = time(&mut || {
                     let a = quantize(&x, 32);
                     gguf_rows(isa, ty, &bytes, rb, &a, &mut y, 0);
                 });
-                eprintln!("Q5_0 [{rows}, {cols}] int8 {isa:?}: {ns} ns");
+                eprintln!("{ty} [{rows}, {cols}] int8 {isa:?}: {ns} ns");
             }
         }
     }
