@@ -719,7 +719,7 @@ struct RunArgs {
     #[arg(long, default_value = "cpu")]
     backend: String,
     /// Matvec kernel: f32 activations (the reference) or int8 activations for ternary,
-    /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K weights (faster, with llama.cpp-like
+    /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weights (faster, with llama.cpp-like
     /// rounding).
     #[arg(long, value_enum, default_value_t = KernelArg::F32)]
     kernel: KernelArg,

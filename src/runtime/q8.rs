@@ -20,6 +20,7 @@
 //! Q5_0 (32)       (dw * da) * f32(sum w*q - 16 sum q)               w in 0..32
 //! Q5_1 (32)       (dw * da) * f32(sum w*q) + (mw * da) * f32(sum q) w in 0..32
 //! Q4_K (256)      (d * da) * f32(sum_j sc_j sum_{32} w*q) - (dmin * da) * f32(sum_j m_j sum_{32} q)
+//! Q5_K (256)      as Q4_K                                           w in 0..32
 //! Q6_K (256)      (d * da) * f32(sum_j sc_j (sum_{16} w*q - 32 sum_{16} q))   w in 0..64
 //! ```
 //!
@@ -37,6 +38,9 @@
 //! bytes and multiplies signed by signed; we keep `w` unsigned for `maddubs` / `vpdpbusd` and
 //! subtract `16 sum q` from the exact sum, as Q4_0 does with 8. Q5_1 takes the min as Q4_1
 //! does (llama.cpp reads `m * d_act * sum q` from its Q8_1 activations; ours carry `sum q`).
+//! Q5_K (`ggml_vec_dot_q5_K_q8_K`) is Q4_K with bit `2c` (`2c + 1`) of `qh[l]` as the fifth
+//! bit of element `64c + l` (`64c + 32 + l`) (`kquants::BlockQ5K`); sums stay below 2^31
+//! (256 * 31 * 127 * 63).
 
 use crate::ggml::GgmlType;
 use crate::quant::f16_bits_to_f32;
@@ -92,7 +96,7 @@ pub fn act_block(ty: GgmlType) -> Option<usize> {
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
             Some(32)
         }
-        GgmlType::Q4_K | GgmlType::Q6_K => Some(256),
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => Some(256),
         _ => None,
     }
 }
@@ -311,18 +315,26 @@ pub mod portable {
                 let blk5: &crate::quant::legacy::BlockQ5_1 = bytemuck::from_bytes(blk);
                 term32(ty, blk, a, b, q5_isum(blk5.qh, &blk5.qs, a, b))
             }
-            GgmlType::Q4_K => {
+            GgmlType::Q4_K | GgmlType::Q5_K => {
                 let sc: &[u8; 12] = blk[4..16].try_into().expect("12 bytes");
                 let (sc, mn) = crate::quant::kquants::get_scale_min_k4(sc);
-                let qs = &blk[16..144];
+                // Q4_K: no fifth bits (all zero).
+                let (qs, qh) = if ty == GgmlType::Q5_K {
+                    let blk5: &crate::quant::kquants::BlockQ5K = bytemuck::from_bytes(blk);
+                    (&blk5.qs[..], blk5.qh)
+                } else {
+                    (&blk[16..144], [0u8; 32])
+                };
                 let q = &a.q[b * 256..b * 256 + 256];
                 let (mut s1, mut s2) = (0i32, 0i32);
                 for c in 0..4 {
                     let (mut lo, mut hi) = (0i32, 0i32);
                     for l in 0..32 {
                         let w = qs[c * 32 + l];
-                        lo += (w & 0x0F) as i32 * q[c * 64 + l] as i32;
-                        hi += (w >> 4) as i32 * q[c * 64 + 32 + l] as i32;
+                        let h1 = ((qh[l] >> (2 * c)) & 1) << 4;
+                        let h2 = ((qh[l] >> (2 * c + 1)) & 1) << 4;
+                        lo += ((w & 0x0F) | h1) as i32 * q[c * 64 + l] as i32;
+                        hi += ((w >> 4) | h2) as i32 * q[c * 64 + 32 + l] as i32;
                     }
                     s1 += sc[2 * c] as i32 * lo + sc[2 * c + 1] as i32 * hi;
                 }
@@ -576,15 +588,33 @@ mod x86 {
         hsum_i32(acc) - 32 * off
     }
 
-    /// Q4_K: the eight sub-block sums scaled by their 6-bit scales with `madd`.
+    /// Q4_K and Q5_K: the eight sub-block sums scaled by their 6-bit scales with `madd`. Q5_K's
+    /// fifth bits: bit `2c` (`2c + 1`) of each `qh` byte shifted down (a 16-bit shift by at
+    /// most 7, then the mask keeps the byte's own bit) and up to `0x10`; scalar reference in
+    /// [`portable::term`].
     #[inline(always)]
-    unsafe fn q4k_isum(blk: &[u8], sc: &[u8; 8], a: &QAct, b: usize) -> i32 {
+    unsafe fn q4k_isum<const Q5: bool>(blk: &[u8], sc: &[u8; 8], a: &QAct, b: usize) -> i32 {
         let m4 = _mm256_set1_epi8(0x0F);
+        let m1 = _mm256_set1_epi8(1);
+        let qs = if Q5 { 48 } else { 16 };
+        let qh = if Q5 {
+            load(blk, 16)
+        } else {
+            _mm256_setzero_si256()
+        };
         let mut acc = _mm256_setzero_si256();
         for c in 0..4 {
-            let v = load(blk, 16 + c * 32);
-            let lo = _mm256_and_si256(v, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            let v = load(blk, qs + c * 32);
+            let mut lo = _mm256_and_si256(v, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if Q5 {
+                let s = _mm_cvtsi32_si128(2 * c as i32);
+                let s1 = _mm_cvtsi32_si128(2 * c as i32 + 1);
+                let h1 = _mm256_and_si256(_mm256_srl_epi16(qh, s), m1);
+                let h2 = _mm256_and_si256(_mm256_srl_epi16(qh, s1), m1);
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(h1, 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(h2, 4));
+            }
             let plo = _mm256_maddubs_epi16(lo, load_q(a, b * 256 + c * 64));
             let phi = _mm256_maddubs_epi16(hi, load_q(a, b * 256 + c * 64 + 32));
             acc = _mm256_add_epi32(
@@ -612,7 +642,11 @@ mod x86 {
                     _ => {
                         let scb: &[u8; 12] = blk[4..16].try_into().expect("12 bytes");
                         let (sc, mn) = crate::quant::kquants::get_scale_min_k4(scb);
-                        let s1 = q4k_isum(blk, &sc, a, b);
+                        let s1 = if ty == GgmlType::Q5_K {
+                            q4k_isum::<true>(blk, &sc, a, b)
+                        } else {
+                            q4k_isum::<false>(blk, &sc, a, b)
+                        };
                         let mut s2 = 0i32;
                         for (j, &m) in mn.iter().enumerate() {
                             s2 +=
@@ -639,7 +673,7 @@ mod x86 {
             GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
                 rows32::<VNNI>(ty, bytes, rb, a, ys, r0)
             }
-            GgmlType::Q4_K | GgmlType::Q6_K => rows256(ty, bytes, rb, a, ys, r0),
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => rows256(ty, bytes, rb, a, ys, r0),
             _ => unreachable!("act_block() admits only the types above"),
         }
     }
@@ -798,7 +832,7 @@ mod tests {
             let m = half::f16::from_f32(-0.01 * (1 + i % 4) as f32).to_le_bytes();
             match ty {
                 GgmlType::Q6_K => b[208..210].copy_from_slice(&d),
-                GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K => {
+                GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => {
                     b[0..2].copy_from_slice(&d);
                     b[2..4].copy_from_slice(&m);
                 }
@@ -828,6 +862,7 @@ mod tests {
             GgmlType::Q5_0,
             GgmlType::Q5_1,
             GgmlType::Q4_K,
+            GgmlType::Q5_K,
             GgmlType::Q6_K,
         ] {
             let block = act_block(ty).unwrap();
@@ -1005,6 +1040,72 @@ mod tests {
                 for (r, (p, q)) in y.iter().zip(&want).enumerate() {
                     assert_eq!(p.to_bits(), q.to_bits(), "{ty} {isa:?} row {r}: {p} vs {q}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn q5k_blocks_match_the_integer_reference_on_every_path() {
+        let ty = GgmlType::Q5_K;
+        // 9 super-blocks: one group of eight lanes and one more; an odd row count.
+        let (cols, rows) = (9 * 256, 7);
+        let mut seed = 31u64;
+        let rb = ty.bytes_for(cols as u64).unwrap() as usize;
+        let mut bytes = random_blocks(ty, rows * rb / ty.type_size(), &mut seed);
+        // By block: d = 0, negative d and dmin, qh = 0, qh all ones with nibbles 15, then random.
+        for (i, b) in bytes.chunks_exact_mut(ty.type_size()).enumerate() {
+            match i % 5 {
+                0 => b[0..2].copy_from_slice(&half::f16::ZERO.to_le_bytes()),
+                1 => {
+                    b[0..2].copy_from_slice(&half::f16::from_f32(-0.5).to_le_bytes());
+                    b[2..4].copy_from_slice(&half::f16::from_f32(-0.25).to_le_bytes());
+                }
+                2 => b[16..48].fill(0),
+                3 => {
+                    b[16..48].fill(0xFF);
+                    b[48..176].fill(0xFF);
+                }
+                _ => {}
+            }
+        }
+        let mut x = activations(cols, &mut seed);
+        x[256..512].fill(-1.0);
+        let a = quantize(&x, 256);
+        // Independent sums from crate::quant: d = 1, dmin = 0 gives sc_j * w; d = 0, dmin = 1
+        // gives -m_j; each dotted with the activation codes in i64.
+        let isum = |blk: &[u8], d: half::f16, dmin: half::f16, b: usize| -> i64 {
+            let mut unit = blk.to_vec();
+            unit[0..2].copy_from_slice(&d.to_le_bytes());
+            unit[2..4].copy_from_slice(&dmin.to_le_bytes());
+            let mut w = [0f32; 256];
+            crate::quant::dequantize(ty, &unit, &mut w).unwrap();
+            assert!(w.iter().all(|v| v.fract() == 0.0));
+            let q = &a.q[b * 256..b * 256 + 256];
+            w.iter().zip(q).map(|(&w, &q)| w as i64 * q as i64).sum()
+        };
+        let mut want = vec![0f32; rows];
+        for (r, y) in want.iter_mut().enumerate() {
+            let mut l = [0f32; 8];
+            for (b, blk) in bytes[r * rb..(r + 1) * rb]
+                .chunks_exact(ty.type_size())
+                .enumerate()
+            {
+                let s1 = isum(blk, half::f16::ONE, half::f16::ZERO, b);
+                let s2 = -isum(blk, half::f16::ZERO, half::f16::ONE, b);
+                let da = a.d[b];
+                let t = (f16_at(blk, 0) * da) * s1 as f32 - (f16_at(blk, 2) * da) * s2 as f32;
+                let p = portable::term(ty, blk, &a, b);
+                assert_eq!(p.to_bits(), t.to_bits(), "row {r} block {b}: {p} vs {t}");
+                l[b % 8] += t;
+            }
+            *y = lanes_sum(&l);
+        }
+        for isa in isas() {
+            let mut y = vec![0f32; rows];
+            gguf_rows(isa, ty, &bytes, rb, &a, &mut y[2..], 2);
+            gguf_rows(isa, ty, &bytes, rb, &a, &mut y[..2], 0);
+            for (r, (p, q)) in y.iter().zip(&want).enumerate() {
+                assert_eq!(p.to_bits(), q.to_bits(), "{isa:?} row {r}: {p} vs {q}");
             }
         }
     }
