@@ -230,8 +230,8 @@ struct RuntimeArgs {
     #[arg(long, default_value = "cpu")]
     backend: String,
     /// Matrix kernel: int8 activations (the default: exact integer block sums for ternary,
-    /// Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K weights, llama.cpp-like rounding of the
-    /// activations; other encodings use f32) or f32 activations (the exact reference).
+    /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weights, llama.cpp-like rounding of
+    /// the activations; other encodings use f32) or f32 activations (the exact reference).
     #[arg(long, value_enum, default_value_t = KernelArg::Int8)]
     kernel: KernelArg,
     /// KV cache element type: f16 (the bundle's state type) or f32 (no rounding of K and V;

@@ -314,8 +314,9 @@ pub enum Kernel {
     F32,
     /// Activations quantized to int8 (per 256 for ternary and k-quants, per 32 for the
     /// 32-element types) and exact integer dot products with the weights' codes
-    /// (`super::q8`); faster, with llama.cpp-like error (llama.cpp's CPU backend does the
-    /// same). Other encodings keep the f32 kernels. The default.
+    /// (`super::q8`: ternary, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K); faster, with
+    /// llama.cpp-like error (llama.cpp's CPU backend does the same). Other encodings keep the
+    /// f32 kernels. The default.
     #[default]
     Int8,
 }

@@ -17,7 +17,10 @@
 //! Q8_0 (32)       (dw * da) * f32(sum w*q)
 //! Q4_0 (32)       (dw * da) * f32(sum w*q - 8 sum q)                w in 0..16
 //! Q4_1 (32)       (dw * da) * f32(sum w*q) + (mw * da) * f32(sum q)
+//! Q5_0 (32)       (dw * da) * f32(sum w*q - 16 sum q)               w in 0..32
+//! Q5_1 (32)       (dw * da) * f32(sum w*q) + (mw * da) * f32(sum q) w in 0..32
 //! Q4_K (256)      (d * da) * f32(sum_j sc_j sum_{32} w*q) - (dmin * da) * f32(sum_j m_j sum_{32} q)
+//! Q5_K (256)      as Q4_K                                           w in 0..32
 //! Q6_K (256)      (d * da) * f32(sum_j sc_j (sum_{16} w*q - 32 sum_{16} q))   w in 0..64
 //! ```
 //!
@@ -27,7 +30,17 @@
 //! the AVX-512 VNNI path give the same bits; the tests compare them.
 //!
 //! The integer sums cannot overflow: `maddubs` pairs stay below 2^15 (|w| <= 128, |q| <= 127,
-//! two products; Q6_K 63 * 127 * 2), block sums below 2^31.
+//! two products; Q6_K 63 * 127 * 2; Q5_0 31 * 127 * 2), block sums below 2^31.
+//!
+//! Q5_0 and Q5_1 (`ggml_vec_dot_q5_0_q8_0`, `ggml_vec_dot_q5_1_q8_1` in the same llama.cpp
+//! file): weight `k` of a block is `(qs nibble) | (bit k of qh) << 4` (`legacy::BlockQ5_0`,
+//! `BlockQ5_1`), `w - 16` the signed Q5_0 code. For Q5_0 llama.cpp folds the `- 16` into the
+//! bytes and multiplies signed by signed; we keep `w` unsigned for `maddubs` / `vpdpbusd` and
+//! subtract `16 sum q` from the exact sum, as Q4_0 does with 8. Q5_1 takes the min as Q4_1
+//! does (llama.cpp reads `m * d_act * sum q` from its Q8_1 activations; ours carry `sum q`).
+//! Q5_K (`ggml_vec_dot_q5_K_q8_K`) is Q4_K with bit `2c` (`2c + 1`) of `qh[l]` as the fifth
+//! bit of element `64c + l` (`64c + 32 + l`) (`kquants::BlockQ5K`); sums stay below 2^31
+//! (256 * 31 * 127 * 63).
 
 use crate::ggml::GgmlType;
 use crate::quant::f16_bits_to_f32;
@@ -80,8 +93,10 @@ pub fn quantize(x: &[f32], block: usize) -> QAct {
 /// Weight types the integer kernels take, and the activation block each needs.
 pub fn act_block(ty: GgmlType) -> Option<usize> {
     match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => Some(32),
-        GgmlType::Q4_K | GgmlType::Q6_K => Some(256),
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
+            Some(32)
+        }
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => Some(256),
         _ => None,
     }
 }
@@ -224,13 +239,15 @@ pub fn ternary_rows(
     }
 }
 
-/// The term of a 32-element block (Q8_0, Q4_0, Q4_1) from its exact `sum w*q`.
+/// The term of a 32-element block (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) from its exact `sum w*q` (`w`
+/// the unsigned code for Q4_x and Q5_x).
 #[inline(always)]
 fn term32(ty: GgmlType, blk: &[u8], a: &QAct, b: usize, isum: i32) -> f32 {
     let da = a.d[b];
     match ty {
         GgmlType::Q4_0 => (f16_at(blk, 0) * da) * (isum - 8 * a.sum[b]) as f32,
-        GgmlType::Q4_1 => {
+        GgmlType::Q5_0 => (f16_at(blk, 0) * da) * (isum - 16 * a.sum[b]) as f32,
+        GgmlType::Q4_1 | GgmlType::Q5_1 => {
             (f16_at(blk, 0) * da) * isum as f32 + (f16_at(blk, 2) * da) * a.sum[b] as f32
         }
         _ => (f16_at(blk, 0) * da) * isum as f32,
@@ -249,6 +266,21 @@ pub mod portable {
             acc[b % 8] += term(ty, blk, a, b);
         }
         lanes_sum(&acc)
+    }
+
+    /// Exact `sum w*q` of a Q5 block with block `b` of `a`: `w = nibble | (bit k of qh) << 4`,
+    /// elements `0..16` in the low nibbles of `qs`, `16..32` in the high ones.
+    #[inline(always)]
+    fn q5_isum(qh: [u8; 4], qs: &[u8; 16], a: &QAct, b: usize) -> i32 {
+        let qh = u32::from_le_bytes(qh);
+        let q = &a.q[b * 32..b * 32 + 32];
+        let mut isum = 0i32;
+        for (j, &w) in qs.iter().enumerate() {
+            let lo = (w & 0x0F) as u32 | (((qh >> j) & 1) << 4);
+            let hi = (w >> 4) as u32 | (((qh >> (j + 16)) & 1) << 4);
+            isum += lo as i32 * q[j] as i32 + hi as i32 * q[j + 16] as i32;
+        }
+        isum
     }
 
     /// Block `b`'s term.
@@ -275,18 +307,34 @@ pub mod portable {
                 }
                 term32(ty, blk, a, b, isum)
             }
-            GgmlType::Q4_K => {
+            GgmlType::Q5_0 => {
+                let blk5: &crate::quant::legacy::BlockQ5_0 = bytemuck::from_bytes(blk);
+                term32(ty, blk, a, b, q5_isum(blk5.qh, &blk5.qs, a, b))
+            }
+            GgmlType::Q5_1 => {
+                let blk5: &crate::quant::legacy::BlockQ5_1 = bytemuck::from_bytes(blk);
+                term32(ty, blk, a, b, q5_isum(blk5.qh, &blk5.qs, a, b))
+            }
+            GgmlType::Q4_K | GgmlType::Q5_K => {
                 let sc: &[u8; 12] = blk[4..16].try_into().expect("12 bytes");
                 let (sc, mn) = crate::quant::kquants::get_scale_min_k4(sc);
-                let qs = &blk[16..144];
+                // Q4_K: no fifth bits (all zero).
+                let (qs, qh) = if ty == GgmlType::Q5_K {
+                    let blk5: &crate::quant::kquants::BlockQ5K = bytemuck::from_bytes(blk);
+                    (&blk5.qs[..], blk5.qh)
+                } else {
+                    (&blk[16..144], [0u8; 32])
+                };
                 let q = &a.q[b * 256..b * 256 + 256];
                 let (mut s1, mut s2) = (0i32, 0i32);
                 for c in 0..4 {
                     let (mut lo, mut hi) = (0i32, 0i32);
                     for l in 0..32 {
                         let w = qs[c * 32 + l];
-                        lo += (w & 0x0F) as i32 * q[c * 64 + l] as i32;
-                        hi += (w >> 4) as i32 * q[c * 64 + 32 + l] as i32;
+                        let h1 = ((qh[l] >> (2 * c)) & 1) << 4;
+                        let h2 = ((qh[l] >> (2 * c + 1)) & 1) << 4;
+                        lo += ((w & 0x0F) | h1) as i32 * q[c * 64 + l] as i32;
+                        hi += ((w >> 4) | h2) as i32 * q[c * 64 + 32 + l] as i32;
                     }
                     s1 += sc[2 * c] as i32 * lo + sc[2 * c + 1] as i32 * hi;
                 }
@@ -382,7 +430,8 @@ mod x86 {
         _mm256_loadu_si256(a.q.as_ptr().add(off) as *const __m256i)
     }
 
-    /// The 32 weights of a Q4_0/Q4_1 block as bytes 0..16 in element order.
+    /// The 32 nibbles of a Q4_0/Q4_1 block (the low four bits of a Q5_0/Q5_1 block) as bytes
+    /// in element order: low nibbles in bytes 0..16, high nibbles in 16..32.
     #[inline(always)]
     unsafe fn q4_weights(blk: &[u8], off: usize) -> __m256i {
         let v = _mm_loadu_si128(blk.as_ptr().add(off) as *const __m128i);
@@ -392,8 +441,30 @@ mod x86 {
         _mm256_set_m128i(hi, lo)
     }
 
+    /// `0x10` in byte `k` where bit `k` of the little-endian u32 at `blk[off..off + 4]` is set,
+    /// else 0: the fifth bits of a Q5 block's 32 weights in element order. As llama.cpp's
+    /// `bytes_from_bits_32`: broadcast, byte `k / 8` of the word into bytes `8(k / 8)..`, OR
+    /// every bit but `k % 8`, compare with all-ones. Scalar reference: `((qh >> k) & 1) << 4`
+    /// in [`portable::term`].
+    #[inline(always)]
+    unsafe fn q5_high_bits(blk: &[u8], off: usize) -> __m256i {
+        debug_assert!(off + 4 <= blk.len());
+        let qh = (blk.as_ptr().add(off) as *const i32).read_unaligned();
+        let shuf = _mm256_set_epi64x(
+            0x0303030303030303,
+            0x0202020202020202,
+            0x0101010101010101,
+            0x0000000000000000,
+        );
+        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh), shuf);
+        let others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+        let set = _mm256_cmpeq_epi8(_mm256_or_si256(bytes, others), _mm256_set1_epi8(-1));
+        _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+    }
+
     /// Exact integer dot product of a 32-element block with its activations (Q8_0: signed
-    /// weights through the sign trick; Q4_x: unsigned nibbles).
+    /// weights through the sign trick; Q4_x: unsigned nibbles; Q5_x: unsigned nibbles with
+    /// their fifth bits, [`q5_high_bits`]).
     #[inline(always)]
     unsafe fn block32<const VNNI: bool>(ty: GgmlType, blk: &[u8], a: &QAct, b: usize) -> __m256i {
         let q = load_q(a, b * 32);
@@ -403,6 +474,12 @@ mod x86 {
                 dot::<VNNI>(_mm256_abs_epi8(w), _mm256_sign_epi8(q, w))
             }
             GgmlType::Q4_0 => dot::<VNNI>(q4_weights(blk, 2), q),
+            GgmlType::Q5_0 => {
+                dot::<VNNI>(_mm256_or_si256(q4_weights(blk, 6), q5_high_bits(blk, 2)), q)
+            }
+            GgmlType::Q5_1 => {
+                dot::<VNNI>(_mm256_or_si256(q4_weights(blk, 8), q5_high_bits(blk, 4)), q)
+            }
             _ => dot::<VNNI>(q4_weights(blk, 4), q),
         }
     }
@@ -441,9 +518,12 @@ mod x86 {
                 if ty == GgmlType::Q4_0 {
                     isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(asum, 3));
                 }
+                if ty == GgmlType::Q5_0 {
+                    isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(asum, 4));
+                }
                 let dwv = _mm256_cvtph_ps(_mm_loadu_si128(dw.as_ptr() as *const __m128i));
                 let mut t = _mm256_mul_ps(_mm256_mul_ps(dwv, da), _mm256_cvtepi32_ps(isum));
-                if ty == GgmlType::Q4_1 {
+                if ty == GgmlType::Q4_1 || ty == GgmlType::Q5_1 {
                     let mwv = _mm256_cvtph_ps(_mm_loadu_si128(mw.as_ptr() as *const __m128i));
                     t = _mm256_add_ps(
                         t,
@@ -508,15 +588,33 @@ mod x86 {
         hsum_i32(acc) - 32 * off
     }
 
-    /// Q4_K: the eight sub-block sums scaled by their 6-bit scales with `madd`.
+    /// Q4_K and Q5_K: the eight sub-block sums scaled by their 6-bit scales with `madd`. Q5_K's
+    /// fifth bits: bit `2c` (`2c + 1`) of each `qh` byte shifted down (a 16-bit shift by at
+    /// most 7, then the mask keeps the byte's own bit) and up to `0x10`; scalar reference in
+    /// [`portable::term`].
     #[inline(always)]
-    unsafe fn q4k_isum(blk: &[u8], sc: &[u8; 8], a: &QAct, b: usize) -> i32 {
+    unsafe fn q4k_isum<const Q5: bool>(blk: &[u8], sc: &[u8; 8], a: &QAct, b: usize) -> i32 {
         let m4 = _mm256_set1_epi8(0x0F);
+        let m1 = _mm256_set1_epi8(1);
+        let qs = if Q5 { 48 } else { 16 };
+        let qh = if Q5 {
+            load(blk, 16)
+        } else {
+            _mm256_setzero_si256()
+        };
         let mut acc = _mm256_setzero_si256();
         for c in 0..4 {
-            let v = load(blk, 16 + c * 32);
-            let lo = _mm256_and_si256(v, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            let v = load(blk, qs + c * 32);
+            let mut lo = _mm256_and_si256(v, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if Q5 {
+                let s = _mm_cvtsi32_si128(2 * c as i32);
+                let s1 = _mm_cvtsi32_si128(2 * c as i32 + 1);
+                let h1 = _mm256_and_si256(_mm256_srl_epi16(qh, s), m1);
+                let h2 = _mm256_and_si256(_mm256_srl_epi16(qh, s1), m1);
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(h1, 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(h2, 4));
+            }
             let plo = _mm256_maddubs_epi16(lo, load_q(a, b * 256 + c * 64));
             let phi = _mm256_maddubs_epi16(hi, load_q(a, b * 256 + c * 64 + 32));
             acc = _mm256_add_epi32(
@@ -544,7 +642,11 @@ mod x86 {
                     _ => {
                         let scb: &[u8; 12] = blk[4..16].try_into().expect("12 bytes");
                         let (sc, mn) = crate::quant::kquants::get_scale_min_k4(scb);
-                        let s1 = q4k_isum(blk, &sc, a, b);
+                        let s1 = if ty == GgmlType::Q5_K {
+                            q4k_isum::<true>(blk, &sc, a, b)
+                        } else {
+                            q4k_isum::<false>(blk, &sc, a, b)
+                        };
                         let mut s2 = 0i32;
                         for (j, &m) in mn.iter().enumerate() {
                             s2 +=
@@ -568,10 +670,10 @@ mod x86 {
         r0: usize,
     ) {
         match ty {
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
                 rows32::<VNNI>(ty, bytes, rb, a, ys, r0)
             }
-            GgmlType::Q4_K | GgmlType::Q6_K => rows256(ty, bytes, rb, a, ys, r0),
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => rows256(ty, bytes, rb, a, ys, r0),
             _ => unreachable!("act_block() admits only the types above"),
         }
     }
@@ -730,7 +832,7 @@ mod tests {
             let m = half::f16::from_f32(-0.01 * (1 + i % 4) as f32).to_le_bytes();
             match ty {
                 GgmlType::Q6_K => b[208..210].copy_from_slice(&d),
-                GgmlType::Q4_1 | GgmlType::Q4_K => {
+                GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => {
                     b[0..2].copy_from_slice(&d);
                     b[2..4].copy_from_slice(&m);
                 }
@@ -757,7 +859,10 @@ mod tests {
             GgmlType::Q8_0,
             GgmlType::Q4_0,
             GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
             GgmlType::Q4_K,
+            GgmlType::Q5_K,
             GgmlType::Q6_K,
         ] {
             let block = act_block(ty).unwrap();
@@ -825,6 +930,227 @@ mod tests {
                     ((p - q).abs() as f64) <= bound * 1.001 + 1e-5,
                     "{ty} row {r}: {p} vs f32 {q} (bound {bound})"
                 );
+            }
+        }
+    }
+
+    /// Q5 blocks covering the edge cases, by block index: `d = 0`, negative `d`, `qh = 0`,
+    /// `qh = 0xFFFFFFFF` with every nibble 15 (all weights 31), `qh = 0xFFFFFFFF` with every
+    /// nibble 0 (all weights 16), then random bytes with a random-sign scale. Q5_1 mins: zero
+    /// every fifth block, else of random sign.
+    fn q5_edge_blocks(ty: GgmlType, n_blocks: usize, seed: &mut u64) -> Vec<u8> {
+        let ts = ty.type_size();
+        let (qh, qs) = if ty == GgmlType::Q5_0 { (2, 6) } else { (4, 8) };
+        let mut bytes = random_blocks(ty, n_blocks, seed);
+        for (i, b) in bytes.chunks_exact_mut(ts).enumerate() {
+            let sign = if lcg(seed).is_multiple_of(2) {
+                1.0
+            } else {
+                -1.0
+            };
+            let d = match i % 7 {
+                0 => 0.0,
+                1 => -0.75,
+                _ => sign * 0.001 * (1 + lcg(seed) % 50) as f32,
+            };
+            b[0..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+            if ty == GgmlType::Q5_1 {
+                let m = match i % 5 {
+                    0 => 0.0,
+                    _ => sign * -0.02 * (1 + lcg(seed) % 10) as f32,
+                };
+                b[2..4].copy_from_slice(&half::f16::from_f32(m).to_le_bytes());
+            }
+            match i % 7 {
+                2 => b[qh..qh + 4].copy_from_slice(&0u32.to_le_bytes()),
+                3 => {
+                    b[qh..qh + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+                    b[qs..qs + 16].fill(0xFF);
+                }
+                4 => {
+                    b[qh..qh + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+                    b[qs..qs + 16].fill(0);
+                }
+                _ => {}
+            }
+        }
+        bytes
+    }
+
+    /// The term of block `b` from an independent decoding: the block dequantized by
+    /// `crate::quant` with `d = 1` (and `m = 0`) gives the codes exactly (Q5_0 signed, Q5_1
+    /// unsigned), whose dot with the activation codes, and their sum, are summed in i64.
+    fn q5_reference_term(ty: GgmlType, blk: &[u8], a: &QAct, b: usize) -> f32 {
+        let mut unit = blk.to_vec();
+        unit[0..2].copy_from_slice(&half::f16::ONE.to_le_bytes());
+        if ty == GgmlType::Q5_1 {
+            unit[2..4].copy_from_slice(&half::f16::ZERO.to_le_bytes());
+        }
+        let mut w = [0f32; 32];
+        crate::quant::dequantize(ty, &unit, &mut w).unwrap();
+        let lo = if ty == GgmlType::Q5_0 { -16.0 } else { 0.0 };
+        assert!(w
+            .iter()
+            .all(|v| v.fract() == 0.0 && (lo..lo + 32.0).contains(v)));
+        let q = &a.q[b * 32..b * 32 + 32];
+        let isum: i64 = w.iter().zip(q).map(|(&w, &q)| w as i64 * q as i64).sum();
+        let qsum: i64 = q.iter().map(|&q| q as i64).sum();
+        let (dw, da) = (f16_at(blk, 0), a.d[b]);
+        if ty == GgmlType::Q5_1 {
+            (dw * da) * isum as f32 + (f16_at(blk, 2) * da) * qsum as f32
+        } else {
+            (dw * da) * isum as f32
+        }
+    }
+
+    #[test]
+    fn q5_edge_blocks_match_the_integer_reference_on_every_path() {
+        for ty in [GgmlType::Q5_0, GgmlType::Q5_1] {
+            // 19 blocks: two groups of eight and a tail of three; an odd row count.
+            let (cols, rows) = (19 * 32, 13);
+            let mut seed = 23u64;
+            let rb = ty.bytes_for(cols as u64).unwrap() as usize;
+            let bytes = q5_edge_blocks(ty, rows * rb / ty.type_size(), &mut seed);
+            let mut x = activations(cols, &mut seed);
+            // Blocks of activations at +127 and at -127 (the largest |sum q|).
+            x[64..96].fill(1.0);
+            x[96..128].fill(-2.0);
+            let a = quantize(&x, 32);
+            assert!(a.q[64..96].iter().all(|&q| q == 127) && a.sum[3] == -127 * 32);
+            let mut want = vec![0f32; rows];
+            for (r, y) in want.iter_mut().enumerate() {
+                let row = &bytes[r * rb..(r + 1) * rb];
+                let mut l = [0f32; 8];
+                for (b, blk) in row.chunks_exact(ty.type_size()).enumerate() {
+                    let t = q5_reference_term(ty, blk, &a, b);
+                    let p = portable::term(ty, blk, &a, b);
+                    assert_eq!(
+                        p.to_bits(),
+                        t.to_bits(),
+                        "{ty} row {r} block {b}: {p} vs {t}"
+                    );
+                    l[b % 8] += t;
+                }
+                *y = lanes_sum(&l);
+            }
+            for isa in isas() {
+                let mut y = vec![0f32; rows];
+                gguf_rows(isa, ty, &bytes, rb, &a, &mut y[7..], 7);
+                gguf_rows(isa, ty, &bytes, rb, &a, &mut y[..7], 0);
+                for (r, (p, q)) in y.iter().zip(&want).enumerate() {
+                    assert_eq!(p.to_bits(), q.to_bits(), "{ty} {isa:?} row {r}: {p} vs {q}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q5k_blocks_match_the_integer_reference_on_every_path() {
+        let ty = GgmlType::Q5_K;
+        // 9 super-blocks: one group of eight lanes and one more; an odd row count.
+        let (cols, rows) = (9 * 256, 7);
+        let mut seed = 31u64;
+        let rb = ty.bytes_for(cols as u64).unwrap() as usize;
+        let mut bytes = random_blocks(ty, rows * rb / ty.type_size(), &mut seed);
+        // By block: d = 0, negative d and dmin, qh = 0, qh all ones with nibbles 15, then random.
+        for (i, b) in bytes.chunks_exact_mut(ty.type_size()).enumerate() {
+            match i % 5 {
+                0 => b[0..2].copy_from_slice(&half::f16::ZERO.to_le_bytes()),
+                1 => {
+                    b[0..2].copy_from_slice(&half::f16::from_f32(-0.5).to_le_bytes());
+                    b[2..4].copy_from_slice(&half::f16::from_f32(-0.25).to_le_bytes());
+                }
+                2 => b[16..48].fill(0),
+                3 => {
+                    b[16..48].fill(0xFF);
+                    b[48..176].fill(0xFF);
+                }
+                _ => {}
+            }
+        }
+        let mut x = activations(cols, &mut seed);
+        x[256..512].fill(-1.0);
+        let a = quantize(&x, 256);
+        // Independent sums from crate::quant: d = 1, dmin = 0 gives sc_j * w; d = 0, dmin = 1
+        // gives -m_j; each dotted with the activation codes in i64.
+        let isum = |blk: &[u8], d: half::f16, dmin: half::f16, b: usize| -> i64 {
+            let mut unit = blk.to_vec();
+            unit[0..2].copy_from_slice(&d.to_le_bytes());
+            unit[2..4].copy_from_slice(&dmin.to_le_bytes());
+            let mut w = [0f32; 256];
+            crate::quant::dequantize(ty, &unit, &mut w).unwrap();
+            assert!(w.iter().all(|v| v.fract() == 0.0));
+            let q = &a.q[b * 256..b * 256 + 256];
+            w.iter().zip(q).map(|(&w, &q)| w as i64 * q as i64).sum()
+        };
+        let mut want = vec![0f32; rows];
+        for (r, y) in want.iter_mut().enumerate() {
+            let mut l = [0f32; 8];
+            for (b, blk) in bytes[r * rb..(r + 1) * rb]
+                .chunks_exact(ty.type_size())
+                .enumerate()
+            {
+                let s1 = isum(blk, half::f16::ONE, half::f16::ZERO, b);
+                let s2 = -isum(blk, half::f16::ZERO, half::f16::ONE, b);
+                let da = a.d[b];
+                let t = (f16_at(blk, 0) * da) * s1 as f32 - (f16_at(blk, 2) * da) * s2 as f32;
+                let p = portable::term(ty, blk, &a, b);
+                assert_eq!(p.to_bits(), t.to_bits(), "row {r} block {b}: {p} vs {t}");
+                l[b % 8] += t;
+            }
+            *y = lanes_sum(&l);
+        }
+        for isa in isas() {
+            let mut y = vec![0f32; rows];
+            gguf_rows(isa, ty, &bytes, rb, &a, &mut y[2..], 2);
+            gguf_rows(isa, ty, &bytes, rb, &a, &mut y[..2], 0);
+            for (r, (p, q)) in y.iter().zip(&want).enumerate() {
+                assert_eq!(p.to_bits(), q.to_bits(), "{isa:?} row {r}: {p} vs {q}");
+            }
+        }
+    }
+
+    /// Time of one Q5_0 and one Q5_1 matvec at Qwen2.5-0.5B's FFN shapes on one thread: the f32 kernel
+    /// (dequantize a row, then dot) against the integer kernel on each ISA (activation
+    /// quantization included). Prints; asserts nothing. Run with
+    /// `cargo test --release --lib q5_matvec_timing -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn q5_matvec_timing() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        for (ty, (rows, cols)) in [GgmlType::Q5_0, GgmlType::Q5_1]
+            .into_iter()
+            .flat_map(|ty| [(ty, (4864, 896)), (ty, (896, 4864))])
+        {
+            let mut seed = 3u64;
+            let rb = ty.bytes_for(cols as u64).unwrap() as usize;
+            let bytes = random_blocks(ty, rows * rb / ty.type_size(), &mut seed);
+            let x = activations(cols, &mut seed);
+            let mut y = vec![0f32; rows];
+            let time = |f: &mut dyn FnMut()| {
+                f();
+                let mut t: Vec<u128> = (0..15)
+                    .map(|_| {
+                        let s = std::time::Instant::now();
+                        f();
+                        s.elapsed().as_nanos()
+                    })
+                    .collect();
+                t.sort();
+                t[t.len() / 2]
+            };
+            let wd = WeightData::Gguf { ty, bytes: &bytes };
+            let f32_ns = time(&mut || pool.install(|| matvec::matvec(wd, cols, &x, &mut y)));
+            eprintln!("{ty} [{rows}, {cols}] f32 kernel: {f32_ns} ns");
+            for isa in isas() {
+                let ns = time(&mut || {
+                    let a = quantize(&x, 32);
+                    gguf_rows(isa, ty, &bytes, rb, &a, &mut y, 0);
+                });
+                eprintln!("{ty} [{rows}, {cols}] int8 {isa:?}: {ns} ns");
             }
         }
     }
