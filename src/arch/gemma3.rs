@@ -37,8 +37,14 @@ pub const SPEC: ArchSpec = ArchSpec {
     post_norms: true,
     residual_and_logit_scales: false,
     sliding_window: true,
+    chat_template: Some(CHAT_TEMPLATE),
     check: |c| super::hyper(&SPEC, c).map(|_| ()),
 };
+
+/// Gemma's turn format (the `chat_template` of Gemma 3's Hugging Face tokenizer config, text
+/// models): used when the GGUF carries no template, as the Gemma 3 270M file does (llama.cpp
+/// falls back to ChatML there, which this model was not trained on).
+pub const CHAT_TEMPLATE: &str = "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}{%- for message in loop_messages -%}{%- if message['role'] == 'assistant' -%}{%- set role = 'model' -%}{%- else -%}{%- set role = message['role'] -%}{%- endif -%}{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') + message['content'] | trim + '<end_of_turn>\n' }}{%- endfor -%}{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}";
 
 fn bad(c: &ModelConfig, key: &str, detail: String) -> ArchError {
     ArchError::Config {

@@ -24,5 +24,6 @@ pub const SPEC: ArchSpec = ArchSpec {
     post_norms: false,
     residual_and_logit_scales: false,
     sliding_window: false,
+    chat_template: None,
     check: |_| Ok(()),
 };

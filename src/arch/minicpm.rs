@@ -25,5 +25,6 @@ pub const SPEC: ArchSpec = ArchSpec {
     post_norms: false,
     residual_and_logit_scales: true,
     sliding_window: false,
+    chat_template: None,
     check: |_| Ok(()),
 };

@@ -99,6 +99,8 @@ pub struct ArchSpec {
     pub residual_and_logit_scales: bool,
     /// Interleaved sliding-window layers (gemma3): see [`Hyper::swa`].
     pub sliding_window: bool,
+    /// The chat template (Jinja) used when the model file carries none.
+    pub chat_template: Option<&'static str>,
     /// Architecture-specific checks of the configuration (beyond [`ModelConfig::check`]).
     pub check: fn(&ModelConfig) -> Result<(), ArchError>,
 }

@@ -887,7 +887,12 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
     let load_s = t_load.elapsed().as_secs_f64();
     let tok_res = lowbit::tokenizer::Tokenizer::for_model(&a.bundle, be.n_vocab());
     let tok_err = tok_res.as_ref().err().map(|e| e.to_string());
-    let tok = tok_res.ok();
+    let mut tok = tok_res.ok();
+    if let (Some(t), Ok(spec)) = (tok.as_mut(), lowbit::arch::lookup(&be.info().architecture)) {
+        if let Some(tmpl) = spec.chat_template {
+            t.set_fallback_chat_template(tmpl);
+        }
+    }
     let no_tokenizer = || {
         anyhow::anyhow!(
             "{}: the bundle's tokenizer is unusable: {}",

@@ -1139,6 +1139,18 @@ impl Tokenizer {
     ///
     /// Errors: [`TokenizerError::NoChatTemplate`], or [`TokenizerError::Template`] for a
     /// template that does not compile or render (including `raise_exception`).
+    /// Whether the tokenizer carries a chat template.
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.is_some()
+    }
+
+    /// Uses `template` when the model file carries none (an architecture's own turn format).
+    pub fn set_fallback_chat_template(&mut self, template: &str) {
+        if self.chat_template.is_none() {
+            self.chat_template = Some(template.to_string());
+        }
+    }
+
     pub fn apply_chat_template<R: AsRef<str>, C: AsRef<str>>(
         &self,
         messages: &[(R, C)],
