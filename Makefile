@@ -152,19 +152,26 @@ minicpm8b: $(MINICPM8B)
 # Every benchmark, in one run; each compares lowbit with a reference tool timed in the same run.
 bench: bench-dequant bench-ternary bench-runtime bench-palette
 
-# Decode speed: convert bench on bundles of SmolLM2 and the MiniCPM4-8B-shape model next to
-# llama-bench on their GGUFs, same threads, in one run.
+# Prompt and decode speed: convert bench on bundles of SmolLM2, Qwen2.5-0.5B, Gemma 3 270M and
+# the MiniCPM4-8B-shape model next to llama-bench on their GGUFs, same threads, pp64 and pp512,
+# in one run (BENCH_PROMPTS, BENCH_KERNELS narrow it).
 LLAMA_BIN := $(LOWBIT_CACHE)/llama.cpp-11434/build/bin
 BENCH_THREADS ?= 2
-bench-runtime: build $(MINICPM8B) $(SMOLLM2)
+BENCH_PROMPTS ?= 64,512
+BENCH_KERNELS ?= int8,f32
+bench-runtime: build $(MINICPM8B) fetch
 	$(MAKE) llama
-	rm -rf $(OUT)/bench-smollm2.bundle $(OUT)/bench-minicpm8b.bundle
+	rm -rf $(OUT)/bench-smollm2.bundle $(OUT)/bench-qwen.bundle $(OUT)/bench-gemma.bundle $(OUT)/bench-minicpm8b.bundle
 	mkdir -p $(OUT)
 	$(CONVERT) pack -q $(SMOLLM2) -o $(OUT)/bench-smollm2.bundle
+	$(CONVERT) pack -q $(QWEN) -o $(OUT)/bench-qwen.bundle
+	$(CONVERT) pack -q $(GEMMA) -o $(OUT)/bench-gemma.bundle
 	$(CONVERT) gguf-to-ternary -q $(MINICPM8B) -o $(OUT)/bench-minicpm8b.bundle
 	$(VPY) benches/runtime_bench.py --convert $(CONVERT) --llama-bench $(LLAMA_BIN)/llama-bench \
-		--threads $(BENCH_THREADS) --json $(LOWBIT_CACHE)/bench/runtime.json \
-		$(OUT)/bench-smollm2.bundle=$(SMOLLM2) $(OUT)/bench-minicpm8b.bundle=$(MINICPM8B)
+		--threads $(BENCH_THREADS) --prompts $(BENCH_PROMPTS) --kernels $(BENCH_KERNELS) \
+		--json $(LOWBIT_CACHE)/bench/runtime.json \
+		$(OUT)/bench-smollm2.bundle=$(SMOLLM2) $(OUT)/bench-qwen.bundle=$(QWEN) \
+		$(OUT)/bench-gemma.bundle=$(GEMMA) $(OUT)/bench-minicpm8b.bundle=$(MINICPM8B)
 
 # Palettization: convert palettize next to coremltools 9.0 (k-means, per_grouped_channel, group
 # size 32) on the same f16 SmolLM2 weights, 8/6/4 bits, in one run. The default is every linear

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Decode benchmark: `convert bench` on a bundle next to llama.cpp's `llama-bench` on the GGUF
+"""Runtime benchmark: `convert bench` on a bundle next to llama.cpp's `llama-bench` on the GGUF
 it came from, same threads, same prompt and generation lengths, in one run.
 
-Reports prompt and decode tokens/s for both, their ratio, lowbit's peak resident memory against
+Reports prompt tokens/s at each prompt length (lowbit runs the prompt as prefill chunks in the
+bundle's buckets) and decode tokens/s for both, their ratios, lowbit's peak resident memory against
 weights + KV cache, and how close decode comes to the memory bandwidth measured in the same run
 (bytes of weights read per token x tokens/s, against numpy summing a 2 GiB buffer).
 
 Usage: runtime_bench.py --convert target/release/convert --llama-bench PATH
-         [--threads 2] [--prompt 64] [--gen 32] [--kernels f32,int8] [--json OUT]
+         [--threads 2] [--prompts 64,512] [--gen 32] [--kernels int8,f32] [--json OUT]
          BUNDLE=GGUF [BUNDLE=GGUF ...]
 """
 import argparse
@@ -54,16 +55,21 @@ def read_gbps():
     return best
 
 
-def llama_bench(exe, gguf, threads, p, n):
+def llama_bench(exe, gguf, threads, prompts, n):
+    """llama-bench: prompt processing at each length in `prompts` (pp) and decode of n tokens
+    (tg), 2 repetitions each; tokens/s by kind ("pp64", ..., "decode")."""
     out = subprocess.run(
-        [exe, "-m", gguf, "-t", str(threads), "-p", str(p), "-n", str(n), "-r", "2", "-o", "json"],
+        [exe, "-m", gguf, "-t", str(threads), "-p", ",".join(map(str, prompts)), "-n", str(n),
+         "-r", "2", "-o", "json"],
         capture_output=True, text=True, check=True,
     ).stdout
     rows = json.loads(out)
     res = {}
     for r in rows:
-        kind = "prompt" if r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) == 0 else "decode"
-        res[kind] = r["avg_ts"]
+        if r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) == 0:
+            res[f"pp{r['n_prompt']}"] = r["avg_ts"]
+        else:
+            res["decode"] = r["avg_ts"]
     return res
 
 
@@ -81,38 +87,47 @@ def main():
     ap.add_argument("--convert", default="target/release/convert")
     ap.add_argument("--llama-bench", required=True)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--prompts", default="64,512",
+                    help="prompt lengths (pp) timed on both engines; decode runs after the first")
     ap.add_argument("--gen", type=int, default=32)
-    ap.add_argument("--kernels", default="f32,int8")
+    ap.add_argument("--kernels", default="int8,f32")
     ap.add_argument("--json")
     ap.add_argument("pairs", nargs="+", help="BUNDLE=GGUF")
     a = ap.parse_args()
+    prompts = [int(x) for x in a.prompts.split(",")]
     cbw = memcpy_gbps()
     bw = read_gbps()
     results = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "memcpy_gbps": cbw,
                            "read_gbps": bw},
-               "threads": a.threads, "prompt": a.prompt, "gen": a.gen, "models": []}
+               "threads": a.threads, "prompts": prompts, "gen": a.gen, "models": []}
     print(f"machine: {cpu_name()}, {os.cpu_count()} cores; threads {a.threads}; "
-          f"prompt {a.prompt}, gen {a.gen}; memory read {bw and round(bw, 1)} GB/s, "
+          f"prompts {prompts}, gen {a.gen}; memory read {bw and round(bw, 1)} GB/s, "
           f"copy {cbw and round(cbw, 1)} GB/s\n")
-    print("| model | engine | prompt tok/s | decode tok/s | decode vs llama.cpp | peak RSS / (weights + KV) | MB read per token | weight reads GB/s (of read bw) |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    pp_cols = " | ".join(f"pp{p} tok/s (vs llama.cpp)" for p in prompts)
+    print(f"| model | engine | {pp_cols} | decode tok/s | decode vs llama.cpp | peak RSS / (weights + KV) | MB read per token | weight reads GB/s (of read bw) |")
+    print("|---|---|" + "---:|" * (len(prompts) + 5))
     for pair in a.pairs:
         bundle, gguf = pair.split("=", 1)
-        ll = llama_bench(a.llama_bench, gguf, a.threads, a.prompt, a.gen)
+        ll = llama_bench(a.llama_bench, gguf, a.threads, prompts, a.gen)
         name = os.path.basename(gguf)
-        print(f"| {name} | llama.cpp | {ll.get('prompt', 0):.2f} | {ll.get('decode', 0):.2f} | 1.00 | - | - | - |")
-        entry = {"gguf": name, "llama_cpp": ll, "lowbit": {}}
+        pps = " | ".join(f"{ll.get(f'pp{p}', 0):.2f}" for p in prompts)
+        print(f"| {name} | llama.cpp | {pps} | {ll.get('decode', 0):.2f} | 1.00 | - | - | - |", flush=True)
+        entry = {"gguf": name, "bundle": bundle, "llama_cpp": ll, "lowbit": {}}
         for k in a.kernels.split(","):
-            lb = lowbit_bench(a.convert, bundle, a.threads, a.prompt, a.gen, k)
-            entry["lowbit"][k] = lb
+            runs = {p: lowbit_bench(a.convert, bundle, a.threads, p, a.gen, k) for p in prompts}
+            entry["lowbit"][k] = {str(p): r for p, r in runs.items()}
+            lb = runs[prompts[0]]
             ratio = lb["decode_tokens_per_second"] / ll["decode"] if ll.get("decode") else float("nan")
             rb = lb["decode_weight_read_gb_per_second"]
             frac = f" ({rb / bw:.0%})" if bw else ""
-            print(f"| {name} | lowbit cpu, {k} | {lb['prompt_tokens_per_second']:.2f} | "
+            pps = " | ".join(
+                f"{runs[p]['prompt_tokens_per_second']:.2f} ({runs[p]['prompt_tokens_per_second'] / ll[f'pp{p}']:.2f}x)"
+                if ll.get(f"pp{p}") else f"{runs[p]['prompt_tokens_per_second']:.2f}"
+                for p in prompts)
+            print(f"| {name} | lowbit cpu, {k} | {pps} | "
                   f"{lb['decode_tokens_per_second']:.2f} | {ratio:.2f} | "
                   f"{lb['rss_over_weights_plus_kv']:.2f} | {lb['decode_bytes_per_token'] / 1e6:.1f} | "
-                  f"{rb:.2f}{frac} |")
+                  f"{rb:.2f}{frac} |", flush=True)
         results["models"].append(entry)
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)

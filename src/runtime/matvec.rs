@@ -431,6 +431,40 @@ pub fn matmul_with(kernel: Kernel, w: WeightData, cols: usize, xs: &[f32], ys: &
     let isa = q8::detect();
     // Row-major by weight row ([nrows, n]) so that each task owns one contiguous tile.
     let mut yt = vec![0f32; nrows * n];
+    if let (WeightData::Ternary { words, scales }, true) = (&w, q8::ternary_tokens_available(isa)) {
+        let acts: Vec<&q8::QAct> = prepared
+            .iter()
+            .filter_map(|p| match p {
+                Prepared::Ternary(a, _) => Some(a),
+                _ => None,
+            })
+            .collect();
+        if acts.len() == n {
+            // 16 tokens per vector lane group: each weight's codes unpacked once per group.
+            let groups = q8::ternary_token_groups(&acts);
+            yt.par_chunks_mut(ROWS_PER_TASK * n)
+                .enumerate()
+                .for_each_init(Vec::new, |buf, (t, out)| {
+                    let k = out.len() / n;
+                    q8::ternary_rows_tokens(
+                        words,
+                        scales,
+                        cols,
+                        &groups,
+                        out,
+                        t * ROWS_PER_TASK,
+                        k,
+                        buf,
+                    );
+                });
+            for (i, y) in ys.chunks_exact_mut(nrows).enumerate() {
+                for (r, v) in y.iter_mut().enumerate() {
+                    *v = yt[r * n + i];
+                }
+            }
+            return;
+        }
+    }
     yt.par_chunks_mut(ROWS_PER_TASK * n)
         .enumerate()
         .for_each_init(
@@ -582,6 +616,81 @@ mod tests {
                 want.iter().map(|a| a.to_bits()).collect::<Vec<_>>(),
                 "bits {bits}"
             );
+        }
+    }
+
+    #[test]
+    fn matmul_gives_each_vectors_matvec_bits_on_every_encoding() {
+        // Ternary (the multi-token int8 kernel where the CPU has AVX-512), GGML types, both
+        // kernels; token counts around the 16-token groups; rows not a multiple of 16.
+        let (cols, rows) = (512, 37);
+        let mut seed = 23u64;
+        let words: Vec<u32> = (0..rows * cols / 16).map(|_| lcg(&mut seed)).collect();
+        let scales: Vec<u16> = (0..rows * cols / 256)
+            .map(|i| half::f16::from_f32([0.02, -0.03, 0.0, 1.5][i % 4]).to_bits())
+            .collect();
+        let mut q = vec![];
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_0,
+            GgmlType::F16,
+        ] {
+            let nb = ty.bytes_for((rows * cols) as u64).unwrap() as usize;
+            let mut bytes: Vec<u8> = (0..nb).map(|_| lcg(&mut seed) as u8).collect();
+            if ty == GgmlType::F16 {
+                for h in bytes.chunks_exact_mut(2) {
+                    h.copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+                }
+            } else {
+                let ts = ty.type_size();
+                let d = half::f16::from_f32(0.01).to_le_bytes();
+                for b in bytes.chunks_exact_mut(ts) {
+                    if ty == GgmlType::Q4_K {
+                        b[0..2].copy_from_slice(&d);
+                        b[2..4].copy_from_slice(&d);
+                    } else {
+                        b[0..2].copy_from_slice(&d);
+                    }
+                }
+            }
+            q.push((ty, bytes));
+        }
+        let mut ws = vec![WeightData::Ternary {
+            words: &words,
+            scales: &scales,
+        }];
+        ws.extend(
+            q.iter()
+                .map(|(ty, b)| WeightData::Gguf { ty: *ty, bytes: b }),
+        );
+        for n in [2usize, 5, 16, 17, 33] {
+            let xs: Vec<f32> = (0..n * cols)
+                .map(|i| {
+                    if i % 300 < 8 {
+                        0.0
+                    } else {
+                        (lcg(&mut seed) % 2001) as f32 / 1000.0 - 1.0
+                    }
+                })
+                .collect();
+            for w in &ws {
+                for kernel in [Kernel::F32, Kernel::Int8] {
+                    let mut y = vec![0f32; n * rows];
+                    matmul_with(kernel, *w, cols, &xs, &mut y);
+                    for (i, x) in xs.chunks_exact(cols).enumerate() {
+                        let mut want = vec![0f32; rows];
+                        matvec_with(kernel, *w, cols, x, &mut want);
+                        let got = &y[i * rows..(i + 1) * rows];
+                        assert!(
+                            got.iter()
+                                .zip(&want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{kernel:?} n {n} token {i}"
+                        );
+                    }
+                }
+            }
         }
     }
 

@@ -239,6 +239,103 @@ pub fn ternary_rows(
     }
 }
 
+/// Tokens per group of the multi-token ternary kernel ([`ternary_rows_tokens`]): one per i32
+/// lane of a 512-bit vector.
+pub const TOKENS_PER_GROUP: usize = 16;
+
+/// Up to [`TOKENS_PER_GROUP`] tokens' 256-block activations laid out for
+/// [`ternary_rows_tokens`]: for each group `j` of 4 consecutive elements (`4j .. 4j + 4`, the
+/// elements of a row's code byte `j`), the 16 tokens' 4 activations as unsigned bytes `q + 128`
+/// (`x[j * 64 + t * 4 + u]`); per block and token the scale `da` and the sum of `q`. Missing
+/// tokens are zeros (`q = 0`, `da = 0`).
+pub struct TernaryTokens {
+    /// Real tokens in the group.
+    pub n: usize,
+    x: Vec<u8>,
+    da: Vec<f32>,
+    asum: Vec<i32>,
+}
+
+/// Groups `acts` (256-block activations of one token each) by [`TOKENS_PER_GROUP`].
+pub fn ternary_token_groups(acts: &[&QAct]) -> Vec<TernaryTokens> {
+    acts.chunks(TOKENS_PER_GROUP)
+        .map(|g| {
+            let cols = g[0].q.len();
+            let nb = cols / 256;
+            let mut t = TernaryTokens {
+                n: g.len(),
+                x: vec![128u8; cols * TOKENS_PER_GROUP],
+                da: vec![0f32; nb * TOKENS_PER_GROUP],
+                asum: vec![0i32; nb * TOKENS_PER_GROUP],
+            };
+            for (k, a) in g.iter().enumerate() {
+                for (j, q4) in a.q.chunks_exact(4).enumerate() {
+                    for (u, &q) in q4.iter().enumerate() {
+                        t.x[j * 64 + k * 4 + u] = (q as i16 + 128) as u8;
+                    }
+                }
+                for b in 0..nb {
+                    t.da[b * TOKENS_PER_GROUP + k] = a.d[b];
+                    t.asum[b * TOKENS_PER_GROUP + k] = a.sum[b];
+                }
+            }
+            t
+        })
+        .collect()
+}
+
+/// Whether [`ternary_rows_tokens`] runs on this CPU: AVX-512 (F, BW, VNNI) and `isa` not
+/// capped below it.
+pub fn ternary_tokens_available(isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        isa == Isa::Avx512Vnni
+            && *OK.get_or_init(|| {
+                std::is_x86_feature_detected!("avx512f")
+                    && std::is_x86_feature_detected!("avx512bw")
+                    && std::is_x86_feature_detected!("avx512vnni")
+            })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        false
+    }
+}
+
+/// Rows `r0 .. r0 + k` of a ternary matrix (the bundle's layout, as [`ternary_rows`]) against
+/// the tokens of `groups` at once: `ys[j * n + t]` (`n` the tokens of all groups) is row
+/// `r0 + j` against token `t`, the same bits as [`ternary_rows`] with that token's
+/// activations. Each block's exact sum
+/// `sum c * q` comes from `sum c * (q + 128) - 128 * sum c` with the 16 tokens in the lanes of
+/// one vector (`vpdpbusd`, the row's codes broadcast), so a weight's codes are unpacked once
+/// for 16 tokens and no horizontal sum is needed; the f32 terms and their summation order are
+/// [`ternary_rows`]'s. Only where [`ternary_tokens_available`].
+#[allow(clippy::too_many_arguments)]
+pub fn ternary_rows_tokens(
+    words: &[u32],
+    scales: &[u16],
+    cols: usize,
+    groups: &[TernaryTokens],
+    ys: &mut [f32],
+    r0: usize,
+    k: usize,
+    buf: &mut Vec<u32>,
+) {
+    let codes: &[u8] = bytemuck::cast_slice(words);
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: callers check ternary_tokens_available (AVX-512 F, BW, VNNI).
+        unsafe { x86::ternary_tokens_vnni(codes, scales, cols, groups, ys, r0, k, buf) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (codes, scales, cols, groups, ys, r0, k, buf);
+        unreachable!("ternary_tokens_available is false off x86-64");
+    }
+}
+
 /// The term of a 32-element block (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) from its exact `sum w*q` (`w`
 /// the unsigned code for Q4_x and Q5_x).
 #[inline(always)]
@@ -793,6 +890,141 @@ mod x86 {
         r0: usize,
     ) {
         ternary_impl::<true>(codes, scales, cols, a, p, ys, r0)
+    }
+
+    /// The 4 codes of each code byte as the 4 bytes of a u32 (`(b | b << 6 | b << 12 |
+    /// b << 18) & 0x03030303`), and the sum of the codes of each 64-byte block.
+    #[inline(always)]
+    unsafe fn unpack_codes(row: &[u8], out: &mut [u32], csum: &mut [i32]) {
+        let m = _mm512_set1_epi32(0x0303_0303);
+        for (j, c16) in row.chunks_exact(16).enumerate() {
+            let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(c16.as_ptr() as *const __m128i));
+            let w = _mm512_or_si512(
+                _mm512_or_si512(v, _mm512_slli_epi32(v, 6)),
+                _mm512_or_si512(_mm512_slli_epi32(v, 12), _mm512_slli_epi32(v, 18)),
+            );
+            _mm512_storeu_si512(
+                out.as_mut_ptr().add(j * 16) as *mut _,
+                _mm512_and_si512(w, m),
+            );
+        }
+        for (b, blk) in row.chunks_exact(64).enumerate() {
+            let mut s = 0u32;
+            for w8 in blk.chunks_exact(8) {
+                let w = u64::from_le_bytes(w8.try_into().expect("8 bytes"));
+                s += (w & 0x5555_5555_5555_5555).count_ones()
+                    + 2 * (w & 0xAAAA_AAAA_AAAA_AAAA).count_ones();
+            }
+            csum[b] = s as i32;
+        }
+    }
+
+    /// `R` rows (codes unpacked in `c`, `R` slices of `cols / 4`) against 16 tokens.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn tokens_rows<const R: usize>(
+        c: &[u32],
+        csum: &[i32],
+        scales: &[u16],
+        cols: usize,
+        g: &TernaryTokens,
+        out: &mut [[f32; 16]; 4],
+        r: usize,
+    ) {
+        let (ng, spr) = (cols / 4, cols / 256);
+        let mut acc = [[_mm512_setzero_ps(); 8]; R];
+        for b in 0..spr {
+            let mut ia = [[_mm512_setzero_si512(); 2]; R];
+            for gi in (b * 64..b * 64 + 64).step_by(2) {
+                let x0 = _mm512_loadu_si512(g.x.as_ptr().add(gi * 64) as *const _);
+                let x1 = _mm512_loadu_si512(g.x.as_ptr().add(gi * 64 + 64) as *const _);
+                for rr in 0..R {
+                    let w0 = _mm512_set1_epi32(*c.get_unchecked(rr * ng + gi) as i32);
+                    let w1 = _mm512_set1_epi32(*c.get_unchecked(rr * ng + gi + 1) as i32);
+                    ia[rr][0] = _mm512_dpbusd_epi32(ia[rr][0], x0, w0);
+                    ia[rr][1] = _mm512_dpbusd_epi32(ia[rr][1], x1, w1);
+                }
+            }
+            let asum = _mm512_loadu_si512(g.asum.as_ptr().add(b * 16) as *const _);
+            let da = _mm512_loadu_ps(g.da.as_ptr().add(b * 16));
+            for rr in 0..R {
+                let off = _mm512_set1_epi32(128 * csum[rr * spr + b]);
+                let isum = _mm512_sub_epi32(
+                    _mm512_sub_epi32(_mm512_add_epi32(ia[rr][0], ia[rr][1]), off),
+                    asum,
+                );
+                let dw = _mm512_set1_ps(f16_bits_to_f32(scales[(r + rr) * spr + b]));
+                acc[rr][b % 8] = _mm512_add_ps(
+                    acc[rr][b % 8],
+                    _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(isum)),
+                );
+            }
+        }
+        for rr in 0..R {
+            let l = &acc[rr];
+            let y = _mm512_add_ps(
+                _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
+                _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
+            );
+            _mm512_storeu_ps(out[rr].as_mut_ptr(), y);
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vl,avx2,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn ternary_tokens_vnni(
+        codes: &[u8],
+        scales: &[u16],
+        cols: usize,
+        groups: &[TernaryTokens],
+        ys: &mut [f32],
+        r0: usize,
+        k: usize,
+        buf: &mut Vec<u32>,
+    ) {
+        let (bpr, ng, spr) = (cols / 4, cols / 4, cols / 256);
+        let n: usize = groups.iter().map(|g| g.n).sum();
+        buf.resize(4 * ng, 0);
+        let mut csum = vec![0i32; 4 * spr];
+        let mut out = [[0f32; 16]; 4];
+        let mut j = 0;
+        while j < k {
+            // Up to four rows' codes unpacked once, then run against every group.
+            let nr = (k - j).min(4);
+            for rr in 0..nr {
+                let r = r0 + j + rr;
+                unpack_codes(
+                    &codes[r * bpr..(r + 1) * bpr],
+                    &mut buf[rr * ng..(rr + 1) * ng],
+                    &mut csum[rr * spr..(rr + 1) * spr],
+                );
+            }
+            let mut t0 = 0;
+            for g in groups {
+                if nr == 4 {
+                    tokens_rows::<4>(buf, &csum, scales, cols, g, &mut out, r0 + j);
+                } else {
+                    for rr in 0..nr {
+                        let mut o1 = [[0f32; 16]; 4];
+                        tokens_rows::<1>(
+                            &buf[rr * ng..],
+                            &csum[rr * spr..],
+                            scales,
+                            cols,
+                            g,
+                            &mut o1,
+                            r0 + j + rr,
+                        );
+                        out[rr] = o1[0];
+                    }
+                }
+                for rr in 0..nr {
+                    ys[(j + rr) * n + t0..(j + rr) * n + t0 + g.n].copy_from_slice(&out[rr][..g.n]);
+                }
+                t0 += g.n;
+            }
+            j += nr;
+        }
     }
 }
 
