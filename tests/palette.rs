@@ -1262,3 +1262,84 @@ fn a_non_finite_palette_entry_is_refused_at_load() {
         "{t}"
     );
 }
+
+/// Rewrites safetensors file `path` so that its header lists `name` twice: the copy right
+/// after the original, pointing at the bytes of `offsets_of` (`name` itself: the same bytes).
+fn duplicate_in_header(path: &Path, name: &str, offsets_of: &str) {
+    let b = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+    let h: serde_json::Map<String, Value> = serde_json::from_slice(&b[8..8 + n]).unwrap();
+    let mut parts = Vec::new();
+    for (k, v) in &h {
+        parts.push(format!("{}:{v}", Value::from(k.as_str())));
+        if k == name {
+            let mut d = v.clone();
+            d["data_offsets"] = h[offsets_of]["data_offsets"].clone();
+            parts.push(format!("{}:{d}", Value::from(k.as_str())));
+        }
+    }
+    let mut text = format!("{{{}}}", parts.join(","));
+    while text.len() % 8 != 0 {
+        text.push(' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(text.as_bytes());
+    out.extend_from_slice(&b[8 + n..]);
+    std::fs::write(path, out).unwrap();
+}
+
+/// Issue 16 item 7 (the safetensors crate lets the last of two same-named header entries
+/// win): a header listing `output_norm.weight` twice, at the same bytes and at another
+/// tensor's bytes, is refused by `palettize` naming the tensor and the file, with nothing
+/// written; the same for a shard of the sharded Hugging Face checkpoint (with the cache).
+#[test]
+fn issue16_7_duplicate_tensor_names_in_safetensors_are_refused() {
+    let src = tiny_f16();
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("model.safetensors");
+    let o = run(&["dequantize", s(&src), "-o", s(&st), "--with-config", "-q"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let clean = std::fs::read(&st).unwrap();
+    for other in ["output_norm.weight", "blk.0.attn_norm.weight"] {
+        std::fs::write(&st, &clean).unwrap();
+        duplicate_in_header(&st, "output_norm.weight", other);
+        let (d, out, o) = palettize(&st, &["--bits", "4"]);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{t}");
+        for n in [
+            s(&st),
+            "tensor \"output_norm.weight\"",
+            "listed twice in the safetensors header",
+        ] {
+            assert!(t.contains(n), "{t:?} should name {n:?}");
+        }
+        assert!(!out.exists());
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0, "{t}");
+    }
+    let Some(hf) = common::hf_checkpoint("minicpm-tiny-sharded") else {
+        return;
+    };
+    let copy = copy_dir(&hf);
+    let idx: Value = serde_json::from_slice(
+        &std::fs::read(copy.path().join("model.safetensors.index.json")).unwrap(),
+    )
+    .unwrap();
+    let shard = idx["weight_map"]["model.norm.weight"].as_str().unwrap();
+    let shard = copy.path().join(shard);
+    duplicate_in_header(&shard, "model.norm.weight", "model.norm.weight");
+    let (d, out, o) = palettize_plain(
+        &copy.path().join("model.safetensors.index.json"),
+        &["--bits", "4"],
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    for n in [
+        s(&shard),
+        "tensor \"model.norm.weight\"",
+        "listed twice in the safetensors header",
+    ] {
+        assert!(t.contains(n), "{t:?} should name {n:?}");
+    }
+    assert!(!out.exists());
+    assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0, "{t}");
+}
