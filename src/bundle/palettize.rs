@@ -785,16 +785,26 @@ fn palettize_one(
     } else {
         Arith::F32
     };
-    let mut vals = vec![0f32; g * cols];
-    inp.rows_f32(t, gi * g, (gi + 1) * g, &mut vals);
-    let grp = palette::palettize_group(&vals, opts.bits, opts.mode, arith).map_err(|e| {
+    let group_err = |e: &dyn std::fmt::Display| {
         terr(
             input,
             &t.label(),
             format!("group {gi} (rows {}..{}): {e}", gi * g, (gi + 1) * g),
         )
-    })?;
-    let mut packed = vec![0u8; g * rb];
+    };
+    // A group as large as a whole tensor (one table) is allocated fallibly: running out of
+    // memory is an error that removes the staging directory, not an abort.
+    let n = g
+        .checked_mul(cols)
+        .ok_or_else(|| group_err(&"rows x cols overflows"))?;
+    let mut vals = palette::kmeans::try_filled(n, 0f32, "the group's values")
+        .map_err(|e| group_err(&palette::GroupFault::Alloc(e)))?;
+    inp.rows_f32(t, gi * g, (gi + 1) * g, &mut vals);
+    let grp =
+        palette::palettize_group(&vals, opts.bits, opts.mode, arith).map_err(|e| group_err(&e))?;
+    drop(vals);
+    let mut packed = palette::kmeans::try_filled(g * rb, 0u8, "the group's packed indices")
+        .map_err(|e| group_err(&palette::GroupFault::Alloc(e)))?;
     for (r, out) in packed.chunks_exact_mut(rb).enumerate() {
         palette::pack_row(&grp.indices[r * cols..(r + 1) * cols], opts.bits, out);
     }
