@@ -25,7 +25,7 @@ OUT ?= $(LOWBIT_CACHE)/out
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all demo test fetch venv build hf-checkpoints bench bench-ternary bench-runtime bench-dequant bench-palette refvectors golden llama ternary-real ternary-llama ternary-vectors minicpm8b
+.PHONY: all demo test fetch venv build hf-checkpoints bench bench-ternary bench-runtime bench-dequant bench-palette bench-palette-large refvectors golden llama ternary-real ternary-llama ternary-vectors minicpm8b
 
 all: build
 
@@ -182,6 +182,14 @@ bench-palette: build $(VENV)/.ok fetch
 	$(VPY) -m pip install -q --disable-pip-version-check -r benches/requirements.txt
 	$(VPY) benches/palette_bench.py --convert $(CONVERT) --threads $(BENCH_THREADS) \
 		--tensors $(PALETTE_TENSORS) --json $(LOWBIT_CACHE)/bench/palette.json $(SMOLLM2)
+
+# Issue 16 item 1: lowbit alone on one F32 [4096, 16384] matrix of N(0, 1) values (about 45 M
+# distinct), 8 bits, one table per tensor: wall time and peak RSS (coremltools takes 40-50 GB).
+LARGE_SHAPE ?= 4096x16384
+bench-palette-large: build $(VENV)/.ok fetch
+	$(VPY) -m pip install -q --disable-pip-version-check -r benches/requirements.txt
+	$(VPY) benches/palette_bench.py --convert $(CONVERT) --threads $(BENCH_THREADS) \
+		--large-shape $(LARGE_SHAPE) --bits 8 --json $(LOWBIT_CACHE)/bench/palette-large.json $(SMOLLM2)
 
 # Ternary conversion and verification of the MiniCPM4-8B-shape model, next to reading and
 # hashing the input once (the anchor), in one run.

@@ -37,7 +37,7 @@ fn main() {
         );
         for k in [256usize, 64, 16] {
             let t0 = std::time::Instant::now();
-            let c = lowbit::palette::kmeans::optimal(&xs, &ws, k);
+            let c = lowbit::palette::kmeans::optimal(&xs, &ws, k).expect("memory for the k-means");
             println!(
                 "group {grp}: n {} k {k}: {:.2} ms, sse {:.6e}",
                 xs.len(),

@@ -434,3 +434,57 @@ fn fifo_and_directory_inputs_are_refused() {
     assert_eq!(o.status.code(), Some(2), "{t}");
     assert!(t.contains("is a directory"), "{t}");
 }
+
+/// Issue 16 item 9 (special token ids outside the vocabulary): the tiny MiniCPM GGUF (474
+/// tokens) with `tokenizer.ggml.bos_token_id` set to 5000 is refused by `pack`, naming the
+/// key, the id and `n_vocab`, with nothing written; a bundle whose manifest and tokenizer
+/// (rehashed, so integrity holds) say 5000 fails `verify`, naming the same facts.
+#[test]
+fn issue16_9_special_token_ids_outside_the_vocabulary_are_refused() {
+    let src = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = std::fs::read(&src).unwrap();
+    let key = b"tokenizer.ggml.bos_token_id";
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("the tiny model has a bos id")
+        + key.len();
+    // Value type 4 (u32), then the value.
+    assert_eq!(bytes[at..at + 4], 4u32.to_le_bytes());
+    bytes[at + 4..at + 8].copy_from_slice(&5000u32.to_le_bytes());
+    let bad = dir.path().join("bos5000.gguf");
+    std::fs::write(&bad, &bytes).unwrap();
+    let out = dir.path().join("x.bundle");
+    let o = run(&["pack", "-q", "-o"], &[&out, &bad]);
+    let t = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    for n in ["tokenizer.ggml.bos_token_id", "5000", "n_vocab = 474"] {
+        assert!(t.contains(n), "{t:?} should name {n:?}");
+    }
+    assert!(!out.exists());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+
+    // The same id in a bundle (manifest and tokenizer agree; hashes recomputed).
+    let good = dir.path().join("good.bundle");
+    let o = run(&["pack", "-q", "-o"], &[&good, &src]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut m: lowbit::bundle::manifest::Manifest =
+        serde_json::from_slice(&std::fs::read(good.join("manifest.json")).unwrap()).unwrap();
+    m.model.special_tokens.insert("bos".into(), 5000);
+    let mut tok: Value =
+        serde_json::from_slice(&std::fs::read(good.join("tokenizer.json")).unwrap()).unwrap();
+    tok["metadata"]["ggml.bos_token_id"] = 5000.into();
+    let tb = serde_json::to_vec_pretty(&tok).unwrap();
+    common::write_rehashed(&good, &mut m, "tokenizer.json", &tb);
+    let o = run(&["verify"], &[&good]);
+    let t = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    for n in ["special_tokens.bos", "5000", "n_vocab = 474"] {
+        assert!(t.contains(n), "{t:?} should name {n:?}");
+    }
+}

@@ -1171,6 +1171,41 @@ fn duplicate_tensor_name() {
     );
 }
 
+/// Issue 16 item 8 (ggml's `GGML_MAX_NAME`; llama.cpp refuses "tensor name 0 is too long:
+/// 300 >= 64"): a 300-byte name and a 64-byte name are refused at the name's offset; 63 bytes
+/// are accepted.
+#[test]
+fn issue16_8_gguf_tensor_names_of_64_bytes_or_more_are_refused() {
+    for len in [300usize, 64] {
+        let name = "n".repeat(len);
+        let mut g = Gguf::new(3, 2, 0);
+        g.tensor("a", &[8], GgmlType::F32, 0);
+        let second = g.tensor(&name, &[8], GgmlType::F32, 32);
+        g.pad(32);
+        g.data(64);
+        assert_err(
+            &g.bytes(),
+            second.info,
+            ErrorKind::TensorNameTooLong {
+                index: 1,
+                name: name.clone(),
+                len,
+            },
+            &[
+                "tensor #1",
+                &format!("name is {len} bytes long"),
+                "GGML_MAX_NAME 64",
+            ],
+        );
+    }
+    let name = "n".repeat(63);
+    let mut g = Gguf::new(3, 1, 0);
+    g.tensor(&name, &[8], GgmlType::F32, 0);
+    g.pad(32);
+    g.data(32);
+    assert_eq!(parse(&g.bytes()).unwrap().tensors[0].name, name);
+}
+
 #[test]
 fn empty_tensor_name() {
     let mut g = Gguf::new(3, 2, 0);

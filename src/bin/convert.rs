@@ -74,7 +74,9 @@ enum Command {
         #[arg(long)]
         bits: u32,
         /// kmeans: globally optimal 1-D k-means per group; uniform: evenly spaced entries
-        /// between the group's min and max (coremltools' uniform mode).
+        /// between the group's min and max (in f64, each weight on its nearest entry);
+        /// uniform-coremltools: coremltools 9.0's UNIFORM operation by operation (its f16
+        /// arithmetic and indices, for bit-compatibility).
         #[arg(long, value_enum, default_value_t = PalModeArg::Kmeans)]
         mode: PalModeArg,
         /// Consecutive rows sharing one table; default one table per tensor.
@@ -272,6 +274,7 @@ enum PrefillArg {
 enum PalModeArg {
     Kmeans,
     Uniform,
+    UniformCoremltools,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -527,6 +530,7 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             let mode = match mode {
                 PalModeArg::Kmeans => lowbit::palette::Mode::Kmeans,
                 PalModeArg::Uniform => lowbit::palette::Mode::Uniform,
+                PalModeArg::UniformCoremltools => lowbit::palette::Mode::UniformCoremltools,
             };
             let mut cl: Vec<String> = vec![
                 "convert".into(),

@@ -165,6 +165,15 @@ pub fn model_config(f: &GgufFile, context: Option<u64>) -> Result<ModelConfig, B
             .and_then(|s| s.strip_suffix("_token_id"))
         {
             if let Some(id) = v.as_u64() {
+                // An id past the vocabulary would be recorded and then replaced by the
+                // runtime's fallback; refuse it here, naming the key.
+                if id >= n_vocab {
+                    return Err(cfg_err(
+                        f,
+                        key,
+                        &format!("{id} is outside the vocabulary (n_vocab = {n_vocab})"),
+                    ));
+                }
                 special_tokens.insert(name.to_string(), id);
             }
         }

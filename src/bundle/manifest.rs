@@ -197,6 +197,17 @@ impl ModelConfig {
                 "0 must be at least 1".into(),
             );
         }
+        for (name, &id) in &self.special_tokens {
+            if id >= self.n_vocab {
+                return bad(
+                    &format!("special_tokens.{name}"),
+                    format!(
+                        "{id} is outside the vocabulary (n_vocab = {})",
+                        self.n_vocab
+                    ),
+                );
+            }
+        }
         for (field, v) in [
             ("embedding_scale", self.embedding_scale),
             ("residual_scale", self.residual_scale),

@@ -191,10 +191,52 @@ pub fn sidecar_config(model: &ModelConfig, tokenizer: &TokenizerRef) -> serde_js
     })
 }
 
+/// The first name a safetensors header lists twice, if any. The `safetensors` crate reads
+/// the header into a map, where the last of two entries wins (and when they point at
+/// different bytes its offset check then blames a neighbouring tensor), so the header's keys
+/// are walked here first. A header that is not a JSON object, or is cut short, gives `None`:
+/// the crate's own reader reports that.
+fn duplicate_header_name(map: &[u8]) -> Option<String> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+    struct Keys;
+    impl<'de> Visitor<'de> for Keys {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a safetensors header object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Option<String>, A::Error> {
+            // Read to the end (serde_json checks that the object is closed), keep the first.
+            let mut seen = std::collections::HashSet::new();
+            let mut first = None;
+            while let Some(k) = m.next_key::<String>()? {
+                m.next_value::<IgnoredAny>()?;
+                if !seen.insert(k.clone()) && first.is_none() {
+                    first = Some(k);
+                }
+            }
+            Ok(first)
+        }
+    }
+    let n = u64::from_le_bytes(map.get(..8)?.try_into().ok()?);
+    let end = usize::try_from(n).ok()?.checked_add(8)?;
+    let header = map.get(8..end)?;
+    serde_json::Deserializer::from_slice(header)
+        .deserialize_map(Keys)
+        .ok()
+        .flatten()
+}
+
 fn open_shard(path: &Path) -> Result<Shard, BundleError> {
     let f = util::open_input(path).map_err(io_err(path))?;
     // SAFETY: read-only map of a file we do not modify; see crate::gguf for the caveat.
     let map = unsafe { Mmap::map(&f) }.map_err(io_err(path))?;
+    if let Some(name) = duplicate_header_name(&map) {
+        return Err(terr(
+            path,
+            &name,
+            "listed twice in the safetensors header (a reader keeps only one of them)",
+        ));
+    }
     let (n, meta) = SafeTensors::read_metadata(&map).map_err(|e| BundleError::Manifest {
         path: path.to_path_buf(),
         detail: format!("not a valid safetensors file: {e}"),
@@ -745,16 +787,26 @@ fn palettize_one(
     } else {
         Arith::F32
     };
-    let mut vals = vec![0f32; g * cols];
-    inp.rows_f32(t, gi * g, (gi + 1) * g, &mut vals);
-    let grp = palette::palettize_group(&vals, opts.bits, opts.mode, arith).map_err(|e| {
+    let group_err = |e: &dyn std::fmt::Display| {
         terr(
             input,
             &t.label(),
             format!("group {gi} (rows {}..{}): {e}", gi * g, (gi + 1) * g),
         )
-    })?;
-    let mut packed = vec![0u8; g * rb];
+    };
+    // A group as large as a whole tensor (one table) is allocated fallibly: running out of
+    // memory is an error that removes the staging directory, not an abort.
+    let n = g
+        .checked_mul(cols)
+        .ok_or_else(|| group_err(&"rows x cols overflows"))?;
+    let mut vals = palette::kmeans::try_filled(n, 0f32, "the group's values")
+        .map_err(|e| group_err(&palette::GroupFault::Alloc(e)))?;
+    inp.rows_f32(t, gi * g, (gi + 1) * g, &mut vals);
+    let grp =
+        palette::palettize_group(&vals, opts.bits, opts.mode, arith).map_err(|e| group_err(&e))?;
+    drop(vals);
+    let mut packed = palette::kmeans::try_filled(g * rb, 0u8, "the group's packed indices")
+        .map_err(|e| group_err(&palette::GroupFault::Alloc(e)))?;
     for (r, out) in packed.chunks_exact_mut(rb).enumerate() {
         palette::pack_row(&grp.indices[r * cols..(r + 1) * cols], opts.bits, out);
     }
@@ -1134,5 +1186,25 @@ fn describe_input(
                 },
             ))
         }
+    }
+}
+
+#[cfg(test)]
+mod header_tests {
+    use super::duplicate_header_name;
+
+    fn file(header: &str) -> Vec<u8> {
+        let mut v = (header.len() as u64).to_le_bytes().to_vec();
+        v.extend_from_slice(header.as_bytes());
+        v
+    }
+
+    #[test]
+    fn a_name_listed_twice_is_found() {
+        let t = r#"{"__metadata__":{"a":"b"},"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"y":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}  "#;
+        assert_eq!(duplicate_header_name(&file(t)), Some("x".into()));
+        let t = r#"{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"y":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#;
+        assert_eq!(duplicate_header_name(&file(t)), None);
+        assert_eq!(duplicate_header_name(b"\x05\0\0\0\0\0\0\0{\"a\""), None);
     }
 }

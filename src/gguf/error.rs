@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use super::MAX_ARRAY_DEPTH;
 use super::MAX_ARRAY_LEN;
 use super::MAX_DIMS;
+use super::MAX_TENSOR_NAME_LEN;
 
 /// A GGUF file could not be read. `offset` is the absolute byte offset in `file` of the field
 /// that was being read when the problem was found.
@@ -101,6 +102,14 @@ pub enum ErrorKind {
     /// A tensor with an empty name.
     #[error("tensor #{index}: empty name")]
     EmptyTensorName { index: u64 },
+    /// A tensor name of [`MAX_TENSOR_NAME_LEN`] bytes or more (ggml's `GGML_MAX_NAME`, which
+    /// counts the terminating NUL).
+    #[error("tensor #{index} {name:?}: name is {len} bytes long, ggml's limit is {} (GGML_MAX_NAME {MAX_TENSOR_NAME_LEN} with its NUL)", MAX_TENSOR_NAME_LEN - 1)]
+    TensorNameTooLong {
+        index: u64,
+        name: String,
+        len: usize,
+    },
     /// Two tensors with the same name.
     #[error("duplicate tensor name {name:?}")]
     DuplicateTensor { name: String },

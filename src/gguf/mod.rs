@@ -39,6 +39,10 @@ pub const MAX_ARRAY_DEPTH: usize = 2;
 /// so an array of one-byte values costs 32 bytes of memory per byte of file; the cap bounds
 /// that at 512 MiB per array. Real vocabularies have at most about a million entries.
 pub const MAX_ARRAY_LEN: u64 = 1 << 24;
+/// `GGML_MAX_NAME`: ggml keeps a tensor name in a `char[64]` with its terminating NUL, so
+/// names of 64 bytes or more are refused (llama.cpp's loader: "tensor name 0 is too long:
+/// 300 >= 64").
+pub const MAX_TENSOR_NAME_LEN: usize = 64;
 /// `GGUF_DEFAULT_ALIGNMENT`.
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 /// The GGUF magic, as bytes.
@@ -312,6 +316,17 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Header, GgufError> {
         let name = c.utf8_string(&format!("name of tensor #{i}"))?;
         if name.is_empty() {
             return Err(c.err_at(info_offset, ErrorKind::EmptyTensorName { index: i }));
+        }
+        if name.len() >= MAX_TENSOR_NAME_LEN {
+            let len = name.len();
+            return Err(c.err_at(
+                info_offset,
+                ErrorKind::TensorNameTooLong {
+                    index: i,
+                    name,
+                    len,
+                },
+            ));
         }
         let nd_at = c.pos;
         let n_dims = c.u32(&format!("n_dims of tensor {name:?}"))?;

@@ -22,7 +22,50 @@
 //! exact minimum of every `D_m(i)` (ties: the smallest `j`). The result is checked against
 //! `kmeans1d` and an exhaustive O(k n^2) search in the tests.
 //!
-//! Cost: O(n) memory per layer plus `k * (n + 1)` u32 back-pointers.
+//! Memory. The direct solver keeps `k * (n + 1)` u32 back-pointers (one row per layer) to
+//! walk the optimum back; at 8 bits on one table of a `[4096, 16384]` f32 tensor (about 45 M
+//! distinct values) that is 46 GB. It is used only while the table fits in
+//! [`MAX_BACKPOINTER_BYTES`]; larger problems are split Hirschberg-style: the cost of the
+//! first `k1 = k / 2` clusters ending at each `j` (forward layers, two rows kept) and of the
+//! last `k - k1` clusters starting at each `j` (the same layers on the reversed, negated
+//! values) give the optimal boundary `j*` between them (`argmin F(j) + G(j)`, smallest `j`);
+//! the two halves are solved the same way, side by side. Memory is O(n) (about 100 bytes per
+//! distinct value at the top level), time about twice the direct solver's. Both reach the
+//! exact optimum; on exact ties of the total they may pick different (equally optimal)
+//! partitions. Every buffer is allocated fallibly: a failure is an [`AllocFailed`] error.
+
+/// Largest back-pointer table (`k * (n + 1)` u32) the direct solver allocates per group;
+/// larger problems take the linear-memory split (see the module docs). 64 MiB covers every
+/// grouped palettization of real models (at 8 bits, up to about 65 000 distinct values per
+/// group) so their results and speed are the direct solver's.
+pub const MAX_BACKPOINTER_BYTES: usize = 64 << 20;
+
+/// Most distinct values one group may have (back-pointers are u32).
+pub const MAX_DISTINCT: usize = u32::MAX as usize - 1;
+
+/// A buffer of the solver could not be allocated, or the problem is too large to index.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("cannot allocate {bytes} bytes for {what}")]
+pub struct AllocFailed {
+    pub what: &'static str,
+    pub bytes: usize,
+}
+
+/// `n` copies of `v`, or [`AllocFailed`] instead of an abort when memory runs out.
+pub fn try_filled<T: Clone>(n: usize, v: T, what: &'static str) -> Result<Vec<T>, AllocFailed> {
+    let mut out = Vec::new();
+    try_reserve(&mut out, n, what)?;
+    out.resize(n, v);
+    Ok(out)
+}
+
+/// Room for `n` more elements in `v`, or [`AllocFailed`].
+pub fn try_reserve<T>(v: &mut Vec<T>, n: usize, what: &'static str) -> Result<(), AllocFailed> {
+    v.try_reserve_exact(n).map_err(|_| AllocFailed {
+        what,
+        bytes: n.saturating_mul(std::mem::size_of::<T>()),
+    })
+}
 
 /// Result of [`optimal`]: cluster `c` covers `x[starts[c]..starts[c + 1]]` (the last one runs
 /// to the end); `means` are the clusters' weighted means; `sse` their total cost.
@@ -41,21 +84,27 @@ struct Prefix {
 }
 
 impl Prefix {
-    fn new(x: &[f64], w: &[f64]) -> Prefix {
+    /// Prefix sums of `x`, `w`; with `reversed`, of the values in reverse order and negated
+    /// (so still ascending): the suffix problem as a prefix problem.
+    fn new(x: &[f64], w: &[f64], reversed: bool) -> Result<Prefix, AllocFailed> {
         let wt: f64 = w.iter().sum();
         let center = x.iter().zip(w).map(|(a, b)| a * b).sum::<f64>() / wt;
         let n = x.len();
-        let (mut pw, mut ps, mut pq) = (
-            Vec::with_capacity(n + 1),
-            Vec::with_capacity(n + 1),
-            Vec::with_capacity(n + 1),
-        );
+        let (mut pw, mut ps, mut pq) = (Vec::new(), Vec::new(), Vec::new());
+        for v in [&mut pw, &mut ps, &mut pq] {
+            try_reserve(v, n + 1, "k-means prefix sums")?;
+        }
         let (mut a, mut b, mut c) = (0f64, 0f64, 0f64);
         pw.push(0.0);
         ps.push(0.0);
         pq.push(0.0);
-        for (&xi, &wi) in x.iter().zip(w) {
-            let d = xi - center;
+        for t in 0..n {
+            let (xi, wi) = if reversed {
+                (center - x[n - 1 - t], w[n - 1 - t])
+            } else {
+                (x[t] - center, w[t])
+            };
+            let d = xi;
             a += wi;
             b += wi * d;
             c += wi * d * d;
@@ -63,11 +112,11 @@ impl Prefix {
             ps.push(b);
             pq.push(c);
         }
-        Prefix {
+        Ok(Prefix {
             w: pw,
             s: ps,
             q: pq,
-        }
+        })
     }
 
     /// Cost of one cluster over values `j..i` (`j < i`), never negative.
@@ -80,6 +129,35 @@ impl Prefix {
     }
 }
 
+/// The vector paths the solver may take (each gives the scalar path's bits, tested).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Simd {
+    Scalar,
+    Avx2,
+    Avx512,
+}
+
+/// Detected once; `LOWBIT_ISA=portable` (the crate's one switch, see
+/// [`crate::runtime::q8::detect`]) keeps the scalar path, as on a CPU without AVX2.
+fn simd() -> Simd {
+    static S: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
+    *S.get_or_init(|| {
+        if crate::runtime::q8::detect() == crate::runtime::q8::Isa::Portable {
+            return Simd::Scalar;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f") {
+                return Simd::Avx512;
+            }
+            if std::is_x86_feature_detected!("avx2") {
+                return Simd::Avx2;
+            }
+        }
+        Simd::Scalar
+    })
+}
+
 /// Best `j` in `lo..=hi` for `D_m(i)`; returns (value, j), the smallest `j` among equal
 /// values. `lo <= hi` required. The AVX2 path computes the same f64 operations four `j` at a
 /// time and reduces to the same (value, smallest j), so both paths return the same result.
@@ -87,7 +165,7 @@ impl Prefix {
 fn best_start(p: &Prefix, prev: &[f64], i: usize, lo: usize, hi: usize) -> (f64, usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        if hi - lo >= 8 && std::is_x86_feature_detected!("avx2") {
+        if hi - lo >= 8 && simd() >= Simd::Avx2 {
             // SAFETY: AVX2 is present; indices are in bounds (checked by the caller's ranges).
             return unsafe { best_start_avx2(p, prev, i, lo, hi) };
         }
@@ -196,11 +274,11 @@ fn knuth_layer(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx512f") {
-            // SAFETY: AVX-512F (and so AVX2) is present, checked on the line above.
+        if simd() == Simd::Avx512 {
+            // SAFETY: AVX-512F (and so AVX2) is present, checked by simd().
             return unsafe { knuth_layer_avx512(p, prev, opt_prev, m, n, cur, opt_cur) };
         }
-        if std::is_x86_feature_detected!("avx2") {
+        if simd() >= Simd::Avx2 {
             // SAFETY: AVX2 is present, checked on the line above.
             return unsafe { knuth_layer_avx2(p, prev, opt_prev, m, n, cur, opt_cur) };
         }
@@ -464,76 +542,83 @@ fn knuth_rows(
     }
 }
 
+/// Layer `m` (`cur`, `opt_cur`) of the dynamic program from layer `m - 1`: Knuth's sweep at
+/// or past `knuth_from` clusters, divide and conquer below.
+#[allow(clippy::too_many_arguments)]
+fn layer(
+    p: &Prefix,
+    prev: &[f64],
+    opt_prev: &[u32],
+    m: usize,
+    n: usize,
+    knuth_from: usize,
+    cur: &mut [f64],
+    opt_cur: &mut [u32],
+) {
+    cur.iter_mut().for_each(|v| *v = f64::INFINITY);
+    if m >= knuth_from.max(2) {
+        // Knuth, eight rows at a time (see knuth_layer): the windows are a few columns wide
+        // here; independent rows per step keep the divider busy.
+        knuth_layer(p, prev, opt_prev, m, n, cur, opt_cur);
+    } else {
+        // Divide and conquer over i in m..=n with the monotone argmin.
+        let mut stack = vec![(m, n, m - 1, n - 1)];
+        while let Some((ilo, ihi, jlo, jhi)) = stack.pop() {
+            if ilo > ihi {
+                continue;
+            }
+            let mid = ilo + (ihi - ilo) / 2;
+            let lo = jlo.max(opt_prev[mid] as usize).max(m - 1);
+            let hi = jhi.min(mid - 1);
+            let (v, j) = best_start(p, prev, mid, lo.min(hi), lo.max(hi).min(mid - 1));
+            cur[mid] = v;
+            opt_cur[mid] = j as u32;
+            if mid > ilo {
+                stack.push((ilo, mid - 1, jlo, j));
+            }
+            stack.push((mid + 1, ihi, j, jhi));
+        }
+    }
+}
+
+/// Layers at or past this count use Knuth's sweep; below it, divide and conquer. The sweep
+/// costs about n + n^2 / (2 m^2) per layer, divide and conquer about n log2 n.
+fn knuth_from(n: usize) -> usize {
+    let log2n = (usize::BITS - n.leading_zeros()) as usize;
+    ((n / (2 * log2n.max(1))) as f64).sqrt().ceil() as usize
+}
+
 /// The optimal partition of sorted, strictly increasing `x` (weights `w > 0`, same length)
-/// into `min(k, x.len())` contiguous clusters.
+/// into `min(k, x.len())` contiguous clusters, in O(n) memory past
+/// [`MAX_BACKPOINTER_BYTES`] (module docs).
 ///
 /// Panics if `x` is empty, lengths differ or `k == 0` (callers check; this is internal).
-pub fn optimal(x: &[f64], w: &[f64], k: usize) -> Clustering {
+pub fn optimal(x: &[f64], w: &[f64], k: usize) -> Result<Clustering, AllocFailed> {
+    optimal_with_limit(x, w, k, MAX_BACKPOINTER_BYTES)
+}
+
+/// [`optimal`] with the direct solver's back-pointer budget `max_backpointer_bytes` (0: the
+/// linear-memory split all the way down; for tests and benchmarks).
+pub fn optimal_with_limit(
+    x: &[f64],
+    w: &[f64],
+    k: usize,
+    max_backpointer_bytes: usize,
+) -> Result<Clustering, AllocFailed> {
     assert!(!x.is_empty() && x.len() == w.len() && k > 0);
     let n = x.len();
+    if n > MAX_DISTINCT {
+        return Err(AllocFailed {
+            what: "k-means over more than 2^32 - 2 distinct values",
+            bytes: n.saturating_mul(8),
+        });
+    }
     let k = k.min(n);
-    let p = Prefix::new(x, w);
-    // opt[(m - 1) * (n + 1) + i]: start of the last cluster of D_m(i).
-    let stride = n + 1;
-    // The back-pointers (k * (n + 1) u32, megabytes at 8 bits) in a buffer kept per thread:
-    // a fresh allocation per group would cost its page faults every time.
-    thread_local! {
-        static OPT: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    let mut opt = OPT.with(|b| std::mem::take(&mut *b.borrow_mut()));
-    opt.clear();
-    opt.resize(k * stride, 0);
-    let mut prev = vec![f64::INFINITY; stride];
-    let mut cur = vec![f64::INFINITY; stride];
-    for (i, v) in prev.iter_mut().enumerate().skip(1) {
-        *v = p.cost(0, i);
-    }
-    // Layers at or past this count use Knuth's sweep; below it, divide and conquer. The sweep
-    // costs about n + n^2 / (2 m^2) per layer, divide and conquer about n log2 n.
-    let log2n = (usize::BITS - n.leading_zeros()) as usize;
-    let knuth_from = ((n / (2 * log2n.max(1))) as f64).sqrt().ceil() as usize;
-    for m in 2..=k {
-        let (before, rest) = opt.split_at_mut((m - 1) * stride);
-        let opt_prev = &before[(m - 2) * stride..];
-        let opt_cur = &mut rest[..stride];
-        cur.iter_mut().for_each(|v| *v = f64::INFINITY);
-        if m >= knuth_from.max(2) {
-            // Knuth, four rows at a time: rows i, i-1, i-2, i-3 (from n down to m) share the
-            // upper bound opt_m(i + 1) (>= each row's own opt_m, which is monotone), each with
-            // its own lower bound max(m - 1, opt_{m-1}(row)). The windows are a few columns
-            // wide here; four independent rows per step keep the divider busy instead of
-            // waiting on one row's result before the next row's window is known.
-            knuth_layer(&p, &prev, opt_prev, m, n, &mut cur, opt_cur);
-        } else {
-            // Divide and conquer over i in m..=n with the monotone argmin.
-            let mut stack = vec![(m, n, m - 1, n - 1)];
-            while let Some((ilo, ihi, jlo, jhi)) = stack.pop() {
-                if ilo > ihi {
-                    continue;
-                }
-                let mid = ilo + (ihi - ilo) / 2;
-                let lo = jlo.max(opt_prev[mid] as usize).max(m - 1);
-                let hi = jhi.min(mid - 1);
-                let (v, j) = best_start(&p, &prev, mid, lo.min(hi), lo.max(hi).min(mid - 1));
-                cur[mid] = v;
-                opt_cur[mid] = j as u32;
-                if mid > ilo {
-                    stack.push((ilo, mid - 1, jlo, j));
-                }
-                stack.push((mid + 1, ihi, j, jhi));
-            }
-        }
-        std::mem::swap(&mut prev, &mut cur);
-    }
-    // Walk back from D_k(n).
-    let mut starts = vec![0usize; k];
-    let mut i = n;
-    for m in (2..=k).rev() {
-        let j = opt[(m - 1) * stride + i] as usize;
-        starts[m - 1] = j;
-        i = j;
-    }
-    starts[0] = 0;
+    let mut starts = Vec::new();
+    try_reserve(&mut starts, k, "k-means cluster starts")?;
+    split(x, w, k, max_backpointer_bytes, 0, &mut starts)?;
+    starts.sort_unstable();
+    debug_assert_eq!(starts.len(), k);
     let mut means = Vec::with_capacity(k);
     let mut sse = 0.0;
     for c in 0..k {
@@ -553,8 +638,132 @@ pub fn optimal(x: &[f64], w: &[f64], k: usize) -> Clustering {
             .map(|(xi, wi)| wi * (xi - means[c]) * (xi - means[c]))
             .sum::<f64>();
     }
+    Ok(Clustering { starts, means, sse })
+}
+
+/// Appends to `starts` the starts (plus `base`) of the optimal `k` clusters of `x`
+/// (`1 <= k <= x.len()`), directly when the back-pointers fit `limit` bytes, else by the
+/// Hirschberg split.
+fn split(
+    x: &[f64],
+    w: &[f64],
+    k: usize,
+    limit: usize,
+    base: usize,
+    starts: &mut Vec<usize>,
+) -> Result<(), AllocFailed> {
+    let n = x.len();
+    if k == 1 {
+        starts.push(base);
+        return Ok(());
+    }
+    if k == n {
+        starts.extend(base..base + n);
+        return Ok(());
+    }
+    let table = k.saturating_mul(n + 1).saturating_mul(4);
+    if table <= limit {
+        return direct(x, w, k, base, starts);
+    }
+    let k1 = k / 2;
+    let k2 = k - k1;
+    // F[j]: the first j values in k1 clusters; R[t]: the last t values in k2 clusters. The
+    // two passes are independent (run side by side).
+    let (f, r) = rayon::join(
+        || last_layer(x, w, k1, false),
+        || last_layer(x, w, k2, true),
+    );
+    let (f, r) = (f?, r?);
+    let mut best = f64::INFINITY;
+    let mut s = k1;
+    for j in k1..=n - k2 {
+        let v = f[j] + r[n - j];
+        if v < best {
+            best = v;
+            s = j;
+        }
+    }
+    drop((f, r));
+    let mut right = Vec::new();
+    try_reserve(&mut right, k2, "k-means cluster starts")?;
+    let (a, b) = rayon::join(
+        || split(&x[..s], &w[..s], k1, limit, base, starts),
+        || split(&x[s..], &w[s..], k2, limit, base + s, &mut right),
+    );
+    a?;
+    b?;
+    starts.extend_from_slice(&right);
+    Ok(())
+}
+
+/// The last layer `D_k(i)`, `i` in `0..=n`, of the dynamic program over `x` (`reversed`: over
+/// the values reversed and negated, i.e. the cost of the last `i` values in `k` clusters),
+/// keeping two rows.
+fn last_layer(x: &[f64], w: &[f64], k: usize, reversed: bool) -> Result<Vec<f64>, AllocFailed> {
+    let n = x.len();
+    let p = Prefix::new(x, w, reversed)?;
+    let stride = n + 1;
+    let mut prev = try_filled(stride, f64::INFINITY, "k-means rows")?;
+    let mut cur = try_filled(stride, f64::INFINITY, "k-means rows")?;
+    let mut opt_prev = try_filled(stride, 0u32, "k-means rows")?;
+    let mut opt_cur = try_filled(stride, 0u32, "k-means rows")?;
+    for (i, v) in prev.iter_mut().enumerate().skip(1) {
+        *v = p.cost(0, i);
+    }
+    let kf = knuth_from(n);
+    for m in 2..=k {
+        layer(&p, &prev, &opt_prev, m, n, kf, &mut cur, &mut opt_cur);
+        std::mem::swap(&mut prev, &mut cur);
+        std::mem::swap(&mut opt_prev, &mut opt_cur);
+    }
+    Ok(prev)
+}
+
+/// The direct solver: every layer's back-pointers kept, then one walk back from `D_k(n)`.
+fn direct(
+    x: &[f64],
+    w: &[f64],
+    k: usize,
+    base: usize,
+    starts: &mut Vec<usize>,
+) -> Result<(), AllocFailed> {
+    let n = x.len();
+    let p = Prefix::new(x, w, false)?;
+    // opt[(m - 1) * (n + 1) + i]: start of the last cluster of D_m(i).
+    let stride = n + 1;
+    // The back-pointers (k * (n + 1) u32, megabytes at 8 bits) in a buffer kept per thread:
+    // a fresh allocation per group would cost its page faults every time.
+    thread_local! {
+        static OPT: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let mut opt = OPT.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    opt.clear();
+    try_reserve(&mut opt, k * stride, "k-means back-pointers")?;
+    opt.resize(k * stride, 0);
+    let mut prev = try_filled(stride, f64::INFINITY, "k-means rows")?;
+    let mut cur = try_filled(stride, f64::INFINITY, "k-means rows")?;
+    for (i, v) in prev.iter_mut().enumerate().skip(1) {
+        *v = p.cost(0, i);
+    }
+    let kf = knuth_from(n);
+    for m in 2..=k {
+        let (before, rest) = opt.split_at_mut((m - 1) * stride);
+        let opt_prev = &before[(m - 2) * stride..];
+        let opt_cur = &mut rest[..stride];
+        layer(&p, &prev, opt_prev, m, n, kf, &mut cur, opt_cur);
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    // Walk back from D_k(n).
+    let first = starts.len();
+    starts.resize(first + k, base);
+    let mut i = n;
+    for m in (2..=k).rev() {
+        let j = opt[(m - 1) * stride + i] as usize;
+        starts[first + m - 1] = base + j;
+        i = j;
+    }
     OPT.with(|b| *b.borrow_mut() = opt);
-    Clustering { starts, means, sse }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -624,7 +833,7 @@ mod tests {
                 .map(|_| 1.0 + (lcg(&mut s) * 5.0).floor())
                 .collect();
             for k in [1, 2, 3, 4, 7, 16] {
-                let c = optimal(&x, &w, k);
+                let c = optimal(&x, &w, k).unwrap();
                 let b = brute(&x, &w, k);
                 assert!(
                     (c.sse - b).abs() <= 1e-9 * (1.0 + b.abs()),
@@ -637,6 +846,70 @@ mod tests {
                 assert!(c.starts.windows(2).all(|p| p[0] < p[1]));
             }
         }
+    }
+
+    /// Issue 16 item 1 (coremltools #2551: memory grows as clusters x distinct values): the
+    /// linear-memory split (forced all the way down, and with a small budget so it ends in
+    /// the direct solver) reaches the exhaustive optimum.
+    #[test]
+    fn kmeans_memory_grows_as_clusters_x_distinct_values() {
+        let mut s = 99u64;
+        for case in 0..200 {
+            let n = 1 + (case % 45);
+            let mut x: Vec<f64> = (0..n)
+                .map(|_| {
+                    let u = lcg(&mut s);
+                    if case % 3 == 0 {
+                        (u * 6.0).floor() + lcg(&mut s) * 1e-3
+                    } else {
+                        (u - 0.5) * (1.0 + case as f64)
+                    }
+                })
+                .collect();
+            x.sort_by(f64::total_cmp);
+            x.dedup();
+            let w: Vec<f64> = x
+                .iter()
+                .map(|_| 1.0 + (lcg(&mut s) * 5.0).floor())
+                .collect();
+            for k in [1, 2, 3, 5, 8, 16] {
+                let b = brute(&x, &w, k);
+                for limit in [0, 64, MAX_BACKPOINTER_BYTES] {
+                    let c = optimal_with_limit(&x, &w, k, limit).unwrap();
+                    assert!(
+                        (c.sse - b).abs() <= 1e-9 * (1.0 + b.abs()),
+                        "case {case} n {} k {k} limit {limit}: {} vs exhaustive {b}",
+                        x.len(),
+                        c.sse
+                    );
+                    assert_eq!(c.starts.len(), k.min(x.len()));
+                    assert_eq!(c.starts[0], 0);
+                    assert!(c.starts.windows(2).all(|p| p[0] < p[1]));
+                }
+            }
+        }
+    }
+
+    /// The split on a larger problem (20 000 values, 256 clusters, a budget of 1 MiB so it
+    /// splits several times) equals the direct solver's optimum.
+    #[test]
+    fn split_equals_direct_on_a_larger_problem() {
+        let mut s = 5u64;
+        let mut x: Vec<f64> = (0..20_000).map(|_| lcg(&mut s) + lcg(&mut s)).collect();
+        x.sort_by(f64::total_cmp);
+        x.dedup();
+        let w: Vec<f64> = x
+            .iter()
+            .map(|_| 1.0 + (lcg(&mut s) * 3.0).floor())
+            .collect();
+        let d = optimal_with_limit(&x, &w, 256, usize::MAX).unwrap();
+        let h = optimal_with_limit(&x, &w, 256, 1 << 20).unwrap();
+        assert!(
+            (d.sse - h.sse).abs() <= 1e-12 * d.sse,
+            "direct {} split {}",
+            d.sse,
+            h.sse
+        );
     }
 
     #[test]
@@ -655,7 +928,7 @@ mod tests {
                 .iter()
                 .map(|_| 1.0 + (lcg(&mut s) * 3.0).floor())
                 .collect();
-            let p = Prefix::new(&x, &w);
+            let p = Prefix::new(&x, &w, false).unwrap();
             let prev: Vec<f64> = (0..=x.len()).map(|i| (i % 7) as f64 * 1e-3).collect();
             for _ in 0..2000 {
                 let i = 2 + (lcg(&mut s) * (x.len() - 2) as f64) as usize;
@@ -697,7 +970,7 @@ mod tests {
                     .iter()
                     .map(|_| 1.0 + (lcg(&mut s) * 4.0).floor())
                     .collect();
-                let p = Prefix::new(&x, &w);
+                let p = Prefix::new(&x, &w, false).unwrap();
                 // Layer 1 exactly, then a few layers on both paths from the same input.
                 let mut prev: Vec<f64> = (0..=n)
                     .map(|i| if i == 0 { f64::INFINITY } else { p.cost(0, i) })
@@ -732,10 +1005,10 @@ mod tests {
     fn at_most_k_values_are_exact() {
         let x = [-1.5, -0.25, 0.0, 3.0];
         let w = [2.0, 1.0, 7.0, 1.0];
-        let c = optimal(&x, &w, 4);
+        let c = optimal(&x, &w, 4).unwrap();
         assert_eq!(c.sse, 0.0);
         assert_eq!(c.means, x.to_vec());
-        let c = optimal(&x, &w, 256);
+        let c = optimal(&x, &w, 256).unwrap();
         assert_eq!(c.starts, vec![0, 1, 2, 3]);
     }
 }

@@ -6,23 +6,35 @@
 //! Modes:
 //! - `kmeans`: the globally optimal 1-D k-means of the group's values ([`kmeans::optimal`] on
 //!   the sorted distinct values weighted by their counts). Entries are the clusters' means
-//!   rounded to f16 (round to nearest, ties to even); each weight takes the nearest entry
-//!   (ties: the lower index), which is never further than its cluster's entry. A group with at
-//!   most `2^B` distinct values keeps them all: exact when they are f16 values.
-//! - `uniform`: coremltools 9.0 `palettize_weights._get_lut_and_indices` mode `UNIFORM`,
-//!   reproduced operation by operation in the source's precision (f16 sources in f16
-//!   arithmetic, as numpy evaluates it; others in f32): `scale = (max - min) / (2^B - 1)`,
+//!   rounded to f16 once ([`f64_to_f16_bits`]: round to nearest, ties to even, the same on
+//!   every CPU); each weight takes the nearest entry (ties: the lower index), which is never
+//!   further than its cluster's entry.
+//! - `uniform`: `2^B` evenly spaced entries from the group's minimum to its maximum, computed
+//!   in f64 (`entry[i] = min + i * (max - min) / (2^B - 1)`, the last entry `max`) and rounded
+//!   to f16 once; each weight takes the nearest entry (ties: the lower index).
+//! - `uniform-coremltools`: coremltools 9.0 `palettize_weights._get_lut_and_indices` mode
+//!   `UNIFORM`, reproduced operation by operation for bit-compatibility, in the source's
+//!   precision (f16 sources in f16 arithmetic, as numpy evaluates it; others in f32):
+//!   `scale = (max - min) / (2^B - 1)`,
 //!   `index = round_half_even((w - min) / (max - min) * (2^B - 1))`,
 //!   `entry[i] = i * scale + min` (evaluated in f64, rounded to the source dtype, then to f16).
-//!   A group whose values are all equal gets index 0 everywhere (coremltools divides by zero).
+//!   Indices are not always the nearest entry, small ranges lose precision in f16, and a range
+//!   that overflows f16 arithmetic is refused. A group whose values are all equal gets index 0
+//!   everywhere (coremltools divides by zero).
+//!
+//! Few distinct values (`kmeans` and `uniform`): a group with at most `2^B` distinct values
+//! keeps them all (exact when they are f16 values). Its table holds them in ascending order,
+//! then repeats the largest until it has `2^B` entries (kmeans1d returns fewer centroids than
+//! asked for, coremltools pads the same way); no index points past the first copy.
 //!
 //! Storage ([`pack_row`]): indices of a row packed LSB-first at `B` bits each into
 //! `ceil(cols * B / 8)` bytes (index `c` occupies bits `c*B .. c*B + B` of the row's
 //! little-endian bit stream); rows follow each other; tables are `n_groups * 2^B` f16,
 //! little-endian.
 //!
-//! Errors: a NaN or infinite weight, or a table entry outside f16's finite range
-//! (|x| > 65504 after rounding), refuses the tensor.
+//! Errors: a NaN or infinite weight, a table entry outside f16's finite range (|x| > 65504
+//! after rounding; the error names the entry), a range that overflows coremltools' f16
+//! arithmetic, or memory that cannot be allocated, refuses the tensor (naming the group).
 
 pub mod kmeans;
 
@@ -36,6 +48,8 @@ pub const SUPPORTED_BITS: &[u32] = &[1, 2, 3, 4, 6, 8];
 pub enum Mode {
     Kmeans,
     Uniform,
+    /// coremltools 9.0's UNIFORM, operation by operation (module docs).
+    UniformCoremltools,
 }
 
 impl Mode {
@@ -43,18 +57,20 @@ impl Mode {
         match self {
             Mode::Kmeans => "kmeans",
             Mode::Uniform => "uniform",
+            Mode::UniformCoremltools => "uniform-coremltools",
         }
     }
     pub fn from_name(s: &str) -> Option<Mode> {
         match s {
             "kmeans" => Some(Mode::Kmeans),
             "uniform" => Some(Mode::Uniform),
+            "uniform-coremltools" => Some(Mode::UniformCoremltools),
             _ => None,
         }
     }
 }
 
-/// The precision `uniform` computes in (the source tensor's element type).
+/// The precision `uniform-coremltools` computes in (the source tensor's element type).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arith {
     F32,
@@ -66,8 +82,12 @@ pub enum Arith {
 pub enum GroupFault {
     #[error("non-finite weight {value} at element {index} of the group")]
     NonFinite { index: usize, value: f32 },
-    #[error("table entry {value} does not fit float16 (largest finite 65504)")]
-    TableOverflow { value: f64 },
+    #[error("table entry {entry} = {value} does not fit float16 (largest finite 65504)")]
+    TableOverflow { entry: usize, value: f64 },
+    #[error("the range max - min = {range} (from {min} to {max}) overflows the float16 arithmetic of coremltools' UNIFORM order (largest finite 65504); --mode uniform computes it in f64")]
+    RangeOverflow { min: f32, max: f32, range: f64 },
+    #[error("out of memory: {0}")]
+    Alloc(#[from] kmeans::AllocFailed),
 }
 
 /// One palettized group: `2^B` f16 table entries (bits), one index per weight, and the
@@ -111,9 +131,11 @@ pub struct Distinct {
 /// [`Distinct`] of `v`. Values that are all exact f16 (a half-precision checkpoint) are
 /// counted in 65536 bins of their f16 bits, in numeric order; others are sorted. Both give the
 /// same result.
-pub fn distinct(v: &[f32]) -> Distinct {
+pub fn distinct(v: &[f32]) -> Result<Distinct, kmeans::AllocFailed> {
     use half::slice::HalfFloatSliceExt;
-    let mut bits = vec![f16::ZERO; v.len()];
+    // Only whether each value is an exact f16 is read from this conversion (any correct
+    // rounding path gives exact values back exactly and others not), not its rounding.
+    let mut bits = kmeans::try_filled(v.len(), f16::ZERO, "distinct values")?;
     bits.convert_from_f32_slice(v);
     let bits: Vec<u16> = bits.iter().map(|h| h.to_bits()).collect();
     let exact_f16 = bits
@@ -149,17 +171,23 @@ pub fn distinct(v: &[f32]) -> Distinct {
             }
         }
         let index = bits.iter().map(|&b| slot[key(b)]).collect();
-        return Distinct { xs, ws, index };
+        return Ok(Distinct { xs, ws, index });
     }
-    let mut keys: Vec<u64> = v
-        .iter()
-        .enumerate()
-        .map(|(i, &x)| ((order_key(if x == 0.0 { 0.0 } else { x }) as u64) << 32) | i as u64)
-        .collect();
+    drop(bits);
+    let mut keys: Vec<u64> = Vec::new();
+    kmeans::try_reserve(&mut keys, v.len(), "distinct values")?;
+    keys.extend(
+        v.iter()
+            .enumerate()
+            .map(|(i, &x)| ((order_key(if x == 0.0 { 0.0 } else { x }) as u64) << 32) | i as u64),
+    );
     keys.sort_unstable();
+    let n_distinct = 1 + keys.windows(2).filter(|p| p[0] >> 32 != p[1] >> 32).count();
     let mut xs: Vec<f64> = Vec::new();
     let mut ws: Vec<f64> = Vec::new();
-    let mut index = vec![0u32; v.len()];
+    kmeans::try_reserve(&mut xs, n_distinct, "distinct values")?;
+    kmeans::try_reserve(&mut ws, n_distinct, "distinct values")?;
+    let mut index = kmeans::try_filled(v.len(), 0u32, "distinct values")?;
     let mut last = None;
     for k in keys {
         let kv = (k >> 32) as u32;
@@ -171,7 +199,7 @@ pub fn distinct(v: &[f32]) -> Distinct {
         *ws.last_mut().expect("pushed above") += 1.0;
         index[(k & 0xFFFF_FFFF) as usize] = (xs.len() - 1) as u32;
     }
-    Distinct { xs, ws, index }
+    Ok(Distinct { xs, ws, index })
 }
 
 /// Sorted distinct values of `v` (`-0.0` and `0.0` count as one) with their counts.
@@ -193,22 +221,76 @@ pub fn distinct_counts(v: &[f32]) -> (Vec<f64>, Vec<f64>) {
     (xs, ws)
 }
 
-fn f16_entry(x: f64) -> Result<u16, GroupFault> {
-    let h = f16::from_f64(x);
-    if !h.is_finite() {
-        return Err(GroupFault::TableOverflow { value: x });
+/// `x` rounded to binary16 (bits): round to nearest, ties to even, from all 53 bits of the
+/// significand, in integer arithmetic (the same bits on every CPU; `half`'s software
+/// `f16::from_f64` drops the low 32 bits of the significand before rounding, and its F16C
+/// path differs from it). Overflow gives infinity, NaN a quiet NaN.
+pub fn f64_to_f16_bits(x: f64) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 48) & 0x8000) as u16;
+    let exp = ((b >> 52) & 0x7FF) as i32;
+    let man = b & 0x000F_FFFF_FFFF_FFFF;
+    if exp == 0x7FF {
+        return if man == 0 {
+            sign | 0x7C00
+        } else {
+            sign | 0x7E00 | ((man >> 42) as u16 & 0x1FF)
+        };
     }
-    Ok(h.to_bits())
+    let e = exp - 1023;
+    if e > 15 {
+        return sign | 0x7C00;
+    }
+    // Below half the smallest subnormal (2^-25), or exactly half (a tie, to even: zero).
+    if e < -25 {
+        return sign;
+    }
+    // value = sig * 2^(e - 52); binary16 keeps 11 bits at e >= -14, fewer below.
+    let sig = man | (1u64 << 52);
+    let shift = (42 + (-14 - e).max(0)) as u32;
+    let q = sig >> shift;
+    let rem = sig & ((1u64 << shift) - 1);
+    let half = 1u64 << (shift - 1);
+    let q = if rem > half || (rem == half && q & 1 == 1) {
+        q + 1
+    } else {
+        q
+    };
+    // Normal: biased exponent e + 15 above the implicit bit (a carry out of the significand
+    // moves into the exponent, up to infinity); subnormal: q itself (2^10 is the smallest
+    // normal).
+    let bits = if e >= -14 {
+        (((e + 14) as u64) << 10) + q
+    } else {
+        q
+    };
+    sign | bits as u16
+}
+
+/// [`f64_to_f16_bits`] of an f32 (widening is exact, so this is correctly rounded too).
+#[inline(always)]
+pub fn f32_to_f16_bits(x: f32) -> u16 {
+    f64_to_f16_bits(x as f64)
+}
+
+/// Table entry `entry` of value `x` rounded to f16, or [`GroupFault::TableOverflow`].
+fn f16_entry(entry: usize, x: f64) -> Result<u16, GroupFault> {
+    let h = f64_to_f16_bits(x);
+    if h & 0x7C00 == 0x7C00 {
+        return Err(GroupFault::TableOverflow { entry, value: x });
+    }
+    Ok(h)
 }
 
 /// Rounds through f16 as numpy's float16 arithmetic does (the f32 result of one operation on
 /// f16 operands, rounded to f16).
 #[inline(always)]
 fn r16(x: f32) -> f32 {
-    f16::from_f32(x).to_f32()
+    crate::quant::f16_bits_to_f32(f32_to_f16_bits(x))
 }
 
-/// Palettizes one group of weights (any order; typically `G` rows of `K`).
+/// Palettizes one group of weights (any order; typically `G` rows of `K`). `arith` matters to
+/// `uniform-coremltools` only.
 pub fn palettize_group(
     values: &[f32],
     bits: u32,
@@ -220,29 +302,46 @@ pub fn palettize_group(
     }
     let n_entries = 1usize << bits;
     let (table, indices) = match mode {
-        Mode::Kmeans => {
-            let d = distinct(values);
+        Mode::Kmeans | Mode::Uniform => {
+            let d = distinct(values)?;
             let entries: Vec<f64> = if d.xs.len() <= n_entries {
                 d.xs.clone()
+            } else if mode == Mode::Kmeans {
+                kmeans::optimal(&d.xs, &d.ws, n_entries)?.means
             } else {
-                kmeans::optimal(&d.xs, &d.ws, n_entries).means
+                let (min, max) = (d.xs[0], d.xs[d.xs.len() - 1]);
+                let levels = (n_entries - 1) as f64;
+                (0..n_entries)
+                    .map(|i| {
+                        if i == n_entries - 1 {
+                            max
+                        } else {
+                            min + i as f64 * ((max - min) / levels)
+                        }
+                    })
+                    .collect()
             };
             let mut table = Vec::with_capacity(n_entries);
-            for &e in &entries {
-                table.push(f16_entry(e)?);
+            for (i, &e) in entries.iter().enumerate() {
+                table.push(f16_entry(i, e)?);
             }
-            // Pad with the largest entry so the table stays sorted.
+            // Pad with the largest entry so the table stays sorted (module docs).
             let last = *table.last().expect("a group is never empty");
             table.resize(n_entries, last);
-            let tv: Vec<f64> = table.iter().map(|&h| f16::from_bits(h).to_f64()).collect();
+            let tv: Vec<f64> = table
+                .iter()
+                .map(|&h| crate::quant::f16_bits_to_f32(h) as f64)
+                .collect();
             let used = entries.len();
             // The nearest entry of each distinct value (ascending, so one merge walk), then
             // of each weight through its value's index.
             let near = nearest_sorted(&tv[..used], &d.xs);
-            let indices = d.index.iter().map(|&i| near[i as usize]).collect();
+            let mut indices = Vec::new();
+            kmeans::try_reserve(&mut indices, values.len(), "palette indices")?;
+            indices.extend(d.index.iter().map(|&i| near[i as usize]));
             (table, indices)
         }
-        Mode::Uniform => uniform(values, bits, arith)?,
+        Mode::UniformCoremltools => uniform_coremltools(values, bits, arith)?,
     };
     let mut sse = 0f64;
     let mut max_abs_err = 0f64;
@@ -302,8 +401,12 @@ fn nearest(t: &[f64], v: f64) -> usize {
     }
 }
 
-/// coremltools' UNIFORM mode (see the module docs).
-fn uniform(values: &[f32], bits: u32, arith: Arith) -> Result<(Vec<u16>, Vec<u8>), GroupFault> {
+/// coremltools' UNIFORM mode, operation by operation (see the module docs).
+fn uniform_coremltools(
+    values: &[f32],
+    bits: u32,
+    arith: Arith,
+) -> Result<(Vec<u16>, Vec<u8>), GroupFault> {
     let levels = ((1u32 << bits) - 1) as f32;
     let r = |x: f32| match arith {
         Arith::F16 => r16(x),
@@ -314,8 +417,10 @@ fn uniform(values: &[f32], bits: u32, arith: Arith) -> Result<(Vec<u16>, Vec<u8>
     let range = r(max - min);
     let scale = r(range / levels);
     if !range.is_finite() {
-        return Err(GroupFault::TableOverflow {
-            value: max as f64 - min as f64,
+        return Err(GroupFault::RangeOverflow {
+            min,
+            max,
+            range: max as f64 - min as f64,
         });
     }
     let indices = values
@@ -332,10 +437,10 @@ fn uniform(values: &[f32], bits: u32, arith: Arith) -> Result<(Vec<u16>, Vec<u8>
     for i in 0..(1u32 << bits) {
         let e = i as f64 * scale as f64 + min as f64;
         let e = match arith {
-            Arith::F16 => f16::from_f64(e).to_f64(),
+            Arith::F16 => crate::quant::f16_bits_to_f32(f64_to_f16_bits(e)) as f64,
             Arith::F32 => e as f32 as f64,
         };
-        table.push(f16_entry(e)?);
+        table.push(f16_entry(i as usize, e)?);
     }
     Ok((table, indices))
 }
@@ -472,7 +577,7 @@ mod tests {
         f16s[8] = 0.0;
         f16s[9] = f16::from_bits(1).to_f32(); // smallest subnormal
         for (name, v) in [("f32", &f32s), ("f16", &f16s)] {
-            let d = distinct(v);
+            let d = distinct(v).unwrap();
             let (xs, ws) = distinct_counts(v);
             assert_eq!(d.xs, xs, "{name}");
             assert_eq!(d.ws, ws, "{name}");
@@ -495,7 +600,7 @@ mod tests {
                 .map(|k| from_key((*k >> 32) as u32) as f64)
                 .collect::<Vec<_>>()
         };
-        assert_eq!(distinct(&f16s).xs, sorted);
+        assert_eq!(distinct(&f16s).unwrap().xs, sorted);
     }
 
     #[test]
@@ -578,8 +683,10 @@ mod tests {
     #[test]
     fn constant_group_uniform_is_exact() {
         let v = [0.125f32; 64];
-        let g = palettize_group(&v, 4, Mode::Uniform, Arith::F16).unwrap();
-        assert_eq!(g.sse, 0.0);
-        assert!(g.indices.iter().all(|&i| i == 0));
+        for mode in [Mode::Uniform, Mode::UniformCoremltools] {
+            let g = palettize_group(&v, 4, mode, Arith::F16).unwrap();
+            assert_eq!(g.sse, 0.0);
+            assert!(g.indices.iter().all(|&i| i == 0));
+        }
     }
 }
