@@ -5,8 +5,10 @@
 //! `conversion/base.py`, gguf-py's `vocab.py`) maps them, so that a checkpoint and the GGUF
 //! made from it give the same bundle weights.
 //!
-//! Architectures: `LlamaForCausalLM` (`model_type` `llama`) and `MiniCPMForCausalLM`
-//! (`minicpm`).
+//! Architectures: those of [`crate::arch`] with Hugging Face names: `LlamaForCausalLM`
+//! (`model_type` `llama`), `MiniCPMForCausalLM` (`minicpm`) and `Qwen2ForCausalLM` (`qwen2`,
+//! `conversion/qwen.py`: Q/K/V biases, no row permutation since its RoPE pairs halves as
+//! Hugging Face does).
 //!
 //! Tensors (`N` the layer):
 //!
@@ -17,13 +19,15 @@
 //! model.layers.N.input_layernorm.weight      blk.N.attn_norm.weight
 //! model.layers.N.post_attention_layernorm    blk.N.ffn_norm.weight
 //! model.layers.N.self_attn.{q,k,v,o}_proj    blk.N.attn_{q,k,v,output}.weight
+//! model.layers.N.self_attn.{q,k,v}_proj.bias blk.N.attn_{q,k,v}.bias (Qwen2)
 //! model.layers.N.mlp.{gate,up,down}_proj     blk.N.ffn_{gate,up,down}.weight
 //! config.json rope_scaling long/short_factor rope_factors_{long,short}.weight (F32, MiniCPM)
 //! ```
 //!
-//! `q_proj` and `k_proj` rows are permuted as `LlamaModel.permute` does (n_head heads for q,
-//! n_head_kv for k): GGUF row `h*hd + 2i + p` is Hugging Face row `h*hd + p*hd/2 + i`, which
-//! turns the Hugging Face "rotate half" RoPE layout into GGUF's adjacent pairs.
+//! For architectures whose RoPE pairs adjacent dimensions (llama, minicpm), `q_proj` and
+//! `k_proj` rows are permuted as `LlamaModel.permute` does (n_head heads for q, n_head_kv for
+//! k): GGUF row `h*hd + 2i + p` is Hugging Face row `h*hd + p*hd/2 + i`, which turns the
+//! Hugging Face "rotate half" RoPE layout into GGUF's adjacent pairs.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -55,6 +59,8 @@ pub struct HfModel {
     /// `q_proj` / `k_proj` head counts for the permutation.
     pub n_head: usize,
     pub n_head_kv: usize,
+    /// Whether `q_proj` / `k_proj` rows are permuted (RoPE on adjacent pairs).
+    pub permute_qk: bool,
 }
 
 fn err(file: &Path, key: &str, detail: impl Into<String>) -> BundleError {
@@ -74,8 +80,14 @@ pub fn permuted_row(r: usize, rows: usize, heads: usize) -> usize {
 }
 
 /// The GGUF name of a Hugging Face tensor name and how it is read, or `None` for a name this
-/// mapping does not know.
-pub fn gguf_name(hf: &str, n_head: usize, n_head_kv: usize) -> Option<(String, Source)> {
+/// mapping does not know. `permute`: `q_proj`/`k_proj` weights are permuted (RoPE on adjacent
+/// pairs), else read as they are.
+pub fn gguf_name(
+    hf: &str,
+    n_head: usize,
+    n_head_kv: usize,
+    permute: bool,
+) -> Option<(String, Source)> {
     let plain = |g: String| Some((g, Source::Tensor(hf.to_string())));
     match hf {
         "model.embed_tokens.weight" => return plain("token_embd.weight".into()),
@@ -86,6 +98,17 @@ pub fn gguf_name(hf: &str, n_head: usize, n_head_kv: usize) -> Option<(String, S
     let rest = hf.strip_prefix("model.layers.")?;
     let (n, tail) = rest.split_once('.')?;
     let layer: u64 = n.parse().ok()?;
+    if let Some(p) = tail.strip_prefix("self_attn.") {
+        let b = match p {
+            "q_proj.bias" => Some("attn_q"),
+            "k_proj.bias" => Some("attn_k"),
+            "v_proj.bias" => Some("attn_v"),
+            _ => None,
+        };
+        if let Some(b) = b {
+            return plain(format!("blk.{layer}.{b}.bias"));
+        }
+    }
     let kind = match tail {
         "input_layernorm.weight" => "attn_norm",
         "post_attention_layernorm.weight" => "ffn_norm",
@@ -99,6 +122,9 @@ pub fn gguf_name(hf: &str, n_head: usize, n_head_kv: usize) -> Option<(String, S
         _ => return None,
     };
     let g = format!("blk.{layer}.{kind}.weight");
+    if !permute {
+        return plain(g);
+    }
     let heads = match kind {
         "attn_q" => n_head,
         "attn_k" => n_head_kv,
@@ -207,19 +233,29 @@ pub fn load(
         }
         None => return Err(err(cfg_path, "model_type", "missing")),
     };
-    let arch = match model_type {
-        "llama" => "llama",
-        "minicpm" => "minicpm",
-        other => {
-            return Err(err(
+    let spec = crate::arch::lookup(model_type)
+        .ok()
+        .filter(|a| !a.hf_names.is_empty())
+        .ok_or_else(|| {
+            let known: Vec<String> = crate::arch::ALL
+                .iter()
+                .filter(|a| !a.hf_names.is_empty())
+                .map(|a| format!("{}: {}", a.name, a.hf_names.join(", ")))
+                .collect();
+            err(
                 cfg_path,
                 "model_type",
-                format!(
-                "{other:?} is not supported (llama: LlamaForCausalLM, minicpm: MiniCPMForCausalLM)"
-            ),
-            ))
-        }
-    };
+                format!("{model_type:?} is not supported ({})", known.join("; ")),
+            )
+        })?;
+    let arch = spec.name;
+    if v.get("use_sliding_window").and_then(Json::as_bool) == Some(true) {
+        return Err(err(
+            cfg_path,
+            "use_sliding_window",
+            "true: sliding-window attention is not implemented for this architecture",
+        ));
+    }
     let n_layer = c.u64("num_hidden_layers")?;
     let n_embd = c.u64("hidden_size")?;
     let n_ff = c.u64("intermediate_size")?;
@@ -501,6 +537,7 @@ pub fn load(
         extra,
         n_head: n_head as usize,
         n_head_kv: n_head_kv as usize,
+        permute_qk: spec.rope == crate::arch::RopeMode::Norm,
     })
 }
 
@@ -539,6 +576,10 @@ const CONTROL: i64 = 3;
 const USER_DEFINED: i64 = 4;
 const BYTE: i64 = 6;
 
+/// The `Split` regex of Qwen2's tokenizer.json (llama.cpp's `qwen2` pre-tokenizer: single
+/// digits).
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// Hugging Face pre-tokenizers (tokenizer.json `pre_tokenizer`) of byte-level BPE models and
 /// the llama.cpp pre-tokenizer name (`tokenizer.ggml.pre`) of each. convert_hf_to_gguf
 /// recognises a pre-tokenizer by hashing the ids of a test text; this table recognises the
@@ -553,6 +594,21 @@ fn pre_name(pre: &Json) -> Option<&'static str> {
     }
     if pre.get("type").and_then(Json::as_str) == Some("Sequence") {
         let items = pre.get("pretokenizers").and_then(Json::as_array)?;
+        // Qwen2: the split regex of llama.cpp's `qwen2` pre-tokenizer, then byte-level
+        // without its own regex.
+        if let [split, bl] = items.as_slice() {
+            let regex = split
+                .get("pattern")
+                .and_then(|p| p.get("Regex"))
+                .and_then(Json::as_str);
+            if split.get("type").and_then(Json::as_str) == Some("Split")
+                && regex == Some(QWEN2_SPLIT)
+                && bl.get("type").and_then(Json::as_str) == Some("ByteLevel")
+                && bl.get("use_regex").and_then(Json::as_bool) == Some(false)
+            {
+                return Some("qwen2");
+            }
+        }
         if let [digits, bl] = items.as_slice() {
             if digits.get("type").and_then(Json::as_str) == Some("Digits")
                 && digits.get("individual_digits").and_then(Json::as_bool) == Some(true)
@@ -633,7 +689,7 @@ fn tokenizer(dir: &Path, cfg: &Map<String, Json>, n_vocab: usize) -> Result<Tok,
             ));
         }
         let pre = tj.get("pre_tokenizer").unwrap_or(&Json::Null);
-        let pre = pre_name(pre).ok_or_else(|| err(&tj_path, "pre_tokenizer", format!("{pre} is not a pre-tokenizer this tool maps to llama.cpp's (known: smollm, gpt-2)")))?;
+        let pre = pre_name(pre).ok_or_else(|| err(&tj_path, "pre_tokenizer", format!("{pre} is not a pre-tokenizer this tool maps to llama.cpp's (known: smollm, gpt-2, qwen2)")))?;
         let vocab = m
             .get("vocab")
             .and_then(Json::as_object)
@@ -1018,6 +1074,35 @@ mod tests {
     }
 
     #[test]
+    fn qwen2_maps_biases_and_does_not_permute() {
+        assert_eq!(
+            gguf_name("model.layers.3.self_attn.q_proj.weight", 14, 2, false),
+            Some((
+                "blk.3.attn_q.weight".into(),
+                Source::Tensor("model.layers.3.self_attn.q_proj.weight".into())
+            ))
+        );
+        for (hf, g) in [("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v")] {
+            let name = format!("model.layers.0.self_attn.{hf}_proj.bias");
+            assert_eq!(
+                gguf_name(&name, 14, 2, false),
+                Some((format!("blk.0.{g}.bias"), Source::Tensor(name.clone())))
+            );
+        }
+        assert_eq!(
+            gguf_name("model.layers.0.self_attn.o_proj.bias", 14, 2, false),
+            None
+        );
+        let qwen2 = json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]});
+        assert_eq!(pre_name(&qwen2), Some("qwen2"));
+        let mut other = qwen2.clone();
+        other["pretokenizers"][0]["pattern"]["Regex"] = json!("\\p{N}{1,3}");
+        assert_eq!(pre_name(&other), None);
+    }
+
+    #[test]
     fn permutation_is_convert_hf_to_gguf_permute() {
         // LlamaModel.permute: w.reshape(n_head, 2, rows / n_head / 2, cols).swapaxes(1, 2)
         let (heads, hd) = (3, 8);
@@ -1040,7 +1125,7 @@ mod tests {
     #[test]
     fn names_map_and_unknown_names_do_not() {
         assert_eq!(
-            gguf_name("model.layers.7.self_attn.k_proj.weight", 9, 3),
+            gguf_name("model.layers.7.self_attn.k_proj.weight", 9, 3, true),
             Some((
                 "blk.7.attn_k.weight".into(),
                 Source::Permuted {
@@ -1050,14 +1135,17 @@ mod tests {
             ))
         );
         assert_eq!(
-            gguf_name("model.layers.0.mlp.down_proj.weight", 9, 3).map(|x| x.0),
+            gguf_name("model.layers.0.mlp.down_proj.weight", 9, 3, true).map(|x| x.0),
             Some("blk.0.ffn_down.weight".into())
         );
         assert_eq!(
-            gguf_name("model.layers.0.self_attn.rotary_emb.inv_freq", 9, 3),
+            gguf_name("model.layers.0.self_attn.rotary_emb.inv_freq", 9, 3, true),
             None
         );
-        assert_eq!(gguf_name("model.layers.x.mlp.up_proj.weight", 9, 3), None);
+        assert_eq!(
+            gguf_name("model.layers.x.mlp.up_proj.weight", 9, 3, true),
+            None
+        );
     }
 
     #[test]

@@ -130,8 +130,9 @@ enum Input {
         model: ModelConfig,
         tokenizer: TokenizerRef,
         tokenizer_bytes: Vec<u8>,
-        /// Hugging Face tensor names (mapped to GGUF's), with the head counts of q and k.
-        hf: Option<(usize, usize)>,
+        /// Hugging Face tensor names (mapped to GGUF's), with the head counts of q and k and
+        /// whether their rows are permuted.
+        hf: Option<(usize, usize, bool)>,
         /// GGUF-named F32 tensors made from config.json.
         extra: Vec<(String, Vec<u8>)>,
     },
@@ -400,7 +401,7 @@ fn open_safetensors(path: &Path, context: Option<u64>) -> Result<Input, BundleEr
             model: m.model,
             tokenizer: m.tokenizer,
             tokenizer_bytes: m.tokenizer_bytes,
-            hf: Some((m.n_head, m.n_head_kv)),
+            hf: Some((m.n_head, m.n_head_kv, m.permute_qk)),
             extra,
         });
     };
@@ -579,7 +580,7 @@ impl Input {
                         let (gname, permute) = match hf {
                             None => (name.clone(), None),
                             Some(_) if hf_ignored(&name) => continue,
-                            Some((nh, nkv)) => match hf::gguf_name(&name, *nh, *nkv) {
+                            Some((nh, nkv, permute)) => match hf::gguf_name(&name, *nh, *nkv, *permute) {
                                 Some((g, hf::Source::Tensor(_))) => (g, None),
                                 Some((g, hf::Source::Permuted { heads, .. })) => {
                                     let rows = shape.first().copied().unwrap_or(0) as usize;
@@ -596,7 +597,7 @@ impl Input {
                                     return Err(terr(
                                         &sh.path,
                                         &name,
-                                        "not a tensor of LlamaForCausalLM / MiniCPMForCausalLM this tool maps",
+                                        "not a tensor of LlamaForCausalLM / MiniCPMForCausalLM / Qwen2ForCausalLM this tool maps",
                                     ))
                                 }
                             },
