@@ -12,6 +12,7 @@ pub mod export;
 pub mod ggml;
 pub mod gguf;
 pub mod inspect;
+pub mod isa;
 pub mod palette;
 pub mod quant;
 pub mod runtime;

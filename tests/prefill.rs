@@ -1,8 +1,8 @@
 //! Batched prefill in buckets: a prompt run as chunks gives the same bits as the same tokens
 //! run as single decode steps, on every encoding real models carry (ternary, palette 8/6/4,
 //! F16, F32, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K), with both kernels, on the portable, AVX2 and
-//! AVX-512 paths (forced per process with `LOWBIT_ISA`, `LOWBIT_TERNARY_PORTABLE`,
-//! `LOWBIT_PALETTE_PORTABLE`); and the bucket list's rules at pack, verify and load.
+//! AVX-512 paths (forced per process with `LOWBIT_ISA`); and the bucket list's rules at pack,
+//! verify and load.
 
 mod common;
 
@@ -109,11 +109,7 @@ fn same_on_every_path(bundle: &Path, ids: &[u32]) {
     let paths: [&[(&str, &str)]; 3] = [
         &[],
         &[("LOWBIT_ISA", "avx2")],
-        &[
-            ("LOWBIT_ISA", "portable"),
-            ("LOWBIT_TERNARY_PORTABLE", "1"),
-            ("LOWBIT_PALETTE_PORTABLE", "1"),
-        ],
+        &[("LOWBIT_ISA", "portable")],
     ];
     for kernel in ["f32", "int8"] {
         let mut first: Option<(Vec<u8>, String)> = None;

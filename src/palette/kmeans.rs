@@ -138,11 +138,11 @@ enum Simd {
 }
 
 /// Detected once; `LOWBIT_ISA=portable` (the crate's one switch, see
-/// [`crate::runtime::q8::detect`]) keeps the scalar path, as on a CPU without AVX2.
+/// [`crate::isa::detect`]) keeps the scalar path, as on a CPU without AVX2.
 fn simd() -> Simd {
     static S: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
     *S.get_or_init(|| {
-        if crate::runtime::q8::detect() == crate::runtime::q8::Isa::Portable {
+        if crate::isa::detect() == crate::isa::Isa::Portable {
             return Simd::Scalar;
         }
         #[cfg(target_arch = "x86_64")]

@@ -122,8 +122,9 @@ fn ternary_rows(words: &[u32], scales: &[u16], cols: usize, x: &[f32], ys: &mut 
     {
         static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let avx512 = *AVX512.get_or_init(|| {
+            // `LOWBIT_ISA=portable|avx2` (crate::isa) caps it like every other kernel.
             std::is_x86_feature_detected!("avx512f")
-                && std::env::var_os("LOWBIT_TERNARY_PORTABLE").is_none()
+                && crate::isa::detect() == crate::isa::Isa::Avx512Vnni
         });
         if avx512 {
             // SAFETY: AVX-512F is present, checked on the line above.
@@ -242,7 +243,8 @@ fn palette_gather_ok() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OK.get_or_init(|| {
         std::is_x86_feature_detected!("avx2")
-            && std::env::var_os("LOWBIT_PALETTE_PORTABLE").is_none()
+            && std::is_x86_feature_detected!("f16c")
+            && crate::isa::detect() != crate::isa::Isa::Portable
     })
 }
 
