@@ -148,30 +148,31 @@ pub struct TensorRef {
     pub cols: u64,
 }
 
-/// The tensors of one layer.
+/// The tensors of one layer: their names and shapes ([`TensorRef`], here), or what a backend
+/// resolves them to (`T`, e.g. the runtime's located weights) through [`LayerLayout::map`].
 #[derive(Clone, Debug)]
-pub struct LayerLayout {
-    pub attn_norm: TensorRef,
-    pub wq: TensorRef,
-    pub wk: TensorRef,
-    pub wv: TensorRef,
-    pub wo: TensorRef,
-    pub bq: Option<TensorRef>,
-    pub bk: Option<TensorRef>,
-    pub bv: Option<TensorRef>,
-    pub q_norm: Option<TensorRef>,
-    pub k_norm: Option<TensorRef>,
-    pub post_attn_norm: Option<TensorRef>,
-    pub ffn_norm: TensorRef,
-    pub w_gate: TensorRef,
-    pub w_up: TensorRef,
-    pub w_down: TensorRef,
-    pub post_ffn_norm: Option<TensorRef>,
+pub struct LayerLayout<T = TensorRef> {
+    pub attn_norm: T,
+    pub wq: T,
+    pub wk: T,
+    pub wv: T,
+    pub wo: T,
+    pub bq: Option<T>,
+    pub bk: Option<T>,
+    pub bv: Option<T>,
+    pub q_norm: Option<T>,
+    pub k_norm: Option<T>,
+    pub post_attn_norm: Option<T>,
+    pub ffn_norm: T,
+    pub w_gate: T,
+    pub w_up: T,
+    pub w_down: T,
+    pub post_ffn_norm: Option<T>,
 }
 
-impl LayerLayout {
+impl<T> LayerLayout<T> {
     /// Every tensor of the layer.
-    pub fn all(&self) -> Vec<&TensorRef> {
+    pub fn all(&self) -> Vec<&T> {
         let mut v = vec![
             &self.attn_norm,
             &self.wq,
@@ -199,8 +200,8 @@ impl LayerLayout {
         v
     }
 
-    /// The matrices (what a matrix-vector kernel reads).
-    pub fn matrices(&self) -> [&TensorRef; 7] {
+    /// The matrices (what a matrix kernel reads), in graph order.
+    pub fn matrices(&self) -> [&T; 7] {
         [
             &self.wq,
             &self.wk,
@@ -210,6 +211,29 @@ impl LayerLayout {
             &self.w_up,
             &self.w_down,
         ]
+    }
+
+    /// The same layer with every tensor resolved by `f` (the first error returned).
+    pub fn map<U, E>(&self, mut f: impl FnMut(&T) -> Result<U, E>) -> Result<LayerLayout<U>, E> {
+        let mut o = |t: &Option<T>| t.as_ref().map(&mut f).transpose();
+        Ok(LayerLayout {
+            bq: o(&self.bq)?,
+            bk: o(&self.bk)?,
+            bv: o(&self.bv)?,
+            q_norm: o(&self.q_norm)?,
+            k_norm: o(&self.k_norm)?,
+            post_attn_norm: o(&self.post_attn_norm)?,
+            post_ffn_norm: o(&self.post_ffn_norm)?,
+            attn_norm: f(&self.attn_norm)?,
+            wq: f(&self.wq)?,
+            wk: f(&self.wk)?,
+            wv: f(&self.wv)?,
+            wo: f(&self.wo)?,
+            ffn_norm: f(&self.ffn_norm)?,
+            w_gate: f(&self.w_gate)?,
+            w_up: f(&self.w_up)?,
+            w_down: f(&self.w_down)?,
+        })
     }
 }
 

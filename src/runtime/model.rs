@@ -45,41 +45,8 @@ pub enum WeightKind {
     },
 }
 
-/// One layer's weights (see [`crate::arch::LayerLayout`]).
-#[derive(Clone, Debug)]
-pub struct Layer {
-    pub attn_norm: Weight,
-    pub wq: Weight,
-    pub wk: Weight,
-    pub wv: Weight,
-    pub wo: Weight,
-    pub bq: Option<Weight>,
-    pub bk: Option<Weight>,
-    pub bv: Option<Weight>,
-    pub q_norm: Option<Weight>,
-    pub k_norm: Option<Weight>,
-    pub post_attn_norm: Option<Weight>,
-    pub ffn_norm: Weight,
-    pub w_gate: Weight,
-    pub w_up: Weight,
-    pub w_down: Weight,
-    pub post_ffn_norm: Option<Weight>,
-}
-
-impl Layer {
-    /// The matrices, in graph order.
-    pub fn matrices(&self) -> [&Weight; 7] {
-        [
-            &self.wq,
-            &self.wk,
-            &self.wv,
-            &self.wo,
-            &self.w_gate,
-            &self.w_up,
-            &self.w_down,
-        ]
-    }
-}
+/// One layer's weights: the architecture's [`crate::arch::LayerLayout`], located.
+pub type Layer = crate::arch::LayerLayout<Weight>;
 
 /// Everything a forward pass needs, resolved from a checked bundle.
 pub struct Model {
@@ -237,28 +204,11 @@ impl Model {
             })?;
             Weight::from_entry(e)
         };
-        let ow = |t: &Option<TensorRef>| t.as_ref().map(&w).transpose();
-        let mut layers = Vec::with_capacity(layout.layers.len());
-        for l in &layout.layers {
-            layers.push(Layer {
-                attn_norm: w(&l.attn_norm)?,
-                wq: w(&l.wq)?,
-                wk: w(&l.wk)?,
-                wv: w(&l.wv)?,
-                wo: w(&l.wo)?,
-                bq: ow(&l.bq)?,
-                bk: ow(&l.bk)?,
-                bv: ow(&l.bv)?,
-                q_norm: ow(&l.q_norm)?,
-                k_norm: ow(&l.k_norm)?,
-                post_attn_norm: ow(&l.post_attn_norm)?,
-                ffn_norm: w(&l.ffn_norm)?,
-                w_gate: w(&l.w_gate)?,
-                w_up: w(&l.w_up)?,
-                w_down: w(&l.w_down)?,
-                post_ffn_norm: ow(&l.post_ffn_norm)?,
-            });
-        }
+        let layers = layout
+            .layers
+            .iter()
+            .map(|l| l.map(w))
+            .collect::<Result<Vec<Layer>, RuntimeError>>()?;
         let tok_embd = w(&layout.tok_embd)?;
         let output_norm = w(&layout.output_norm)?;
         let output = w(&layout.output)?;
