@@ -112,11 +112,12 @@ $(HF_TINY): $(VENV)/.ok tests/ref/make_hf_checkpoint.py
 		--llama-f32path testdata/llama/minicpm-tiny-tq2_0.f32path.json
 hf-checkpoints: $(HF_SMOLLM2) $(HF_TINY)
 
-# Every test, with the real models required (a missing model fails instead of skipping).
+# Every test, with the real models and a GPU adapter required (a missing model or no adapter
+# fails instead of skipping; .ci/run installs lavapipe, Mesa's CPU Vulkan driver).
 test: fetch $(SMOLLM2_TQ2) hf-checkpoints
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
-	LOWBIT_REQUIRE_MODELS=1 cargo test --release
+	LOWBIT_REQUIRE_MODELS=1 LOWBIT_REQUIRE_GPU=1 cargo test --release
 
 # Regenerate the reference vectors from gguf-py (pinned in tests/ref/requirements.txt).
 refvectors: $(VENV)/.ok

@@ -164,6 +164,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// List the GPU adapters wgpu finds (Vulkan, Metal, DX12): backend, driver, features,
+    /// subgroup sizes and the limits the kernels depend on. No adapter is not an error.
+    GpuInfo {
+        /// Print JSON (one object per adapter, fixed key order).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -436,8 +443,96 @@ fn pack(
     }
 }
 
+/// `convert gpu-info`: every adapter, or a line saying there is none (exit 0 either way).
+fn gpu_info(json: bool) -> anyhow::Result<ExitCode> {
+    let reports = lowbit::runtime::gpu::adapter_reports();
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut out, &reports)?;
+        writeln!(out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if reports.is_empty() {
+        writeln!(
+            out,
+            "no GPU adapter found (wgpu backends: Vulkan, Metal, DX12)"
+        )?;
+        writeln!(out, "{}", lowbit::runtime::gpu::GpuError::NoAdapter)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let yn = |b: bool| if b { "yes" } else { "no" };
+    for a in &reports {
+        let l = &a.limits;
+        writeln!(
+            out,
+            "adapter {}: {}{}",
+            a.index,
+            a.name,
+            if a.default { " (default)" } else { "" }
+        )?;
+        writeln!(out, "  backend:      {}", a.backend)?;
+        writeln!(out, "  device type:  {}", a.device_type)?;
+        writeln!(out, "  driver:       {} ({})", a.driver, a.driver_info)?;
+        writeln!(
+            out,
+            "  vendor:       {:#06x}, device {:#06x}",
+            a.vendor, a.device
+        )?;
+        writeln!(
+            out,
+            "  features:     SUBGROUP {}, SHADER_F16 {}, TIMESTAMP_QUERY {}",
+            yn(a.subgroup),
+            yn(a.shader_f16),
+            yn(a.timestamp_query)
+        )?;
+        writeln!(
+            out,
+            "  subgroup:     {}..{} invocations",
+            a.subgroup_min_size, a.subgroup_max_size
+        )?;
+        writeln!(
+            out,
+            "  max_buffer_size:                       {}",
+            l.max_buffer_size
+        )?;
+        writeln!(
+            out,
+            "  max_storage_buffer_binding_size:       {}",
+            l.max_storage_buffer_binding_size
+        )?;
+        writeln!(
+            out,
+            "  max_compute_workgroup_size_x:          {}",
+            l.max_compute_workgroup_size_x
+        )?;
+        writeln!(
+            out,
+            "  max_compute_invocations_per_workgroup: {}",
+            l.max_compute_invocations_per_workgroup
+        )?;
+        writeln!(
+            out,
+            "  max_compute_workgroups_per_dimension:  {}",
+            l.max_compute_workgroups_per_dimension
+        )?;
+        writeln!(
+            out,
+            "  max_compute_workgroup_storage_size:    {}",
+            l.max_compute_workgroup_storage_size
+        )?;
+        writeln!(
+            out,
+            "  min_storage_buffer_offset_alignment:   {}",
+            l.min_storage_buffer_offset_alignment
+        )?;
+        writeln!(out, "  all features: {}", a.features.join(" "))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn run(cmd: Command) -> anyhow::Result<ExitCode> {
     match cmd {
+        Command::GpuInfo { json } => gpu_info(json),
         Command::Inspect { file, json } => {
             let f = GgufFile::open(&file)?;
             let mut out = std::io::stdout().lock();

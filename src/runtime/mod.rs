@@ -29,6 +29,7 @@
 //! Non-finite logits stop generation with an error naming the step and the position.
 
 pub mod cpu;
+pub mod gpu;
 pub mod matvec;
 pub mod model;
 pub mod q8;

@@ -1,0 +1,375 @@
+//! Times the GPU ternary matvec at given shapes and configurations, with timestamp queries
+//! where the adapter has them (else host time over many dispatches), and checks each
+//! configuration's result against the CPU f32 kernel first.
+//!
+//! ```text
+//! cargo build --release --example gpu_matvec_bench
+//! target/release/examples/gpu_matvec_bench [--shapes 4096x4096,1024x4096,16384x4096,4096x16384]
+//!     [--rows 2,4,8] [--wg 64,128] [--reductions sg,wg] [--min-bytes 1073741824]
+//!     [--reps 4] [--adapter INDEX|NAME] [--json FILE] [--unchecked]
+//! ```
+//!
+//! Each shape is uploaded as many times as it takes to pass `--min-bytes` (1 GiB: many times
+//! the largest L2 cache), and the dispatches cycle through the copies, so every matvec reads
+//! its weight from device memory, as a decode step does. Two figures per configuration:
+//! `kernel` (median of per-pass timestamps, one dispatch per pass) and `stream` (the same
+//! dispatches back to back in one pass, its span divided by their number: launch gaps and
+//! barriers included). GB/s counts the codes, scales, x and y bytes of one matvec.
+
+use std::time::Instant;
+
+use lowbit::runtime::gpu::{
+    tolerance, BoundMatvec, ContextOptions, GpuContext, GpuTernary, MatvecConfig, Reduction,
+};
+use lowbit::runtime::matvec::{matvec, WeightData};
+
+/// Timestamp queries per query set that wgpu accepts (`QUERY_SET_MAX_QUERIES`).
+const MAX_QUERIES: usize = 4096;
+
+struct Args {
+    shapes: Vec<(usize, usize)>,
+    rows: Vec<u32>,
+    wg: Vec<u32>,
+    reductions: Vec<Reduction>,
+    min_bytes: u64,
+    reps: usize,
+    adapter: Option<String>,
+    json: Option<String>,
+    unchecked: bool,
+}
+
+fn list<T: std::str::FromStr>(s: &str) -> Vec<T> {
+    s.split(',')
+        .map(|v| {
+            v.trim()
+                .parse()
+                .ok()
+                .unwrap_or_else(|| die(&format!("bad value {v:?}")))
+        })
+        .collect()
+}
+
+fn die(msg: &str) -> ! {
+    eprintln!("error: {msg}");
+    std::process::exit(2)
+}
+
+fn parse() -> Args {
+    let mut a = Args {
+        shapes: vec![(4096, 4096), (1024, 4096), (16384, 4096), (4096, 16384)],
+        rows: vec![2, 4, 8],
+        wg: vec![64, 128],
+        reductions: vec![Reduction::Subgroup, Reduction::Workgroup],
+        min_bytes: 1 << 30,
+        reps: 4,
+        adapter: None,
+        json: None,
+        unchecked: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        if k == "--unchecked" {
+            a.unchecked = true;
+            continue;
+        }
+        let v = it
+            .next()
+            .unwrap_or_else(|| die(&format!("{k} needs a value")));
+        match k.as_str() {
+            "--shapes" => {
+                a.shapes = v
+                    .split(',')
+                    .map(|s| {
+                        let (r, c) = s.split_once('x').unwrap_or_else(|| die("shape RxC"));
+                        (
+                            r.parse().unwrap_or_else(|_| die("shape rows")),
+                            c.parse().unwrap_or_else(|_| die("shape cols")),
+                        )
+                    })
+                    .collect()
+            }
+            "--rows" => a.rows = list(&v),
+            "--wg" => a.wg = list(&v),
+            "--reductions" => {
+                a.reductions = v
+                    .split(',')
+                    .map(|s| match s {
+                        "sg" => Reduction::Subgroup,
+                        "wg" => Reduction::Workgroup,
+                        _ => die("reductions: sg,wg"),
+                    })
+                    .collect()
+            }
+            "--min-bytes" => a.min_bytes = v.parse().unwrap_or_else(|_| die("--min-bytes")),
+            "--reps" => a.reps = v.parse().unwrap_or_else(|_| die("--reps")),
+            "--adapter" => a.adapter = Some(v),
+            "--json" => a.json = Some(v),
+            _ => die(&format!("unknown option {k}")),
+        }
+    }
+    a
+}
+
+fn lcg(seed: &mut u64) -> u32 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (*seed >> 33) as u32
+}
+
+/// Timestamps of `passes` one-dispatch passes (ns each), or `None` without TIMESTAMP_QUERY.
+fn time_passes(ctx: &GpuContext, bound: &[BoundMatvec], passes: usize) -> Option<Vec<f64>> {
+    if !ctx.has_timestamps() {
+        return None;
+    }
+    let passes = passes.min(MAX_QUERIES / 2);
+    let qs = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+        label: Some("matvec timestamps"),
+        ty: wgpu::QueryType::Timestamp,
+        count: (2 * passes) as u32,
+    });
+    let resolve = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("timestamps"),
+        size: (16 * passes) as u64,
+        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let mut enc = ctx
+        .device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+    for i in 0..passes {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: None,
+            timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                query_set: &qs,
+                beginning_of_pass_write_index: Some(2 * i as u32),
+                end_of_pass_write_index: Some(2 * i as u32 + 1),
+            }),
+        });
+        bound[i % bound.len()].encode(&mut pass);
+    }
+    enc.resolve_query_set(&qs, 0..(2 * passes) as u32, &resolve, 0);
+    ctx.queue.submit([enc.finish()]);
+    let bytes = ctx.read_buffer(&resolve, (16 * passes) as u64).ok()?;
+    let t: &[u64] = bytemuck::cast_slice(&bytes);
+    let period = ctx.queue.get_timestamp_period() as f64;
+    Some(
+        t.chunks_exact(2)
+            .map(|p| p[1].saturating_sub(p[0]) as f64 * period)
+            .collect(),
+    )
+}
+
+/// ns per matvec of `n` dispatches back to back in one pass: from the pass's timestamps
+/// where present, else host time around the submission.
+fn time_stream(ctx: &GpuContext, bound: &[BoundMatvec], n: usize) -> (f64, &'static str) {
+    let qs = ctx.has_timestamps().then(|| {
+        ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("stream timestamps"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        })
+    });
+    let resolve = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("stream"),
+        size: 16,
+        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let mut enc = ctx
+        .device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+    {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: None,
+            timestamp_writes: qs.as_ref().map(|q| wgpu::ComputePassTimestampWrites {
+                query_set: q,
+                beginning_of_pass_write_index: Some(0),
+                end_of_pass_write_index: Some(1),
+            }),
+        });
+        for i in 0..n {
+            bound[i % bound.len()].encode(&mut pass);
+        }
+    }
+    if let Some(q) = &qs {
+        enc.resolve_query_set(q, 0..2, &resolve, 0);
+    }
+    let t0 = Instant::now();
+    ctx.queue.submit([enc.finish()]);
+    let bytes = ctx.read_buffer(&resolve, 16).unwrap_or_default();
+    let host = t0.elapsed().as_nanos() as f64;
+    if qs.is_some() && bytes.len() == 16 {
+        let t: &[u64] = bytemuck::cast_slice(&bytes);
+        let ns = t[1].saturating_sub(t[0]) as f64 * ctx.queue.get_timestamp_period() as f64;
+        return (ns / n as f64, "timestamps");
+    }
+    (host / n as f64, "host")
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args = parse();
+    let ctx = GpuContext::new(&ContextOptions {
+        adapter: args
+            .adapter
+            .as_deref()
+            .map(|s| s.parse().unwrap_or_else(|e| die(&format!("{e}")))),
+        unchecked_shaders: args.unchecked,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| die(&e.to_string()));
+    println!(
+        "bounds checks: {}",
+        if args.unchecked { "off" } else { "on" }
+    );
+    println!(
+        "adapter: {} ({:?}, {:?}, driver {} {}), subgroups {}..{}, SUBGROUP {}, TIMESTAMP_QUERY {}",
+        ctx.info.name,
+        ctx.info.backend,
+        ctx.info.device_type,
+        ctx.info.driver,
+        ctx.info.driver_info,
+        ctx.info.subgroup_min_size,
+        ctx.info.subgroup_max_size,
+        ctx.has_subgroups(),
+        ctx.has_timestamps()
+    );
+    let mut results = Vec::new();
+    let mut seed = 1u64;
+    for &(rows, cols) in &args.shapes {
+        let words: Vec<u32> = (0..rows * cols / 16)
+            .map(|_| {
+                let mut w = 0u32;
+                for j in 0..16 {
+                    w |= (lcg(&mut seed) % 3) << (2 * j);
+                }
+                w
+            })
+            .collect();
+        let scales: Vec<u16> = (0..rows * cols / 256)
+            .map(|_| half::f16::from_f32((lcg(&mut seed) % 1000) as f32 / 1e4 - 0.05).to_bits())
+            .collect();
+        let x: Vec<f32> = (0..cols)
+            .map(|_| (lcg(&mut seed) % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        let mut want = vec![0f32; rows];
+        matvec(
+            WeightData::Ternary {
+                words: &words,
+                scales: &scales,
+            },
+            cols,
+            &x,
+            &mut want,
+        );
+        let abs: Vec<f64> = scales
+            .chunks_exact(cols / 256)
+            .map(|rs| {
+                rs.iter()
+                    .zip(x.chunks_exact(256))
+                    .map(|(&s, xb)| {
+                        half::f16::from_bits(s).to_f64().abs()
+                            * xb.iter().map(|v| v.abs() as f64).sum::<f64>()
+                    })
+                    .sum()
+            })
+            .collect();
+        let wbytes = (rows * cols / 4 + rows * cols / 128) as u64;
+        let copies = args.min_bytes.div_ceil(wbytes).clamp(1, 1024) as usize;
+        let t0 = Instant::now();
+        let weights: Vec<GpuTernary> = (0..copies)
+            .map(|i| {
+                ctx.upload_ternary(
+                    &format!("w{i}"),
+                    rows,
+                    cols,
+                    bytemuck::cast_slice(&words),
+                    bytemuck::cast_slice(&scales),
+                )
+                .unwrap_or_else(|e| die(&e.to_string()))
+            })
+            .collect();
+        let xb = ctx
+            .upload_bytes("x", bytemuck::cast_slice(&x))
+            .unwrap_or_else(|e| die(&e.to_string()));
+        let yb = ctx.vector_buffer("y", rows);
+        println!(
+            "[{rows}, {cols}]: {copies} copies of {wbytes} bytes uploaded in {:.2}s",
+            t0.elapsed().as_secs_f64()
+        );
+        let moved = wbytes + (cols * 4 + rows * 4) as u64;
+        for &reduction in &args.reductions {
+            if reduction == Reduction::Subgroup && !ctx.has_subgroups() {
+                println!("  no SUBGROUP feature: subgroup path skipped");
+                continue;
+            }
+            for &r in &args.rows {
+                for &wg in &args.wg {
+                    let cfg = MatvecConfig {
+                        rows_per_workgroup: r,
+                        workgroup_size: wg,
+                        reduction,
+                    };
+                    // Correct first: the first copy against the CPU.
+                    let y = match ctx.matvec(&weights[0], &x, &cfg) {
+                        Ok(y) => y,
+                        Err(e) => {
+                            println!("  {}: {e}", cfg.name());
+                            continue;
+                        }
+                    };
+                    let worst = y
+                        .iter()
+                        .zip(&want)
+                        .zip(&abs)
+                        .map(|((g, c), a)| (*g as f64 - *c as f64).abs() / tolerance(cols, *a))
+                        .fold(0.0f64, f64::max);
+                    let bound: Vec<BoundMatvec> = weights
+                        .iter()
+                        .map(|w| ctx.bind_matvec(w, &xb, &yb, &cfg).unwrap())
+                        .collect();
+                    let passes = (copies * args.reps).max(64);
+                    // Warm-up: every copy once.
+                    let _ = time_stream(&ctx, &bound, copies);
+                    let kernel = time_passes(&ctx, &bound, passes).map(|mut v| median(&mut v));
+                    let (stream, how) = time_stream(&ctx, &bound, passes);
+                    let gbs = |ns: f64| moved as f64 / ns;
+                    println!(
+                        "  {:<28} kernel {:>9} ns {:>7} GB/s | stream {:>9.0} ns {:>7.1} GB/s ({how}) | {:.1}% of 4800 | max err {:.1e} of tol",
+                        cfg.name(),
+                        kernel.map(|k| format!("{k:.0}")).unwrap_or("-".into()),
+                        kernel.map(|k| format!("{:.1}", gbs(k))).unwrap_or("-".into()),
+                        stream,
+                        gbs(stream),
+                        100.0 * gbs(kernel.unwrap_or(stream)) / 4800.0,
+                        worst
+                    );
+                    results.push(serde_json::json!({
+                        "rows": rows, "cols": cols, "config": cfg.name(),
+                        "rows_per_workgroup": r, "workgroup_size": wg,
+                        "reduction": reduction.name(), "bytes": moved, "copies": copies,
+                        "kernel_ns": kernel, "kernel_gbs": kernel.map(gbs),
+                        "stream_ns": stream, "stream_gbs": gbs(stream), "stream_timing": how,
+                        "max_err_over_tol": worst,
+                    }));
+                }
+            }
+        }
+    }
+    if let Some(p) = args.json {
+        let doc = serde_json::json!({
+            "adapter": ctx.info.name, "backend": format!("{:?}", ctx.info.backend),
+            "driver": ctx.info.driver, "driver_info": ctx.info.driver_info,
+            "subgroup": ctx.has_subgroups(), "timestamp_query": ctx.has_timestamps(),
+            "bounds_checks": !args.unchecked,
+            "results": results,
+        });
+        std::fs::write(&p, serde_json::to_string_pretty(&doc).unwrap() + "\n")
+            .unwrap_or_else(|e| die(&format!("{p}: {e}")));
+    }
+}

@@ -1,0 +1,1013 @@
+//! The GPU backend on wgpu (issue 12), first layer: adapters, a device context with its
+//! pipelines, weight upload from the bundle's bytes, and the ternary matvec. Metal on Apple
+//! devices, Vulkan elsewhere (lavapipe, Mesa's CPU Vulkan driver, in the tests), DX12 on
+//! Windows, all through one set of WGSL kernels in `shaders/`.
+//!
+//! Not here yet (later sessions): the other ops, a [`super::Backend`] implementation, kernels
+//! shipped in the bundle.
+//!
+//! # Ternary matvec
+//!
+//! `y = W x` for a `ternary2` weight `W` of row-major shape `[rows, cols]` (`cols = K`, a
+//! multiple of 256), `x` `[K]` f32, `y` `[rows]` f32, computed by
+//! `shaders/ternary_matvec.wgsl` from the bundle's words and f16 scales as stored. Per
+//! quarter block (64 elements, one `vec4<u32>` of codes) of a row it takes
+//! `d * (sum x*q - sum x)` with codes `q` in {0, 1, 2}, where the CPU reference takes
+//! `d * sum x*(q - 1)` per block: the same value in exact arithmetic, different f32 rounding.
+//!
+//! **Tolerance** against the CPU f32 kernel ([`crate::runtime::matvec::matvec`] with
+//! `Kernel::F32`), for a row with `A = sum_k |d_b(k) * x_k|`:
+//! `|y_gpu - y_cpu| <= 4 * K * 2^-24 * A` ([`tolerance`]). Derivation: any order of summing
+//! `n` terms in f32 errs by at most `gamma_n * sum|terms|`, `gamma_n ~ n * 2^-24`, whatever
+//! the tree. The CPU sums the terms `d * x * (q - 1)` (magnitudes at most `|d x|`), depth below
+//! `K`: at most `K * 2^-24 * A`. The GPU's terms are `x * q` (at most `2|x|`) and `x`, scaled by
+//! `d` after the quarter-block sums, so its intermediate magnitudes are at most `3 A`: at most
+//! `3 * K * 2^-24 * A`. The code-to-float step is exact, and f16 scales decode exactly. The
+//! bound is a worst case; the tests print the largest ratio seen, far below it.
+//!
+//! # Two reductions
+//!
+//! [`Reduction::Subgroup`] adds a row's partials with `subgroupAdd` (subgroup size read from
+//! the hardware, never assumed), [`Reduction::Workgroup`] with a tree in workgroup memory, for
+//! adapters without the SUBGROUP feature. Both are selectable and both are tested.
+//!
+//! # Limits
+//!
+//! A weight whose codes exceed the adapter's `max_storage_buffer_binding_size` (or
+//! `max_buffer_size`, or [`ContextOptions::max_binding_bytes`]) is split into row chunks, one
+//! buffer pair and one dispatch each. A dispatch of more than 65,535 workgroups (the per
+//! dimension limit of every backend) is a 2-D grid.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+/// The ternary matvec's body; the host prepends the parameters and appends a reduction.
+const TERNARY_MATVEC_WGSL: &str = include_str!("shaders/ternary_matvec.wgsl");
+const REDUCE_SUBGROUP_WGSL: &str = include_str!("shaders/ternary_matvec_reduce_subgroup.wgsl");
+const REDUCE_WORKGROUP_WGSL: &str = include_str!("shaders/ternary_matvec_reduce_workgroup.wgsl");
+
+/// Workgroups per grid dimension that every backend accepts (WebGPU's
+/// `maxComputeWorkgroupsPerDimension` default; Vulkan, Metal and DX12 all allow at least it).
+pub const MAX_WORKGROUPS_PER_DIM: u32 = 65_535;
+
+/// Rows per workgroup a matvec accepts (each row is an accumulator register per invocation).
+pub const MAX_ROWS_PER_WORKGROUP: u32 = 32;
+
+/// Errors of the GPU layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GpuError {
+    /// No adapter at all (no driver, or no GPU and no software driver).
+    #[error("no GPU adapter found (on Linux install a Vulkan driver; Mesa's lavapipe, Debian package mesa-vulkan-drivers, runs on any CPU)")]
+    NoAdapter,
+    /// `--gpu-adapter` matched nothing.
+    #[error("--gpu-adapter {selector:?}: no adapter matches; available: {available}")]
+    AdapterNotFound { selector: String, available: String },
+    /// `--gpu-adapter` given an empty name.
+    #[error("--gpu-adapter: empty selector (give an index or a name substring)")]
+    EmptySelector,
+    #[error("request device on {adapter}: {detail}")]
+    RequestDevice { adapter: String, detail: String },
+    /// A kernel failed to compile or validate.
+    #[error("shader {name}: {detail}")]
+    Shader { name: String, detail: String },
+    /// A shape or parameter the op does not take.
+    #[error("{op}: {detail}")]
+    Shape { op: &'static str, detail: String },
+    /// The adapter lacks a feature the request needs.
+    #[error("{op}: the adapter {adapter} lacks {feature}")]
+    MissingFeature {
+        op: &'static str,
+        adapter: String,
+        feature: &'static str,
+    },
+    #[error("{op}: {what} needs {needed} but the adapter allows {limit}")]
+    Limit {
+        op: &'static str,
+        what: &'static str,
+        needed: u64,
+        limit: u64,
+    },
+    /// A device error (validation, out of memory) or a failed read-back.
+    #[error("{op}: {detail}")]
+    Device { op: &'static str, detail: String },
+}
+
+/// A way to pick an adapter: its index in [`adapters`] order or a case-insensitive substring
+/// of its name (`--gpu-adapter INDEX|SUBSTRING`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdapterSelector {
+    Index(usize),
+    Name(String),
+}
+
+impl std::str::FromStr for AdapterSelector {
+    type Err = GpuError;
+    fn from_str(s: &str) -> Result<Self, GpuError> {
+        let s = s.trim();
+        if s.is_empty() {
+            return Err(GpuError::EmptySelector);
+        }
+        Ok(match s.parse::<usize>() {
+            Ok(i) => AdapterSelector::Index(i),
+            Err(_) => AdapterSelector::Name(s.to_string()),
+        })
+    }
+}
+
+impl std::fmt::Display for AdapterSelector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdapterSelector::Index(i) => write!(f, "{i}"),
+            AdapterSelector::Name(n) => f.write_str(n),
+        }
+    }
+}
+
+fn instance() -> wgpu::Instance {
+    // WGPU_BACKEND and the other wgpu variables may narrow the search.
+    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+}
+
+/// Every adapter of every compiled-in backend (Vulkan, Metal, DX12), in the order wgpu lists
+/// them: the order `--gpu-adapter INDEX` counts in.
+pub fn adapters() -> Vec<wgpu::Adapter> {
+    pollster::block_on(instance().enumerate_adapters(wgpu::Backends::all()))
+}
+
+/// Rank of a device type when no adapter is named: a real GPU before a software one.
+fn type_rank(t: wgpu::DeviceType) -> u8 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    }
+}
+
+/// The index in `infos` that `selector` picks; with none, the first discrete GPU, else the
+/// first integrated, virtual, other, CPU adapter.
+pub fn select_index(
+    infos: &[wgpu::AdapterInfo],
+    selector: Option<&AdapterSelector>,
+) -> Result<usize, GpuError> {
+    if infos.is_empty() {
+        return Err(GpuError::NoAdapter);
+    }
+    let not_found = |s: &AdapterSelector| GpuError::AdapterNotFound {
+        selector: s.to_string(),
+        available: infos
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{i}: {} ({:?})", a.name, a.backend))
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    match selector {
+        None => Ok((0..infos.len())
+            .min_by_key(|&i| (type_rank(infos[i].device_type), i))
+            .unwrap_or(0)),
+        Some(s @ AdapterSelector::Index(i)) => {
+            if *i < infos.len() {
+                Ok(*i)
+            } else {
+                Err(not_found(s))
+            }
+        }
+        Some(s @ AdapterSelector::Name(n)) => {
+            let n = n.to_lowercase();
+            infos
+                .iter()
+                .position(|a| a.name.to_lowercase().contains(&n))
+                .ok_or_else(|| not_found(s))
+        }
+    }
+}
+
+/// The adapter `selector` picks ([`select_index`]).
+pub fn select_adapter(selector: Option<&AdapterSelector>) -> Result<wgpu::Adapter, GpuError> {
+    let mut all = adapters();
+    let infos: Vec<_> = all.iter().map(|a| a.get_info()).collect();
+    let i = select_index(&infos, selector)?;
+    Ok(all.swap_remove(i))
+}
+
+/// The limits that matter to the kernels (`convert gpu-info`).
+#[derive(Clone, Debug, Serialize)]
+pub struct LimitsReport {
+    pub max_buffer_size: u64,
+    pub max_storage_buffer_binding_size: u64,
+    pub max_compute_workgroup_size_x: u32,
+    pub max_compute_invocations_per_workgroup: u32,
+    pub max_compute_workgroups_per_dimension: u32,
+    pub max_compute_workgroup_storage_size: u32,
+    pub min_storage_buffer_offset_alignment: u32,
+}
+
+/// One adapter as `convert gpu-info` prints it.
+#[derive(Clone, Debug, Serialize)]
+pub struct AdapterReport {
+    pub index: usize,
+    pub name: String,
+    pub backend: String,
+    pub device_type: String,
+    pub driver: String,
+    pub driver_info: String,
+    pub vendor: u32,
+    pub device: u32,
+    /// The one picked when no `--gpu-adapter` is given.
+    pub default: bool,
+    pub subgroup: bool,
+    pub shader_f16: bool,
+    pub timestamp_query: bool,
+    pub subgroup_min_size: u32,
+    pub subgroup_max_size: u32,
+    pub limits: LimitsReport,
+    /// Every feature the adapter reports, by wgpu's names, sorted.
+    pub features: Vec<String>,
+}
+
+fn feature_names(f: wgpu::Features) -> Vec<String> {
+    let mut v: Vec<String> = f.iter_names().map(|(n, _)| n.to_string()).collect();
+    v.sort();
+    v
+}
+
+/// Every adapter, described ([`AdapterReport`]); empty when there is none.
+pub fn adapter_reports() -> Vec<AdapterReport> {
+    let all = adapters();
+    let infos: Vec<_> = all.iter().map(|a| a.get_info()).collect();
+    let default = select_index(&infos, None).ok();
+    all.iter()
+        .zip(infos)
+        .enumerate()
+        .map(|(index, (a, info))| {
+            let f = a.features();
+            let l = a.limits();
+            AdapterReport {
+                index,
+                name: info.name,
+                backend: info.backend.to_string(),
+                device_type: format!("{:?}", info.device_type),
+                driver: info.driver,
+                driver_info: info.driver_info,
+                vendor: info.vendor,
+                device: info.device,
+                default: default == Some(index),
+                subgroup: f.contains(wgpu::Features::SUBGROUP),
+                shader_f16: f.contains(wgpu::Features::SHADER_F16),
+                timestamp_query: f.contains(wgpu::Features::TIMESTAMP_QUERY),
+                subgroup_min_size: info.subgroup_min_size,
+                subgroup_max_size: info.subgroup_max_size,
+                limits: LimitsReport {
+                    max_buffer_size: l.max_buffer_size,
+                    max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
+                    max_compute_workgroup_size_x: l.max_compute_workgroup_size_x,
+                    max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
+                    max_compute_workgroups_per_dimension: l.max_compute_workgroups_per_dimension,
+                    max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
+                    min_storage_buffer_offset_alignment: l.min_storage_buffer_offset_alignment,
+                },
+                features: feature_names(f),
+            }
+        })
+        .collect()
+}
+
+/// How a matvec adds up a row's partial sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reduction {
+    /// `subgroupAdd`, then one partial per subgroup (needs the SUBGROUP feature).
+    Subgroup,
+    /// A tree in workgroup memory (any adapter).
+    Workgroup,
+}
+
+impl Reduction {
+    pub fn name(self) -> &'static str {
+        match self {
+            Reduction::Subgroup => "sg",
+            Reduction::Workgroup => "wg",
+        }
+    }
+}
+
+/// The compile-time parameters of the ternary matvec (a pipeline each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MatvecConfig {
+    /// Rows per workgroup (1..=[`MAX_ROWS_PER_WORKGROUP`]).
+    pub rows_per_workgroup: u32,
+    /// Invocations per workgroup: a power of two from 32 to 1024, within the adapter's limits.
+    pub workgroup_size: u32,
+    pub reduction: Reduction,
+}
+
+impl MatvecConfig {
+    /// The pipeline's name, carrying its parameters: `ternary_matvec_r4_wg64_sg`.
+    pub fn name(&self) -> String {
+        format!(
+            "ternary_matvec_r{}_wg{}_{}",
+            self.rows_per_workgroup,
+            self.workgroup_size,
+            self.reduction.name()
+        )
+    }
+
+    /// The WGSL source of this variant.
+    pub fn source(&self) -> String {
+        format!(
+            "// {}: parameters prepended by the host (src/runtime/gpu/mod.rs)\nconst ROWS: u32 = {}u;\nconst WG: u32 = {}u;\n\n{}\n{}",
+            self.name(),
+            self.rows_per_workgroup,
+            self.workgroup_size,
+            TERNARY_MATVEC_WGSL,
+            match self.reduction {
+                Reduction::Subgroup => REDUCE_SUBGROUP_WGSL,
+                Reduction::Workgroup => REDUCE_WORKGROUP_WGSL,
+            }
+        )
+    }
+}
+
+/// How a [`GpuContext`] is set up.
+#[derive(Clone, Debug, Default)]
+pub struct ContextOptions {
+    pub adapter: Option<AdapterSelector>,
+    /// A smaller cap than the adapter's on the bytes of one storage binding (tests use it to
+    /// force the row-chunked path).
+    pub max_binding_bytes: Option<u64>,
+    /// Compile the kernels without wgpu's bounds checks on every array access (the host
+    /// checks every buffer against the shapes before binding; benchmarks compare both).
+    pub unchecked_shaders: bool,
+}
+
+/// The ternary matvec's bind group layout: codes, scales, x (read-only storage), y (storage),
+/// params (uniform), each with its smallest size.
+fn ternary_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout {
+    let storage = |binding: u32, read_only: bool, min: u64| wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Storage { read_only },
+            has_dynamic_offset: false,
+            min_binding_size: std::num::NonZeroU64::new(min),
+        },
+        count: None,
+    };
+    device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some("ternary_matvec"),
+        entries: &[
+            storage(0, true, 16),
+            storage(1, true, 4),
+            storage(2, true, 16),
+            storage(3, false, 4),
+            wgpu::BindGroupLayoutEntry {
+                binding: 4,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Uniform,
+                    has_dynamic_offset: false,
+                    min_binding_size: std::num::NonZeroU64::new(16),
+                },
+                count: None,
+            },
+        ],
+    })
+}
+
+/// A device, its queue, and the pipelines built on it (once each, cached by name).
+pub struct GpuContext {
+    pub info: wgpu::AdapterInfo,
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub features: wgpu::Features,
+    pub limits: wgpu::Limits,
+    /// Bytes one storage binding may hold here (the adapter's, or the options' smaller cap).
+    pub max_binding_bytes: u64,
+    ternary_layout: wgpu::BindGroupLayout,
+    ternary_pipeline_layout: wgpu::PipelineLayout,
+    pipelines: Mutex<HashMap<MatvecConfig, wgpu::ComputePipeline>>,
+    unchecked_shaders: bool,
+}
+
+impl GpuContext {
+    /// Opens the adapter the options pick, with its own limits and the optional features the
+    /// kernels use when present (SUBGROUP, TIMESTAMP_QUERY).
+    pub fn new(opts: &ContextOptions) -> Result<GpuContext, GpuError> {
+        let adapter = select_adapter(opts.adapter.as_ref())?;
+        let info = adapter.get_info();
+        let wanted = wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let features = adapter.features() & wanted;
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("lowbit"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::default(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| GpuError::RequestDevice {
+            adapter: info.name.clone(),
+            detail: e.to_string(),
+        })?;
+        let mut max_binding_bytes = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
+        if let Some(cap) = opts.max_binding_bytes {
+            max_binding_bytes = max_binding_bytes.min(cap);
+        }
+        let ternary_layout = ternary_layout(&device);
+        let ternary_pipeline_layout =
+            device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some("ternary_matvec"),
+                bind_group_layouts: &[Some(&ternary_layout)],
+                immediate_size: 0,
+            });
+        Ok(GpuContext {
+            info,
+            device,
+            queue,
+            features,
+            limits,
+            max_binding_bytes,
+            ternary_layout,
+            ternary_pipeline_layout,
+            pipelines: Mutex::new(HashMap::new()),
+            unchecked_shaders: opts.unchecked_shaders,
+        })
+    }
+
+    /// Whether the device has subgroup operations.
+    pub fn has_subgroups(&self) -> bool {
+        self.features.contains(wgpu::Features::SUBGROUP)
+    }
+
+    /// Whether the device can time passes with timestamp queries.
+    pub fn has_timestamps(&self) -> bool {
+        self.features.contains(wgpu::Features::TIMESTAMP_QUERY)
+    }
+
+    /// A matvec configuration for this adapter: subgroups where present, 4 rows and 64
+    /// invocations per workgroup.
+    pub fn default_matvec_config(&self) -> MatvecConfig {
+        MatvecConfig {
+            rows_per_workgroup: 4,
+            workgroup_size: 64,
+            reduction: if self.has_subgroups() {
+                Reduction::Subgroup
+            } else {
+                Reduction::Workgroup
+            },
+        }
+    }
+
+    /// Checks `cfg` against the op's rules and this adapter.
+    pub fn check_config(&self, cfg: &MatvecConfig) -> Result<(), GpuError> {
+        const OP: &str = "ternary matvec";
+        let (r, wg) = (cfg.rows_per_workgroup, cfg.workgroup_size);
+        if r == 0 || r > MAX_ROWS_PER_WORKGROUP {
+            return Err(GpuError::Shape {
+                op: OP,
+                detail: format!("rows per workgroup {r}: must be 1..={MAX_ROWS_PER_WORKGROUP}"),
+            });
+        }
+        if !wg.is_power_of_two() || !(32..=1024).contains(&wg) {
+            return Err(GpuError::Shape {
+                op: OP,
+                detail: format!("workgroup size {wg}: must be a power of two from 32 to 1024"),
+            });
+        }
+        let l = &self.limits;
+        let max_wg = l
+            .max_compute_workgroup_size_x
+            .min(l.max_compute_invocations_per_workgroup);
+        if wg > max_wg {
+            return Err(GpuError::Limit {
+                op: OP,
+                what: "the workgroup size",
+                needed: wg as u64,
+                limit: max_wg as u64,
+            });
+        }
+        let shared = 4
+            * r as u64
+            * match cfg.reduction {
+                Reduction::Subgroup => wg as u64 / 4,
+                Reduction::Workgroup => wg as u64,
+            };
+        if shared > l.max_compute_workgroup_storage_size as u64 {
+            return Err(GpuError::Limit {
+                op: OP,
+                what: "workgroup memory (bytes)",
+                needed: shared,
+                limit: l.max_compute_workgroup_storage_size as u64,
+            });
+        }
+        if cfg.reduction == Reduction::Subgroup && !self.has_subgroups() {
+            return Err(GpuError::MissingFeature {
+                op: OP,
+                adapter: self.info.name.clone(),
+                feature: "SUBGROUP",
+            });
+        }
+        Ok(())
+    }
+
+    /// The pipeline of `cfg`, built on first use.
+    pub fn pipeline(&self, cfg: &MatvecConfig) -> Result<wgpu::ComputePipeline, GpuError> {
+        self.check_config(cfg)?;
+        let mut cache = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = cache.get(cfg) {
+            return Ok(p.clone());
+        }
+        let name = cfg.name();
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(&name),
+            source: wgpu::ShaderSource::Wgsl(cfg.source().into()),
+        };
+        let module = if self.unchecked_shaders {
+            // SAFETY: every index the kernel forms is inside its buffer for the shapes
+            // `upload_ternary` and `bind_matvec` check: rows are clamped to the last row,
+            // units and blocks stay inside a row, x holds `cols` values, y `rows`.
+            unsafe {
+                self.device
+                    .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+            }
+        } else {
+            self.device.create_shader_module(desc)
+        };
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&name),
+                layout: Some(&self.ternary_pipeline_layout),
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: wgpu::PipelineCompilationOptions::default(),
+                cache: None,
+            });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Shader {
+                name,
+                detail: e.to_string(),
+            });
+        }
+        cache.insert(*cfg, pipeline.clone());
+        Ok(pipeline)
+    }
+
+    /// Uploads a ternary weight `[rows, cols]` from its stored bytes (`words`: `rows * cols/16`
+    /// little-endian u32, `scales`: `rows * cols/256` little-endian f16), straight from the
+    /// given slices (the bundle's memory map), split into row chunks that fit one binding.
+    pub fn upload_ternary(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        words: &[u8],
+        scales: &[u8],
+    ) -> Result<GpuTernary, GpuError> {
+        const OP: &str = "ternary upload";
+        let shape = |detail: String| GpuError::Shape {
+            op: OP,
+            detail: format!("{name} [{rows}, {cols}]: {detail}"),
+        };
+        if rows == 0 || cols == 0 || !cols.is_multiple_of(256) {
+            return Err(shape("cols must be a positive multiple of 256".into()));
+        }
+        let row_words = (cols / 16) as u64 * 4;
+        let row_scales = (cols / 256) as u64 * 2;
+        let want_words = (rows as u64).checked_mul(row_words);
+        let want_scales = (rows as u64).checked_mul(row_scales);
+        if want_words != Some(words.len() as u64) || want_scales != Some(scales.len() as u64) {
+            return Err(shape(format!(
+                "{} code bytes and {} scale bytes given, {:?} and {:?} expected",
+                words.len(),
+                scales.len(),
+                want_words,
+                want_scales
+            )));
+        }
+        // Rows per chunk: the codes of a chunk fit one binding; a multiple of `step` rows so
+        // every chunk's scales start on a u32 (a row has cols/256 f16, possibly an odd number)
+        // and its part of y on the adapter's storage offset alignment.
+        let cap = self.max_binding_bytes;
+        let step = (self.limits.min_storage_buffer_offset_alignment as u64 / 4).max(2);
+        let mut chunk_rows = (cap / row_words).min(rows as u64);
+        if chunk_rows < rows as u64 {
+            chunk_rows -= chunk_rows % step;
+        }
+        if chunk_rows == 0 {
+            return Err(GpuError::Limit {
+                op: OP,
+                what: "the smallest row chunk's codes (bytes)",
+                needed: row_words * step,
+                limit: cap,
+            });
+        }
+        let mut chunks = Vec::new();
+        let mut row0 = 0usize;
+        while row0 < rows {
+            let n = (chunk_rows as usize).min(rows - row0);
+            let w = &words[row0 * row_words as usize..(row0 + n) * row_words as usize];
+            let s = &scales[row0 * row_scales as usize..(row0 + n) * row_scales as usize];
+            chunks.push(TernaryChunk {
+                row0,
+                rows: n,
+                codes: self.upload_bytes(&format!("{name}.codes[{row0}..]"), w)?,
+                scales: self.upload_bytes(&format!("{name}.scales[{row0}..]"), s)?,
+            });
+            row0 += n;
+        }
+        Ok(GpuTernary {
+            name: name.to_string(),
+            rows,
+            cols,
+            chunks,
+        })
+    }
+
+    /// Uploads a `ternary2` weight of an opened bundle from its memory map.
+    pub fn upload_weight(
+        &self,
+        bundle: &crate::bundle::reader::Bundle,
+        w: &super::model::Weight,
+    ) -> Result<GpuTernary, GpuError> {
+        match &w.kind {
+            super::model::WeightKind::Ternary { codes, scales } => self.upload_ternary(
+                &w.name,
+                w.rows,
+                w.cols,
+                w.bytes(bundle, *codes),
+                w.bytes(bundle, *scales),
+            ),
+            _ => Err(GpuError::Shape {
+                op: "weight upload",
+                detail: format!("{}: only ternary2 weights have a GPU kernel yet", w.name),
+            }),
+        }
+    }
+
+    /// A storage buffer holding `bytes`, padded with zeros to a multiple of 4 bytes.
+    pub fn upload_bytes(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer, GpuError> {
+        let size = (bytes.len() as u64).div_ceil(4).max(1) * 4;
+        if size > self.limits.max_buffer_size {
+            return Err(GpuError::Limit {
+                op: "upload",
+                what: "one buffer (bytes)",
+                needed: size,
+                limit: self.limits.max_buffer_size,
+            });
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Device {
+                op: "upload",
+                detail: format!("{label}: {e}"),
+            });
+        }
+        let whole = bytes.len() / 4 * 4;
+        if whole > 0 {
+            self.queue.write_buffer(&buf, 0, &bytes[..whole]);
+        }
+        if whole < bytes.len() {
+            let mut tail = [0u8; 4];
+            tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+            self.queue.write_buffer(&buf, whole as u64, &tail);
+        }
+        Ok(buf)
+    }
+
+    /// A storage buffer of `n` f32 (a vector the kernels write), readable back.
+    pub fn vector_buffer(&self, label: &str, n: usize) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: (n.max(1) * 4) as u64,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// The bind groups and grids of `y = w x` with `cfg`, made once and encoded any number of
+    /// times. `x` holds `w.cols` f32, `y` `w.rows` f32.
+    pub fn bind_matvec(
+        &self,
+        w: &GpuTernary,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        cfg: &MatvecConfig,
+    ) -> Result<BoundMatvec, GpuError> {
+        const OP: &str = "ternary matvec";
+        let pipeline = self.pipeline(cfg)?;
+        if x.size() < (w.cols * 4) as u64 || y.size() < (w.rows * 4) as u64 {
+            return Err(GpuError::Shape {
+                op: OP,
+                detail: format!(
+                    "{} [{}, {}]: x buffer of {} bytes, y buffer of {} bytes",
+                    w.name,
+                    w.rows,
+                    w.cols,
+                    x.size(),
+                    y.size()
+                ),
+            });
+        }
+        let align = self.limits.min_storage_buffer_offset_alignment as u64;
+        let mut parts = Vec::with_capacity(w.chunks.len());
+        for c in &w.chunks {
+            let groups = c.rows.div_ceil(cfg.rows_per_workgroup as usize) as u64;
+            let (gx, gy) = grid(groups).ok_or(GpuError::Limit {
+                op: OP,
+                what: "workgroups",
+                needed: groups,
+                limit: MAX_WORKGROUPS_PER_DIM as u64 * MAX_WORKGROUPS_PER_DIM as u64,
+            })?;
+            let y_off = (c.row0 * 4) as u64;
+            // y of a later chunk starts at its first row: an offset the adapter must accept.
+            if !y_off.is_multiple_of(align) {
+                return Err(GpuError::Shape {
+                    op: OP,
+                    detail: format!(
+                        "{}: chunk at row {} puts y at byte {y_off}, not a multiple of the adapter's storage offset alignment {align}",
+                        w.name, c.row0
+                    ),
+                });
+            }
+            let params = [c.rows as u32, w.cols as u32, gx, 0];
+            let ubuf = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("ternary_matvec params"),
+                size: 16,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            self.queue
+                .write_buffer(&ubuf, 0, bytemuck::cast_slice(&params));
+            let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(&w.name),
+                layout: &self.ternary_layout,
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: c.codes.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: c.scales.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 2,
+                        resource: x.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 3,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: y,
+                            offset: y_off,
+                            size: std::num::NonZeroU64::new((c.rows * 4) as u64),
+                        }),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 4,
+                        resource: ubuf.as_entire_binding(),
+                    },
+                ],
+            });
+            parts.push((bg, (gx, gy)));
+        }
+        Ok(BoundMatvec { pipeline, parts })
+    }
+
+    /// `y = w x` with `cfg`, one submission, read back.
+    pub fn matvec(
+        &self,
+        w: &GpuTernary,
+        x: &[f32],
+        cfg: &MatvecConfig,
+    ) -> Result<Vec<f32>, GpuError> {
+        if x.len() != w.cols {
+            return Err(GpuError::Shape {
+                op: "ternary matvec",
+                detail: format!(
+                    "{} [{}, {}]: x has {} values",
+                    w.name,
+                    w.rows,
+                    w.cols,
+                    x.len()
+                ),
+            });
+        }
+        let xb = self.upload_bytes("x", bytemuck::cast_slice(x))?;
+        let yb = self.vector_buffer("y", w.rows);
+        let bound = self.bind_matvec(w, &xb, &yb, cfg)?;
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("ternary matvec"),
+                timestamp_writes: None,
+            });
+            bound.encode(&mut pass);
+        }
+        self.queue.submit([enc.finish()]);
+        let bytes = self.read_buffer(&yb, (w.rows * 4) as u64)?;
+        Ok(bytemuck::cast_slice::<u8, f32>(&bytes).to_vec())
+    }
+
+    /// The first `size` bytes of `buf` (which needs COPY_SRC), after all submitted work.
+    pub fn read_buffer(&self, buf: &wgpu::Buffer, size: u64) -> Result<Vec<u8>, GpuError> {
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("read back"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        enc.copy_buffer_to_buffer(buf, 0, &staging, 0, size);
+        self.queue.submit([enc.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::Device {
+                op: "read back",
+                detail: e.to_string(),
+            })?;
+        rx.recv()
+            .map_err(|e| GpuError::Device {
+                op: "read back",
+                detail: e.to_string(),
+            })?
+            .map_err(|e| GpuError::Device {
+                op: "read back",
+                detail: e.to_string(),
+            })?;
+        let view = staging.get_mapped_range(..).map_err(|e| GpuError::Device {
+            op: "read back",
+            detail: e.to_string(),
+        })?;
+        let out = view.to_vec();
+        drop(view);
+        staging.unmap();
+        Ok(out)
+    }
+}
+
+/// A dispatch grid of `groups` workgroups: `(groups, 1)` up to 65,535, else 2-D with
+/// `x = 65,535`; `None` past 65,535^2.
+pub fn grid(groups: u64) -> Option<(u32, u32)> {
+    let m = MAX_WORKGROUPS_PER_DIM as u64;
+    if groups <= m {
+        return Some((groups.max(1) as u32, 1));
+    }
+    let gy = groups.div_ceil(m);
+    (gy <= m).then_some((m as u32, gy as u32))
+}
+
+/// One row chunk of a ternary weight on the device.
+#[derive(Debug)]
+pub struct TernaryChunk {
+    pub row0: usize,
+    pub rows: usize,
+    pub codes: wgpu::Buffer,
+    pub scales: wgpu::Buffer,
+}
+
+/// A ternary weight on the device (row chunks that each fit one binding).
+#[derive(Debug)]
+pub struct GpuTernary {
+    pub name: String,
+    pub rows: usize,
+    pub cols: usize,
+    pub chunks: Vec<TernaryChunk>,
+}
+
+impl GpuTernary {
+    /// Bytes one matvec reads from the weight (codes and scales).
+    pub fn weight_bytes(&self) -> u64 {
+        (self.rows * self.cols / 4 + self.rows * self.cols / 128) as u64
+    }
+}
+
+/// A matvec's pipeline, bind groups and grids, ready to encode.
+pub struct BoundMatvec {
+    pipeline: wgpu::ComputePipeline,
+    parts: Vec<(wgpu::BindGroup, (u32, u32))>,
+}
+
+impl BoundMatvec {
+    /// Records the dispatches (one per row chunk) into `pass`.
+    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+        pass.set_pipeline(&self.pipeline);
+        for (bg, (gx, gy)) in &self.parts {
+            pass.set_bind_group(0, bg, &[]);
+            pass.dispatch_workgroups(*gx, *gy, 1);
+        }
+    }
+
+    /// Dispatches per matvec.
+    pub fn dispatches(&self) -> usize {
+        self.parts.len()
+    }
+}
+
+/// The bound of the module doc: `4 * K * 2^-24 * sum_k |d_b(k) x_k|` for one row (`abs_dx`
+/// the sum), plus the smallest normal f32 for rows whose sum is 0.
+pub fn tolerance(cols: usize, abs_dx: f64) -> f64 {
+    4.0 * cols as f64 * f32::EPSILON as f64 / 2.0 * abs_dx + f32::MIN_POSITIVE as f64
+}
+
+/// The context of the tests and benchmarks: `None` (after saying why on stderr) when no
+/// adapter appears, unless `LOWBIT_REQUIRE_GPU=1` (set by `make test`), where that panics.
+pub fn context_for_tests(opts: &ContextOptions) -> Option<GpuContext> {
+    match GpuContext::new(opts) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            if std::env::var("LOWBIT_REQUIRE_GPU").as_deref() == Ok("1") {
+                panic!("no GPU context and LOWBIT_REQUIRE_GPU=1: {e}");
+            }
+            eprintln!("skipping: no GPU context ({e})");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grid_stays_within_65535_per_dimension() {
+        assert_eq!(grid(1), Some((1, 1)));
+        assert_eq!(grid(65_535), Some((65_535, 1)));
+        assert_eq!(grid(65_536), Some((65_535, 2)));
+        assert_eq!(grid(65_535 * 65_535), Some((65_535, 65_535)));
+        assert_eq!(grid(65_535 * 65_535 + 1), None);
+    }
+
+    #[test]
+    fn selector_parses_index_or_name() {
+        assert_eq!(
+            "1".parse::<AdapterSelector>().unwrap(),
+            AdapterSelector::Index(1)
+        );
+        assert_eq!(
+            "llvmpipe".parse::<AdapterSelector>().unwrap(),
+            AdapterSelector::Name("llvmpipe".into())
+        );
+        assert!(matches!(
+            " ".parse::<AdapterSelector>(),
+            Err(GpuError::EmptySelector)
+        ));
+    }
+
+    fn info(name: &str, t: wgpu::DeviceType) -> wgpu::AdapterInfo {
+        let mut i = wgpu::AdapterInfo::new(t, wgpu::Backend::Vulkan);
+        i.name = name.into();
+        i
+    }
+
+    #[test]
+    fn select_prefers_a_real_gpu_and_matches_names() {
+        let infos = [
+            info("llvmpipe (LLVM 15)", wgpu::DeviceType::Cpu),
+            info("NVIDIA H200", wgpu::DeviceType::DiscreteGpu),
+        ];
+        assert_eq!(select_index(&infos, None).unwrap(), 1);
+        let sel = |s: &str| s.parse::<AdapterSelector>().unwrap();
+        assert_eq!(select_index(&infos, Some(&sel("0"))).unwrap(), 0);
+        assert_eq!(select_index(&infos, Some(&sel("h200"))).unwrap(), 1);
+        let e = select_index(&infos, Some(&sel("radeon"))).unwrap_err();
+        assert!(e.to_string().contains("0: llvmpipe"), "{e}");
+        assert!(select_index(&infos, Some(&sel("2"))).is_err());
+        assert!(matches!(select_index(&[], None), Err(GpuError::NoAdapter)));
+    }
+
+    #[test]
+    fn pipeline_names_carry_their_parameters() {
+        let c = MatvecConfig {
+            rows_per_workgroup: 4,
+            workgroup_size: 64,
+            reduction: Reduction::Subgroup,
+        };
+        assert_eq!(c.name(), "ternary_matvec_r4_wg64_sg");
+        assert!(c.source().contains("const ROWS: u32 = 4u;"));
+    }
+}

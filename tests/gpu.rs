@@ -1,0 +1,381 @@
+//! The GPU ternary matvec against the CPU f32 reference (`runtime::matvec::matvec`, the exact
+//! f32 kernel), on whatever adapter wgpu finds (lavapipe in CI). Without an adapter the tests
+//! skip and say so, unless `LOWBIT_REQUIRE_GPU=1` (set by `make test`), where they fail.
+//!
+//! Tolerance (src/runtime/gpu/mod.rs): `|y_gpu - y_cpu| <= 4 * K * 2^-24 * sum_k |d x_k|` per
+//! row; the tests print the largest fraction of it seen.
+
+mod common;
+
+use lowbit::runtime::gpu::{
+    self, context_for_tests, ContextOptions, GpuContext, GpuError, MatvecConfig, Reduction,
+};
+use lowbit::runtime::matvec::{matvec, WeightData};
+
+fn lcg(seed: &mut u64) -> u32 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (*seed >> 33) as u32
+}
+
+/// A random ternary weight `[rows, cols]`: every code 0..2, scales drawn from normal,
+/// negative, zero, subnormal, tiny and the largest f16 values.
+fn random_weight(rows: usize, cols: usize, seed: &mut u64) -> (Vec<u32>, Vec<u16>) {
+    let words = (0..rows * cols / 16)
+        .map(|_| {
+            let mut w = 0u32;
+            for j in 0..16 {
+                w |= (lcg(seed) % 3) << (2 * j);
+            }
+            w
+        })
+        .collect();
+    let special = [
+        0.0f32, -0.0, 65504.0, -65504.0, 1.0e-7, -6.1e-5, 0.5, -1.0, 0.0123,
+    ];
+    let scales = (0..rows * cols / 256)
+        .map(|_| {
+            let r = lcg(seed);
+            let v = if r.is_multiple_of(4) {
+                special[(r / 4) as usize % special.len()]
+            } else {
+                ((r % 20001) as f32 / 10000.0 - 1.0) * 0.05
+            };
+            half::f16::from_f32(v).to_bits()
+        })
+        .collect();
+    (words, scales)
+}
+
+fn random_x(cols: usize, seed: &mut u64) -> Vec<f32> {
+    (0..cols)
+        .map(|i| match i % 61 {
+            0 => 0.0,
+            1 => -0.0,
+            _ => (lcg(seed) % 2001) as f32 / 1000.0 - 1.0,
+        })
+        .collect()
+}
+
+/// `sum_k |d_b(k) x_k|` per row, in f64.
+fn abs_dx(scales: &[u16], cols: usize, x: &[f32]) -> Vec<f64> {
+    scales
+        .chunks_exact(cols / 256)
+        .map(|rs| {
+            rs.iter()
+                .zip(x.chunks_exact(256))
+                .map(|(&s, xb)| {
+                    let d = half::f16::from_bits(s).to_f64().abs();
+                    xb.iter().map(|v| d * v.abs() as f64).sum::<f64>()
+                })
+                .sum()
+        })
+        .collect()
+}
+
+fn cpu(words: &[u32], scales: &[u16], cols: usize, x: &[f32]) -> Vec<f32> {
+    let mut y = vec![0f32; scales.len() / (cols / 256)];
+    matvec(WeightData::Ternary { words, scales }, cols, x, &mut y);
+    y
+}
+
+/// Checks `gpu` against `cpu` row by row; returns the largest |diff| / tolerance.
+fn check(what: &str, gpu: &[f32], cpu: &[f32], tol_sums: &[f64], cols: usize) -> f64 {
+    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths");
+    let mut worst = (0.0f64, 0usize);
+    for (r, ((g, c), a)) in gpu.iter().zip(cpu).zip(tol_sums).enumerate() {
+        assert!(g.is_finite(), "{what}: row {r} is {g}");
+        let tol = gpu::tolerance(cols, *a);
+        let ratio = (*g as f64 - *c as f64).abs() / tol;
+        if ratio > worst.0 {
+            worst = (ratio, r);
+        }
+        assert!(
+            ratio <= 1.0,
+            "{what}: row {r}: gpu {g} cpu {c}, |diff| {} > tolerance {tol} (sum|dx| {a})",
+            (*g as f64 - *c as f64).abs()
+        );
+    }
+    eprintln!(
+        "{what}: worst row {} at {:.2e} of the tolerance",
+        worst.1, worst.0
+    );
+    worst.0
+}
+
+fn configs(ctx: &GpuContext) -> Vec<MatvecConfig> {
+    let mut v = Vec::new();
+    for reduction in [Reduction::Subgroup, Reduction::Workgroup] {
+        if reduction == Reduction::Subgroup && !ctx.has_subgroups() {
+            eprintln!(
+                "note: {} has no SUBGROUP feature; the subgroup path is not run",
+                ctx.info.name
+            );
+            continue;
+        }
+        for (rows_per_workgroup, workgroup_size) in [(1, 32), (4, 64), (7, 128), (8, 256)] {
+            v.push(MatvecConfig {
+                rows_per_workgroup,
+                workgroup_size,
+                reduction,
+            });
+        }
+    }
+    v
+}
+
+#[test]
+fn ternary_matvec_matches_cpu_f32_on_both_reductions() {
+    let Some(ctx) = context_for_tests(&ContextOptions::default()) else {
+        return;
+    };
+    eprintln!(
+        "adapter: {} ({:?}, {}, subgroups {}..{})",
+        ctx.info.name,
+        ctx.info.backend,
+        ctx.info.driver_info,
+        ctx.info.subgroup_min_size,
+        ctx.info.subgroup_max_size
+    );
+    if std::env::var("LOWBIT_REQUIRE_GPU").as_deref() == Ok("1") {
+        // CI's lavapipe has subgroups: the subgroup path must run there.
+        assert!(
+            ctx.has_subgroups(),
+            "{}: no SUBGROUP feature",
+            ctx.info.name
+        );
+    }
+    let mut seed = 0x9e3779b97f4a7c15u64;
+    // (rows, cols): fast path (K % 512 == 0, N % 32 == 0), then odd shapes.
+    for (rows, cols) in [
+        (64, 512),
+        (96, 2048),
+        (37, 768),
+        (1, 256),
+        (5, 256),
+        (33, 1280),
+    ] {
+        let (words, scales) = random_weight(rows, cols, &mut seed);
+        let x = random_x(cols, &mut seed);
+        let want = cpu(&words, &scales, cols, &x);
+        let sums = abs_dx(&scales, cols, &x);
+        let w = ctx
+            .upload_ternary(
+                "w",
+                rows,
+                cols,
+                bytemuck::cast_slice(&words),
+                bytemuck::cast_slice(&scales),
+            )
+            .unwrap();
+        for cfg in configs(&ctx) {
+            let y = ctx.matvec(&w, &x, &cfg).unwrap();
+            check(
+                &format!("[{rows}, {cols}] {}", cfg.name()),
+                &y,
+                &want,
+                &sums,
+                cols,
+            );
+        }
+    }
+}
+
+#[test]
+fn row_chunks_and_2d_grids_give_the_same_rows() {
+    // A binding cap of 40 rows' codes forces chunks; 1 row per workgroup and more than
+    // 65,535 rows force a 2-D grid.
+    let (rows, cols) = (70_001usize, 256usize);
+    let probe = context_for_tests(&ContextOptions::default());
+    let Some(probe) = probe else { return };
+    let step = (probe.limits.min_storage_buffer_offset_alignment as u64 / 4).max(2);
+    drop(probe);
+    let cap = (cols as u64 / 4) * (40 + step);
+    let Some(ctx) = context_for_tests(&ContextOptions {
+        max_binding_bytes: Some(cap),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let Some(whole) = context_for_tests(&ContextOptions::default()) else {
+        return;
+    };
+    let mut seed = 5u64;
+    let (words, scales) = random_weight(300, cols, &mut seed);
+    let x = random_x(cols, &mut seed);
+    let want = cpu(&words, &scales, cols, &x);
+    let sums = abs_dx(&scales, cols, &x);
+    let wb: &[u8] = bytemuck::cast_slice(&words);
+    let sb: &[u8] = bytemuck::cast_slice(&scales);
+    let chunked = ctx.upload_ternary("w", 300, cols, wb, sb).unwrap();
+    assert!(chunked.chunks.len() > 1, "{} chunks", chunked.chunks.len());
+    let one = whole.upload_ternary("w", 300, cols, wb, sb).unwrap();
+    assert_eq!(one.chunks.len(), 1);
+    let cfg = ctx.default_matvec_config();
+    let a = ctx.matvec(&chunked, &x, &cfg).unwrap();
+    let b = whole.matvec(&one, &x, &cfg).unwrap();
+    check("chunked", &a, &want, &sums, cols);
+    // The same kernel on the same rows: the same bits, however the rows are chunked.
+    assert_eq!(
+        a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+
+    let (words, scales) = random_weight(rows, cols, &mut seed);
+    let want = cpu(&words, &scales, cols, &x);
+    let sums = abs_dx(&scales, cols, &x);
+    let w = whole
+        .upload_ternary(
+            "tall",
+            rows,
+            cols,
+            bytemuck::cast_slice(&words),
+            bytemuck::cast_slice(&scales),
+        )
+        .unwrap();
+    assert_eq!(gpu::grid(rows as u64), Some((65_535, 2)));
+    let cfg = MatvecConfig {
+        rows_per_workgroup: 1,
+        ..whole.default_matvec_config()
+    };
+    let y = whole.matvec(&w, &x, &cfg).unwrap();
+    check("2-D grid", &y, &want, &sums, cols);
+}
+
+#[test]
+fn real_bundle_tensors_match_cpu() {
+    let Some(ctx) = context_for_tests(&ContextOptions::default()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tiny.bundle");
+    lowbit::bundle::writer::write_bundle(
+        &common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf"),
+        &out,
+        &lowbit::bundle::writer::PackOptions {
+            mode: lowbit::bundle::writer::Mode::Ternary { ternarize: false },
+            context: None,
+            prefill_buckets: None,
+            quiet: true,
+            fail_after_tensors: None,
+        },
+        vec![],
+    )
+    .unwrap();
+    let bundle = lowbit::bundle::reader::Bundle::open(&out).unwrap();
+    let model = lowbit::runtime::model::Model::new(bundle).unwrap();
+    let mut seed = 11u64;
+    let mut n = 0;
+    for layer in &model.layers {
+        for w in layer.matrices() {
+            let lowbit::runtime::model::WeightKind::Ternary { codes, scales } = &w.kind else {
+                continue;
+            };
+            let words: &[u32] = bytemuck::cast_slice(w.bytes(&model.bundle, *codes));
+            let sc: &[u16] = bytemuck::cast_slice(w.bytes(&model.bundle, *scales));
+            let x = random_x(w.cols, &mut seed);
+            let want = cpu(words, sc, w.cols, &x);
+            let sums = abs_dx(sc, w.cols, &x);
+            let g = ctx.upload_weight(&model.bundle, w).unwrap();
+            for cfg in configs(&ctx) {
+                let y = ctx.matvec(&g, &x, &cfg).unwrap();
+                check(
+                    &format!("{} {}", w.name, cfg.name()),
+                    &y,
+                    &want,
+                    &sums,
+                    w.cols,
+                );
+            }
+            n += 1;
+        }
+    }
+    assert!(n > 0, "no ternary tensor in the tiny bundle");
+}
+
+#[test]
+fn bad_configs_and_shapes_are_refused() {
+    let Some(ctx) = context_for_tests(&ContextOptions::default()) else {
+        return;
+    };
+    let base = ctx.default_matvec_config();
+    for bad in [
+        MatvecConfig {
+            rows_per_workgroup: 0,
+            ..base
+        },
+        MatvecConfig {
+            workgroup_size: 48,
+            ..base
+        },
+        MatvecConfig {
+            rows_per_workgroup: 33,
+            ..base
+        },
+    ] {
+        let e = ctx.pipeline(&bad).unwrap_err();
+        assert!(matches!(e, GpuError::Shape { .. }), "{e}");
+    }
+    if !ctx.has_subgroups() {
+        let e = ctx
+            .pipeline(&MatvecConfig {
+                reduction: Reduction::Subgroup,
+                ..base
+            })
+            .unwrap_err();
+        assert!(matches!(e, GpuError::MissingFeature { .. }), "{e}");
+    }
+    let e = ctx
+        .upload_ternary("w", 2, 100, &[0; 100], &[0; 2])
+        .unwrap_err();
+    assert!(e.to_string().contains("w [2, 100]"), "{e}");
+    let w = ctx.upload_ternary("w", 2, 256, &[0; 128], &[0; 4]).unwrap();
+    let e = ctx.matvec(&w, &[0.0; 255], &base).unwrap_err();
+    assert!(e.to_string().contains("x has 255 values"), "{e}");
+}
+
+#[test]
+fn gpu_info_lists_adapters_or_says_there_are_none() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_convert"))
+        .args(["gpu-info", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let list = v.as_array().unwrap();
+    if std::env::var("LOWBIT_REQUIRE_GPU").as_deref() == Ok("1") {
+        assert!(!list.is_empty(), "no adapter and LOWBIT_REQUIRE_GPU=1");
+    }
+    for a in list {
+        for key in [
+            "name",
+            "backend",
+            "driver",
+            "subgroup_min_size",
+            "subgroup_max_size",
+        ] {
+            assert!(a.get(key).is_some(), "{key} missing in {a}");
+        }
+        assert!(
+            a["limits"]["max_storage_buffer_binding_size"]
+                .as_u64()
+                .unwrap()
+                > 0
+        );
+    }
+    let text = std::process::Command::new(env!("CARGO_BIN_EXE_convert"))
+        .arg("gpu-info")
+        .output()
+        .unwrap();
+    assert!(text.status.success());
+    let t = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        t.contains("adapter 0:") || t.contains("no GPU adapter found"),
+        "{t}"
+    );
+}
