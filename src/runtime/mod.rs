@@ -196,6 +196,8 @@ pub fn load_cpu_with(
     opts: &LoadOptions,
 ) -> Result<cpu::CpuBackend, RuntimeError> {
     let bundle = Bundle::open(bundle_dir)?;
+    // The configuration first (its errors name the field), then the function table it implies.
+    crate::arch::check_config(&bundle.manifest.model)?;
     if let Some(f) = crate::bundle::verify::function_table_faults(&bundle.manifest)
         .into_iter()
         .next()
