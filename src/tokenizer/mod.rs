@@ -29,6 +29,7 @@
 
 mod bpe;
 mod chat;
+pub mod llama_tokenize;
 mod pretok;
 mod spm;
 mod unicode;
@@ -73,6 +74,9 @@ pub enum TokenizerError {
     NoChatTemplate,
     #[error("chat template: {0}")]
     Template(String),
+    /// A GGUF file given as a model could not be read.
+    #[error(transparent)]
+    Gguf(#[from] crate::gguf::GgufError),
 }
 
 fn field_err(field: &str, detail: impl Into<String>) -> TokenizerError {
