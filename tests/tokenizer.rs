@@ -285,6 +285,43 @@ fn qwen2_5_matches_llama_cpp() {
     assert!(!tok.is_eog(tok.token_id("<|im_start|>").unwrap()));
 }
 
+/// The chat prompts of testdata/llama/*.f32path.json: lowbit renders Qwen's template to the
+/// recorded prompt text, and tokenizes both chat prompts to llama-tokenize's ids.
+#[test]
+fn f32path_chat_prompts_match_llama_cpp() {
+    for (file, stem, template) in [
+        (
+            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            "qwen2.5-coder-0.5b-instruct-q4_k_m",
+            true,
+        ),
+        ("gemma-3-270m-q4_k_m.gguf", "gemma-3-270m-q4_k_m", false),
+    ] {
+        let Some(p) = common::model(file) else {
+            continue;
+        };
+        let tok = load(&p);
+        let doc = read_json(&format!("testdata/llama/{stem}.f32path.json"));
+        let case = doc["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c.get("chat").is_some())
+            .expect("a chat case");
+        let prompt = case["prompt"].as_str().unwrap();
+        if template {
+            let user = case["chat"]["messages"][0][1].as_str().unwrap();
+            let got = tok.apply_chat_template(&[("user", user)], true).unwrap();
+            assert_eq!(got, prompt, "{stem}");
+        }
+        assert_eq!(
+            tok.encode(prompt, tok.add_bos(), true),
+            ids(&case["prompt_ids"]),
+            "{stem}"
+        );
+    }
+}
+
 /// llama.cpp's own vocabulary-only test file for the qwen2 pre-tokenizer (no tensors).
 #[test]
 fn llama_cpp_vocab_only_qwen2_matches_llama_cpp() {
