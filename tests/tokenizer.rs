@@ -262,12 +262,91 @@ fn gemma3_matches_llama_cpp() {
 }
 
 #[test]
+fn qwen2_5_matches_llama_cpp() {
+    let Some(p) = common::model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else {
+        return;
+    };
+    let tok = load(&p);
+    assert_eq!(tok.kind(), TokenizerKind::Bpe);
+    assert_eq!(tok.pre(), "qwen2");
+    assert_eq!(tok.n_vocab(), 151_936);
+    assert!(!tok.add_bos() && !tok.add_eos());
+    check_vectors(&tok, "qwen2.5");
+    check_round_trips(&tok, "qwen2.5");
+    for t in [
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<|fim_pad|>",
+        "<|repo_name|>",
+        "<|file_sep|>",
+    ] {
+        assert!(tok.is_eog(tok.token_id(t).unwrap()), "{t}");
+    }
+    assert!(!tok.is_eog(tok.token_id("<|im_start|>").unwrap()));
+}
+
+/// The chat prompts of testdata/llama/*.f32path.json: lowbit renders Qwen's template to the
+/// recorded prompt text, and tokenizes both chat prompts to llama-tokenize's ids.
+#[test]
+fn f32path_chat_prompts_match_llama_cpp() {
+    for (file, stem, template) in [
+        (
+            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            "qwen2.5-coder-0.5b-instruct-q4_k_m",
+            true,
+        ),
+        ("gemma-3-270m-q4_k_m.gguf", "gemma-3-270m-q4_k_m", false),
+    ] {
+        let Some(p) = common::model(file) else {
+            continue;
+        };
+        let tok = load(&p);
+        let doc = read_json(&format!("testdata/llama/{stem}.f32path.json"));
+        let case = doc["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c.get("chat").is_some())
+            .expect("a chat case");
+        let prompt = case["prompt"].as_str().unwrap();
+        if template {
+            let user = case["chat"]["messages"][0][1].as_str().unwrap();
+            let got = tok.apply_chat_template(&[("user", user)], true).unwrap();
+            assert_eq!(got, prompt, "{stem}");
+        }
+        assert_eq!(
+            tok.encode(prompt, tok.add_bos(), true),
+            ids(&case["prompt_ids"]),
+            "{stem}"
+        );
+    }
+}
+
+/// llama.cpp's own vocabulary-only test file for the qwen2 pre-tokenizer (no tensors).
+#[test]
+fn llama_cpp_vocab_only_qwen2_matches_llama_cpp() {
+    let Some(p) = common::llama_src_file("models/ggml-vocab-qwen2.gguf") else {
+        return;
+    };
+    let f = GgufFile::open(&p).unwrap();
+    assert!(f.tensors.is_empty());
+    let tok = Tokenizer::from_json(&tokenizer_json(&f)).unwrap();
+    assert_eq!(tok.pre(), "qwen2");
+    check_vectors(&tok, "ggml-vocab-qwen2");
+    check_round_trips(&tok, "ggml-vocab-qwen2");
+}
+
+#[test]
 fn chat_templates_match_jinja2() {
     let doc = read_json("testdata/tokenizer/chat_templates.json");
     let mut checked = 0;
     for (name, t) in doc["templates"].as_object().unwrap() {
         let tok = match name.as_str() {
             "minicpm-tiny" => load(&tiny_path()),
+            "qwen2.5" => match common::model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") {
+                Some(p) => load(&p),
+                None => continue,
+            },
             "smollm2" => match common::model("SmolLM2-135M-Instruct.Q4_1.gguf") {
                 Some(p) => load(&p),
                 None => continue,

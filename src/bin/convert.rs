@@ -149,6 +149,34 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Tokenize text as llama.cpp's llama-tokenize does: each token as `id -> 'piece'`, or with
+    /// --ids the ids as a Python list. Special-token text is split out only with
+    /// --parse-special (llama-tokenize parses it by default).
+    Tokenize {
+        /// A bundle directory or a GGUF file (a vocabulary-only GGUF with no tensors will do).
+        model: PathBuf,
+        /// The text, used verbatim (as llama-tokenize --no-escape).
+        #[arg(long, short = 'p')]
+        prompt: String,
+        /// Print only the ids, as a Python list: [1, 2, 3].
+        #[arg(long)]
+        ids: bool,
+        /// No BOS (and no EOS) even when the model adds them.
+        #[arg(long)]
+        no_bos: bool,
+        /// Print JSON: {"n_tokens", "add_special", "parse_special", "ids", "pieces"}.
+        #[arg(long, conflicts_with = "ids")]
+        json: bool,
+        /// Split special-token text (e.g. <|im_start|>) out as those tokens.
+        #[arg(long)]
+        parse_special: bool,
+        /// Leave special-token text as text (the default; for llama-tokenize command lines).
+        #[arg(long, conflicts_with = "parse_special")]
+        no_parse_special: bool,
+        /// Also print the total number of tokens (not with --json, which has n_tokens).
+        #[arg(long, conflicts_with = "json")]
+        show_count: bool,
+    },
     /// Check a bundle's files and digest against its manifest and, with --source, every
     /// tensor against the GGUF it came from. Exit 0 passed, 1 a check failed, 2 error.
     Verify {
@@ -688,6 +716,38 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
                     Ok(ExitCode::from(2))
                 }
             }
+        }
+        Command::Tokenize {
+            model,
+            prompt,
+            ids,
+            no_bos,
+            json,
+            parse_special,
+            no_parse_special: _,
+            show_count,
+        } => {
+            use lowbit::tokenizer::llama_tokenize as lt;
+            let tok = lt::load(&model).with_context(|| format!("tokenize {}", model.display()))?;
+            let opts = lt::TokenizeOptions {
+                no_bos,
+                parse_special,
+            };
+            let t = lt::tokenize(&tok, &prompt, opts);
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            if json {
+                serde_json::to_writer(&mut out, &lt::to_json(&tok, &t))?;
+                writeln!(out)?;
+            } else if ids {
+                lt::write_ids(&t.ids, &mut out)?;
+            } else {
+                lt::write_pieces(&tok, &t.ids, &mut out)?;
+            }
+            if show_count {
+                lt::write_count(t.ids.len(), &mut out)?;
+            }
+            out.flush()?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Validate(args) => validate_cmd(args),
         Command::Run(args) => run_cmd(args),

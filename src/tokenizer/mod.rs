@@ -20,15 +20,20 @@
 //! (eos, eot, eom, fim pad/rep/sep and tokens with texts such as `<|im_end|>`,
 //! `<end_of_turn>`, `<|endoftext|>`, `</s>`).
 //!
+//! eot/eom/fim tokens found by text are, as in llama.cpp, the first match in the iteration
+//! order of its `std::unordered_map` of token texts, reproduced for GNU libstdc++ (64-bit) by
+//! `libstdcxx` (Qwen2.5's eot is `<|im_end|>` 151645, not `<|endoftext|>` 151643).
+//!
 //! Differences from llama.cpp, all in cases llama.cpp leaves to chance or crashes on:
-//! eot/eom/fim tokens found by text take the lowest id when several texts match (llama.cpp
-//! takes the first in `std::unordered_map` order); special tokens of equal length keep id
+//! special tokens of equal length keep id
 //! order (llama.cpp uses an unstable sort); a byte with no byte token becomes the unknown
 //! token (llama.cpp throws); per-model-name token attributes (phi-3 RSTRIP, `<mask>` LSTRIP)
 //! are not applied, since `general.name` is not part of `tokenizer.json`.
 
 mod bpe;
 mod chat;
+mod libstdcxx;
+pub mod llama_tokenize;
 mod pretok;
 mod spm;
 mod unicode;
@@ -73,6 +78,9 @@ pub enum TokenizerError {
     NoChatTemplate,
     #[error("chat template: {0}")]
     Template(String),
+    /// A GGUF file given as a model could not be read.
+    #[error(transparent)]
+    Gguf(#[from] crate::gguf::GgufError),
 }
 
 fn field_err(field: &str, detail: impl Into<String>) -> TokenizerError {
@@ -687,8 +695,19 @@ impl Tokenizer {
     /// end-of-generation set, with the attribute changes it makes on the way.
     fn detect_special_tokens(&mut self) {
         let ids = self.mapped_ids();
+        // llama.cpp takes the first match in its token_to_id map's iteration order (see
+        // libstdcxx); beyond what that emulation covers, the lowest id.
+        let texts: Vec<&[u8]> = self.tokens.iter().map(|t| t.text.as_slice()).collect();
+        let map_order = libstdcxx::iteration_order(&texts)
+            .map(|o| {
+                // the map holds the last id of a repeated text
+                o.into_iter()
+                    .map(|i| self.token_to_id[texts[i as usize]])
+                    .collect::<Vec<u32>>()
+            })
+            .unwrap_or_else(|| ids.clone());
         let find = |tok: &Tokenizer, texts: &[&str]| -> Option<u32> {
-            ids.iter().copied().find(|&id| {
+            map_order.iter().copied().find(|&id| {
                 texts
                     .iter()
                     .any(|t| tok.tokens[id as usize].text == t.as_bytes())

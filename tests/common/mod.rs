@@ -34,6 +34,19 @@ pub fn model(name: &str) -> Option<PathBuf> {
     None
 }
 
+/// A file of llama.cpp's source tree, which `make llama` (tests/ref/build_llama.sh) unpacks into
+/// the cache, e.g. `models/ggml-vocab-qwen2.gguf` (vocabulary-only GGUF files llama.cpp ships
+/// for its tokenizer tests). Skipped with a message when absent, also under
+/// `LOWBIT_REQUIRE_MODELS=1`: `make test` does not build llama.cpp.
+pub fn llama_src_file(rel: &str) -> Option<PathBuf> {
+    let p = cache_dir().join("llama.cpp-11434/src").join(rel);
+    if p.exists() {
+        return Some(p);
+    }
+    eprintln!("skipping: {} not found (run `make llama`)", p.display());
+    None
+}
+
 /// A Hugging Face checkpoint directory written by `make hf-checkpoints` into the cache
 /// (`tests/ref/make_hf_checkpoint.py`); skipped or required as [`model`].
 pub fn hf_checkpoint(name: &str) -> Option<PathBuf> {

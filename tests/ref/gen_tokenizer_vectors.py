@@ -28,13 +28,16 @@ Writes `testdata/tokenizer/<model>.json` (indent 1, one case per line):
                 "pieces_hex": [...]}, ...]}
 
 Usage (from the repository root; what the checked-in files were made with):
-    $LOWBIT_CACHE/venv/bin/python tests/ref/gen_tokenizer_vectors.py --synthetic --chat-template
+    $LOWBIT_CACHE/venv/bin/python tests/ref/gen_tokenizer_vectors.py --synthetic --chat-template --cli
     [--llama-tokenize PATH] [--only NAME ...]   (--only: these models only)
 
 Models (a missing one is skipped with a message):
     smollm2      $LOWBIT_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf   (GPT-2 BPE, pre "smollm")
     minicpm-tiny testdata/ternary/minicpm-tiny-tq2_0.gguf                (SentencePiece, in the repo)
     gemma3       $LOWBIT_CACHE/models/gemma-3-270m-q4_k_m.gguf          (SentencePiece, no space prefix)
+    qwen2.5      $LOWBIT_CACHE/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf  (GPT-2 BPE, pre "qwen2")
+    ggml-vocab-qwen2  $LOWBIT_CACHE/llama.cpp-11434/src/models/ggml-vocab-qwen2.gguf
+                 (llama.cpp's vocabulary-only test GGUF, no tensors; in its source tree)
 
 `$LOWBIT_CACHE` defaults to ~/.cache/lowbit; llama-tokenize defaults to
 $LOWBIT_CACHE/llama.cpp-11434/build/bin/llama-tokenize (tests/ref/build_llama.sh).
@@ -51,7 +54,16 @@ category table (src/unicode-data.cpp under `--llama-src`, default
 $LOWBIT_CACHE/llama.cpp-11434/src), so lowbit's pre-tokenizers classify codepoints with
 llama.cpp's Unicode version.
 
-`--chat-template` additionally renders the SmolLM2 and MiniCPM chat templates with
+`--cli` (needs gguf-py) writes `testdata/tokenizer/minicpm-tiny-vocab.gguf`, a vocabulary-only
+copy (every key, no tensors) of the tiny MiniCPM, and `testdata/tokenizer/llama_tokenize_cli.json`:
+llama-tokenize's exact stdout for CLI_PROMPTS x CLI_FLAGS on the CLI_MODELS that exist, for the
+`convert tokenize` tests:
+
+    {"generator", "llama_cpp", "command", "models": {name: {"file", "sha256"}},
+     "prompts": [...], "runs": [{"model": name, "prompt": index, "flags": [...],
+                                 "stdout": "..." | "stdout_hex": "..." (when not UTF-8)}, ...]}
+
+`--chat-template` additionally renders the SmolLM2, MiniCPM and Qwen2.5 chat templates with
 Python jinja2 (trim_blocks and lstrip_blocks on, as llama.cpp's jinja engine and
 Hugging Face do) for the conversations in CHATS and writes
 `testdata/tokenizer/chat_templates.json`. Needs `pip install jinja2`.
@@ -77,6 +89,9 @@ MODELS = {
     "smollm2": CACHE / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf",
     "minicpm-tiny": ROOT / "testdata" / "ternary" / "minicpm-tiny-tq2_0.gguf",
     "gemma3": CACHE / "models" / "gemma-3-270m-q4_k_m.gguf",
+    "qwen2.5": CACHE / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    # llama.cpp's own vocabulary-only test file (no tensors), from its source tree
+    "ggml-vocab-qwen2": CACHE / "llama.cpp-11434" / "src" / "models" / "ggml-vocab-qwen2.gguf",
 }
 
 VARIANTS = {
@@ -216,7 +231,7 @@ def gen_chat(out_dir: Path) -> None:
     from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: PLC0415
 
     templates = {}
-    for name in ("smollm2", "minicpm-tiny"):
+    for name in ("smollm2", "minicpm-tiny", "qwen2.5"):
         model = MODELS[name]
         if not model.exists():
             print(f"skipping chat template of {name}: {model} not found")
@@ -234,7 +249,12 @@ def gen_chat(out_dir: Path) -> None:
         cases = []
         for cname, msgs, gen in CHATS:
             messages = [{"role": r, "content": c} for r, c in msgs]
-            rendered = t.render(messages=messages, add_generation_prompt=gen, bos_token=bos, eos_token=eos)
+            try:
+                rendered = t.render(messages=messages, add_generation_prompt=gen, bos_token=bos, eos_token=eos)
+            except jinja2.exceptions.TemplateError as e:
+                # e.g. Qwen2.5's template reads messages[0] and fails on an empty chat
+                print(f"{name}: {cname}: jinja2 fails ({e}); case left out")
+                continue
             cases.append({"name": cname, "messages": msgs, "add_generation_prompt": gen, "rendered": rendered})
         out["templates"][name] = {"bos_token": bos, "eos_token": eos, "cases": cases}
     path = out_dir / "chat_templates.json"
@@ -337,6 +357,88 @@ def gen_synthetic(exe: str, version: str, texts: list[dict], out_dir: Path) -> N
             doc_path.write_text(doc, encoding="utf-8")
 
 
+# A vocabulary-only GGUF (every key, no tensors) of the tiny MiniCPM, kept in the repository so
+# that `convert tokenize` on a tensor-less GGUF is tested without any download.
+VOCAB_ONLY = ROOT / "testdata" / "tokenizer" / "minicpm-tiny-vocab.gguf"
+
+
+def write_vocab_only(src: Path, dst: Path) -> None:
+    """dst = every metadata key of src (gguf-py), no tensors: like llama.cpp's ggml-vocab-*.gguf."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter  # noqa: PLC0415
+
+    reader = GGUFReader(src)
+    w = GGUFWriter(dst, arch=str(reader.fields["general.architecture"].contents()))
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vtype = f.types[0]
+        sub = f.types[1] if vtype == GGUFValueType.ARRAY else None
+        w.add_key_value(key, f.contents(), vtype, sub_type=sub)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"wrote {dst} ({dst.stat().st_size} bytes, no tensors)")
+
+
+# `llama-tokenize`'s exact stdout, for the `convert tokenize` tests (tests/tokenize_cli.rs).
+CLI_MODELS = {
+    "minicpm-tiny-vocab": VOCAB_ONLY,
+    "ggml-vocab-qwen2": MODELS["ggml-vocab-qwen2"],
+    "qwen2.5": MODELS["qwen2.5"],
+    "gemma3": MODELS["gemma3"],
+    "smollm2": MODELS["smollm2"],
+}
+CLI_PROMPTS = [
+    "Hello world",
+    "<|im_start|>user\nWrite a Python function that reverses a string<|im_end|>\n<|im_start|>assistant\n",
+    "<start_of_turn>user\nGr\u00fc\u00dfe \u4f60\u597d \U0001f999<end_of_turn>\n<s> x  \t1234",
+]
+# every run gets `-m MODEL -p PROMPT --no-escape --log-disable` first
+CLI_FLAGS = [
+    [],
+    ["--no-parse-special"],
+    ["--ids"],
+    ["--ids", "--no-parse-special"],
+    ["--no-bos", "--ids"],
+    ["--no-bos", "--show-count"],
+]
+
+
+def gen_cli(exe: str, version: str, out_dir: Path) -> None:
+    models = {}
+    runs = []
+    for name, path in CLI_MODELS.items():
+        if not path.exists():
+            print(f"skipping llama-tokenize CLI runs of {name}: {path} not found")
+            continue
+        models[name] = {"file": path.name, "sha256": sha256_file(path)}
+        for pi, prompt in enumerate(CLI_PROMPTS):
+            for flags in CLI_FLAGS:
+                out = run([exe, "-m", str(path), "-p", prompt, "--no-escape", "--log-disable", *flags])
+                rec = {"model": name, "prompt": pi, "flags": flags}
+                try:
+                    rec["stdout"] = out.decode("utf-8")
+                except UnicodeDecodeError:
+                    rec["stdout_hex"] = out.hex()
+                runs.append(rec)
+    doc = {
+        "generator": GENERATOR,
+        "llama_cpp": version,
+        "command": "llama-tokenize -m MODEL -p PROMPT --no-escape --log-disable FLAGS...",
+        "models": models,
+        "prompts": CLI_PROMPTS,
+        "runs": runs,
+    }
+    head = {k: v for k, v in doc.items() if k != "runs"}
+    text = json.dumps(head, indent=1, ensure_ascii=False)[:-2]
+    text += ',\n "runs": [\n  ' + ",\n  ".join(json.dumps(r, ensure_ascii=False) for r in runs) + "\n ]\n}\n"
+    assert json.loads(text) == doc
+    path = out_dir / "llama_tokenize_cli.json"
+    path.write_text(text, encoding="utf-8")
+    print(f"wrote {path}: {len(runs)} runs")
+
+
 def gen_unicode_table(llama_src: Path, out: Path) -> None:
     """Writes llama.cpp's codepoint category table (src/unicode-data.cpp: unicode_ranges_flags
     and unicode_set_whitespace) as Rust, so lowbit classifies codepoints exactly as llama.cpp
@@ -391,6 +493,11 @@ def main() -> None:
         help="also write smollm2-as-llama3.json / smollm2-as-qwen2.json (needs gguf-py)",
     )
     ap.add_argument(
+        "--cli",
+        action="store_true",
+        help="also write minicpm-tiny-vocab.gguf (needs gguf-py) and llama_tokenize_cli.json",
+    )
+    ap.add_argument(
         "--unicode-table",
         action="store_true",
         help="only (re)write src/tokenizer/unicode_data.rs from llama.cpp's src/unicode-data.cpp",
@@ -418,6 +525,9 @@ def main() -> None:
         gen_synthetic(args.llama_tokenize, version, texts, out_dir)
     if args.chat_template:
         gen_chat(out_dir)
+    if args.cli:
+        write_vocab_only(MODELS["minicpm-tiny"], VOCAB_ONLY)
+        gen_cli(args.llama_tokenize, version, out_dir)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """Write a GGUF model as a Hugging Face checkpoint directory (the inverse of llama.cpp's
-convert_hf_to_gguf.py for LlamaForCausalLM and MiniCPMForCausalLM), the test input for
+convert_hf_to_gguf.py for LlamaForCausalLM, MiniCPMForCausalLM and Qwen2ForCausalLM), the test input for
 `convert palettize` on Hugging Face safetensors, and check it with tools independent of
 lowbit:
 
   model.safetensors       gguf-py's dequantization (f16 or f32), Hugging Face tensor names;
                           q_proj/k_proj rows un-permuted (the inverse of LlamaModel.permute in
-                          llama.cpp's conversion/llama.py, which MiniCPM applies too)
+                          llama.cpp's conversion/llama.py, which MiniCPM applies too; Qwen2 is
+                          converted without permuting, its GGUF uses NeoX-style RoPE); Qwen2's
+                          q/k/v biases as q_proj.bias/k_proj.bias/v_proj.bias
   config.json             Hugging Face keys from the GGUF metadata (rope_scaling longrope with
                           the factor tensors' values for MiniCPM)
-  tokenizer.json          gpt2 vocabularies: a `tokenizers` BPE with ByteLevel pre-tokenizer
+  tokenizer.json          gpt2 vocabularies: a `tokenizers` BPE with ByteLevel pre-tokenizer (Qwen2:
+                          Qwen2's Split regex, then ByteLevel without its own regex)
   tokenizer.model         llama (SentencePiece) vocabularies: a sentencepiece ModelProto
   tokenizer_config.json   chat template, special tokens, add_bos_token
 
@@ -82,11 +85,14 @@ def permute(w, n_head):
 
 # ------------------------------------------------------------------ config ---
 
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "minicpm": "MiniCPMForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+
 def hf_config(g: Gguf):
     n_embd, n_layer = g.a("embedding_length"), g.a("block_count")
     n_head = g.a("attention.head_count")
     cfg = {
-        "architectures": ["LlamaForCausalLM" if g.arch == "llama" else "MiniCPMForCausalLM"],
+        "architectures": [ARCHITECTURES[g.arch]],
         "model_type": g.arch,
         "hidden_size": n_embd,
         "intermediate_size": g.a("feed_forward_length"),
@@ -112,6 +118,13 @@ def hf_config(g: Gguf):
         cfg["scale_emb"] = float(np.float32(g.a("embedding_scale")))
         cfg["scale_depth"] = float(np.float32(g.a("residual_scale"))) * float(np.sqrt(n_layer))
         cfg["dim_model_base"] = float(n_embd) / float(np.float32(g.a("logit_scale")))
+    if g.arch == "qwen2":
+        # Qwen2Config keys of Qwen2.5's config.json; llama.cpp's qwen2 graph has no sliding
+        # window, nor does Qwen2.5 use one (use_sliding_window false)
+        cfg["use_sliding_window"] = False
+        cfg["sliding_window"] = g.a("context_length")
+        cfg["max_window_layers"] = n_layer
+        cfg["attention_dropout"] = 0.0
     if g.a("rope.scaling.type") == "longrope":
         cfg["rope_scaling"] = {
             "rope_type": "longrope",
@@ -139,6 +152,9 @@ def tokenizer_config(g: Gguf, tokens):
     return tc
 
 
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
 # Pre-tokenizers of gguf "pre" names, as the Hugging Face tokenizer.json of those models
 # writes them (convert_hf_to_gguf.py recognises them by the ids they produce).
 PRE = {
@@ -146,6 +162,10 @@ PRE = {
         {"type": "Digits", "individual_digits": True},
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]},
     "gpt2": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+    # Qwen2/Qwen2.5 tokenizer.json (llama.cpp's "qwen2" pre-tokenizer regex is the same)
+    "qwen2": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": QWEN2_REGEX}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]},
 }
 
 
@@ -165,6 +185,8 @@ def gpt2_tokenizer_json(g: Gguf, pre: str):
         "truncation": None,
         "padding": None,
         "added_tokens": added,
+        # Qwen2's own tokenizer.json has an NFC normalizer; llama.cpp does not normalize, and
+        # the check is against llama-tokenize, so none here
         "normalizer": None,
         "pre_tokenizer": PRE[pre],
         "post_processor": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
@@ -220,10 +242,18 @@ def check_tokenizer(g: Gguf, out: Path, vectors: Path):
         import sentencepiece as spm
         sp = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model"))
         enc, field = (lambda s: sp.encode(s)), "nobos"
+    # llama.cpp makes tokens with these texts CONTROL whatever their GGUF type (llama-vocab.cpp,
+    # the EOG list), so with special parsing it splits them out where Hugging Face tokenizes the
+    # text (Qwen2.5: "</s>" is the NORMAL token 128247); texts with such a token are skipped
+    forced = {"</s>", "<eos>", "<|endoftext|>", "<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>",
+              "<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<|eom_id|>"}
+    forced = [t for t, ty in zip(tokens, types) if t in forced and ty not in (2, 3)]
     n = 0
     for c in vec["cases"]:
         text = texts[c["name"]]
         if field == "nobos" and any(t in text for t in controls):
+            continue
+        if field == "special" and any(t in text for t in forced):
             continue
         got, want = enc(text), c[field]
         if got != want:
@@ -231,14 +261,16 @@ def check_tokenizer(g: Gguf, out: Path, vectors: Path):
         n += 1
     skipped = len(vec["cases"]) - n
     log(f"tokenizer: {n} texts encode to llama-tokenize's ids ({field})"
-        + (f"; {skipped} holding control-token text skipped (sentencepiece does not parse them)" if skipped else ""))
+        + (f"; {skipped} skipped: holding control-token text sentencepiece does not parse, or text "
+           f"llama.cpp forces to control ({forced})" if skipped else ""))
 
 
 # ------------------------------------------------------ HF-style forward pass ---
 
 def hf_forward_logits(out: Path, ids, n_ctx):
-    """float64 numpy forward pass over the checkpoint, the way transformers' Llama/MiniCPM
-    modelling code computes it: un-permuted q/k, rotate_half RoPE (cos/sin over both halves)."""
+    """float64 numpy forward pass over the checkpoint, the way transformers' Llama/MiniCPM/Qwen2
+    modelling code computes it: un-permuted q/k, rotate_half RoPE (cos/sin over both halves),
+    q/k/v biases where present."""
     from safetensors.numpy import load_file
     cfg = json.loads((out / "config.json").read_text())
     W = {}
@@ -267,6 +299,10 @@ def hf_forward_logits(out: Path, ids, n_ctx):
     def rms(x, w):
         return x / np.sqrt(np.mean(x * x) + eps) * w
 
+    def lin(name, x):  # nn.Linear, with a bias where the checkpoint has one (Qwen2 q/k/v)
+        y = W[name + ".weight"] @ x
+        return y + W[name + ".bias"] if name + ".bias" in W else y
+
     def rot(x, pos):  # x [heads, hd]; rotate_half over the two halves
         th = np.concatenate([pos * inv, pos * inv])
         c, s = np.cos(th) * mscale, np.sin(th) * mscale
@@ -280,9 +316,9 @@ def hf_forward_logits(out: Path, ids, n_ctx):
         for i in range(L):
             p = f"model.layers.{i}."
             h = rms(x, W[p + "input_layernorm.weight"])
-            q = rot((W[p + "self_attn.q_proj.weight"] @ h).reshape(H, hd), pos)
-            k = rot((W[p + "self_attn.k_proj.weight"] @ h).reshape(KV, hd), pos)
-            v = (W[p + "self_attn.v_proj.weight"] @ h).reshape(KV, hd)
+            q = rot(lin(p + "self_attn.q_proj", h).reshape(H, hd), pos)
+            k = rot(lin(p + "self_attn.k_proj", h).reshape(KV, hd), pos)
+            v = lin(p + "self_attn.v_proj", h).reshape(KV, hd)
             Ks[i].append(k)
             Vs[i].append(v)
             Kt, Vt = np.stack(Ks[i], 1), np.stack(Vs[i], 1)
@@ -329,7 +365,7 @@ def main():
     from safetensors.numpy import save_file
 
     g = Gguf(a.model)
-    if g.arch not in ("llama", "minicpm"):
+    if g.arch not in ARCHITECTURES:
         die(f"architecture {g.arch} not handled")
     out = Path(a.out)
     tmp = out.with_name(out.name + ".partial")
@@ -354,17 +390,21 @@ def main():
         if name.startswith("rope_factors_"):
             continue  # config.json rope_scaling
         if name.startswith("blk."):
-            _, i, kind, _ = name.split(".")
-            hf = f"model.layers.{i}.{per_layer[kind]}.weight"
+            _, i, kind, suffix = name.split(".")
+            if suffix == "bias" and (g.arch != "qwen2" or kind not in ("attn_q", "attn_k", "attn_v")):
+                die(f"unexpected bias tensor {name}")
+            hf = f"model.layers.{i}.{per_layer[kind]}.{suffix}"
             w = g.W(name)
-            if kind == "attn_q":
+            if g.arch == "qwen2":
+                pass  # Qwen2Model in convert_hf_to_gguf.py writes q/k as they are (NeoX RoPE)
+            elif kind == "attn_q":
                 w = unpermute(w, n_head)
             elif kind == "attn_k":
                 w = unpermute(w, n_kv)
         else:
             hf, w = names[name], g.W(name)
         # permute(unpermute(w)) == w: the inverse is exact
-        if name.endswith(("attn_q.weight", "attn_k.weight")):
+        if name.endswith(("attn_q.weight", "attn_k.weight")) and g.arch != "qwen2":
             assert np.array_equal(permute(w, n_head if "attn_q" in name else n_kv), g.W(name))
         tensors[hf] = np.ascontiguousarray(w.astype(dt))
     if a.shards <= 1:
