@@ -217,11 +217,15 @@ fn check_model(src: &Path, sub: &str, tol: Tolerances) {
 /// 32 tokens (or up to its end-of-generation token), and the first-step logits are within
 /// `logit_tol` of llama.cpp's. With an f32 KV cache the remaining difference is the order of
 /// f32 sums; with the default f16 cache, also the rounding of K and V.
-// First-step logit tolerances against llama.cpp's f32 path (measured values beside each).
-const QWEN_F32_KV_TOL: f32 = 1e-3;
-const QWEN_F16_KV_TOL: f32 = 0.1;
-const GEMMA_F32_KV_TOL: f32 = 1e-3;
-const GEMMA_F16_KV_TOL: f32 = 0.1;
+// First-step logit tolerances against llama.cpp's f32 path, measured on 2026-12-01 (every
+// prompt greedy-identical for 48 tokens; Gemma's case 4 for 35, where llama.cpp's own two runs
+// part ways, testdata/llama/README.md). Qwen2.5: 2.2e-5 with an f32 KV cache, 2.1e-2 with f16.
+// Gemma 3: 1.3e-2 with either cache: its GELU is ggml's table of f16 inputs and outputs, which
+// turns the last-bit differences of f32 sums into f16 steps.
+const QWEN_F32_KV_TOL: f32 = 2e-4;
+const QWEN_F16_KV_TOL: f32 = 0.06;
+const GEMMA_F32_KV_TOL: f32 = 0.04;
+const GEMMA_F16_KV_TOL: f32 = 0.04;
 
 fn check_llama_f32_path(src: &Path, sub: &str, kv: KvType, logit_tol: f32) {
     let stem = stem(src);
