@@ -110,17 +110,16 @@ $(HF_TINY): $(VENV)/.ok tests/ref/make_hf_checkpoint.py
 		$(HF)/minicpm-tiny-sharded --dtype f32 --shards 2 \
 		--tokenizer-vectors testdata/tokenizer/minicpm-tiny.json \
 		--llama-f32path testdata/llama/minicpm-tiny-tq2_0.f32path.json
-hf-checkpoints: $(HF_SMOLLM2) $(HF_TINY)
 
 # Qwen2.5-Coder-0.5B-Instruct as a Qwen2ForCausalLM checkpoint (f32, about 2 GB; q/k/v biases),
-# checked against llama-tokenize's ids and llama.cpp's f32-path logits. Not part of
-# hf-checkpoints (2 GB of f32; `make hf-qwen2` for the test that palettizes it).
+# checked against llama-tokenize's ids and llama.cpp's f32-path logits.
 HF_QWEN := $(HF)/qwen2.5-coder-0.5b-f32/config.json
 $(HF_QWEN): $(QWEN) $(VENV)/.ok tests/ref/make_hf_checkpoint.py
 	$(VPY) tests/ref/make_hf_checkpoint.py $(QWEN) $(HF)/qwen2.5-coder-0.5b-f32 --dtype f32 \
 		--tokenizer-vectors testdata/tokenizer/qwen2.5.json \
 		--llama-f32path testdata/llama/qwen2.5-coder-0.5b-instruct-q4_k_m.f32path.json
 hf-qwen2: $(HF_QWEN)
+hf-checkpoints: $(HF_SMOLLM2) $(HF_TINY) $(HF_QWEN)
 
 # Every test, with the real models and a GPU adapter required (a missing model or no adapter
 # fails instead of skipping; .ci/run installs lavapipe, Mesa's CPU Vulkan driver).

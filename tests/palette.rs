@@ -482,6 +482,108 @@ fn tokenizer_metadata(bundle: &Path) -> Value {
     v["metadata"].clone()
 }
 
+/// Qwen2.5-Coder-0.5B as a Hugging Face `Qwen2ForCausalLM` checkpoint (f32, written by
+/// tests/ref/make_hf_checkpoint.py from the GGUF and checked there with `tokenizers` against
+/// llama-tokenize and an HF-style forward pass against llama.cpp's f32 path): palettizing two
+/// of its layers gives every palettized tensor and every F32 tensor (norms, Q/K/V biases) of
+/// palettizing the GGUF bit for bit (no q/k row permutation for this architecture), the same
+/// model configuration's shapes and scales, the same tokenizer, and the bundle answers.
+#[test]
+fn qwen2_hugging_face_checkpoint_gives_the_gguf_tensors() {
+    let (Some(src), Some(hf)) = (
+        common::model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+        common::hf_checkpoint("qwen2.5-coder-0.5b-f32"),
+    ) else {
+        return;
+    };
+    let args = [
+        "--bits",
+        "8",
+        "--group-size",
+        "32",
+        "--context",
+        "512",
+        "--include",
+        "blk.0.*",
+        "--include",
+        "blk.23.*",
+    ];
+    let (_a, from_gguf, r1) = palettize_plain(&src, &args);
+    let (_b, from_hf, r2) = palettize_plain(&hf.join("model.safetensors"), &args);
+    assert!(
+        r1.status.success() && r2.status.success(),
+        "{}{}",
+        text(&r1),
+        text(&r2)
+    );
+    let (a, b) = (
+        Bundle::open(&from_gguf).unwrap(),
+        Bundle::open(&from_hf).unwrap(),
+    );
+    let mut compared = 0;
+    for t in &a.manifest.tensors {
+        let u = b
+            .manifest
+            .tensors
+            .iter()
+            .find(|u| u.name == t.name)
+            .unwrap_or_else(|| panic!("{} missing from the Hugging Face bundle", t.name));
+        assert_eq!(t.shape, u.shape, "{}", t.name);
+        let exact = matches!(
+            t.encoding,
+            lowbit::bundle::manifest::Encoding::Palette { .. }
+        ) || t.source_type == "F32";
+        if exact {
+            assert_eq!(t.sha256, u.sha256, "{}", t.name);
+            compared += 1;
+        }
+    }
+    // 7 matrices, 2 norms and 3 biases in each of two layers, and output_norm.
+    assert_eq!(compared, 2 * 12 + 1);
+    let (ma, mb) = (&a.manifest.model, &b.manifest.model);
+    assert_eq!(
+        (
+            ma.architecture.as_str(),
+            ma.n_layer,
+            ma.n_embd,
+            ma.n_ff,
+            ma.n_head,
+            ma.n_head_kv
+        ),
+        (
+            mb.architecture.as_str(),
+            mb.n_layer,
+            mb.n_embd,
+            mb.n_ff,
+            mb.n_head,
+            mb.n_head_kv
+        )
+    );
+    assert_eq!(
+        (ma.head_dim, ma.n_vocab, ma.n_ctx),
+        (mb.head_dim, mb.n_vocab, mb.n_ctx)
+    );
+    assert_eq!(ma.rope, mb.rope);
+    assert_eq!(ma.norm_eps, mb.norm_eps);
+    assert_eq!(ma.special_tokens, mb.special_tokens);
+    assert_eq!(a.manifest.tokenizer.pre.as_deref(), Some("qwen2"));
+    assert_eq!(a.manifest.tokenizer, b.manifest.tokenizer);
+    let o = run(&[
+        "run",
+        s(&from_hf),
+        "--chat",
+        "--prompt",
+        "Write a Python function that reverses a string",
+        "--max-tokens",
+        "40",
+    ]);
+    assert!(
+        o.status.success() && text(&o).contains("def "),
+        "{}",
+        text(&o)
+    );
+}
+
 /// SmolLM2 as a Hugging Face checkpoint (f32 safetensors, config.json, tokenizer.json,
 /// tokenizer_config.json; written by tests/ref/make_hf_checkpoint.py and checked there with
 /// the `tokenizers` library and a Hugging Face-style forward pass against llama.cpp): the

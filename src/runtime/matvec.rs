@@ -355,10 +355,23 @@ fn prepare(kernel: Kernel, w: &WeightData, cols: usize, x: &[f32]) -> Prepared {
     }
 }
 
-/// Per-task scratch of the f32 kernels that rebuild a row (`cols` values and indices).
+/// Per-task scratch of the f32 kernels that rebuild a row (`cols` values and indices),
+/// allocated on first use: the int8 and fused kernels need none, and a task is started for
+/// every few rows.
+#[derive(Default)]
 struct Scratch {
     buf: Vec<f32>,
     idx: Vec<u8>,
+}
+
+impl Scratch {
+    fn sized(&mut self, cols: usize) -> &mut Self {
+        if self.buf.len() < cols {
+            self.buf.resize(cols, 0.0);
+            self.idx.resize(cols, 0);
+        }
+        self
+    }
 }
 
 /// Rows `r0 .. r0 + ys.len()` of `W x`, by the kernel `a` was prepared for. Every product of
@@ -391,11 +404,12 @@ fn rows(
                 unsafe { palette_rows_gather(v, x, ys, r0) };
                 return;
             }
-            palette_rows(v, x, ys, r0, &mut s.buf, &mut s.idx)
+            let s = s.sized(cols);
+            palette_rows(v, x, ys, r0, &mut s.buf[..cols], &mut s.idx[..cols])
         }
         (WeightData::Gguf { ty, bytes }, _) => {
             let rb = ty.bytes_for(cols as u64).unwrap_or(0) as usize;
-            gguf_rows(*ty, bytes, rb, x, ys, r0, &mut s.buf)
+            gguf_rows(*ty, bytes, rb, x, ys, r0, &mut s.sized(cols).buf[..cols])
         }
     }
 }
@@ -405,13 +419,11 @@ pub fn matvec_with(kernel: Kernel, w: WeightData, cols: usize, x: &[f32], y: &mu
     debug_assert_eq!(x.len(), cols);
     let a = prepare(kernel, &w, cols, x);
     let isa = q8::detect();
-    y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each_init(
-        || Scratch {
-            buf: vec![0f32; cols],
-            idx: vec![0u8; cols],
-        },
-        |s, (t, ys)| rows(&w, cols, x, &a, isa, ys, t * ROWS_PER_TASK, s),
-    );
+    y.par_chunks_mut(ROWS_PER_TASK)
+        .enumerate()
+        .for_each_init(Scratch::default, |s, (t, ys)| {
+            rows(&w, cols, x, &a, isa, ys, t * ROWS_PER_TASK, s)
+        });
 }
 
 /// `Y = W X` for `n` input vectors at once (prefill): `xs` is `[n, cols]`, `ys` is
@@ -469,23 +481,17 @@ pub fn matmul_with(kernel: Kernel, w: WeightData, cols: usize, xs: &[f32], ys: &
     }
     yt.par_chunks_mut(ROWS_PER_TASK * n)
         .enumerate()
-        .for_each_init(
-            || Scratch {
-                buf: vec![0f32; cols],
-                idx: vec![0u8; cols],
-            },
-            |s, (t, out)| {
-                let r0 = t * ROWS_PER_TASK;
-                let k = out.len() / n;
-                let mut tile = [0f32; ROWS_PER_TASK];
-                for (i, (x, a)) in xs.chunks_exact(cols).zip(&prepared).enumerate() {
-                    rows(&w, cols, x, a, isa, &mut tile[..k], r0, s);
-                    for (j, v) in tile[..k].iter().enumerate() {
-                        out[j * n + i] = *v;
-                    }
+        .for_each_init(Scratch::default, |s, (t, out)| {
+            let r0 = t * ROWS_PER_TASK;
+            let k = out.len() / n;
+            let mut tile = [0f32; ROWS_PER_TASK];
+            for (i, (x, a)) in xs.chunks_exact(cols).zip(&prepared).enumerate() {
+                rows(&w, cols, x, a, isa, &mut tile[..k], r0, s);
+                for (j, v) in tile[..k].iter().enumerate() {
+                    out[j * n + i] = *v;
                 }
-            },
-        );
+            }
+        });
     for (i, y) in ys.chunks_exact_mut(nrows).enumerate() {
         for (r, v) in y.iter_mut().enumerate() {
             *v = yt[r * n + i];
