@@ -538,8 +538,9 @@ fn qwen2_hugging_face_checkpoint_gives_the_gguf_tensors() {
             compared += 1;
         }
     }
-    // 7 matrices, 2 norms and 3 biases in each of two layers, and output_norm.
-    assert_eq!(compared, 2 * 12 + 1);
+    // 7 palettized matrices in each of two layers; 2 norms and 3 biases (F32) in each of 24
+    // layers, and output_norm.
+    assert_eq!(compared, 2 * 7 + 24 * 5 + 1);
     let (ma, mb) = (&a.manifest.model, &b.manifest.model);
     assert_eq!(
         (
