@@ -93,11 +93,16 @@ fn run_banned(
         ..Default::default()
     })
     .unwrap();
-    let (gen, _) =
-        runtime::generate_with_hook(be, prompt, n, &mut s, &|_| false, &mut |_| true, &mut |l| {
-            logits = l.to_vec()
-        })
-        .unwrap();
+    let (gen, _) = runtime::generate_with_hook(
+        be,
+        prompt,
+        n,
+        &mut s,
+        &|_| false,
+        &mut |_| true,
+        Some(&mut |l: &[f32]| logits = l.to_vec()),
+    )
+    .unwrap();
     (logits, gen)
 }
 

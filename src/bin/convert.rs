@@ -1098,8 +1098,6 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
     let mut pending: Vec<u8> = Vec::new();
     // The first write error (a closed stdout among them) stops generation and is reported.
     let mut write_err: Option<std::io::Error> = None;
-    let mut first = true;
-    let dump = a.dump_logits.clone();
     let mut dump_err: Option<anyhow::Error> = None;
     let (gen, stats) = {
         let mut emit = |t: u32| {
@@ -1125,40 +1123,27 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
         };
         // --dump-logits: the logits after the prompt are the ones the first token is picked
         // from; they are written from the same run, before that token is emitted.
-        let mut on_token = |t: u32| -> bool { emit(t) };
-        if let Some(p) = &dump {
-            let (g, st) = runtime::generate_with_hook(
-                be.as_mut(),
-                &ids,
-                a.max_tokens,
-                &mut sampler,
-                &stop,
-                &mut on_token,
-                &mut |logits: &[f32]| {
-                    if !first {
-                        return;
-                    }
-                    first = false;
-                    let mut bytes = Vec::with_capacity(logits.len() * 4);
-                    for v in logits {
-                        bytes.extend_from_slice(&v.to_le_bytes());
-                    }
-                    if let Err(e) = lowbit::util::replace_file(p, &bytes) {
-                        dump_err = Some(anyhow::Error::new(e).context("--dump-logits"));
-                    }
-                },
-            )?;
-            (g, st)
-        } else {
-            runtime::generate(
-                be.as_mut(),
-                &ids,
-                a.max_tokens,
-                &mut sampler,
-                &stop,
-                &mut on_token,
-            )?
-        }
+        let mut dump = |logits: &[f32]| {
+            let Some(p) = &a.dump_logits else { return };
+            let mut bytes = Vec::with_capacity(logits.len() * 4);
+            for v in logits {
+                bytes.extend_from_slice(&v.to_le_bytes());
+            }
+            if let Err(e) = lowbit::util::replace_file(p, &bytes) {
+                dump_err = Some(anyhow::Error::new(e).context("--dump-logits"));
+            }
+        };
+        runtime::generate_with_hook(
+            be.as_mut(),
+            &ids,
+            a.max_tokens,
+            &mut sampler,
+            &stop,
+            &mut emit,
+            a.dump_logits
+                .is_some()
+                .then_some(&mut dump as &mut dyn FnMut(&[f32])),
+        )?
     };
     if let Some(e) = dump_err {
         return Err(e);

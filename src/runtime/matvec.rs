@@ -438,24 +438,21 @@ pub fn matmul_with(kernel: Kernel, w: WeightData, cols: usize, xs: &[f32], ys: &
         return matvec_with(kernel, w, cols, xs, ys);
     }
     let nrows = ys.len() / n;
-    let prepared: Vec<Prepared> = xs
-        .par_chunks_exact(cols)
-        .map(|x| prepare(kernel, &w, cols, x))
-        .collect();
     let isa = q8::detect();
     // Row-major by weight row ([nrows, n]) so that each task owns one contiguous tile.
     let mut yt = vec![0f32; nrows * n];
-    if let (WeightData::Ternary { words, scales }, true) = (&w, q8::ternary_tokens_available(isa)) {
-        let acts: Vec<&q8::QAct> = prepared
-            .iter()
-            .filter_map(|p| match p {
-                Prepared::Ternary(a, _) => Some(a),
-                _ => None,
-            })
-            .collect();
-        if acts.len() == n {
+    match w {
+        WeightData::Ternary { words, scales }
+            if kernel == Kernel::Int8 && q8::ternary_tokens_available(isa) =>
+        {
             // 16 tokens per vector lane group: each weight's codes unpacked once per group.
-            let groups = q8::ternary_token_groups(&acts);
+            // The activations are quantized as [`prepare`] quantizes them, without the
+            // permutation only the per-token kernel reads.
+            let acts: Vec<q8::QAct> = xs
+                .par_chunks_exact(cols)
+                .map(|x| q8::quantize(x, 256))
+                .collect();
+            let groups = q8::ternary_token_groups(&acts.iter().collect::<Vec<_>>());
             yt.par_chunks_mut(ROWS_PER_TASK * n)
                 .enumerate()
                 .for_each_init(Vec::new, |buf, (t, out)| {
@@ -471,27 +468,27 @@ pub fn matmul_with(kernel: Kernel, w: WeightData, cols: usize, xs: &[f32], ys: &
                         buf,
                     );
                 });
-            for (i, y) in ys.chunks_exact_mut(nrows).enumerate() {
-                for (r, v) in y.iter_mut().enumerate() {
-                    *v = yt[r * n + i];
-                }
-            }
-            return;
+        }
+        _ => {
+            let prepared: Vec<Prepared> = xs
+                .par_chunks_exact(cols)
+                .map(|x| prepare(kernel, &w, cols, x))
+                .collect();
+            yt.par_chunks_mut(ROWS_PER_TASK * n)
+                .enumerate()
+                .for_each_init(Scratch::default, |s, (t, out)| {
+                    let r0 = t * ROWS_PER_TASK;
+                    let k = out.len() / n;
+                    let mut tile = [0f32; ROWS_PER_TASK];
+                    for (i, (x, a)) in xs.chunks_exact(cols).zip(&prepared).enumerate() {
+                        rows(&w, cols, x, a, isa, &mut tile[..k], r0, s);
+                        for (j, v) in tile[..k].iter().enumerate() {
+                            out[j * n + i] = *v;
+                        }
+                    }
+                });
         }
     }
-    yt.par_chunks_mut(ROWS_PER_TASK * n)
-        .enumerate()
-        .for_each_init(Scratch::default, |s, (t, out)| {
-            let r0 = t * ROWS_PER_TASK;
-            let k = out.len() / n;
-            let mut tile = [0f32; ROWS_PER_TASK];
-            for (i, (x, a)) in xs.chunks_exact(cols).zip(&prepared).enumerate() {
-                rows(&w, cols, x, a, isa, &mut tile[..k], r0, s);
-                for (j, v) in tile[..k].iter().enumerate() {
-                    out[j * n + i] = *v;
-                }
-            }
-        });
     for (i, y) in ys.chunks_exact_mut(nrows).enumerate() {
         for (r, v) in y.iter_mut().enumerate() {
             *v = yt[r * n + i];

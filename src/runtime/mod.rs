@@ -431,7 +431,7 @@ pub fn generate(
 }
 
 /// [`generate`], also handing the logits after the prompt (those the first token is picked
-/// from) to `after_prompt` (`run --dump-logits`): one run, not two.
+/// from) to `after_prompt` when given (`run --dump-logits`): one run, not two.
 pub fn generate_with_hook(
     backend: &mut dyn Backend,
     prompt: &[u32],
@@ -439,7 +439,7 @@ pub fn generate_with_hook(
     sampler: &mut Sampler,
     stop: &dyn Fn(u32) -> bool,
     on_token: &mut dyn FnMut(u32) -> bool,
-    after_prompt: &mut dyn FnMut(&[f32]),
+    after_prompt: PromptHook,
 ) -> Result<(Vec<u32>, GenStats), RuntimeError> {
     generate_inner(
         backend,
@@ -448,12 +448,12 @@ pub fn generate_with_hook(
         sampler,
         stop,
         on_token,
-        Some(after_prompt),
+        after_prompt,
     )
 }
 
 /// A callback given the logits after the prompt.
-type PromptHook<'a> = Option<&'a mut dyn FnMut(&[f32])>;
+pub type PromptHook<'a> = Option<&'a mut dyn FnMut(&[f32])>;
 
 fn generate_inner(
     backend: &mut dyn Backend,
