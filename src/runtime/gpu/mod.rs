@@ -43,6 +43,8 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
+pub mod kernels;
+
 /// The ternary matvec's body; the host prepends the parameters and appends a reduction.
 const TERNARY_MATVEC_WGSL: &str = include_str!("shaders/ternary_matvec.wgsl");
 const REDUCE_SUBGROUP_WGSL: &str = include_str!("shaders/ternary_matvec_reduce_subgroup.wgsl");
@@ -342,6 +344,9 @@ pub struct ContextOptions {
     /// Compile the kernels without wgpu's bounds checks on every array access (the host
     /// checks every buffer against the shapes before binding; benchmarks compare both).
     pub unchecked_shaders: bool,
+    /// The WGSL modules to compile from, by name (a bundle's, after its hash checks); `None`:
+    /// the ones built into this binary ([`kernels::all`]).
+    pub sources: Option<HashMap<String, String>>,
 }
 
 /// The ternary matvec's bind group layout: codes, scales, x (read-only storage), y (storage),
@@ -389,8 +394,15 @@ pub struct GpuContext {
     pub max_binding_bytes: u64,
     ternary_layout: wgpu::BindGroupLayout,
     ternary_pipeline_layout: wgpu::PipelineLayout,
-    pipelines: Mutex<HashMap<MatvecConfig, wgpu::ComputePipeline>>,
+    pipelines: Mutex<HashMap<String, wgpu::ComputePipeline>>,
     unchecked_shaders: bool,
+    /// The WGSL modules this context may compile, by name: [`kernels::all`] by default, a
+    /// bundle's `kernels/` when the backend loads one ([`ContextOptions::sources`]).
+    sources: HashMap<String, String>,
+    /// Whether `sources` are the built-in ones (then variants outside the list may be
+    /// generated into `extra`).
+    builtin: bool,
+    extra: Mutex<HashMap<String, String>>,
 }
 
 impl GpuContext {
@@ -438,6 +450,15 @@ impl GpuContext {
             ternary_pipeline_layout,
             pipelines: Mutex::new(HashMap::new()),
             unchecked_shaders: opts.unchecked_shaders,
+            builtin: opts.sources.is_none(),
+            extra: Mutex::new(HashMap::new()),
+            sources: match &opts.sources {
+                Some(s) => s.clone(),
+                None => kernels::all()
+                    .into_iter()
+                    .map(|k| (k.name, k.wgsl))
+                    .collect(),
+            },
         })
     }
 
@@ -520,20 +541,61 @@ impl GpuContext {
     /// The pipeline of `cfg`, built on first use.
     pub fn pipeline(&self, cfg: &MatvecConfig) -> Result<wgpu::ComputePipeline, GpuError> {
         self.check_config(cfg)?;
+        let name = cfg.name();
+        if self.builtin && !self.sources.contains_key(&name) {
+            // A variant outside the registry's list (tests and the tuning benchmark try
+            // others): built-in sources may generate it; a bundle's may not.
+            let _ = self.extra.lock().map(|mut m| {
+                m.entry(name.clone())
+                    .or_insert_with(|| cfg.source())
+                    .clone()
+            });
+        }
+        self.pipeline_named(&name, Some(&self.ternary_pipeline_layout))
+    }
+
+    /// The WGSL source of module `name` ([`ContextOptions::sources`]).
+    pub fn source(&self, name: &str) -> Result<&str, GpuError> {
+        self.sources
+            .get(name)
+            .map(|s| s.as_str())
+            .ok_or_else(|| GpuError::Shader {
+                name: name.to_string(),
+                detail: "no such kernel among the sources (a bundle made before this kernel existed: add the kernels with `convert add-kernels`)".into(),
+            })
+    }
+
+    /// The compute pipeline of module `name` (entry point `main`), built on first use with
+    /// `layout`, or with the layout wgpu derives from the shader when `None` (then
+    /// `pipeline.get_bind_group_layout(0)` gives the bind group layout).
+    pub fn pipeline_named(
+        &self,
+        name: &str,
+        layout: Option<&wgpu::PipelineLayout>,
+    ) -> Result<wgpu::ComputePipeline, GpuError> {
         let mut cache = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = cache.get(cfg) {
+        if let Some(p) = cache.get(name) {
             return Ok(p.clone());
         }
-        let name = cfg.name();
+        let extra = self
+            .extra
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned();
+        let src = match &extra {
+            Some(s) => s.as_str(),
+            None => self.source(name)?,
+        };
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let desc = wgpu::ShaderModuleDescriptor {
-            label: Some(&name),
-            source: wgpu::ShaderSource::Wgsl(cfg.source().into()),
+            label: Some(name),
+            source: wgpu::ShaderSource::Wgsl(src.into()),
         };
         let module = if self.unchecked_shaders {
-            // SAFETY: every index the kernel forms is inside its buffer for the shapes
-            // `upload_ternary` and `bind_matvec` check: rows are clamped to the last row,
-            // units and blocks stay inside a row, x holds `cols` values, y `rows`.
+            // SAFETY: every index the kernels form is inside its buffer for the shapes the
+            // host checks before binding (each `bind_*` checks buffer sizes against shapes;
+            // rows past the end are clamped to the last row).
             unsafe {
                 self.device
                     .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
@@ -544,8 +606,8 @@ impl GpuContext {
         let pipeline = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(&name),
-                layout: Some(&self.ternary_pipeline_layout),
+                label: Some(name),
+                layout,
                 module: &module,
                 entry_point: Some("main"),
                 compilation_options: wgpu::PipelineCompilationOptions::default(),
@@ -553,11 +615,11 @@ impl GpuContext {
             });
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(GpuError::Shader {
-                name,
+                name: name.to_string(),
                 detail: e.to_string(),
             });
         }
-        cache.insert(*cfg, pipeline.clone());
+        cache.insert(name.to_string(), pipeline.clone());
         Ok(pipeline)
     }
 

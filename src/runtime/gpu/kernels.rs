@@ -1,0 +1,59 @@
+//! The registry of WGSL modules: every kernel the GPU backend may compile, each a complete
+//! module (parameters already substituted) with a name that carries its parameters.
+//!
+//! This list is what a bundle ships in `kernels/` and what [`super::GpuContext`] compiles
+//! from when no bundle's sources are given (tests, benchmarks). A kernel generated from a
+//! template (the ternary matvec for each rows-per-workgroup, workgroup size and reduction) is
+//! listed once per variant the backend can pick.
+
+use super::{MatvecConfig, Reduction};
+
+/// One WGSL module: `kernels/{name}.wgsl` in a bundle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelSource {
+    pub name: String,
+    pub wgsl: String,
+}
+
+/// The ternary matvec variants the backend may pick: 1, 2, 4 and 8 rows per workgroup, 32
+/// to 256 invocations, both reductions.
+pub fn ternary_matvec_configs() -> Vec<MatvecConfig> {
+    let mut v = Vec::new();
+    for reduction in [Reduction::Subgroup, Reduction::Workgroup] {
+        for rows_per_workgroup in [1, 2, 4, 8] {
+            for workgroup_size in [32, 64, 128, 256] {
+                v.push(MatvecConfig {
+                    rows_per_workgroup,
+                    workgroup_size,
+                    reduction,
+                });
+            }
+        }
+    }
+    v
+}
+
+/// Every module, sorted by name.
+pub fn all() -> Vec<KernelSource> {
+    let mut v: Vec<KernelSource> = ternary_matvec_configs()
+        .iter()
+        .map(|c| KernelSource {
+            name: c.name(),
+            wgsl: c.source(),
+        })
+        .collect();
+    v.sort_by(|a, b| a.name.cmp(&b.name));
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn names_are_unique_and_sources_complete() {
+        let all = super::all();
+        let mut names: Vec<_> = all.iter().map(|k| k.name.as_str()).collect();
+        names.dedup();
+        assert_eq!(names.len(), all.len());
+        assert!(all.iter().all(|k| k.wgsl.contains("fn main")));
+    }
+}
