@@ -470,6 +470,9 @@ impl Backend for NanAt {
             n_ctx: 64,
             n_vocab: 4,
             threads: 1,
+            device: None,
+            dispatches_per_token: None,
+            device_weight_bytes: None,
         }
     }
     fn n_vocab(&self) -> usize {

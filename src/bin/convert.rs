@@ -263,9 +263,18 @@ struct ValidateArgs {
 /// How a command that runs a model runs it.
 #[derive(clap::Args)]
 struct RuntimeArgs {
-    /// Backend: cpu.
+    /// Backend: cpu, or gpu (wgpu: Vulkan, Metal or DX12; `convert gpu-info` lists the
+    /// adapters).
     #[arg(long, default_value = "cpu")]
     backend: String,
+    /// GPU adapter by index (as `convert gpu-info` lists them) or by a case-insensitive
+    /// substring of its name; the first discrete GPU when not given.
+    #[arg(long, value_name = "INDEX|NAME")]
+    gpu_adapter: Option<String>,
+    /// GPU: reduce with workgroup memory even where the adapter has subgroup operations (the
+    /// path adapters without them take).
+    #[arg(long)]
+    gpu_no_subgroups: bool,
     /// Matrix kernel: int8 activations (the default: exact integer block sums for ternary,
     /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weights, llama.cpp-like rounding of
     /// the activations; other encodings use f32) or f32 activations (the exact reference).
@@ -287,15 +296,18 @@ impl RuntimeArgs {
         Ok(self.backend.parse()?)
     }
 
-    fn load_options(&self) -> lowbit::runtime::LoadOptions {
-        lowbit::runtime::LoadOptions {
+    fn load_options(&self) -> anyhow::Result<lowbit::runtime::LoadOptions> {
+        Ok(lowbit::runtime::LoadOptions {
+            gpu_adapter: self.gpu_adapter.as_deref().map(str::parse).transpose()?,
+            gpu_no_subgroups: self.gpu_no_subgroups,
+            gpu_sources: None,
             kernel: self.kernel.into(),
             kv: self.kv_cache.into(),
             buckets: match self.prefill {
                 PrefillArg::Buckets => None,
                 PrefillArg::Single => Some(vec![1]),
             },
-        }
+        })
     }
 }
 
@@ -826,7 +838,7 @@ fn bench_cmd(
         );
     }
     let t_load = std::time::Instant::now();
-    let mut be = runtime::load(backend, &bundle, &rt.load_options())
+    let mut be = runtime::load(backend, &bundle, &rt.load_options()?)
         .with_context(|| format!("load {}", bundle.display()))?;
     let load_s = t_load.elapsed().as_secs_f64();
     let n_vocab = be.n_vocab() as u32;
@@ -980,9 +992,16 @@ fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
+    let load = match a.rt.load_options() {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: validate: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
     let opts = validate::ValidateOptions {
         backend,
-        load: a.rt.load_options(),
+        load,
         prompts,
         max_prob_err: a.max_prob_err,
         repeats: a.repeats,
@@ -1041,7 +1060,7 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
         lowbit::util::check_report_path(p, &[a.bundle.as_path()]).context("--dump-logits")?;
     }
     let t_load = std::time::Instant::now();
-    let mut be = runtime::load(backend, &a.bundle, &a.rt.load_options())
+    let mut be = runtime::load(backend, &a.bundle, &a.rt.load_options()?)
         .with_context(|| format!("load {}", a.bundle.display()))?;
     let load_s = t_load.elapsed().as_secs_f64();
     let tok_res = lowbit::tokenizer::Tokenizer::for_model(&a.bundle, be.n_vocab());

@@ -146,7 +146,33 @@ fn attend<T: KvElem>(
     });
 }
 
-fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+/// ggml's RoPE cache for one position: `cache[2i], cache[2i + 1] = cos, sin` of
+/// `theta_i = freq_scale * (theta / factor_i)` times `attn_factor`, with `theta = pos`
+/// multiplied by `base^(-2 / n_rot)` after each pair, all in f32 (`cache` holds `n_rot`
+/// values). The GPU backend uploads these same values as its RoPE table.
+pub fn rope_cache(
+    pos: usize,
+    n_rot: usize,
+    base: f32,
+    freq_scale: f32,
+    attn_factor: f32,
+    factors: Option<&[f32]>,
+    cache: &mut [f32],
+) {
+    let theta_scale = base.powf(-2.0 / n_rot as f32);
+    let mut theta = pos as f32;
+    for i in 0..n_rot / 2 {
+        let ff = factors.map(|f| f[i]).unwrap_or(1.0);
+        let t = freq_scale * (theta / ff);
+        cache[2 * i] = t.cos() * attn_factor;
+        cache[2 * i + 1] = t.sin() * attn_factor;
+        theta *= theta_scale;
+    }
+}
+
+/// RMSNorm as ggml's CPU kernel: the sum of squares in f64, `x * (1 / sqrt(mean + eps))`,
+/// then the weight.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let sum: f64 = x.iter().map(|v| (v * v) as f64).sum();
     let mean = (sum / x.len() as f64) as f32;
     let scale = 1.0f32 / (mean + eps).sqrt();
@@ -175,14 +201,15 @@ fn trace(name: &str, il: usize, v: &[f32]) {
     );
 }
 
-fn silu(x: f32) -> f32 {
+/// `x / (1 + exp(-x))`.
+pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
 /// `gelu(x)` for every f16 `x`, rounded to f16: ggml's `ggml_table_gelu_f16`, built as
 /// `ggml-cpu.c` builds it from `ggml_gelu_f32` (`0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715
 /// x^2)))`, f32).
-fn gelu_table() -> &'static [u16] {
+pub fn gelu_table() -> &'static [u16] {
     static T: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
     T.get_or_init(|| {
         const GELU_COEF_A: f32 = 0.044715;
@@ -201,7 +228,7 @@ fn gelu_table() -> &'static [u16] {
 
 /// `gelu(x) * g` as ggml's `ggml_vec_geglu_f32` computes it on the CPU (`GGML_GELU_FP16`):
 /// `0` at or below -10, `x * g` at or above 10, else the table entry of `f16(x)` times `g`.
-fn geglu(x: f32, g: f32, table: &[u16]) -> f32 {
+pub fn geglu(x: f32, g: f32, table: &[u16]) -> f32 {
     if x <= -10.0 {
         0.0
     } else if x >= 10.0 {
@@ -310,28 +337,39 @@ pub fn bundle_buckets(m: &crate::bundle::manifest::Manifest) -> Vec<usize> {
         .collect()
 }
 
+/// The prefill buckets a backend uses and where they come from: the override in `opts`
+/// (checked against the context), else the bundle's `prefill_S` functions, else the defaults
+/// for a bundle made before prefill functions existed.
+pub fn resolve_buckets(
+    model: &Model,
+    opts: &LoadOptions,
+) -> Result<(Vec<usize>, &'static str), RuntimeError> {
+    let c = &model.layout.cfg;
+    Ok(match &opts.buckets {
+        Some(b) => {
+            let b64: Vec<u64> = b.iter().map(|&x| x as u64).collect();
+            super::check_buckets(&b64, c.n_ctx)?;
+            (b.clone(), "override")
+        }
+        None => {
+            let b = bundle_buckets(&model.bundle.manifest);
+            if b.is_empty() {
+                let d = crate::bundle::manifest::default_prefill_buckets(c.n_ctx);
+                (d.into_iter().map(|x| x as usize).collect(), "default")
+            } else {
+                (b, "bundle")
+            }
+        }
+    })
+}
+
 impl CpuBackend {
     /// The backend for `model` with a KV cache of `n_ctx` positions. Errors when that cache
     /// cannot be allocated ([`RuntimeError::KvCache`], with the byte count) or an override of
     /// the buckets is not a valid list for the context.
     pub fn new(model: Model, opts: &LoadOptions) -> Result<CpuBackend, RuntimeError> {
         let c = &model.layout.cfg;
-        let (buckets, buckets_from) = match &opts.buckets {
-            Some(b) => {
-                let b64: Vec<u64> = b.iter().map(|&x| x as u64).collect();
-                super::check_buckets(&b64, c.n_ctx)?;
-                (b.clone(), "override")
-            }
-            None => {
-                let b = bundle_buckets(&model.bundle.manifest);
-                if b.is_empty() {
-                    let d = crate::bundle::manifest::default_prefill_buckets(c.n_ctx);
-                    (d.into_iter().map(|x| x as usize).collect(), "default")
-                } else {
-                    (b, "bundle")
-                }
-            }
-        };
+        let (buckets, buckets_from) = resolve_buckets(&model, opts)?;
         let n = kv_elements(
             c,
             match opts.kv {
@@ -412,21 +450,16 @@ impl CpuBackend {
     fn rope(&self, v: &mut [f32], n_heads: usize, pos: usize, base: f32, freq_scale: f32) {
         let hp = &self.model.layout.hyper;
         let (hd, n_rot) = (hp.head_dim, hp.n_rot);
-        let theta_scale = base.powf(-2.0 / n_rot as f32);
         let mut cache = vec![0f32; n_rot];
-        let mut theta = pos as f32;
-        for i in 0..n_rot / 2 {
-            let ff = self
-                .model
-                .rope_factors
-                .as_ref()
-                .map(|f| f[i])
-                .unwrap_or(1.0);
-            let t = freq_scale * (theta / ff);
-            cache[2 * i] = t.cos() * hp.rope_attn_factor;
-            cache[2 * i + 1] = t.sin() * hp.rope_attn_factor;
-            theta *= theta_scale;
-        }
+        rope_cache(
+            pos,
+            n_rot,
+            base,
+            freq_scale,
+            hp.rope_attn_factor,
+            self.model.rope_factors.as_deref(),
+            &mut cache,
+        );
         let neox = self.model.layout.spec.rope == RopeMode::Neox;
         for h in 0..n_heads {
             let x = &mut v[h * hd..(h + 1) * hd];
@@ -672,6 +705,9 @@ impl Backend for CpuBackend {
             n_ctx: self.n_ctx(),
             n_vocab: self.n_vocab(),
             threads: rayon::current_num_threads(),
+            device: None,
+            dispatches_per_token: None,
+            device_weight_bytes: None,
         }
     }
 

@@ -97,6 +97,8 @@ pub enum RuntimeError {
 pub enum BackendKind {
     /// The CPU reference: f32 or int8 activations, f16 or f32 KV cache.
     Cpu,
+    /// wgpu (Vulkan, Metal, DX12): f32 activations, f16 KV cache.
+    Gpu,
 }
 
 impl std::str::FromStr for BackendKind {
@@ -104,9 +106,10 @@ impl std::str::FromStr for BackendKind {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "cpu" => Ok(BackendKind::Cpu),
+            "gpu" => Ok(BackendKind::Gpu),
             other => Err(RuntimeError::Backend {
                 name: other.into(),
-                detail: "unknown backend (this build has: cpu)".into(),
+                detail: "unknown backend (this build has: cpu, gpu)".into(),
             }),
         }
     }
@@ -121,6 +124,12 @@ pub struct LoadOptions {
     /// Prefill chunk lengths to use instead of the bundle's `prefill_S` functions (`[1]` runs a
     /// prompt as single decode steps).
     pub buckets: Option<Vec<usize>>,
+    /// GPU: the adapter (`--gpu-adapter`); the first discrete GPU when `None`.
+    pub gpu_adapter: Option<gpu::AdapterSelector>,
+    /// GPU: use the workgroup-memory reductions even where subgroup operations exist.
+    pub gpu_no_subgroups: bool,
+    /// GPU: the WGSL modules to compile (a bundle's); the built-in ones when `None`.
+    pub gpu_sources: Option<std::collections::HashMap<String, String>>,
 }
 
 /// What a loaded backend is (what `bench --json` prints).
@@ -144,6 +153,15 @@ pub struct BackendInfo {
     pub n_ctx: usize,
     pub n_vocab: usize,
     pub threads: usize,
+    /// The GPU adapter (name, API, driver); absent on the CPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// Dispatches one decode step records (GPU).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dispatches_per_token: Option<usize>,
+    /// Bytes of weights on the device (GPU).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_weight_bytes: Option<u64>,
 }
 
 /// One sequence on a device: the KV cache and the position reached (see the module doc).
@@ -175,7 +193,28 @@ pub fn load(
 ) -> Result<Box<dyn Backend + Send>, RuntimeError> {
     match kind {
         BackendKind::Cpu => Ok(Box::new(load_cpu_with(bundle_dir, opts)?)),
+        BackendKind::Gpu => Ok(Box::new(gpu::backend::GpuBackend::new(
+            open_model(bundle_dir)?,
+            opts,
+        )?)),
     }
+}
+
+/// Opens and checks a bundle and resolves its model: the configuration first (its errors
+/// name the field), then the function table it implies, then the layout and encodings.
+pub fn open_model(bundle_dir: &Path) -> Result<model::Model, RuntimeError> {
+    let bundle = Bundle::open(bundle_dir)?;
+    crate::arch::check_config(&bundle.manifest.model)?;
+    if let Some(f) = crate::bundle::verify::function_table_faults(&bundle.manifest)
+        .into_iter()
+        .next()
+    {
+        return Err(RuntimeError::Functions {
+            bundle: bundle_dir.to_path_buf(),
+            detail: f,
+        });
+    }
+    model::Model::new(bundle)
 }
 
 /// Opens, checks and loads a bundle onto the CPU backend with the exact f32 reference kernel
@@ -195,20 +234,7 @@ pub fn load_cpu_with(
     bundle_dir: &Path,
     opts: &LoadOptions,
 ) -> Result<cpu::CpuBackend, RuntimeError> {
-    let bundle = Bundle::open(bundle_dir)?;
-    // The configuration first (its errors name the field), then the function table it implies.
-    crate::arch::check_config(&bundle.manifest.model)?;
-    if let Some(f) = crate::bundle::verify::function_table_faults(&bundle.manifest)
-        .into_iter()
-        .next()
-    {
-        return Err(RuntimeError::Functions {
-            bundle: bundle_dir.to_path_buf(),
-            detail: f,
-        });
-    }
-    let model = model::Model::new(bundle)?;
-    cpu::CpuBackend::new(model, opts)
+    cpu::CpuBackend::new(open_model(bundle_dir)?, opts)
 }
 
 /// Checks a prefill bucket list against the context

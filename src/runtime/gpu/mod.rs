@@ -43,7 +43,10 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
+pub mod backend;
 pub mod kernels;
+pub mod ops;
+mod weights_shim;
 
 /// The ternary matvec's body; the host prepends the parameters and appends a reduction.
 const TERNARY_MATVEC_WGSL: &str = include_str!("shaders/ternary_matvec.wgsl");
@@ -347,6 +350,8 @@ pub struct ContextOptions {
     /// The WGSL modules to compile from, by name (a bundle's, after its hash checks); `None`:
     /// the ones built into this binary ([`kernels::all`]).
     pub sources: Option<HashMap<String, String>>,
+    /// Use the workgroup-memory reductions even where the adapter has subgroup operations.
+    pub force_workgroup_reduction: bool,
 }
 
 /// The ternary matvec's bind group layout: codes, scales, x (read-only storage), y (storage),

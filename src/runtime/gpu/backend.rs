@@ -1,0 +1,798 @@
+//! The GPU backend: a [`Backend`] on wgpu, held to the CPU reference.
+//!
+//! At load, every weight is uploaded once ([`GpuContext::upload_model_weight`]), the small
+//! vectors (norms, biases) as f32, the RoPE tables as the CPU backend computes them
+//! ([`crate::runtime::cpu::rope_cache`]), the GELU table as the CPU builds it, and the f16 KV
+//! cache is allocated per layer. Then, for decode (one token) and for each prefill bucket
+//! `S`, the whole forward pass is bound once: a list of dispatches over fixed buffers sized
+//! for `S` tokens. A step writes the token ids and the [`Step`] uniform (first position,
+//! real tokens), encodes that list into one compute pass of one command buffer and submits
+//! it: no host round-trip inside a step, no allocation after load. A prefill chunk shorter
+//! than its bucket runs padded (padding rows are computed and never stored or attended).
+//!
+//! Greedy decoding reads back only the token id ([`Backend::argmax`] runs the argmax kernel,
+//! which also leaves the id where the next step's embedding gather reads it). The full
+//! logits are copied only by [`Backend::logits`].
+//!
+//! Numerics: f32 activations and accumulation everywhere, f16 KV cache rounded to nearest
+//! even (as the CPU's), the same RoPE cos/sin and GELU table values as the CPU's; sums run in
+//! other orders than the CPU's, so logits differ by f32 rounding (bounded per op in
+//! `tests/gpu_ops.rs` and `tests/gpu_backend.rs`).
+
+use super::ops::{grid_1d, OpDispatch, Step, MAX_HEAD_DIM};
+use super::weights_shim::{Bound, GpuWeight};
+use super::{ContextOptions, GpuContext, GpuError};
+use crate::arch::{Activation, RopeMode};
+use crate::runtime::model::{Model, Weight};
+use crate::runtime::{Backend, BackendInfo, LoadOptions, RuntimeError};
+
+/// Ids the argmax kernel can exclude (`--ignore-eos` bans a handful); more fall back to
+/// reading the logits.
+const MAX_BANNED: usize = 64;
+
+fn gpu_err(e: GpuError) -> RuntimeError {
+    RuntimeError::Backend {
+        name: "gpu".into(),
+        detail: e.to_string(),
+    }
+}
+
+/// One dispatch list entry.
+enum Item {
+    Op(OpDispatch),
+    Weight(Bound),
+}
+
+impl Item {
+    fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+        match self {
+            Item::Op(o) => o.encode(pass),
+            Item::Weight(b) => b.encode(pass),
+        }
+    }
+    fn dispatches(&self) -> usize {
+        match self {
+            Item::Op(_) => 1,
+            Item::Weight(b) => b.dispatches(),
+        }
+    }
+}
+
+/// Activations for `S` tokens.
+struct Acts {
+    s: usize,
+    ids: wgpu::Buffer,
+    x: wgpu::Buffer,
+    h: wgpu::Buffer,
+    q: wgpu::Buffer,
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    qn: wgpu::Buffer,
+    kn: wgpu::Buffer,
+    attn: wgpu::Buffer,
+    o: wgpu::Buffer,
+    o2: wgpu::Buffer,
+    g: wgpu::Buffer,
+    u: wgpu::Buffer,
+    part: wgpu::Buffer,
+    step: wgpu::Buffer,
+}
+
+/// The forward pass for one bucket size, bound.
+struct Graph {
+    acts: Acts,
+    items: Vec<Item>,
+}
+
+impl Graph {
+    fn dispatches(&self) -> usize {
+        self.items.iter().map(Item::dispatches).sum()
+    }
+}
+
+/// Per-layer device vectors.
+struct LayerVecs {
+    attn_norm: wgpu::Buffer,
+    ffn_norm: wgpu::Buffer,
+    bq: Option<wgpu::Buffer>,
+    bk: Option<wgpu::Buffer>,
+    bv: Option<wgpu::Buffer>,
+    q_norm: Option<wgpu::Buffer>,
+    k_norm: Option<wgpu::Buffer>,
+    post_attn_norm: Option<wgpu::Buffer>,
+    post_ffn_norm: Option<wgpu::Buffer>,
+}
+
+/// The GPU layer's weights.
+struct LayerWeights {
+    wq: GpuWeight,
+    wk: GpuWeight,
+    wv: GpuWeight,
+    wo: GpuWeight,
+    w_gate: GpuWeight,
+    w_up: GpuWeight,
+    w_down: GpuWeight,
+}
+
+/// The GPU backend (see the module doc).
+pub struct GpuBackend {
+    ctx: GpuContext,
+    model: Model,
+    /// Graphs by bucket, ascending; `graphs[0]` is decode (S = 1).
+    graphs: Vec<Graph>,
+    buckets: Vec<usize>,
+    buckets_from: &'static str,
+    logits: wgpu::Buffer,
+    result: wgpu::Buffer,
+    banned: wgpu::Buffer,
+    argmax_params: wgpu::Buffer,
+    /// Argmax over the logits; writes the id where the decode graph's gather reads it.
+    argmax: OpDispatch,
+    host_logits: Vec<f32>,
+    host_logits_valid: bool,
+    has_logits: bool,
+    next_pos: usize,
+    kv_bytes: u64,
+    weight_bytes_device: u64,
+}
+
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}
+
+impl GpuBackend {
+    /// Uploads `model` and binds its graphs.
+    pub fn new(model: Model, opts: &LoadOptions) -> Result<GpuBackend, RuntimeError> {
+        if opts.kv == crate::runtime::KvType::F32 {
+            return Err(RuntimeError::Backend {
+                name: "gpu".into(),
+                detail: "the GPU backend keeps an f16 KV cache (--kv-cache f16)".into(),
+            });
+        }
+        let (buckets, buckets_from) = crate::runtime::cpu::resolve_buckets(&model, opts)?;
+        let sources = opts.gpu_sources.clone();
+        let ctx = GpuContext::new(&ContextOptions {
+            adapter: opts.gpu_adapter.clone(),
+            sources,
+            force_workgroup_reduction: opts.gpu_no_subgroups,
+            ..Default::default()
+        })
+        .map_err(gpu_err)?;
+        let hp = model.layout.hyper.clone();
+        if hp.head_dim > MAX_HEAD_DIM || !hp.head_dim.is_multiple_of(2) {
+            return Err(RuntimeError::Backend {
+                name: "gpu".into(),
+                detail: format!(
+                    "head_dim {} is not an even number up to {MAX_HEAD_DIM}",
+                    hp.head_dim
+                ),
+            });
+        }
+        let b = &model.bundle;
+        let up = |w: &Weight| ctx.upload_model_weight(b, w).map_err(gpu_err);
+        let vecbuf = |w: &Weight| {
+            ctx.upload_bytes(&w.name, f32_bytes(&w.vector(b)))
+                .map_err(gpu_err)
+        };
+        let ovec = |w: &Option<Weight>| w.as_ref().map(vecbuf).transpose();
+        let tok_embd = up(&model.tok_embd)?;
+        let output = if model.layout.cfg.tied_embeddings {
+            None
+        } else {
+            Some(up(&model.output)?)
+        };
+        let output_norm = vecbuf(&model.output_norm)?;
+        let mut layers = Vec::with_capacity(model.layers.len());
+        let mut vecs = Vec::with_capacity(model.layers.len());
+        for l in &model.layers {
+            layers.push(LayerWeights {
+                wq: up(&l.wq)?,
+                wk: up(&l.wk)?,
+                wv: up(&l.wv)?,
+                wo: up(&l.wo)?,
+                w_gate: up(&l.w_gate)?,
+                w_up: up(&l.w_up)?,
+                w_down: up(&l.w_down)?,
+            });
+            vecs.push(LayerVecs {
+                attn_norm: vecbuf(&l.attn_norm)?,
+                ffn_norm: vecbuf(&l.ffn_norm)?,
+                bq: ovec(&l.bq)?,
+                bk: ovec(&l.bk)?,
+                bv: ovec(&l.bv)?,
+                q_norm: ovec(&l.q_norm)?,
+                k_norm: ovec(&l.k_norm)?,
+                post_attn_norm: ovec(&l.post_attn_norm)?,
+                post_ffn_norm: ovec(&l.post_ffn_norm)?,
+            });
+        }
+        let weight_bytes_device = {
+            let mut s = tok_embd.bytes() + output.as_ref().map_or(0, |w| w.bytes());
+            for l in &layers {
+                for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+                    s += w.bytes();
+                }
+            }
+            s
+        };
+
+        // RoPE tables, one per distinct (base, frequency scale), [n_ctx][n_rot / 2] (cos, sin).
+        let (nctx, n_rot) = (hp.n_ctx, hp.n_rot);
+        let mut tables: Vec<((u32, u32), wgpu::Buffer)> = Vec::new();
+        let mut layer_table = Vec::with_capacity(hp.n_layer);
+        for il in 0..hp.n_layer {
+            let (base, fscale) = hp.rope_of_layer(il);
+            let key = (base.to_bits(), fscale.to_bits());
+            let i = match tables.iter().position(|(k, _)| *k == key) {
+                Some(i) => i,
+                None => {
+                    let mut t = vec![0f32; nctx * n_rot.max(2)];
+                    for (pos, row) in t.chunks_exact_mut(n_rot.max(2)).enumerate() {
+                        crate::runtime::cpu::rope_cache(
+                            pos,
+                            n_rot,
+                            base,
+                            fscale,
+                            hp.rope_attn_factor,
+                            model.rope_factors.as_deref(),
+                            row,
+                        );
+                    }
+                    tables.push((
+                        key,
+                        ctx.upload_bytes("rope table", f32_bytes(&t))
+                            .map_err(gpu_err)?,
+                    ));
+                    tables.len() - 1
+                }
+            };
+            layer_table.push(i);
+        }
+        let gelu = if model.layout.spec.activation == Activation::GeluTanh {
+            Some(
+                ctx.upload_bytes(
+                    "gelu table",
+                    bytemuck::cast_slice(crate::runtime::cpu::gelu_table()),
+                )
+                .map_err(gpu_err)?,
+            )
+        } else {
+            None
+        };
+
+        // The KV cache: per layer [n_head_kv, n_ctx, head_dim] f16, K and V.
+        let (nkv, hd) = (hp.n_head_kv, hp.head_dim);
+        let layer_kv_bytes = (nkv * nctx * hd * 2) as u64;
+        if layer_kv_bytes > ctx.max_binding_bytes {
+            return Err(gpu_err(GpuError::Limit {
+                op: "KV cache",
+                what: "one layer's K (bytes)",
+                needed: layer_kv_bytes,
+                limit: ctx.max_binding_bytes,
+            }));
+        }
+        let mut kv = Vec::with_capacity(hp.n_layer);
+        for il in 0..hp.n_layer {
+            let mk = |what: &str| {
+                ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(&format!("{what} cache layer {il}")),
+                    size: layer_kv_bytes,
+                    usage: wgpu::BufferUsages::STORAGE,
+                    mapped_at_creation: false,
+                })
+            };
+            kv.push((mk("K"), mk("V")));
+        }
+        let kv_bytes = layer_kv_bytes * 2 * hp.n_layer as u64;
+
+        let logits = ctx.vector_buffer("logits", hp.n_vocab);
+        let hl = ctx.vector_buffer("last hidden", hp.n_embd);
+        let result = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("argmax result"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let banned = ctx
+            .upload_bytes("banned ids", &[0u8; MAX_BANNED * 4])
+            .map_err(gpu_err)?;
+        let argmax_params = ctx.uniform(
+            "argmax params",
+            bytemuck::cast_slice(&[hp.n_vocab as u32, 0, 0, 0]),
+        );
+
+        let shared = Shared {
+            tok_embd: &tok_embd,
+            output: output.as_ref().unwrap_or(&tok_embd),
+            output_norm: &output_norm,
+            layers: &layers,
+            vecs: &vecs,
+            tables: &tables,
+            layer_table: &layer_table,
+            kv: &kv,
+            gelu: gelu.as_ref(),
+            logits: &logits,
+            hl: &hl,
+        };
+        let mut sizes = vec![1usize];
+        sizes.extend(buckets.iter().copied().filter(|&s| s > 1));
+        let graphs = sizes
+            .iter()
+            .map(|&s| build_graph(&ctx, &model, &shared, s))
+            .collect::<Result<Vec<_>, _>>()?;
+        let argmax = ctx
+            .bind_op(
+                "op_argmax",
+                &[
+                    &logits,
+                    &banned,
+                    &graphs[0].acts.ids,
+                    &result,
+                    &argmax_params,
+                ],
+                (1, 1, 1),
+            )
+            .map_err(gpu_err)?;
+        // Keep the weights and tables alive with the bind groups that reference them (wgpu
+        // resources are reference counted, so dropping the handles here is enough).
+        drop((
+            tok_embd,
+            output,
+            layers,
+            vecs,
+            tables,
+            kv,
+            gelu,
+            hl,
+            output_norm,
+        ));
+        let n_vocab = hp.n_vocab;
+        Ok(GpuBackend {
+            ctx,
+            model,
+            graphs,
+            buckets,
+            buckets_from,
+            logits,
+            result,
+            banned,
+            argmax_params,
+            argmax,
+            host_logits: vec![0f32; n_vocab],
+            host_logits_valid: false,
+            has_logits: false,
+            next_pos: 0,
+            kv_bytes,
+            weight_bytes_device,
+        })
+    }
+
+    /// Dispatches one decode step records.
+    pub fn dispatches_per_token(&self) -> usize {
+        self.graphs[0].dispatches()
+    }
+
+    /// The adapter's name.
+    pub fn adapter(&self) -> &str {
+        &self.ctx.info.name
+    }
+
+    fn check_span(&self, tokens: &[u32], start: usize, max: usize) -> Result<(), RuntimeError> {
+        let hp = &self.model.layout.hyper;
+        if tokens.is_empty() {
+            return Err(RuntimeError::EmptyPrompt);
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= hp.n_vocab) {
+            return Err(RuntimeError::TokenOutOfRange {
+                token: t,
+                n_vocab: hp.n_vocab as u64,
+            });
+        }
+        let last = start.saturating_add(tokens.len() - 1);
+        if last >= hp.n_ctx {
+            return Err(RuntimeError::PositionOutOfRange {
+                pos: last,
+                n_ctx: hp.n_ctx as u64,
+            });
+        }
+        if start != self.next_pos {
+            return Err(RuntimeError::NonContiguous {
+                pos: start,
+                expected: self.next_pos,
+            });
+        }
+        if tokens.len() > max {
+            return Err(RuntimeError::SpanTooLong {
+                len: tokens.len(),
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs graph `gi` on `tokens` at `start`: ids and step written, one command buffer.
+    fn run(&mut self, gi: usize, tokens: &[u32], start: usize) {
+        let g = &self.graphs[gi];
+        let mut ids = vec![0u32; g.acts.s];
+        ids[..tokens.len()].copy_from_slice(tokens);
+        self.ctx
+            .queue
+            .write_buffer(&g.acts.ids, 0, bytemuck::cast_slice(&ids));
+        let step = Step {
+            pos0: start as u32,
+            n: tokens.len() as u32,
+            _pad: [0; 2],
+        };
+        self.ctx
+            .queue
+            .write_buffer(&g.acts.step, 0, bytemuck::bytes_of(&step));
+        let mut enc = self
+            .ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("forward"),
+                timestamp_writes: None,
+            });
+            for it in &g.items {
+                it.encode(&mut pass);
+            }
+        }
+        self.ctx.queue.submit([enc.finish()]);
+        self.next_pos = start + tokens.len();
+        self.has_logits = true;
+        self.host_logits_valid = false;
+    }
+}
+
+/// What every graph shares.
+struct Shared<'a> {
+    tok_embd: &'a GpuWeight,
+    output: &'a GpuWeight,
+    output_norm: &'a wgpu::Buffer,
+    layers: &'a [LayerWeights],
+    vecs: &'a [LayerVecs],
+    tables: &'a [((u32, u32), wgpu::Buffer)],
+    layer_table: &'a [usize],
+    kv: &'a [(wgpu::Buffer, wgpu::Buffer)],
+    gelu: Option<&'a wgpu::Buffer>,
+    logits: &'a wgpu::Buffer,
+    hl: &'a wgpu::Buffer,
+}
+
+/// Attention splits for `s` tokens over `n_ctx` positions: decode splits long contexts into
+/// up to 64 chunks of at least 128 positions (flash-decoding: enough workgroups to fill a
+/// GPU when there are few heads); prefill chunks into up to 8.
+fn attention_splits(s: usize, n_ctx: usize) -> (usize, usize) {
+    let splits = if s == 1 {
+        n_ctx.div_ceil(128).clamp(1, 64)
+    } else {
+        n_ctx.div_ceil(1024).clamp(1, 8)
+    };
+    (splits, n_ctx.div_ceil(splits))
+}
+
+fn build_graph(
+    ctx: &GpuContext,
+    model: &Model,
+    sh: &Shared,
+    s: usize,
+) -> Result<Graph, RuntimeError> {
+    let hp = &model.layout.hyper;
+    let (e, hd, nh, nkv, nff) = (hp.n_embd, hp.head_dim, hp.n_head, hp.n_head_kv, hp.n_ff);
+    let (nq, nk) = (nh * hd, nkv * hd);
+    let (splits, chunk) = attention_splits(s, hp.n_ctx);
+    let vb = |label: &str, n: usize| ctx.vector_buffer(label, n);
+    let acts = Acts {
+        s,
+        ids: ctx
+            .upload_bytes("ids", &vec![0u8; s * 4])
+            .map_err(gpu_err)?,
+        x: vb("x", s * e),
+        h: vb("h", s * e),
+        q: vb("q", s * nq),
+        k: vb("k", s * nk),
+        v: vb("v", s * nk),
+        qn: vb("q normed", s * nq),
+        kn: vb("k normed", s * nk),
+        attn: vb("attn", s * nq),
+        o: vb("o", s * e),
+        o2: vb("o normed", s * e),
+        g: vb("gate", s * nff),
+        u: vb("up", s * nff),
+        part: vb("attention partials", s * nh * splits * (hd + 2)),
+        step: ctx.uniform("step", bytemuck::bytes_of(&Step::default())),
+    };
+    let a = &acts;
+    let mut items: Vec<Item> = Vec::new();
+    let n_tok = s as u32;
+    let op = |name: &'static str,
+              bufs: &[&wgpu::Buffer],
+              grid: (u32, u32, u32)|
+     -> Result<Item, RuntimeError> {
+        Ok(Item::Op(ctx.bind_op(name, bufs, grid).map_err(gpu_err)?))
+    };
+    let u32s = |v: &[u32]| ctx.uniform("params", bytemuck::cast_slice(v));
+    let mm = |w: &GpuWeight, x: &wgpu::Buffer, y: &wgpu::Buffer, n: u32| {
+        ctx.bind_matmul(w, x, y, n)
+            .map(Item::Weight)
+            .map_err(gpu_err)
+    };
+    // Element-wise ops over n values: (params buffer, grid).
+    let elem = |n: usize, third: u32| -> Result<(wgpu::Buffer, (u32, u32, u32)), RuntimeError> {
+        let (gx, gy) = grid_1d(n, 256).map_err(gpu_err)?;
+        Ok((u32s(&[n as u32, gx, third, 0]), (gx, gy, 1)))
+    };
+    let rms = |x: &wgpu::Buffer,
+               w: &wgpu::Buffer,
+               out: &wgpu::Buffer,
+               len: usize,
+               rows: usize,
+               last: bool|
+     -> Result<Item, RuntimeError> {
+        let p = u32s(&[len as u32, hp.norm_eps.to_bits(), rows as u32, last as u32]);
+        let (gx, gy) = super::grid(rows as u64).ok_or_else(|| {
+            gpu_err(GpuError::Shape {
+                op: "rms_norm",
+                detail: format!("{rows} rows"),
+            })
+        })?;
+        op("op_rms_norm", &[x, w, out, &p, &a.step], (gx, gy, 1))
+    };
+    let add = |x: &wgpu::Buffer, y: &wgpu::Buffer| -> Result<Item, RuntimeError> {
+        let (p, grid) = elem(s * e, hp.residual_scale.unwrap_or(1.0).to_bits())?;
+        op("op_add", &[x, y, &p], grid)
+    };
+
+    items.push(Item::Weight(
+        ctx.bind_gather(sh.tok_embd, &a.ids, &a.x, n_tok)
+            .map_err(gpu_err)?,
+    ));
+    if let Some(sc) = hp.embed_scale {
+        let (gx, gy) = grid_1d(s * e, 256).map_err(gpu_err)?;
+        let p = u32s(&[(s * e) as u32, gx, sc.to_bits(), 0f32.to_bits()]);
+        items.push(op("op_scale", &[&a.x, &p], (gx, gy, 1))?);
+    }
+    let neox = (model.layout.spec.rope == RopeMode::Neox) as u32;
+    let kq_scale = match hp.q_scale {
+        Some(_) => 1.0f32,
+        None => 1.0f32 / (hd as f32).sqrt(),
+    };
+    for il in 0..hp.n_layer {
+        let (lw, lv) = (&sh.layers[il], &sh.vecs[il]);
+        items.push(rms(&a.x, &lv.attn_norm, &a.h, e, s, false)?);
+        items.push(mm(&lw.wq, &a.h, &a.q, n_tok)?);
+        items.push(mm(&lw.wk, &a.h, &a.k, n_tok)?);
+        items.push(mm(&lw.wv, &a.h, &a.v, n_tok)?);
+        for (y, bias, len) in [(&a.q, &lv.bq, nq), (&a.k, &lv.bk, nk), (&a.v, &lv.bv, nk)] {
+            if let Some(b) = bias {
+                let (p, grid) = elem(s * len, len as u32)?;
+                items.push(op("op_bias_add", &[y, b, &p], grid)?);
+            }
+        }
+        let qf = match &lv.q_norm {
+            Some(w) => {
+                items.push(rms(&a.q, w, &a.qn, hd, s * nh, false)?);
+                &a.qn
+            }
+            None => &a.q,
+        };
+        let kf = match &lv.k_norm {
+            Some(w) => {
+                items.push(rms(&a.k, w, &a.kn, hd, s * nkv, false)?);
+                &a.kn
+            }
+            None => &a.k,
+        };
+        let table = &sh.tables[sh.layer_table[il]].1;
+        for (buf, heads, scale) in [(qf, nh, hp.q_scale.unwrap_or(1.0)), (kf, nkv, 1.0f32)] {
+            let p = u32s(&[
+                heads as u32,
+                hd as u32,
+                hp.n_rot as u32,
+                neox,
+                scale.to_bits(),
+                n_tok,
+                0,
+                0,
+            ]);
+            let gx = (heads * hd / 2).div_ceil(64) as u32;
+            items.push(op("op_rope", &[buf, table, &p, &a.step], (gx, n_tok, 1))?);
+        }
+        let (kc, vc) = &sh.kv[il];
+        let p = u32s(&[nkv as u32, hd as u32, hp.n_ctx as u32, 0]);
+        let gx = (nkv * hd / 2).div_ceil(64) as u32;
+        items.push(op(
+            "op_kv_store",
+            &[kf, &a.v, kc, vc, &p, &a.step],
+            (gx, n_tok, 1),
+        )?);
+        let window = hp.window_of_layer(il).unwrap_or(0) as u32;
+        let p = u32s(&[
+            nh as u32,
+            nkv as u32,
+            hd as u32,
+            hp.n_ctx as u32,
+            splits as u32,
+            chunk as u32,
+            window,
+            kq_scale.to_bits(),
+        ]);
+        items.push(op(
+            "op_attention",
+            &[qf, kc, vc, &a.part, &p, &a.step],
+            (nh as u32, splits as u32, n_tok),
+        )?);
+        let p = u32s(&[nh as u32, hd as u32, splits as u32, 0]);
+        items.push(op(
+            "op_attention_combine",
+            &[&a.part, &a.attn, &p, &a.step],
+            (nh as u32, n_tok, 1),
+        )?);
+        items.push(mm(&lw.wo, &a.attn, &a.o, n_tok)?);
+        match &lv.post_attn_norm {
+            Some(w) => {
+                items.push(rms(&a.o, w, &a.o2, e, s, false)?);
+                items.push(add(&a.x, &a.o2)?);
+            }
+            None => items.push(add(&a.x, &a.o)?),
+        }
+        items.push(rms(&a.x, &lv.ffn_norm, &a.h, e, s, false)?);
+        items.push(mm(&lw.w_gate, &a.h, &a.g, n_tok)?);
+        items.push(mm(&lw.w_up, &a.h, &a.u, n_tok)?);
+        let (p, grid) = elem(s * nff, 0)?;
+        items.push(match sh.gelu {
+            Some(t) => op("op_geglu", &[&a.g, &a.u, t, &p], grid)?,
+            None => op("op_swiglu", &[&a.g, &a.u, &p], grid)?,
+        });
+        items.push(mm(&lw.w_down, &a.g, &a.o, n_tok)?);
+        match &lv.post_ffn_norm {
+            Some(w) => {
+                items.push(rms(&a.o, w, &a.o2, e, s, false)?);
+                items.push(add(&a.x, &a.o2)?);
+            }
+            None => items.push(add(&a.x, &a.o)?),
+        }
+    }
+    items.push(rms(&a.x, sh.output_norm, sh.hl, e, 1, true)?);
+    items.push(mm(sh.output, sh.hl, sh.logits, 1)?);
+    if hp.logit_mul.is_some() || hp.final_softcap.is_some() {
+        let n = hp.n_vocab;
+        let (gx, gy) = grid_1d(n, 256).map_err(gpu_err)?;
+        let p = u32s(&[
+            n as u32,
+            gx,
+            hp.logit_mul.unwrap_or(1.0).to_bits(),
+            hp.final_softcap.unwrap_or(0.0).to_bits(),
+        ]);
+        items.push(op("op_scale", &[sh.logits, &p], (gx, gy, 1))?);
+    }
+    Ok(Graph { acts, items })
+}
+
+impl Backend for GpuBackend {
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            backend: "gpu",
+            architecture: self.model.layout.cfg.architecture.clone(),
+            kernel: "f32",
+            kv_cache: "f16",
+            kv_cache_bytes: self.kv_bytes,
+            weight_bytes: self.model.weight_bytes(),
+            decode_bytes_per_token: self.model.decode_bytes_per_token(),
+            buckets: self.buckets.clone(),
+            buckets_from: self.buckets_from,
+            n_ctx: self.n_ctx(),
+            n_vocab: self.n_vocab(),
+            threads: 1,
+            device: Some(format!(
+                "{} ({:?}, {})",
+                self.ctx.info.name, self.ctx.info.backend, self.ctx.info.driver
+            )),
+            dispatches_per_token: Some(self.dispatches_per_token()),
+            device_weight_bytes: Some(self.weight_bytes_device),
+        }
+    }
+
+    fn n_vocab(&self) -> usize {
+        self.model.layout.hyper.n_vocab
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.model.layout.hyper.n_ctx
+    }
+
+    fn position(&self) -> usize {
+        self.next_pos
+    }
+
+    fn prefill(&mut self, tokens: &[u32], start: usize) -> Result<(), RuntimeError> {
+        let max = *self.buckets.last().unwrap_or(&1);
+        self.check_span(tokens, start, max)?;
+        // The smallest graph that holds the span (graph 0 is the decode graph, S = 1).
+        let gi = self
+            .graphs
+            .iter()
+            .position(|g| g.acts.s >= tokens.len())
+            .unwrap_or(self.graphs.len() - 1);
+        self.run(gi, tokens, start);
+        Ok(())
+    }
+
+    fn decode(&mut self, token: u32, pos: usize) -> Result<(), RuntimeError> {
+        self.check_span(&[token], pos, 1)?;
+        self.run(0, &[token], pos);
+        Ok(())
+    }
+
+    fn logits(&mut self) -> Result<&[f32], RuntimeError> {
+        if !self.has_logits {
+            return Err(RuntimeError::Backend {
+                name: "gpu".into(),
+                detail: "no logits: nothing has run since the last reset".into(),
+            });
+        }
+        if !self.host_logits_valid {
+            let bytes = self
+                .ctx
+                .read_buffer(&self.logits, (self.host_logits.len() * 4) as u64)
+                .map_err(gpu_err)?;
+            self.host_logits
+                .copy_from_slice(bytemuck::cast_slice(&bytes));
+            self.host_logits_valid = true;
+        }
+        Ok(&self.host_logits)
+    }
+
+    fn argmax(&mut self, banned: &[u32]) -> Result<Option<u32>, RuntimeError> {
+        if !self.has_logits {
+            return Err(RuntimeError::Backend {
+                name: "gpu".into(),
+                detail: "no logits: nothing has run since the last reset".into(),
+            });
+        }
+        if banned.len() > MAX_BANNED {
+            // Rare: more banned ids than the kernel holds; pick on the host.
+            let l = self.logits()?;
+            if l.iter().any(|v| !v.is_finite()) {
+                return Ok(None);
+            }
+            let mut best: Option<usize> = None;
+            for (i, x) in l.iter().enumerate() {
+                if !banned.contains(&(i as u32)) && best.is_none_or(|b| *x > l[b]) {
+                    best = Some(i);
+                }
+            }
+            return Ok(best.map(|b| b as u32));
+        }
+        let q = &self.ctx.queue;
+        q.write_buffer(&self.banned, 0, bytemuck::cast_slice(banned));
+        q.write_buffer(
+            &self.argmax_params,
+            0,
+            bytemuck::cast_slice(&[self.n_vocab() as u32, banned.len() as u32, 0, 0]),
+        );
+        let mut enc = self
+            .ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("argmax"),
+                timestamp_writes: None,
+            });
+            self.argmax.encode(&mut pass);
+        }
+        q.submit([enc.finish()]);
+        let bytes = self.ctx.read_buffer(&self.result, 4).map_err(gpu_err)?;
+        let id = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        Ok((id != u32::MAX).then_some(id))
+    }
+
+    fn reset(&mut self) {
+        self.next_pos = 0;
+        self.has_logits = false;
+        self.host_logits_valid = false;
+    }
+}

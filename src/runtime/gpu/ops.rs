@@ -1,0 +1,150 @@
+//! The GPU backend's ops other than the weight kernels: RMSNorm, RoPE, the f16 KV cache
+//! store, split attention and its combine, SwiGLU/GeGLU, residual and bias adds, scales and
+//! soft caps, and the greedy argmax. Each is one WGSL module (`shaders/ops/`, with
+//! `common.wgsl` prepended: the [`Step`] uniform and exact f16 conversions), registered in
+//! [`super::kernels::all`] under the name `op_{file}`.
+//!
+//! Every op's bind group is made once (at load) over fixed buffers; what changes per step
+//! (the chunk's first position and its real token count) is the [`Step`] uniform the host
+//! writes before each submission.
+
+use super::kernels::KernelSource;
+use super::{GpuContext, GpuError};
+
+const COMMON: &str = include_str!("shaders/ops/common.wgsl");
+
+/// The op modules: `(file stem, body)`.
+const OPS: &[(&str, &str)] = &[
+    ("add", include_str!("shaders/ops/add.wgsl")),
+    ("argmax", include_str!("shaders/ops/argmax.wgsl")),
+    ("attention", include_str!("shaders/ops/attention.wgsl")),
+    (
+        "attention_combine",
+        include_str!("shaders/ops/attention_combine.wgsl"),
+    ),
+    ("bias_add", include_str!("shaders/ops/bias_add.wgsl")),
+    ("geglu", include_str!("shaders/ops/geglu.wgsl")),
+    ("kv_store", include_str!("shaders/ops/kv_store.wgsl")),
+    ("rms_norm", include_str!("shaders/ops/rms_norm.wgsl")),
+    ("rope", include_str!("shaders/ops/rope.wgsl")),
+    ("scale", include_str!("shaders/ops/scale.wgsl")),
+    ("swiglu", include_str!("shaders/ops/swiglu.wgsl")),
+];
+
+/// Largest head dimension the attention kernel takes (`MAX_HD` in attention.wgsl).
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The op modules as complete WGSL sources, named `op_{stem}`.
+pub fn sources() -> Vec<KernelSource> {
+    OPS.iter()
+        .map(|(stem, body)| KernelSource {
+            name: format!("op_{stem}"),
+            wgsl: format!(
+                "// op_{stem}: src/runtime/gpu/shaders/ops/common.wgsl + {stem}.wgsl\n{COMMON}\n{body}"
+            ),
+        })
+        .collect()
+}
+
+/// What the host writes before each submission (`Step` in common.wgsl).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Step {
+    /// Position of the chunk's first token.
+    pub pos0: u32,
+    /// Real tokens in the chunk (the rest of the bucket is padding).
+    pub n: u32,
+    pub _pad: [u32; 2],
+}
+
+/// One op's dispatch: pipeline, bind group and grid, made once, encoded any number of times.
+#[derive(Debug)]
+pub struct OpDispatch {
+    pub name: &'static str,
+    pipeline: wgpu::ComputePipeline,
+    bind: wgpu::BindGroup,
+    grid: (u32, u32, u32),
+}
+
+impl OpDispatch {
+    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind, &[]);
+        pass.dispatch_workgroups(self.grid.0, self.grid.1, self.grid.2);
+    }
+}
+
+/// A 1-D grid of `n` invocations in workgroups of `wg`, 2-D past 65,535 workgroups:
+/// `(groups_x, groups_y)`; the kernels index `gid.y * groups_x * wg + gid.x`.
+pub fn grid_1d(n: usize, wg: usize) -> Result<(u32, u32), GpuError> {
+    let groups = n.div_ceil(wg).max(1) as u64;
+    super::grid(groups).ok_or(GpuError::Limit {
+        op: "dispatch",
+        what: "workgroups",
+        needed: groups,
+        limit: super::MAX_WORKGROUPS_PER_DIM as u64 * super::MAX_WORKGROUPS_PER_DIM as u64,
+    })
+}
+
+impl GpuContext {
+    /// A uniform buffer holding `bytes` (padded to 16 bytes).
+    pub fn uniform(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+        let size = (bytes.len() as u64).div_ceil(16).max(1) * 16;
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.queue.write_buffer(&buf, 0, bytes);
+        buf
+    }
+
+    /// Op `name` (`op_{stem}`) bound to `buffers` (bindings 0, 1, ... in order: storage
+    /// buffers, then its parameter uniform, then the step uniform where the op has one),
+    /// dispatched over `grid`.
+    pub fn bind_op(
+        &self,
+        name: &'static str,
+        buffers: &[&wgpu::Buffer],
+        grid: (u32, u32, u32),
+    ) -> Result<OpDispatch, GpuError> {
+        let max = super::MAX_WORKGROUPS_PER_DIM;
+        if grid.0 > max || grid.1 > max || grid.2 > max {
+            return Err(GpuError::Limit {
+                op: name,
+                what: "workgroups in one grid dimension",
+                needed: grid.0.max(grid.1).max(grid.2) as u64,
+                limit: max as u64,
+            });
+        }
+        let pipeline = self.pipeline_named(name, None)?;
+        let layout = pipeline.get_bind_group_layout(0);
+        let entries: Vec<wgpu::BindGroupEntry> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(name),
+            layout: &layout,
+            entries: &entries,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Device {
+                op: name,
+                detail: e.to_string(),
+            });
+        }
+        Ok(OpDispatch {
+            name,
+            pipeline,
+            bind,
+            grid,
+        })
+    }
+}

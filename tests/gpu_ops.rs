@@ -1,0 +1,518 @@
+//! The GPU backend's ops (src/runtime/gpu/ops.rs) against the CPU backend's code, each with
+//! its stated tolerance. On a machine without an adapter these skip and say so, unless
+//! `LOWBIT_REQUIRE_GPU=1` (set by `make test`), where they fail.
+
+use lowbit::runtime::cpu;
+use lowbit::runtime::gpu::ops::Step;
+use lowbit::runtime::gpu::{context_for_tests, ContextOptions, GpuContext};
+
+fn lcg(seed: &mut u64) -> f32 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+fn buf(ctx: &GpuContext, v: &[f32]) -> wgpu::Buffer {
+    let b = ctx.vector_buffer("t", v.len());
+    ctx.queue.write_buffer(&b, 0, bytemuck::cast_slice(v));
+    b
+}
+
+fn u32buf(ctx: &GpuContext, v: &[u32]) -> wgpu::Buffer {
+    let b = ctx.vector_buffer("t", v.len());
+    ctx.queue.write_buffer(&b, 0, bytemuck::cast_slice(v));
+    b
+}
+
+fn read(ctx: &GpuContext, b: &wgpu::Buffer, n: usize) -> Vec<f32> {
+    bytemuck::cast_slice::<u8, f32>(&ctx.read_buffer(b, (n * 4) as u64).unwrap()).to_vec()
+}
+
+fn read_u32(ctx: &GpuContext, b: &wgpu::Buffer, n: usize) -> Vec<u32> {
+    bytemuck::cast_slice::<u8, u32>(&ctx.read_buffer(b, (n * 4) as u64).unwrap()).to_vec()
+}
+
+fn step(ctx: &GpuContext, pos0: u32, n: u32) -> wgpu::Buffer {
+    ctx.uniform(
+        "step",
+        bytemuck::bytes_of(&Step {
+            pos0,
+            n,
+            _pad: [0; 2],
+        }),
+    )
+}
+
+fn params(ctx: &GpuContext, v: &[u32]) -> wgpu::Buffer {
+    ctx.uniform("params", bytemuck::cast_slice(v))
+}
+
+fn run(ctx: &GpuContext, name: &'static str, bufs: &[&wgpu::Buffer], grid: (u32, u32, u32)) {
+    let op = ctx.bind_op(name, bufs, grid).unwrap();
+    let mut enc = ctx
+        .device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+    {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: None,
+            timestamp_writes: None,
+        });
+        op.encode(&mut pass);
+    }
+    ctx.queue.submit([enc.finish()]);
+}
+
+fn ctx() -> Option<GpuContext> {
+    context_for_tests(&ContextOptions::default())
+}
+
+/// Relative error of `got` against `want`, scaled by `scale` (plus the smallest normal).
+fn check(what: &str, got: &[f32], want: &[f32], scale: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    let mut worst = 0f32;
+    for (i, ((g, w), s)) in got.iter().zip(want).zip(scale).enumerate() {
+        let r = (g - w).abs() / (s.abs() + f32::MIN_POSITIVE);
+        assert!(
+            r <= tol,
+            "{what}[{i}]: gpu {g} cpu {w} (error {:.2e} of scale {s}, tolerance {tol:.1e})",
+            (g - w).abs()
+        );
+        worst = worst.max(r);
+    }
+    eprintln!("{what}: worst relative error {worst:.2e} (tolerance {tol:.1e})");
+}
+
+#[test]
+fn every_op_module_compiles() {
+    let Some(ctx) = ctx() else { return };
+    for k in lowbit::runtime::gpu::ops::sources() {
+        ctx.pipeline_named(&k.name, None)
+            .unwrap_or_else(|e| panic!("{}: {e}", k.name));
+    }
+}
+
+#[test]
+fn kv_store_rounds_to_nearest_even_like_the_cpu() {
+    let Some(ctx) = ctx() else { return };
+    // Values that test every branch: ties, subnormals, overflow, signs, NaN/inf.
+    let mut vals: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        1.0,
+        65504.0,
+        65519.99,
+        65520.0,
+        1e6,
+        -1e6,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        6.0e-8,
+        2.98e-8,
+        2.9802322e-8,
+        2.9802326e-8,
+        5.96e-8,
+        1.0e-5,
+        6.1e-5,
+        6.103515e-5,
+        1.0009765625,
+        1.00048828125,
+        1.00146484375,
+        -3.1415927,
+    ];
+    let mut seed = 7u64;
+    while vals.len() < 4096 {
+        let m = lcg(&mut seed);
+        let e = (lcg(&mut seed) * 30.0) as i32;
+        vals.push(m * 2f32.powi(e));
+    }
+    for i in 0..vals.len() {
+        // exact ties between neighbouring f16 values
+        if i % 7 == 0 {
+            let h = half::f16::from_f32(vals[i]);
+            let next = half::f16::from_bits(h.to_bits().wrapping_add(1));
+            if h.is_finite() && next.is_finite() {
+                vals[i] = (h.to_f32() as f64 / 2.0 + next.to_f32() as f64 / 2.0) as f32;
+            }
+        }
+    }
+    // One token, one kv head of head_dim = vals.len(), n_ctx = 1.
+    let hd = vals.len();
+    let k = buf(&ctx, &vals);
+    let v = buf(&ctx, &vals);
+    let kc = ctx.vector_buffer("kc", hd / 2);
+    let vc = ctx.vector_buffer("vc", hd / 2);
+    let p = params(&ctx, &[1, hd as u32, 1, 0]);
+    let st = step(&ctx, 0, 1);
+    run(
+        &ctx,
+        "op_kv_store",
+        &[&k, &v, &kc, &vc, &p, &st],
+        ((hd / 2).div_ceil(64) as u32, 1, 1),
+    );
+    let got = read_u32(&ctx, &kc, hd / 2);
+    for (i, x) in vals.iter().enumerate() {
+        let g = (got[i / 2] >> ((i % 2) * 16)) & 0xffff;
+        let w = half::f16::from_f32(*x).to_bits() as u32;
+        assert_eq!(g, w, "f16 of {x:e} (bits {:#x})", x.to_bits());
+    }
+    let mut nan = vec![f32::NAN, 1.0];
+    nan.resize(2, 0.0);
+    let kb = buf(&ctx, &nan);
+    let p = params(&ctx, &[1, 2, 1, 0]);
+    let kc2 = ctx.vector_buffer("kc", 1);
+    run(
+        &ctx,
+        "op_kv_store",
+        &[&kb, &kb, &kc2, &vc, &p, &st],
+        (1, 1, 1),
+    );
+    let g = read_u32(&ctx, &kc2, 1)[0] & 0xffff;
+    assert!(half::f16::from_bits(g as u16).is_nan(), "{g:#x}");
+}
+
+#[test]
+fn rms_norm_matches_the_cpu_and_the_last_row_mode() {
+    let Some(ctx) = ctx() else { return };
+    let mut seed = 1u64;
+    for (len, rows) in [(576usize, 3usize), (64, 40), (896, 1), (1000, 2)] {
+        let x: Vec<f32> = (0..len * rows).map(|_| lcg(&mut seed) * 3.0).collect();
+        let w: Vec<f32> = (0..len).map(|_| lcg(&mut seed) + 1.0).collect();
+        let mut want = vec![0f32; len * rows];
+        for r in 0..rows {
+            cpu::rms_norm(
+                &x[r * len..(r + 1) * len],
+                &w,
+                1e-5,
+                &mut want[r * len..(r + 1) * len],
+            );
+        }
+        let (xb, wb, ob) = (
+            buf(&ctx, &x),
+            buf(&ctx, &w),
+            ctx.vector_buffer("o", len * rows),
+        );
+        let p = params(&ctx, &[len as u32, 1e-5f32.to_bits(), rows as u32, 0]);
+        let st = step(&ctx, 0, rows as u32);
+        run(
+            &ctx,
+            "op_rms_norm",
+            &[&xb, &wb, &ob, &p, &st],
+            (rows as u32, 1, 1),
+        );
+        // The sum of squares in f32 (len terms) against the CPU's f64: relative error of the
+        // scale below len * 2^-24, plus a few roundings of the products.
+        let tol = (len as f32 + 8.0) * f32::EPSILON;
+        check("rms_norm", &read(&ctx, &ob, len * rows), &want, &want, tol);
+        // last-row mode: the chunk's last real token (step.n - 1) into row 0.
+        let p = params(&ctx, &[len as u32, 1e-5f32.to_bits(), 1, 1]);
+        let n = rows.max(2) as u32 - 1;
+        let st = step(&ctx, 0, n);
+        let ob1 = ctx.vector_buffer("o", len);
+        run(&ctx, "op_rms_norm", &[&xb, &wb, &ob1, &p, &st], (1, 1, 1));
+        let r = n as usize - 1;
+        check(
+            "rms_norm last row",
+            &read(&ctx, &ob1, len),
+            &want[r * len..(r + 1) * len],
+            &want[r * len..(r + 1) * len],
+            tol,
+        );
+    }
+}
+
+#[test]
+fn rope_rotates_with_the_cpu_table_norm_and_neox() {
+    let Some(ctx) = ctx() else { return };
+    let mut seed = 2u64;
+    for (neox, heads, hd, n_rot, scale) in [
+        (false, 3usize, 64usize, 64usize, 1.0f32),
+        (true, 2, 128, 128, 0.0625),
+        (true, 2, 64, 32, 1.0),
+        (false, 1, 64, 48, 0.5),
+    ] {
+        let (n_ctx, tokens, pos0) = (40usize, 5usize, 30u32);
+        let n = 4u32; // the fifth token is padding
+        let factors: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.25).collect();
+        let mut table = vec![0f32; n_ctx * n_rot];
+        for (pos, row) in table.chunks_exact_mut(n_rot).enumerate() {
+            cpu::rope_cache(pos, n_rot, 10000.0, 0.5, 1.25, Some(&factors), row);
+        }
+        let x: Vec<f32> = (0..tokens * heads * hd).map(|_| lcg(&mut seed)).collect();
+        let mut want = x.clone();
+        for t in 0..n as usize {
+            let pos = pos0 as usize + t;
+            let cs = &table[pos * n_rot..(pos + 1) * n_rot];
+            for h in 0..heads {
+                let v = &mut want[(t * heads + h) * hd..(t * heads + h + 1) * hd];
+                for i in 0..n_rot / 2 {
+                    let (a, b) = if neox {
+                        (i, i + n_rot / 2)
+                    } else {
+                        (2 * i, 2 * i + 1)
+                    };
+                    let (x0, x1) = (v[a], v[b]);
+                    v[a] = x0 * cs[2 * i] - x1 * cs[2 * i + 1];
+                    v[b] = x0 * cs[2 * i + 1] + x1 * cs[2 * i];
+                }
+                v.iter_mut().for_each(|e| *e *= scale);
+            }
+        }
+        let xb = buf(&ctx, &x);
+        let tb = buf(&ctx, &table);
+        let p = params(
+            &ctx,
+            &[
+                heads as u32,
+                hd as u32,
+                n_rot as u32,
+                neox as u32,
+                scale.to_bits(),
+                tokens as u32,
+                0,
+                0,
+            ],
+        );
+        let st = step(&ctx, pos0, n);
+        run(
+            &ctx,
+            "op_rope",
+            &[&xb, &tb, &p, &st],
+            ((heads * hd / 2).div_ceil(64) as u32, tokens as u32, 1),
+        );
+        // Two products and a sum per element (a fused multiply-add may round once less).
+        let got = read(&ctx, &xb, x.len());
+        let mag: Vec<f32> = x.iter().map(|v| v.abs().max(1.0) * scale).collect();
+        check("rope", &got, &want, &mag, 4.0 * f32::EPSILON);
+    }
+}
+
+/// Attention of `tokens` queries at `pos0..` over a cache filled for positions
+/// `0..pos0 + n`, against an f64 softmax over the same f16-rounded keys and values.
+#[allow(clippy::too_many_arguments)]
+fn attention_case(
+    ctx: &GpuContext,
+    heads: usize,
+    kv_heads: usize,
+    hd: usize,
+    n_ctx: usize,
+    pos0: usize,
+    n: usize,
+    splits: usize,
+    window: usize,
+    seed: &mut u64,
+) {
+    let total = pos0 + n;
+    let kv: Vec<f32> = (0..total * kv_heads * hd)
+        .map(|_| lcg(seed) * 2.0)
+        .collect();
+    let vv: Vec<f32> = (0..total * kv_heads * hd).map(|_| lcg(seed)).collect();
+    // Fill the cache with kv_store one chunk (all positions) at a time.
+    let kc = ctx.vector_buffer("kc", kv_heads * n_ctx * hd / 2);
+    let vc = ctx.vector_buffer("vc", kv_heads * n_ctx * hd / 2);
+    let (kb, vb) = (buf(ctx, &kv), buf(ctx, &vv));
+    let p = params(ctx, &[kv_heads as u32, hd as u32, n_ctx as u32, 0]);
+    let st = step(ctx, 0, total as u32);
+    run(
+        ctx,
+        "op_kv_store",
+        &[&kb, &vb, &kc, &vc, &p, &st],
+        ((kv_heads * hd / 2).div_ceil(64) as u32, total as u32, 1),
+    );
+    let q: Vec<f32> = (0..n * heads * hd).map(|_| lcg(seed)).collect();
+    let chunk = n_ctx.div_ceil(splits);
+    let part = ctx.vector_buffer("part", n * heads * splits * (hd + 2));
+    let out = ctx.vector_buffer("out", n * heads * hd);
+    let qb = buf(ctx, &q);
+    let kq_scale = 1.0 / (hd as f32).sqrt();
+    let p = params(
+        ctx,
+        &[
+            heads as u32,
+            kv_heads as u32,
+            hd as u32,
+            n_ctx as u32,
+            splits as u32,
+            chunk as u32,
+            window as u32,
+            kq_scale.to_bits(),
+        ],
+    );
+    let st = step(ctx, pos0 as u32, n as u32);
+    run(
+        ctx,
+        "op_attention",
+        &[&qb, &kc, &vc, &part, &p, &st],
+        (heads as u32, splits as u32, n as u32),
+    );
+    let p2 = params(ctx, &[heads as u32, hd as u32, splits as u32, 0]);
+    run(
+        ctx,
+        "op_attention_combine",
+        &[&part, &out, &p2, &st],
+        (heads as u32, n as u32, 1),
+    );
+    let got = read(ctx, &out, n * heads * hd);
+    let r16 = |x: f32| half::f16::from_f32(x).to_f32() as f64;
+    let group = heads / kv_heads;
+    let mut want = vec![0f32; n * heads * hd];
+    let mut mag = vec![0f32; n * heads * hd];
+    for t in 0..n {
+        let pos = pos0 + t;
+        let lo = if window > 0 {
+            (pos + 1).saturating_sub(window)
+        } else {
+            0
+        };
+        for h in 0..heads {
+            let kh = h / group;
+            let qh = &q[(t * heads + h) * hd..(t * heads + h + 1) * hd];
+            let scores: Vec<f64> = (lo..=pos)
+                .map(|j| {
+                    let kr = &kv[(j * kv_heads + kh) * hd..(j * kv_heads + kh + 1) * hd];
+                    qh.iter()
+                        .zip(kr)
+                        .map(|(a, b)| *a as f64 * r16(*b))
+                        .sum::<f64>()
+                        * kq_scale as f64
+                })
+                .collect();
+            let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+            let sum: f64 = w.iter().sum();
+            for d in 0..hd {
+                let mut acc = 0f64;
+                let mut am = 0f64;
+                for (j, wj) in (lo..=pos).zip(&w) {
+                    let x = r16(vv[(j * kv_heads + kh) * hd + d]);
+                    acc += wj * x;
+                    am = am.max(x.abs());
+                }
+                want[(t * heads + h) * hd + d] = (acc / sum) as f32;
+                mag[(t * heads + h) * hd + d] = am as f32;
+            }
+        }
+    }
+    // Scores of hd terms, exp, and a weighted sum: relative to the largest |v|, errors of a
+    // few hundred ulps at these sizes (the softmax amplifies a score error e by e * |v|).
+    let tol = (hd as f32 + (total as f32)) * 4.0 * f32::EPSILON;
+    check(
+        &format!("attention h{heads}/{kv_heads} hd{hd} pos0 {pos0} n {n} splits {splits} window {window}"),
+        &got,
+        &want,
+        &mag,
+        tol,
+    );
+}
+
+#[test]
+fn split_attention_matches_an_f64_softmax() {
+    let Some(ctx) = ctx() else { return };
+    let mut seed = 3u64;
+    // decode over a long range with many splits, GQA
+    attention_case(&ctx, 4, 2, 64, 600, 517, 1, 8, 0, &mut seed);
+    // a prefill chunk with causal masking inside it, one split
+    attention_case(&ctx, 2, 1, 128, 64, 0, 20, 1, 0, &mut seed);
+    // a sliding window, head_dim 256 (Gemma 3)
+    attention_case(&ctx, 2, 1, 256, 300, 200, 3, 4, 64, &mut seed);
+}
+
+#[test]
+fn activations_and_adds_match_the_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut seed = 4u64;
+    let n = 5000usize;
+    let g: Vec<f32> = (0..n).map(|_| lcg(&mut seed) * 14.0).collect();
+    let u: Vec<f32> = (0..n).map(|_| lcg(&mut seed) * 2.0).collect();
+    let (gx, gy) = lowbit::runtime::gpu::ops::grid_1d(n, 256).unwrap();
+    let p = params(&ctx, &[n as u32, gx, 0, 0]);
+    // GeGLU: the same table and f16 rounding: bit for bit.
+    let table = cpu::gelu_table();
+    let tb = ctx
+        .upload_bytes("gelu", bytemuck::cast_slice(table))
+        .unwrap();
+    let (gb, ub) = (buf(&ctx, &g), buf(&ctx, &u));
+    run(&ctx, "op_geglu", &[&gb, &ub, &tb, &p], (gx, gy, 1));
+    let got = read(&ctx, &gb, n);
+    for i in 0..n {
+        assert_eq!(
+            got[i].to_bits(),
+            cpu::geglu(g[i], u[i], table).to_bits(),
+            "geglu({}, {})",
+            g[i],
+            u[i]
+        );
+    }
+    // SwiGLU: exp differs by a few ulps between libm and the GPU.
+    let gb = buf(&ctx, &g);
+    run(&ctx, "op_swiglu", &[&gb, &ub, &p], (gx, gy, 1));
+    let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| cpu::silu(*a) * b).collect();
+    check(
+        "swiglu",
+        &read(&ctx, &gb, n),
+        &want,
+        &want,
+        8.0 * f32::EPSILON,
+    );
+    // add with a scale, bias over rows, scale with a soft cap.
+    let gb = buf(&ctx, &g);
+    let p = params(&ctx, &[n as u32, gx, 0.5f32.to_bits(), 0]);
+    run(&ctx, "op_add", &[&gb, &ub, &p], (gx, gy, 1));
+    let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a + b * 0.5).collect();
+    check("add", &read(&ctx, &gb, n), &want, &want, f32::EPSILON);
+    let gb = buf(&ctx, &g);
+    let b: Vec<f32> = (0..100).map(|_| lcg(&mut seed)).collect();
+    let bb = buf(&ctx, &b);
+    let p = params(&ctx, &[n as u32, gx, 100, 0]);
+    run(&ctx, "op_bias_add", &[&gb, &bb, &p], (gx, gy, 1));
+    let got = read(&ctx, &gb, n);
+    for i in 0..n {
+        assert_eq!(got[i], g[i] + b[i % 100], "bias at {i}");
+    }
+    let gb = buf(&ctx, &g);
+    let p = params(&ctx, &[n as u32, gx, 2.0f32.to_bits(), 5.0f32.to_bits()]);
+    run(&ctx, "op_scale", &[&gb, &p], (gx, gy, 1));
+    let want: Vec<f32> = g.iter().map(|a| (a * 2.0 / 5.0).tanh() * 5.0).collect();
+    // WGSL's tanh is held to an absolute error near 0 (lavapipe: 1.5e-7 at 0.003), so the
+    // soft cap is checked relative to the cap, the scale of the logits it bounds.
+    let cap = vec![5.0f32; n];
+    check(
+        "scale + softcap",
+        &read(&ctx, &gb, n),
+        &want,
+        &cap,
+        8.0 * f32::EPSILON,
+    );
+}
+
+#[test]
+fn argmax_takes_the_lowest_id_on_ties_skips_banned_and_flags_non_finite() {
+    let Some(ctx) = ctx() else { return };
+    let n = 70_000usize;
+    let mut seed = 5u64;
+    let mut l: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
+    l[40_000] = 3.0;
+    l[50_001] = 3.0;
+    l[7] = 3.0;
+    let go = |l: &[f32], banned: &[u32]| -> u32 {
+        let lb = buf(&ctx, l);
+        let mut bn = banned.to_vec();
+        bn.resize(64, 0);
+        let bb = u32buf(&ctx, &bn);
+        let ids = ctx.vector_buffer("ids", 1);
+        let res = ctx.vector_buffer("res", 1);
+        let p = params(&ctx, &[l.len() as u32, banned.len() as u32, 0, 0]);
+        run(&ctx, "op_argmax", &[&lb, &bb, &ids, &res, &p], (1, 1, 1));
+        let r = read_u32(&ctx, &res, 1)[0];
+        let i = read_u32(&ctx, &ids, 1)[0];
+        assert_eq!(i, if r == u32::MAX { 0 } else { r });
+        r
+    };
+    assert_eq!(go(&l, &[]), 7);
+    assert_eq!(go(&l, &[7]), 40_000);
+    assert_eq!(go(&l, &[7, 40_000]), 50_001);
+    l[69_999] = f32::NAN;
+    assert_eq!(go(&l, &[]), u32::MAX);
+    l[69_999] = f32::INFINITY;
+    assert_eq!(go(&l, &[]), u32::MAX);
+}
