@@ -115,10 +115,10 @@ fn kv_store_rounds_to_nearest_even_like_the_cpu() {
         1.0e-5,
         6.1e-5,
         6.103515e-5,
-        1.0009765625,
-        1.00048828125,
-        1.00146484375,
-        -3.1415927,
+        1.0 + 2f32.powi(-10),
+        1.0 + 2f32.powi(-11),
+        1.0 + 3.0 * 2f32.powi(-11),
+        -std::f32::consts::PI,
     ];
     let mut seed = 7u64;
     while vals.len() < 4096 {
@@ -126,14 +126,12 @@ fn kv_store_rounds_to_nearest_even_like_the_cpu() {
         let e = (lcg(&mut seed) * 30.0) as i32;
         vals.push(m * 2f32.powi(e));
     }
-    for i in 0..vals.len() {
+    for v in vals.iter_mut().step_by(7) {
         // exact ties between neighbouring f16 values
-        if i % 7 == 0 {
-            let h = half::f16::from_f32(vals[i]);
-            let next = half::f16::from_bits(h.to_bits().wrapping_add(1));
-            if h.is_finite() && next.is_finite() {
-                vals[i] = (h.to_f32() as f64 / 2.0 + next.to_f32() as f64 / 2.0) as f32;
-            }
+        let h = half::f16::from_f32(*v);
+        let next = half::f16::from_bits(h.to_bits().wrapping_add(1));
+        if h.is_finite() && next.is_finite() {
+            *v = (h.to_f32() as f64 / 2.0 + next.to_f32() as f64 / 2.0) as f32;
         }
     }
     // One token, one kv head of head_dim = vals.len(), n_ctx = 1.

@@ -261,7 +261,7 @@ fn check_llama_f32_path(src: &Path, sub: &str, kv: KvType, logit_tol: f32) {
             &runtime::LoadOptions {
                 kernel: Kernel::F32,
                 kv,
-                buckets: None,
+                ..Default::default()
             },
         )
         .unwrap();
