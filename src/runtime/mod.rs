@@ -183,6 +183,36 @@ pub trait Backend {
     fn argmax(&mut self, banned: &[u32]) -> Result<Option<u32>, RuntimeError>;
     /// Starts a new sequence at position 0.
     fn reset(&mut self);
+
+    /// Greedy decoding from `first`, the token at `pos`: runs up to `max` decode steps, each
+    /// on the previous step's greedy token (never one of `banned`), and hands each new token
+    /// to `on_token` in order; stops when it returns false. Returns the steps whose tokens
+    /// were handed over. A backend may run one step ahead of `on_token` (the GPU submits
+    /// step t + 1 before step t's token reaches the host); the sequence then holds that step
+    /// too ([`Backend::position`] says where it stands).
+    fn decode_greedy(
+        &mut self,
+        first: u32,
+        pos: usize,
+        max: usize,
+        banned: &[u32],
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<usize, RuntimeError> {
+        let mut tok = first;
+        let mut steps = 0;
+        while steps < max {
+            self.decode(tok, pos + steps)?;
+            steps += 1;
+            tok = self.argmax(banned)?.ok_or(RuntimeError::NonFinite {
+                step: steps,
+                pos: pos + steps - 1,
+            })?;
+            if !on_token(tok) {
+                break;
+            }
+        }
+        Ok(steps)
+    }
 }
 
 /// Opens, checks and loads a bundle onto the backend `kind`.
@@ -526,15 +556,26 @@ fn generate_inner(
     let mut out = Vec::with_capacity(max_tokens);
     let t1 = std::time::Instant::now();
     let mut pos = prompt.len();
-    while out.len() < max_tokens {
-        out.push(next);
-        if !on_token(next) || stop(next) || out.len() == max_tokens {
-            break;
+    out.push(next);
+    let done = !on_token(next) || stop(next) || out.len() == max_tokens;
+    if !done && sampler.is_greedy() {
+        let left = max_tokens - out.len();
+        let banned = sampler.cfg.banned.clone();
+        stats.decode_steps = backend.decode_greedy(next, pos, left, &banned, &mut |t| {
+            out.push(t);
+            on_token(t) && !stop(t) && out.len() < max_tokens
+        })?;
+    } else if !done {
+        loop {
+            backend.decode(next, pos)?;
+            stats.decode_steps += 1;
+            next = pick(backend, sampler, stats.decode_steps, pos)?;
+            pos += 1;
+            out.push(next);
+            if !on_token(next) || stop(next) || out.len() == max_tokens {
+                break;
+            }
         }
-        backend.decode(next, pos)?;
-        stats.decode_steps += 1;
-        next = pick(backend, sampler, stats.decode_steps, pos)?;
-        pos += 1;
     }
     stats.decode_seconds = t1.elapsed().as_secs_f64();
     stats.generated = out.len();

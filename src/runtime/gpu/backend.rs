@@ -128,6 +128,9 @@ pub struct GpuBackend {
     argmax_params: wgpu::Buffer,
     /// Argmax over the logits; writes the id where the decode graph's gather reads it.
     argmax: OpDispatch,
+    /// Two staging buffers the argmax's id is copied into, alternately, for the pipelined
+    /// greedy loop.
+    ring: [wgpu::Buffer; 2],
     host_logits: Vec<f32>,
     host_logits_valid: bool,
     has_logits: bool,
@@ -347,7 +350,17 @@ impl GpuBackend {
             output_norm,
         ));
         let n_vocab = hp.n_vocab;
+        let staging = |i: usize| {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(&format!("token id read-back {i}")),
+                size: 16,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
+        let ring = [staging(0), staging(1)];
         Ok(GpuBackend {
+            ring,
             ctx,
             model,
             graphs,
@@ -671,7 +684,153 @@ fn build_graph(
     Ok(Graph { acts, items })
 }
 
+impl GpuBackend {
+    /// Submits one decode step at `pos` (its token already in the decode graph's ids) with
+    /// the argmax and the copy of the id into `ring[slot]`.
+    fn submit_greedy_step(&self, pos: usize, slot: usize) -> wgpu::SubmissionIndex {
+        let g = &self.graphs[0];
+        let step = Step {
+            pos0: pos as u32,
+            n: 1,
+            _pad: [0; 2],
+        };
+        self.ctx
+            .queue
+            .write_buffer(&g.acts.step, 0, bytemuck::bytes_of(&step));
+        let mut enc = self
+            .ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("decode"),
+                timestamp_writes: None,
+            });
+            for it in &g.items {
+                it.encode(&mut pass);
+            }
+            self.argmax.encode(&mut pass);
+        }
+        enc.copy_buffer_to_buffer(&self.result, 0, &self.ring[slot], 0, 4);
+        self.ctx.queue.submit([enc.finish()])
+    }
+
+    /// Waits for submission `idx` and reads the id it copied into `ring[slot]`.
+    fn read_id(&self, slot: usize, idx: wgpu::SubmissionIndex) -> Result<u32, RuntimeError> {
+        let buf = &self.ring[slot];
+        let (tx, rx) = std::sync::mpsc::channel();
+        buf.map_async(wgpu::MapMode::Read, 0..4, move |r| {
+            let _ = tx.send(r);
+        });
+        let dev = |e: String| {
+            gpu_err(GpuError::Device {
+                op: "token id read-back",
+                detail: e,
+            })
+        };
+        self.ctx
+            .device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(idx),
+                timeout: None,
+            })
+            .map_err(|e| dev(e.to_string()))?;
+        rx.recv()
+            .map_err(|e| dev(e.to_string()))?
+            .map_err(|e| dev(e.to_string()))?;
+        let id = {
+            let view = buf.get_mapped_range(0..4).map_err(|e| dev(e.to_string()))?;
+            u32::from_le_bytes([view[0], view[1], view[2], view[3]])
+        };
+        buf.unmap();
+        Ok(id)
+    }
+}
+
 impl Backend for GpuBackend {
+    /// Pipelined: step t + 1 is submitted before step t's id is read; its embedding gather
+    /// reads the id step t's argmax left on the device. One command buffer per token, one
+    /// 4-byte read-back.
+    fn decode_greedy(
+        &mut self,
+        first: u32,
+        pos: usize,
+        max: usize,
+        banned: &[u32],
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<usize, RuntimeError> {
+        if max == 0 {
+            return Ok(0);
+        }
+        if banned.len() > MAX_BANNED {
+            // The kernel holds MAX_BANNED ids: step by step, picking on the host.
+            let mut tok = first;
+            let mut steps = 0;
+            while steps < max {
+                self.decode(tok, pos + steps)?;
+                steps += 1;
+                tok = self.argmax(banned)?.ok_or(RuntimeError::NonFinite {
+                    step: steps,
+                    pos: pos + steps - 1,
+                })?;
+                if !on_token(tok) {
+                    break;
+                }
+            }
+            return Ok(steps);
+        }
+        self.check_span(&[first], pos, 1)?;
+        let last = pos + max - 1;
+        if last >= self.n_ctx() {
+            return Err(RuntimeError::PositionOutOfRange {
+                pos: last,
+                n_ctx: self.n_ctx() as u64,
+            });
+        }
+        let q = &self.ctx.queue;
+        q.write_buffer(&self.banned, 0, bytemuck::cast_slice(banned));
+        q.write_buffer(
+            &self.argmax_params,
+            0,
+            bytemuck::cast_slice(&[self.n_vocab() as u32, banned.len() as u32, 0, 0]),
+        );
+        q.write_buffer(&self.graphs[0].acts.ids, 0, bytemuck::bytes_of(&first));
+        self.has_logits = true;
+        self.host_logits_valid = false;
+        let mut pending = self.submit_greedy_step(pos, 0);
+        let mut steps = 0;
+        loop {
+            let i = steps;
+            let ahead = (i + 1 < max).then(|| self.submit_greedy_step(pos + i + 1, (i + 1) % 2));
+            // Until the read below, steps i and i + 1 are both queued.
+            self.next_pos = pos + i + 1 + ahead.is_some() as usize;
+            let id = self.read_id(i % 2, pending)?;
+            steps += 1;
+            if id == u32::MAX {
+                return Err(RuntimeError::NonFinite {
+                    step: steps,
+                    pos: pos + i,
+                });
+            }
+            match ahead {
+                Some(next) if on_token(id) => pending = next,
+                Some(next) => {
+                    // The step run ahead was on an accepted token: the sequence holds it.
+                    let _ = self.ctx.device.poll(wgpu::PollType::Wait {
+                        submission_index: Some(next),
+                        timeout: None,
+                    });
+                    break;
+                }
+                None => {
+                    on_token(id);
+                    break;
+                }
+            }
+        }
+        Ok(steps)
+    }
+
     fn info(&self) -> BackendInfo {
         BackendInfo {
             backend: "gpu",
