@@ -42,6 +42,7 @@ pub fn all() -> Vec<KernelSource> {
             wgsl: c.source(),
         })
         .collect();
+    v.extend(super::weights::sources());
     v.sort_by(|a, b| a.name.cmp(&b.name));
     v
 }

@@ -44,6 +44,7 @@ use std::sync::Mutex;
 use serde::Serialize;
 
 pub mod kernels;
+pub mod weights;
 
 /// The ternary matvec's body; the host prepends the parameters and appends a reduction.
 const TERNARY_MATVEC_WGSL: &str = include_str!("shaders/ternary_matvec.wgsl");
@@ -347,6 +348,9 @@ pub struct ContextOptions {
     /// The WGSL modules to compile from, by name (a bundle's, after its hash checks); `None`:
     /// the ones built into this binary ([`kernels::all`]).
     pub sources: Option<HashMap<String, String>>,
+    /// Use the workgroup-memory reduction in the weight kernels even where the adapter has
+    /// subgroups ([`GpuContext::weight_reduction`]; tests run both paths).
+    pub force_workgroup_reduction: bool,
 }
 
 /// The ternary matvec's bind group layout: codes, scales, x (read-only storage), y (storage),
@@ -396,6 +400,8 @@ pub struct GpuContext {
     ternary_pipeline_layout: wgpu::PipelineLayout,
     pipelines: Mutex<HashMap<String, wgpu::ComputePipeline>>,
     unchecked_shaders: bool,
+    /// [`ContextOptions::force_workgroup_reduction`].
+    force_workgroup_reduction: bool,
     /// The WGSL modules this context may compile, by name: [`kernels::all`] by default, a
     /// bundle's `kernels/` when the backend loads one ([`ContextOptions::sources`]).
     sources: HashMap<String, String>,
@@ -450,6 +456,7 @@ impl GpuContext {
             ternary_pipeline_layout,
             pipelines: Mutex::new(HashMap::new()),
             unchecked_shaders: opts.unchecked_shaders,
+            force_workgroup_reduction: opts.force_workgroup_reduction,
             builtin: opts.sources.is_none(),
             extra: Mutex::new(HashMap::new()),
             sources: match &opts.sources {
