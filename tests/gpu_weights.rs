@@ -866,3 +866,67 @@ fn real_model_tensors_of_every_type_match_cpu() {
         "{kinds:?}"
     );
 }
+
+/// Decode throughput on a large weight (`[65536, 4096]`, about an 8B model's FFN share per
+/// token): weight bytes read per second by the single-token product, and by the 16-token
+/// product per token. Not a correctness test and slow on a CPU adapter: run by hand on a real
+/// GPU with `--ignored --nocapture throughput`.
+#[test]
+#[ignore]
+fn throughput() {
+    let Some(&ctx) = contexts().first() else {
+        return;
+    };
+    let (rows, cols) = (65_536usize, 4096usize);
+    let mut seed = 8u64;
+    let hosts = [
+        Host::gguf(GgmlType::Q4_0, rows, cols, &mut seed),
+        Host::gguf(GgmlType::Q4_K, rows, cols, &mut seed),
+        Host::gguf(GgmlType::Q6_K, rows, cols, &mut seed),
+        Host::gguf(GgmlType::Q8_0, rows, cols, &mut seed),
+        Host::gguf(GgmlType::F16, rows, cols, &mut seed),
+        Host::ternary(rows, cols, &mut seed),
+        Host::palette(4, 64, rows, cols, &mut seed),
+    ];
+    eprintln!("adapter {} ({:?})", ctx.info.name, ctx.weight_reduction());
+    for host in &hosts {
+        let w = host.upload(ctx).unwrap();
+        for n in [1u32, 16] {
+            let x = ctx
+                .upload_bytes(
+                    "x",
+                    bytemuck::cast_slice(&random_x(n as usize * cols, &mut seed)),
+                )
+                .unwrap();
+            let y = ctx.vector_buffer("y", n as usize * rows);
+            let bound = ctx.bind_matmul(&w, &x, &y, n).unwrap();
+            let run = |iters: usize| {
+                let mut enc = ctx
+                    .device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+                {
+                    let mut pass = enc.begin_compute_pass(&Default::default());
+                    for _ in 0..iters {
+                        bound.encode(&mut pass);
+                    }
+                }
+                ctx.queue.submit([enc.finish()]);
+                ctx.device
+                    .poll(wgpu::PollType::wait_indefinitely())
+                    .unwrap();
+            };
+            run(3);
+            let iters = 200;
+            let t = std::time::Instant::now();
+            run(iters);
+            let s = t.elapsed().as_secs_f64() / iters as f64;
+            eprintln!(
+                "{} n={n}: {:.1} us per product, {:.0} GB/s of weight ({:.0} GB/s per token)",
+                host.name,
+                s * 1e6,
+                w.bytes() as f64 / s / 1e9,
+                w.bytes() as f64 * n as f64 / s / 1e9
+            );
+        }
+    }
+}
