@@ -20,7 +20,7 @@
 //! `tests/gpu_ops.rs` and `tests/gpu_backend.rs`).
 
 use super::ops::{grid_1d, OpDispatch, Step, MAX_HEAD_DIM};
-use super::weights_shim::{Bound, GpuWeight};
+use super::weights::{Bound, GpuWeight};
 use super::{ContextOptions, GpuContext, GpuError};
 use crate::arch::{Activation, RopeMode};
 use crate::runtime::model::{Model, Weight};

@@ -43,6 +43,7 @@ pub fn all() -> Vec<KernelSource> {
         })
         .collect();
     v.extend(super::ops::sources());
+    v.extend(super::weights::sources());
     v.sort_by(|a, b| a.name.cmp(&b.name));
     v
 }

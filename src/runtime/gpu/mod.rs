@@ -46,7 +46,7 @@ use serde::Serialize;
 pub mod backend;
 pub mod kernels;
 pub mod ops;
-mod weights_shim;
+pub mod weights;
 
 /// The ternary matvec's body; the host prepends the parameters and appends a reduction.
 const TERNARY_MATVEC_WGSL: &str = include_str!("shaders/ternary_matvec.wgsl");
@@ -350,7 +350,8 @@ pub struct ContextOptions {
     /// The WGSL modules to compile from, by name (a bundle's, after its hash checks); `None`:
     /// the ones built into this binary ([`kernels::all`]).
     pub sources: Option<HashMap<String, String>>,
-    /// Use the workgroup-memory reductions even where the adapter has subgroup operations.
+    /// Use the workgroup-memory reduction in the weight kernels even where the adapter has
+    /// subgroups ([`GpuContext::weight_reduction`]; tests run both paths).
     pub force_workgroup_reduction: bool,
 }
 
@@ -401,6 +402,8 @@ pub struct GpuContext {
     ternary_pipeline_layout: wgpu::PipelineLayout,
     pipelines: Mutex<HashMap<String, wgpu::ComputePipeline>>,
     unchecked_shaders: bool,
+    /// [`ContextOptions::force_workgroup_reduction`].
+    force_workgroup_reduction: bool,
     /// The WGSL modules this context may compile, by name: [`kernels::all`] by default, a
     /// bundle's `kernels/` when the backend loads one ([`ContextOptions::sources`]).
     sources: HashMap<String, String>,
@@ -455,6 +458,7 @@ impl GpuContext {
             ternary_pipeline_layout,
             pipelines: Mutex::new(HashMap::new()),
             unchecked_shaders: opts.unchecked_shaders,
+            force_workgroup_reduction: opts.force_workgroup_reduction,
             builtin: opts.sources.is_none(),
             extra: Mutex::new(HashMap::new()),
             sources: match &opts.sources {

@@ -1,0 +1,41 @@
+// Body: y = W x for one token (TOK = 1). Workgroup w takes rows w*ROWS .. w*ROWS + ROWS - 1
+// of the chunk; invocation lid takes the units (32 elements) lid, lid + WG, ... of each of
+// them, so consecutive invocations read consecutive blocks of a row. Per unit the 32
+// activations are loaded once and used for all ROWS rows; each row's 32 weights are decoded
+// by `unit` to their exact f32 values and dotted with them:
+//     acc[r] += ((w0.x0 + w1.x1) + (w2.x2 + w3.x3)) + ((w4.x4 + w5.x5) + (w6.x6 + w7.x7))
+// (wi.xi a vec4 dot). The reduction appended after this file adds the WG partials of each
+// row and writes y[row0 + row].
+
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+
+const NACC: u32 = ROWS * TOK;
+
+// This invocation's partial sums of chunk rows row0 .. row0 + ROWS - 1 (rows past the end
+// read the last row; their sums are never stored); t0 is always 0 here.
+fn partials(lid: u32, row0: u32, t0: u32) -> array<f32, NACC> {
+    var acc: array<f32, NACC>;
+    let units = params.cols / 32u;
+    var rr: array<u32, ROWS>;
+    for (var r = 0u; r < ROWS; r++) {
+        rr[r] = min(row0 + r, params.rows - 1u);
+    }
+    for (var u = lid; u < units; u += WG) {
+        let xb = u * 8u;
+        let x0 = x[xb];
+        let x1 = x[xb + 1u];
+        let x2 = x[xb + 2u];
+        let x3 = x[xb + 3u];
+        let x4 = x[xb + 4u];
+        let x5 = x[xb + 5u];
+        let x6 = x[xb + 6u];
+        let x7 = x[xb + 7u];
+        for (var r = 0u; r < ROWS; r++) {
+            let w = unit(rr[r], u);
+            acc[r] += ((dot(w[0], x0) + dot(w[1], x1)) + (dot(w[2], x2) + dot(w[3], x3)))
+                + ((dot(w[4], x4) + dot(w[5], x5)) + (dot(w[6], x6) + dot(w[7], x7)));
+        }
+    }
+    return acc;
+}

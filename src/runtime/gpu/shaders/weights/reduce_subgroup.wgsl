@@ -1,0 +1,42 @@
+// Reduction of matvec.wgsl / matmul.wgsl with subgroup operations: subgroupAdd per
+// accumulator, one partial per subgroup in workgroup memory, then invocation i < NACC adds
+// accumulator i's partials and stores it. The subgroup size is read from the hardware
+// (subgroup_id, num_subgroups), never assumed.
+
+// wgpu's smallest subgroup is 4 invocations, so a workgroup holds at most WG / 4 subgroups.
+const MAX_SUBGROUPS: u32 = WG / 4u;
+var<workgroup> part: array<f32, NACC * MAX_SUBGROUPS>;
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(num_subgroups) nsg: u32,
+) {
+    let row0 = (wid.y * params.groups_x + wid.x) * ROWS;
+    if row0 >= params.rows {
+        return;
+    }
+    let t0 = wid.z * TOK;
+    let acc = partials(lid, row0, t0);
+    for (var i = 0u; i < NACC; i++) {
+        let s = subgroupAdd(acc[i]);
+        if lane == 0u {
+            part[i * MAX_SUBGROUPS + sg] = s;
+        }
+    }
+    workgroupBarrier();
+    if lid < NACC {
+        let r = lid / TOK;
+        let t = lid % TOK;
+        if row0 + r < params.rows && t0 + t < params.n_tokens {
+            var total = 0.0;
+            for (var i = 0u; i < nsg; i++) {
+                total += part[lid * MAX_SUBGROUPS + i];
+            }
+            y[(t0 + t) * params.out_rows + params.row0 + row0 + r] = total;
+        }
+    }
+}

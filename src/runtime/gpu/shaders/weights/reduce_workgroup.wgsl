@@ -1,0 +1,37 @@
+// Reduction of matvec.wgsl / matmul.wgsl without subgroup operations: every invocation's
+// partials in workgroup memory, then a tree of halving steps (WG a power of two), one
+// barrier each; invocation i < NACC stores accumulator i.
+
+var<workgroup> red: array<f32, NACC * WG>;
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+) {
+    let row0 = (wid.y * params.groups_x + wid.x) * ROWS;
+    if row0 >= params.rows {
+        return;
+    }
+    let t0 = wid.z * TOK;
+    let acc = partials(lid, row0, t0);
+    for (var i = 0u; i < NACC; i++) {
+        red[i * WG + lid] = acc[i];
+    }
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if lid < s {
+            for (var i = 0u; i < NACC; i++) {
+                red[i * WG + lid] += red[i * WG + lid + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    if lid < NACC {
+        let r = lid / TOK;
+        let t = lid % TOK;
+        if row0 + r < params.rows && t0 + t < params.n_tokens {
+            y[(t0 + t) * params.out_rows + params.row0 + row0 + r] = red[lid * WG];
+        }
+    }
+}

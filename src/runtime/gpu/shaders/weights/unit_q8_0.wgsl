@@ -1,0 +1,16 @@
+// Decoder: GGML Q8_0 (block_q8_0, 34 bytes per 32 elements): d f16 at byte 0, qs[32] (i8)
+// at 2; value q * d (gguf-py 0.19.0 Q8_0.dequantize_blocks). One unit is one block. The
+// signed byte is (byte ^ 0x80) - 128. Exact: 11 bits times 8.
+
+const BLOCK_BYTES: u32 = 34u;
+
+fn unit(r: u32, u: u32) -> array<vec4<f32>, 8> {
+    let b = (r * (params.cols / 32u) + u) * BLOCK_BYTES;
+    let d = f16_at(b);
+    var v: array<vec4<f32>, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        let w = vec4<u32>(word_at(b + 2u + 4u * i));
+        v[i] = d * ints(((w >> SH8) & vec4<u32>(255u)) ^ vec4<u32>(128u), 128.0);
+    }
+    return v;
+}

@@ -1,0 +1,1096 @@
+//! Every weight encoding a bundle carries, on the GPU: upload from the bundle's bytes as
+//! stored, the matrix product `y = W x` over one or more tokens, and the embedding gather
+//! `out = W[ids]`.
+//!
+//! # Shapes and layouts
+//!
+//! A weight `W` is row-major `[rows, cols]` (`cols = K`, elements per row, a multiple of 32
+//! for every encoding here; all real models satisfy it). Activations `x` are `[n_tokens, K]`
+//! f32 row-major, products `y` `[n_tokens, rows]` f32 row-major
+//! (`y[t * rows + r] = sum_k W[r, k] * x[t * K + k]`), the gather's output `[n_tokens, K]`
+//! f32 and its ids `[n_tokens]` u32. Sizes below are in bytes unless they say elements.
+//!
+//! | [`WeightFormat`] | `data` (per row chunk) | `aux` |
+//! |---|---|---|
+//! | `Gguf(ty)`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0, F16, BF16, F32 | the rows' GGML blocks as stored (`rows * K / block_size * type_size`) | a 4-byte placeholder (unused) |
+//! | `Ternary` (`ternary2`, [`crate::ternary`]) | codes, `rows * K/16` u32 | f16 scales, `rows * K/256` |
+//! | `Palette { bits, group_size, row_bytes }` ([`crate::palette`]) | indices, `rows * row_bytes` (`row_bytes = K * bits / 8`) | the f16 tables of the groups the chunk's rows belong to, `2^bits` each |
+//!
+//! Every kernel sees 32 consecutive elements of a row (a *unit*: one block of the 32-element
+//! GGML types, an eighth of a 256-element block, 16 f16 words, `bits` palette words) through
+//! one WGSL function per encoding, `unit(row, u)`, which returns the unit's values as f32
+//! (`shaders/weights/unit_*.wgsl`). The gather stores them; the products dot them with x.
+//!
+//! # Unaligned blocks
+//!
+//! GGML blocks of 18, 22, 34, 54, 66, 110 and 210 bytes put most blocks off a 4-byte
+//! boundary (block `i` of a row starts at byte `i * type_size`; 20, 24, 84, 144 and 176 are
+//! multiples of 4 but are read the same way). The bytes are uploaded exactly as stored,
+//! padded with zeros to a whole word and then **one more zero word**, and read as
+//! `array<u32>` (byte `b` is bits `8*(b%4)..` of word `b/4`) through three helpers in
+//! `shaders/weights/common.wgsl`: `byte_at(b)`, `half_at(b)` (two bytes at an even `b`:
+//! every type size and every f16 field offset is even, so every f16 field is at an even
+//! byte), and `word_at(b)`, four bytes at any `b`: the two words holding them shifted
+//! together, `(w[b/4] >> s) | ((w[b/4 + 1] << 1) << (31 - s))` with `s = 8 * (b % 4)`
+//! (written so that `s = 0` never shifts by 32, which WGSL takes mod 32). The second word
+//! may be the padding word. Palette indices that straddle two words are read the same way.
+//! f16 and bf16 are decoded with integer operations, exactly; no SHADER_F16.
+//!
+//! # Kernels
+//!
+//! One complete WGSL module per encoding and operation, listed in [`super::kernels::all`]
+//! (so a bundle can ship them) and compiled only by name through
+//! [`GpuContext::pipeline_named`]; names carry their parameters (see [`kernel_name`]):
+//!
+//! - `weights_{enc}_matvec_r4_wg64_{sg|wg}`: one token; 4 rows per workgroup of 64
+//!   invocations, invocation `i` takes units `i, i + 64, ...` of each row (consecutive
+//!   invocations read consecutive blocks), x loaded once per unit for the 4 rows. For
+//!   `ternary2` the single-token product is the tuned `ternary_matvec_r4_wg64_{sg|wg}`.
+//! - `weights_{enc}_matmul_r4_t8_wg64_{sg|wg}`: a prefill chunk; each workgroup takes 4 rows
+//!   and 8 tokens (grid z = `ceil(n_tokens / 8)`), decodes each unit once and dots it with
+//!   the 8 tokens' activations, so a weight block is read once per 8 tokens.
+//! - `weights_{enc}_gather_wg64`: one invocation per (token, unit).
+//!
+//! `{enc}` is the GGML type in lower case (`q4_k`), `ternary2`, or `palette_b{bits}`
+//! (`group_size` and `row_bytes` are run-time parameters). `sg` adds a row's partials with
+//! `subgroupAdd` (subgroup size read from the hardware), `wg` with a tree in workgroup
+//! memory; [`GpuContext::weight_reduction`] picks `sg` where the adapter has subgroups unless
+//! [`super::ContextOptions::force_workgroup_reduction`].
+//!
+//! # Limits
+//!
+//! A weight is split into row chunks whose `data` and `aux` each fit one storage binding
+//! ([`GpuContext::max_binding_bytes`], which tests cap small), one dispatch per chunk; the
+//! kernels take the chunk's first row as a parameter and never write rows outside it. A
+//! dispatch past 65,535 workgroups is a 2-D grid ([`super::grid`]). `ternary2` chunks are
+//! whole multiples of `min_storage_buffer_offset_alignment / 4` rows (the tuned kernel binds
+//! y at the chunk's row).
+//!
+//! # Numerics
+//!
+//! **Values.** Every decoder yields exactly the f32 value of the CPU dequantizer
+//! ([`crate::quant::dequantize`], bit-exact with gguf-py; [`crate::runtime::model::Weight::row_values`]),
+//! signed zeros included, so **the gather is bit for bit the CPU's**, for every type. Why,
+//! where a formula has more than one operation: every product of an f16 scale (11-bit
+//! significand) with a small integer is exact in f32, and so are the products of such a
+//! product with the quant (Q4_1 and Q5_1 `d * q`: at most 16 significant bits; K-quants
+//! `d * sc` at most 19, `(d * sc) * q` at most 22 for Q2_K/Q3_K/Q4_K/Q5_K; f32 has 24). An exact product
+//! followed by one add (`d * q + m`, `dl * q - ml`) rounds once whether or not the shader
+//! compiler fuses the two into an fma, and that one rounding is the CPU's. Q6_K's
+//! `(d * sc) * q` (up to 25 bits) is not always exact, but it is one multiplication after an
+//! exact one, in the CPU's order, rounded once on both. Integers become f32 without
+//! conversions (`ints` in common.wgsl: OR into the mantissa of 2^23, subtract, exact).
+//! NaN payloads of f16 weights may differ (the CPU quiets them); tests use finite scales.
+//!
+//! **Products.** With each `w_k` exact, a product `y = sum_k w_k x_k` over `K` terms is
+//! computed in f32 by a tree whose every path has at most `D` roundings: 1 product and 3
+//! adds in a `vec4` dot, 3 adds over the unit's 8 dots, at most `ceil(K / (32 * 64))` adds
+//! into the invocation's accumulator, and at most 64 in the reduction of the 64 partials
+//! (`subgroupAdd` in any order, then the subgroups' partials; or the 6-level tree), so
+//! `D = 71 + ceil(K / 2048)`. The classical bound for any summation tree (Higham, *Accuracy
+//! and Stability of Numerical Algorithms*, 2nd ed., eq. 4.4) gives
+//! `|y_gpu - y| <= gamma_D * A`, `A = sum_k |w_k x_k|`, `gamma_D = D u / (1 - D u)`,
+//! `u = 2^-24`. [`matmul_tolerance`] is `(D + 1) * 2^-24 * A` (the extra unit covers
+//! `gamma`'s denominator and an f64 reference's rounding) plus `2 K` times the smallest normal
+//! f32 (for GPUs that flush subnormal products and sums to zero). Against the CPU f32 kernel
+//! ([`crate::runtime::matvec::matvec`] with `Kernel::F32`) add that kernel's own
+//! `gamma_K * A`. In the form `c * K * 2^-24 * A`, `c = (D + 1) / K`: 0.13 at K = 576,
+//! 0.018 at K = 4096, below 1 for every K >= 96. The single-token `ternary2` product is the ternary kernel's own bound,
+//! [`super::tolerance`] (`4 * K * 2^-24 * sum_k |d_b(k) x_k|`, in terms of the scales, not of
+//! the values). The tests print the worst ratio seen per type.
+//!
+//! # Speed (not tuned yet)
+//!
+//! Decode is memory-bound: each weight byte is read once per matvec, consecutive invocations
+//! read consecutive units of a row, x is loaded once per unit for the 4 rows. Measured once
+//! on an NVIDIA H200 through Vulkan (the `throughput` test, `--ignored`, `[65536, 4096]`,
+//! wall clock over 200 back-to-back products in one pass, bounds checks on): single token
+//! 132 GB/s of weight for Q4_0, 304 Q4_K, 430 Q6_K, 555 Q8_0, 939 F16, 206 palette 4-bit
+//! (the tuned ternary kernel 424): 3-20% of the 4.8 TB/s HBM. The 16-token product takes
+//! about 5.2 ms whatever the encoding (213-1510 GB/s of weight per token), so it is bound by
+//! something the encodings share: each row's unit is dotted with 8 tokens' activations
+//! re-read from L1 (32 bytes of x per weight element), and its 32 accumulators are a
+//! dynamically indexed function-scope array. Next steps, as for the ternary kernel
+//! (BENCHMARKS.md): accumulators and unit values in registers (unrolled code per variant
+//! instead of loops over arrays), x tiles in workgroup memory for the multi-token product,
+//! scales factored out of the unit's dot, aligned word loads for the 4-byte-multiple blocks.
+
+use super::kernels::KernelSource;
+use super::{
+    grid, BoundMatvec, GpuContext, GpuError, GpuTernary, MatvecConfig, Reduction, TernaryChunk,
+    MAX_WORKGROUPS_PER_DIM,
+};
+use crate::ggml::GgmlType;
+
+const COMMON_WGSL: &str = include_str!("shaders/weights/common.wgsl");
+const MATVEC_WGSL: &str = include_str!("shaders/weights/matvec.wgsl");
+const MATMUL_WGSL: &str = include_str!("shaders/weights/matmul.wgsl");
+const GATHER_WGSL: &str = include_str!("shaders/weights/gather.wgsl");
+const REDUCE_SUBGROUP_WGSL: &str = include_str!("shaders/weights/reduce_subgroup.wgsl");
+const REDUCE_WORKGROUP_WGSL: &str = include_str!("shaders/weights/reduce_workgroup.wgsl");
+
+/// Elements of a unit, the 32 consecutive elements of a row each kernel decodes at once; `K`
+/// must be a multiple of it.
+pub const UNIT: usize = 32;
+/// Rows per workgroup of the single-token product.
+pub const MATVEC_ROWS: u32 = 4;
+/// Rows per workgroup of the multi-token product.
+pub const MATMUL_ROWS: u32 = 4;
+/// Tokens per workgroup of the multi-token product (a weight block is read once per this
+/// many tokens).
+pub const MATMUL_TOKENS: u32 = 8;
+/// Invocations per workgroup of the products.
+pub const WORKGROUP: u32 = 64;
+/// Invocations per workgroup of the gather.
+pub const GATHER_WORKGROUP: u32 = 64;
+
+/// The GGML types with kernels here, in ggml id order.
+pub const GGUF_TYPES: [GgmlType; 15] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::BF16,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
+];
+
+/// How a [`GpuWeight`] is encoded on the device (the bundle's encoding, bytes as stored).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// GGML blocks of one of [`GGUF_TYPES`].
+    Gguf(GgmlType),
+    /// `ternary2`: 2-bit codes and f16 scales per 256 elements.
+    Ternary,
+    /// Per `group_size` rows one table of `2^bits` f16 entries; `bits`-bit indices,
+    /// `row_bytes` per row.
+    Palette {
+        bits: u32,
+        group_size: u32,
+        row_bytes: u32,
+    },
+}
+
+/// A weight on the device, split into row chunks that each fit one storage binding.
+#[derive(Debug)]
+pub struct GpuWeight {
+    pub name: String,
+    pub rows: usize,
+    pub cols: usize,
+    pub format: WeightFormat,
+    pub chunks: Vec<WeightChunk>,
+}
+
+/// Rows `row0 .. row0 + rows` of a weight: `data` the encoded rows, `aux` the scales
+/// (`ternary2`), the tables (palette) or a 4-byte placeholder (GGUF), as the module doc's
+/// table says.
+#[derive(Debug)]
+pub struct WeightChunk {
+    pub row0: usize,
+    pub rows: usize,
+    pub data: wgpu::Buffer,
+    pub aux: wgpu::Buffer,
+}
+
+impl GpuWeight {
+    /// Bytes a full matvec reads from the weight: its encoded rows and their scales or
+    /// tables (without the upload's padding).
+    pub fn bytes(&self) -> u64 {
+        let (rows, cols) = (self.rows as u64, self.cols as u64);
+        match self.format {
+            WeightFormat::Gguf(ty) => rows * ty.bytes_for(cols).unwrap_or(0),
+            WeightFormat::Ternary => rows * cols / 4 + rows * cols / 128,
+            WeightFormat::Palette {
+                bits,
+                group_size,
+                row_bytes,
+            } => rows * row_bytes as u64 + rows / group_size.max(1) as u64 * (2u64 << bits),
+        }
+    }
+}
+
+/// What a kernel does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightOp {
+    /// `y = W x`, one token.
+    Matvec,
+    /// `y = W x` over a chunk of tokens.
+    Matmul,
+    /// `out = W[ids]`.
+    Gather,
+}
+
+/// The decoder a kernel is built with: the encoding without its run-time parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Decoder {
+    Gguf(GgmlType),
+    Ternary,
+    Palette(u32),
+}
+
+impl Decoder {
+    fn of(f: WeightFormat) -> Decoder {
+        match f {
+            WeightFormat::Gguf(ty) => Decoder::Gguf(ty),
+            WeightFormat::Ternary => Decoder::Ternary,
+            WeightFormat::Palette { bits, .. } => Decoder::Palette(bits),
+        }
+    }
+
+    fn all() -> Vec<Decoder> {
+        let mut v: Vec<Decoder> = GGUF_TYPES.iter().map(|&t| Decoder::Gguf(t)).collect();
+        v.push(Decoder::Ternary);
+        v.extend((1..=8).map(Decoder::Palette));
+        v
+    }
+
+    /// The encoding's part of a kernel name.
+    fn stem(self) -> String {
+        match self {
+            Decoder::Gguf(ty) => ty.name().to_lowercase(),
+            Decoder::Ternary => "ternary2".into(),
+            Decoder::Palette(bits) => format!("palette_b{bits}"),
+        }
+    }
+
+    /// Whether the kernel binds `aux` (binding 1).
+    fn has_aux(self) -> bool {
+        !matches!(self, Decoder::Gguf(_))
+    }
+
+    /// The decoder's WGSL (defines `unit`), with its constants.
+    fn source(self) -> String {
+        let unit = match self {
+            Decoder::Gguf(ty) => match ty {
+                GgmlType::Q4_0 => include_str!("shaders/weights/unit_q4_0.wgsl"),
+                GgmlType::Q4_1 => include_str!("shaders/weights/unit_q4_1.wgsl"),
+                GgmlType::Q5_0 => include_str!("shaders/weights/unit_q5_0.wgsl"),
+                GgmlType::Q5_1 => include_str!("shaders/weights/unit_q5_1.wgsl"),
+                GgmlType::Q8_0 => include_str!("shaders/weights/unit_q8_0.wgsl"),
+                GgmlType::Q2_K => include_str!("shaders/weights/unit_q2_k.wgsl"),
+                GgmlType::Q3_K => include_str!("shaders/weights/unit_q3_k.wgsl"),
+                GgmlType::Q4_K => include_str!("shaders/weights/unit_q4_k.wgsl"),
+                GgmlType::Q5_K => include_str!("shaders/weights/unit_q5_k.wgsl"),
+                GgmlType::Q6_K => include_str!("shaders/weights/unit_q6_k.wgsl"),
+                GgmlType::TQ1_0 => include_str!("shaders/weights/unit_tq1_0.wgsl"),
+                GgmlType::TQ2_0 => include_str!("shaders/weights/unit_tq2_0.wgsl"),
+                GgmlType::F16 => include_str!("shaders/weights/unit_f16.wgsl"),
+                GgmlType::BF16 => include_str!("shaders/weights/unit_bf16.wgsl"),
+                GgmlType::F32 => include_str!("shaders/weights/unit_f32.wgsl"),
+                // Decoder::all() lists only GGUF_TYPES, and uploads refuse the rest.
+                _ => "",
+            },
+            Decoder::Ternary => include_str!("shaders/weights/unit_ternary2.wgsl"),
+            Decoder::Palette(bits) => {
+                return format!(
+                    "const BITS: u32 = {bits}u;\n{}",
+                    include_str!("shaders/weights/unit_palette.wgsl")
+                )
+            }
+        };
+        unit.to_string()
+    }
+}
+
+/// The registered name of the kernel of `format` for `op` with `reduction` (the gather has
+/// none): `weights_q4_k_matvec_r4_wg64_sg`, `weights_palette_b3_matmul_r4_t8_wg64_wg`,
+/// `weights_bf16_gather_wg64`. The single-token `ternary2` product is the ternary kernel,
+/// [`MatvecConfig::name`] with 4 rows and 64 invocations.
+pub fn kernel_name(format: WeightFormat, op: WeightOp, reduction: Reduction) -> String {
+    let d = Decoder::of(format);
+    if d == Decoder::Ternary && op == WeightOp::Matvec {
+        return ternary_config(reduction).name();
+    }
+    name_of(d, op, reduction)
+}
+
+fn ternary_config(reduction: Reduction) -> MatvecConfig {
+    MatvecConfig {
+        rows_per_workgroup: MATVEC_ROWS,
+        workgroup_size: WORKGROUP,
+        reduction,
+    }
+}
+
+fn name_of(d: Decoder, op: WeightOp, reduction: Reduction) -> String {
+    match op {
+        WeightOp::Matvec => format!(
+            "weights_{}_matvec_r{MATVEC_ROWS}_wg{WORKGROUP}_{}",
+            d.stem(),
+            reduction.name()
+        ),
+        WeightOp::Matmul => format!(
+            "weights_{}_matmul_r{MATMUL_ROWS}_t{MATMUL_TOKENS}_wg{WORKGROUP}_{}",
+            d.stem(),
+            reduction.name()
+        ),
+        WeightOp::Gather => format!("weights_{}_gather_wg{GATHER_WORKGROUP}", d.stem()),
+    }
+}
+
+/// The complete module of a kernel: its constants, common.wgsl, the decoder, the body and
+/// (products) the reduction.
+fn source_of(d: Decoder, op: WeightOp, reduction: Reduction) -> String {
+    let name = name_of(d, op, reduction);
+    let (consts, body, reduce) = match op {
+        WeightOp::Matvec | WeightOp::Matmul => {
+            let (rows, tok, body) = if op == WeightOp::Matvec {
+                (MATVEC_ROWS, 1, MATVEC_WGSL)
+            } else {
+                (MATMUL_ROWS, MATMUL_TOKENS, MATMUL_WGSL)
+            };
+            (
+                format!("const ROWS: u32 = {rows}u;\nconst TOK: u32 = {tok}u;\nconst WG: u32 = {WORKGROUP}u;\n"),
+                body,
+                match reduction {
+                    Reduction::Subgroup => REDUCE_SUBGROUP_WGSL,
+                    Reduction::Workgroup => REDUCE_WORKGROUP_WGSL,
+                },
+            )
+        }
+        WeightOp::Gather => (
+            format!("const WG: u32 = {GATHER_WORKGROUP}u;\n"),
+            GATHER_WGSL,
+            "",
+        ),
+    };
+    format!(
+        "// {name}: generated by src/runtime/gpu/weights.rs from shaders/weights/\n{consts}\n{COMMON_WGSL}\n{}\n{body}\n{reduce}",
+        d.source()
+    )
+}
+
+/// Every weight kernel, for [`super::kernels::all`]: each decoder's matvec and matmul with
+/// both reductions and its gather (the `ternary2` matvec is the ternary kernel, listed
+/// there).
+pub fn sources() -> Vec<KernelSource> {
+    let mut v = Vec::new();
+    for d in Decoder::all() {
+        for reduction in [Reduction::Subgroup, Reduction::Workgroup] {
+            for op in [WeightOp::Matvec, WeightOp::Matmul] {
+                if d == Decoder::Ternary && op == WeightOp::Matvec {
+                    continue;
+                }
+                v.push(KernelSource {
+                    name: name_of(d, op, reduction),
+                    wgsl: source_of(d, op, reduction),
+                });
+            }
+        }
+        v.push(KernelSource {
+            name: name_of(d, WeightOp::Gather, Reduction::Workgroup),
+            wgsl: source_of(d, WeightOp::Gather, Reduction::Workgroup),
+        });
+    }
+    v
+}
+
+/// The bound of the module doc on `|y_gpu - y|` for one output of a product over `cols`
+/// (`K`) elements, `abs_wx = sum_k |w_k x_k|` (in f64): `(D + 1) * 2^-24 * abs_wx +
+/// 2 K * f32::MIN_POSITIVE` with `D = 71 + ceil(K / 2048)`. Not for the single-token
+/// `ternary2` product ([`super::tolerance`]).
+pub fn matmul_tolerance(cols: usize, abs_wx: f64) -> f64 {
+    let d = 7 + cols.div_ceil(UNIT * WORKGROUP as usize) + WORKGROUP as usize;
+    (d + 1) as f64 * (f32::EPSILON as f64 / 2.0) * abs_wx
+        + 2.0 * cols as f64 * f32::MIN_POSITIVE as f64
+}
+
+/// A bound dispatch list (pipeline + bind groups + grids), made once at load, encoded any
+/// number of times.
+pub struct Bound {
+    pipeline: wgpu::ComputePipeline,
+    parts: Vec<(wgpu::BindGroup, [u32; 3])>,
+}
+
+impl Bound {
+    /// Records the dispatches (one per row chunk) into `pass`.
+    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+        pass.set_pipeline(&self.pipeline);
+        for (bg, [gx, gy, gz]) in &self.parts {
+            pass.set_bind_group(0, bg, &[]);
+            pass.dispatch_workgroups(*gx, *gy, *gz);
+        }
+    }
+
+    /// Dispatches per encode (one per row chunk).
+    pub fn dispatches(&self) -> usize {
+        self.parts.len()
+    }
+}
+
+impl From<BoundMatvec> for Bound {
+    fn from(b: BoundMatvec) -> Bound {
+        Bound {
+            pipeline: b.pipeline,
+            parts: b
+                .parts
+                .into_iter()
+                .map(|(bg, (gx, gy))| (bg, [gx, gy, 1]))
+                .collect(),
+        }
+    }
+}
+
+/// `what [rows, cols]: detail` as a shape error of `op`.
+fn shape_err(op: &'static str, name: &str, rows: usize, cols: usize, detail: String) -> GpuError {
+    GpuError::Shape {
+        op,
+        detail: format!("{name} [{rows}, {cols}]: {detail}"),
+    }
+}
+
+const UPLOAD: &str = "weight upload";
+
+/// The checks every encoding shares: a nonempty weight, `cols` a multiple of [`UNIT`], shapes
+/// that the kernels' u32 arithmetic holds.
+fn check_shape(name: &str, rows: usize, cols: usize) -> Result<(), GpuError> {
+    if rows == 0 || cols == 0 || !cols.is_multiple_of(UNIT) {
+        return Err(shape_err(
+            UPLOAD,
+            name,
+            rows,
+            cols,
+            format!("cols must be a positive multiple of {UNIT}"),
+        ));
+    }
+    if rows > u32::MAX as usize || cols > u32::MAX as usize / 8 {
+        return Err(shape_err(
+            UPLOAD,
+            name,
+            rows,
+            cols,
+            "more rows or columns than the kernels' 32-bit indices hold".into(),
+        ));
+    }
+    Ok(())
+}
+
+impl GpuContext {
+    /// The reduction the weight kernels use here: subgroups where the adapter has them,
+    /// unless [`super::ContextOptions::force_workgroup_reduction`].
+    pub fn weight_reduction(&self) -> Reduction {
+        if self.has_subgroups() && !self.force_workgroup_reduction {
+            Reduction::Subgroup
+        } else {
+            Reduction::Workgroup
+        }
+    }
+
+    /// Bytes of one chunk's binding: the smaller of the context's cap and what a u32 byte
+    /// index addresses (the GGUF decoders index bytes).
+    fn weight_binding_cap(&self) -> u64 {
+        self.max_binding_bytes.min(1 << 32)
+    }
+
+    /// A storage buffer holding `bytes`, zero-padded to a whole word and then one more word
+    /// (read by `word_at` and the palette's straddling indices past the last block).
+    fn upload_padded(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer, GpuError> {
+        let size = (bytes.len() as u64).div_ceil(4) * 4 + 4;
+        if size > self.limits.max_buffer_size {
+            return Err(GpuError::Limit {
+                op: UPLOAD,
+                what: "one buffer (bytes)",
+                needed: size,
+                limit: self.limits.max_buffer_size,
+            });
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        // Buffers are created zeroed: the padding is zero.
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Device {
+                op: UPLOAD,
+                detail: format!("{label}: {e}"),
+            });
+        }
+        let whole = bytes.len() / 4 * 4;
+        if whole > 0 {
+            self.queue.write_buffer(&buf, 0, &bytes[..whole]);
+        }
+        if whole < bytes.len() {
+            let mut tail = [0u8; 4];
+            tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+            self.queue.write_buffer(&buf, whole as u64, &tail);
+        }
+        Ok(buf)
+    }
+
+    /// Uploads a weight of an opened bundle from its memory map, in its stored encoding.
+    /// Refuses (naming the tensor) encodings without kernels, `cols` not a multiple of 32,
+    /// and layouts that do not match the shape.
+    pub fn upload_model_weight(
+        &self,
+        bundle: &crate::bundle::reader::Bundle,
+        w: &crate::runtime::model::Weight,
+    ) -> Result<GpuWeight, GpuError> {
+        use crate::runtime::model::WeightKind;
+        match &w.kind {
+            WeightKind::Gguf { ty, range } => {
+                self.upload_gguf(&w.name, *ty, w.rows, w.cols, w.bytes(bundle, *range))
+            }
+            WeightKind::Ternary { codes, scales } => self.upload_ternary_weight(
+                &w.name,
+                w.rows,
+                w.cols,
+                w.bytes(bundle, *codes),
+                w.bytes(bundle, *scales),
+            ),
+            WeightKind::Palette {
+                bits,
+                group_size,
+                row_bytes,
+                tables,
+                indices,
+            } => self.upload_palette(
+                &w.name,
+                w.rows,
+                w.cols,
+                *bits,
+                *group_size,
+                *row_bytes,
+                w.bytes(bundle, *tables),
+                w.bytes(bundle, *indices),
+            ),
+        }
+    }
+
+    /// Uploads GGML blocks `[rows, cols]` of type `ty` (`bytes`: `rows * cols / block_size *
+    /// type_size`, as stored), split into row chunks that fit one binding.
+    pub fn upload_gguf(
+        &self,
+        name: &str,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<GpuWeight, GpuError> {
+        if !GGUF_TYPES.contains(&ty) {
+            return Err(shape_err(
+                UPLOAD,
+                name,
+                rows,
+                cols,
+                format!(
+                    "GGML type {ty} has no GPU kernel (supported: {})",
+                    GGUF_TYPES.map(|t| t.name()).join(", ")
+                ),
+            ));
+        }
+        check_shape(name, rows, cols)?;
+        let rb = ty.bytes_for(cols as u64).ok_or_else(|| {
+            shape_err(
+                UPLOAD,
+                name,
+                rows,
+                cols,
+                format!(
+                    "{ty} rows must be a multiple of {} elements",
+                    ty.block_size()
+                ),
+            )
+        })?;
+        if (rows as u64).checked_mul(rb) != Some(bytes.len() as u64) {
+            return Err(shape_err(
+                UPLOAD,
+                name,
+                rows,
+                cols,
+                format!("{} bytes given, {ty} needs {rb} per row", bytes.len()),
+            ));
+        }
+        // data: n * rb bytes, padded to a word plus one word, within the cap.
+        let n_max = self.weight_binding_cap().saturating_sub(8) / rb;
+        if n_max == 0 {
+            return Err(GpuError::Limit {
+                op: UPLOAD,
+                what: "one row's blocks and padding (bytes)",
+                needed: rb + 8,
+                limit: self.weight_binding_cap(),
+            });
+        }
+        let mut chunks = Vec::new();
+        let mut row0 = 0usize;
+        while row0 < rows {
+            let n = (n_max as usize).min(rows - row0);
+            let part = &bytes[row0 * rb as usize..(row0 + n) * rb as usize];
+            chunks.push(WeightChunk {
+                row0,
+                rows: n,
+                data: self.upload_padded(&format!("{name}[{row0}..]"), part)?,
+                aux: self.upload_padded(&format!("{name}[{row0}..] aux"), &[])?,
+            });
+            row0 += n;
+        }
+        Ok(GpuWeight {
+            name: name.to_string(),
+            rows,
+            cols,
+            format: WeightFormat::Gguf(ty),
+            chunks,
+        })
+    }
+
+    /// Uploads a `ternary2` weight `[rows, cols]` (`words`: `rows * cols/16` little-endian
+    /// u32, `scales`: `rows * cols/256` little-endian f16) as [`GpuContext::upload_ternary`]
+    /// does (the same chunks, usable by the tuned kernel).
+    pub fn upload_ternary_weight(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        words: &[u8],
+        scales: &[u8],
+    ) -> Result<GpuWeight, GpuError> {
+        check_shape(name, rows, cols)?;
+        let t = self.upload_ternary(name, rows, cols, words, scales)?;
+        Ok(GpuWeight {
+            name: t.name,
+            rows,
+            cols,
+            format: WeightFormat::Ternary,
+            chunks: t
+                .chunks
+                .into_iter()
+                .map(|c| WeightChunk {
+                    row0: c.row0,
+                    rows: c.rows,
+                    data: c.codes,
+                    aux: c.scales,
+                })
+                .collect(),
+        })
+    }
+
+    /// Uploads a palettized weight `[rows, cols]`: `indices` `rows * row_bytes` bytes
+    /// (`row_bytes = cols * bits / 8`, packed by [`crate::palette::pack_row`]), `tables`
+    /// `rows / group_size` tables of `2^bits` little-endian f16. `bits` is 1..=8 and
+    /// `rows` a multiple of `group_size`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn upload_palette(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        bits: u32,
+        group_size: usize,
+        row_bytes: usize,
+        tables: &[u8],
+        indices: &[u8],
+    ) -> Result<GpuWeight, GpuError> {
+        check_shape(name, rows, cols)?;
+        let err = |d: String| shape_err(UPLOAD, name, rows, cols, d);
+        if !(1..=8).contains(&bits) {
+            return Err(err(format!("palette bits {bits}: must be 1..=8")));
+        }
+        if group_size == 0 || !rows.is_multiple_of(group_size) || group_size > u32::MAX as usize {
+            return Err(err(format!(
+                "palette group size {group_size}: rows must be a whole number of groups"
+            )));
+        }
+        if row_bytes != cols * bits as usize / 8 {
+            return Err(err(format!(
+                "palette row bytes {row_bytes}, expected {} ({bits} bits per index)",
+                cols * bits as usize / 8
+            )));
+        }
+        let table_bytes = 2usize << bits;
+        let want_tables = rows / group_size * table_bytes;
+        if (rows as u64).checked_mul(row_bytes as u64) != Some(indices.len() as u64)
+            || tables.len() != want_tables
+        {
+            return Err(err(format!(
+                "{} index bytes and {} table bytes given, {} and {want_tables} expected",
+                indices.len(),
+                tables.len(),
+                rows as u64 * row_bytes as u64
+            )));
+        }
+        // Rows per chunk: the indices (plus padding) fit the cap, and so do the tables of
+        // the at most ceil(n / group_size) + 1 groups that n rows starting anywhere touch.
+        let cap = self.weight_binding_cap();
+        let by_data = cap.saturating_sub(8) / row_bytes as u64;
+        let by_tables = (cap / table_bytes as u64).saturating_sub(1) * group_size as u64;
+        let n_max = by_data.min(by_tables);
+        if n_max == 0 {
+            return Err(GpuError::Limit {
+                op: UPLOAD,
+                what: "one row's indices and two tables (bytes)",
+                needed: (row_bytes + 8).max(2 * table_bytes) as u64,
+                limit: cap,
+            });
+        }
+        let mut chunks = Vec::new();
+        let mut row0 = 0usize;
+        while row0 < rows {
+            let n = (n_max as usize).min(rows - row0);
+            let (g0, g1) = (row0 / group_size, (row0 + n - 1) / group_size + 1);
+            chunks.push(WeightChunk {
+                row0,
+                rows: n,
+                data: self.upload_padded(
+                    &format!("{name}.indices[{row0}..]"),
+                    &indices[row0 * row_bytes..(row0 + n) * row_bytes],
+                )?,
+                aux: self.upload_padded(
+                    &format!("{name}.tables[{row0}..]"),
+                    &tables[g0 * table_bytes..g1 * table_bytes],
+                )?,
+            });
+            row0 += n;
+        }
+        Ok(GpuWeight {
+            name: name.to_string(),
+            rows,
+            cols,
+            format: WeightFormat::Palette {
+                bits,
+                group_size: group_size as u32,
+                row_bytes: row_bytes as u32,
+            },
+            chunks,
+        })
+    }
+
+    /// The uniform parameters of one chunk's dispatch (`Params` in common.wgsl).
+    fn weight_params(&self, w: &GpuWeight, c: &WeightChunk, groups_x: u32, n: u32) -> wgpu::Buffer {
+        let (p0, p1) = match w.format {
+            WeightFormat::Palette { group_size, .. } => {
+                (group_size, (c.row0 % group_size as usize) as u32)
+            }
+            _ => (1, 0),
+        };
+        let params = [
+            c.rows as u32,
+            w.cols as u32,
+            groups_x,
+            c.row0 as u32,
+            w.rows as u32,
+            n,
+            p0,
+            p1,
+        ];
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("weights params"),
+            size: 32,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.queue
+            .write_buffer(&buf, 0, bytemuck::cast_slice(&params));
+        buf
+    }
+
+    /// One chunk's bind group: data, aux where the kernel has it, the two vectors, params.
+    fn weight_bind_group(
+        &self,
+        layout: &wgpu::BindGroupLayout,
+        w: &GpuWeight,
+        c: &WeightChunk,
+        input: &wgpu::Buffer,
+        output: &wgpu::Buffer,
+        params: &wgpu::Buffer,
+    ) -> wgpu::BindGroup {
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: c.data.as_entire_binding(),
+        }];
+        if Decoder::of(w.format).has_aux() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: 1,
+                resource: c.aux.as_entire_binding(),
+            });
+        }
+        entries.extend([
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: input.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 3,
+                resource: output.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 4,
+                resource: params.as_entire_binding(),
+            },
+        ]);
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(&w.name),
+            layout,
+            entries: &entries,
+        })
+    }
+
+    /// `y[t * w.rows + r] = sum_k W[r, k] * x[t * w.cols + k]` for `t < n_tokens` (`x`, `y`
+    /// f32 storage buffers of at least `n_tokens * cols` and `n_tokens * rows` values).
+    /// `n_tokens == 1` is the decode matvec (for `ternary2` the tuned ternary kernel); larger
+    /// `n_tokens` the prefill product, which reads each weight block once per
+    /// [`MATMUL_TOKENS`] tokens.
+    pub fn bind_matmul(
+        &self,
+        w: &GpuWeight,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        n_tokens: u32,
+    ) -> Result<Bound, GpuError> {
+        const OP: &str = "weight matmul";
+        let n = n_tokens as u64;
+        let (need_x, need_y) = (n * w.cols as u64 * 4, n * w.rows as u64 * 4);
+        if n == 0 || x.size() < need_x || y.size() < need_y {
+            return Err(shape_err(
+                OP,
+                &w.name,
+                w.rows,
+                w.cols,
+                format!(
+                    "{n_tokens} tokens need x of {need_x} bytes and y of {need_y} bytes; given {} and {}",
+                    x.size(),
+                    y.size()
+                ),
+            ));
+        }
+        let reduction = self.weight_reduction();
+        if w.format == WeightFormat::Ternary && n_tokens == 1 {
+            let t = GpuTernary {
+                name: w.name.clone(),
+                rows: w.rows,
+                cols: w.cols,
+                chunks: w
+                    .chunks
+                    .iter()
+                    .map(|c| TernaryChunk {
+                        row0: c.row0,
+                        rows: c.rows,
+                        codes: c.data.clone(),
+                        scales: c.aux.clone(),
+                    })
+                    .collect(),
+            };
+            return Ok(self
+                .bind_matvec(&t, x, y, &ternary_config(reduction))?
+                .into());
+        }
+        let (op, rows_per_wg, tok) = if n_tokens == 1 {
+            (WeightOp::Matvec, MATVEC_ROWS, 1)
+        } else {
+            (WeightOp::Matmul, MATMUL_ROWS, MATMUL_TOKENS)
+        };
+        if reduction == Reduction::Workgroup {
+            let shared = 4 * (rows_per_wg * tok * WORKGROUP) as u64;
+            let limit = self.limits.max_compute_workgroup_storage_size as u64;
+            if shared > limit {
+                return Err(GpuError::Limit {
+                    op: OP,
+                    what: "workgroup memory (bytes)",
+                    needed: shared,
+                    limit,
+                });
+            }
+        }
+        let gz = n_tokens.div_ceil(tok);
+        if gz > MAX_WORKGROUPS_PER_DIM {
+            return Err(GpuError::Limit {
+                op: OP,
+                what: "tokens",
+                needed: n,
+                limit: MAX_WORKGROUPS_PER_DIM as u64 * tok as u64,
+            });
+        }
+        let pipeline = self.pipeline_named(&name_of(Decoder::of(w.format), op, reduction), None)?;
+        let layout = pipeline.get_bind_group_layout(0);
+        let mut parts = Vec::with_capacity(w.chunks.len());
+        for c in &w.chunks {
+            let groups = c.rows.div_ceil(rows_per_wg as usize) as u64;
+            let (gx, gy) = grid(groups).ok_or(GpuError::Limit {
+                op: OP,
+                what: "workgroups",
+                needed: groups,
+                limit: MAX_WORKGROUPS_PER_DIM as u64 * MAX_WORKGROUPS_PER_DIM as u64,
+            })?;
+            let params = self.weight_params(w, c, gx, n_tokens);
+            let bg = self.weight_bind_group(&layout, w, c, x, y, &params);
+            parts.push((bg, [gx, gy, gz]));
+        }
+        Ok(Bound { pipeline, parts })
+    }
+
+    /// `out[t * w.cols + k] = W[ids[t], k]` for `t < n_tokens` (the embedding gather; `ids`
+    /// a u32 storage buffer of at least `n_tokens` ids, read on the device only; `out` f32 of
+    /// at least `n_tokens * cols`). An id `>= w.rows` reads row `w.rows - 1` (the host checks
+    /// ids before writing them; the clamp keeps every read in bounds). The values are the
+    /// CPU dequantizer's, bit for bit.
+    pub fn bind_gather(
+        &self,
+        w: &GpuWeight,
+        ids: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        n_tokens: u32,
+    ) -> Result<Bound, GpuError> {
+        const OP: &str = "weight gather";
+        let n = n_tokens as u64;
+        let (need_ids, need_out) = (n * 4, n * w.cols as u64 * 4);
+        if n == 0 || ids.size() < need_ids || out.size() < need_out {
+            return Err(shape_err(
+                OP,
+                &w.name,
+                w.rows,
+                w.cols,
+                format!(
+                    "{n_tokens} tokens need ids of {need_ids} bytes and out of {need_out} bytes; given {} and {}",
+                    ids.size(),
+                    out.size()
+                ),
+            ));
+        }
+        let invocations = n * (w.cols / UNIT) as u64;
+        if invocations > u32::MAX as u64 {
+            return Err(GpuError::Limit {
+                op: OP,
+                what: "tokens times units of 32 elements",
+                needed: invocations,
+                limit: u32::MAX as u64,
+            });
+        }
+        let groups = invocations.div_ceil(GATHER_WORKGROUP as u64);
+        let (gx, gy) = grid(groups).ok_or(GpuError::Limit {
+            op: OP,
+            what: "workgroups",
+            needed: groups,
+            limit: MAX_WORKGROUPS_PER_DIM as u64 * MAX_WORKGROUPS_PER_DIM as u64,
+        })?;
+        let pipeline = self.pipeline_named(
+            &name_of(
+                Decoder::of(w.format),
+                WeightOp::Gather,
+                Reduction::Workgroup,
+            ),
+            None,
+        )?;
+        let layout = pipeline.get_bind_group_layout(0);
+        let parts = w
+            .chunks
+            .iter()
+            .map(|c| {
+                let params = self.weight_params(w, c, gx, n_tokens);
+                (
+                    self.weight_bind_group(&layout, w, c, ids, out, &params),
+                    [gx, gy, 1],
+                )
+            })
+            .collect();
+        Ok(Bound { pipeline, parts })
+    }
+
+    /// Runs `bound` in one submission and reads back the first `n` f32 of `out`.
+    fn run_bound(&self, bound: &Bound, out: &wgpu::Buffer, n: usize) -> Result<Vec<f32>, GpuError> {
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("weights"),
+                timestamp_writes: None,
+            });
+            bound.encode(&mut pass);
+        }
+        self.queue.submit([enc.finish()]);
+        let bytes = self.read_buffer(out, (n * 4) as u64)?;
+        Ok(bytemuck::cast_slice::<u8, f32>(&bytes).to_vec())
+    }
+
+    /// [`GpuContext::bind_matmul`] once, from host vectors (`x`: `n_tokens * cols` f32),
+    /// read back (`n_tokens * rows` f32). For tests and tools; the backend binds once.
+    pub fn run_matmul(
+        &self,
+        w: &GpuWeight,
+        x: &[f32],
+        n_tokens: u32,
+    ) -> Result<Vec<f32>, GpuError> {
+        if x.len() != n_tokens as usize * w.cols {
+            return Err(shape_err(
+                "weight matmul",
+                &w.name,
+                w.rows,
+                w.cols,
+                format!("x has {} values for {n_tokens} tokens", x.len()),
+            ));
+        }
+        let xb = self.upload_bytes("x", bytemuck::cast_slice(x))?;
+        let n = n_tokens as usize * w.rows;
+        let yb = self.vector_buffer("y", n);
+        let bound = self.bind_matmul(w, &xb, &yb, n_tokens)?;
+        self.run_bound(&bound, &yb, n)
+    }
+
+    /// [`GpuContext::bind_gather`] once for `ids`, read back (`ids.len() * cols` f32).
+    pub fn run_gather(&self, w: &GpuWeight, ids: &[u32]) -> Result<Vec<f32>, GpuError> {
+        let idb = self.upload_bytes("ids", bytemuck::cast_slice(ids))?;
+        let n = ids.len() * w.cols;
+        let out = self.vector_buffer("gather out", n);
+        let bound = self.bind_gather(w, &idb, &out, ids.len() as u32)?;
+        self.run_bound(&bound, &out, n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_module_is_complete_and_named_by_its_parameters() {
+        let all = sources();
+        // 24 decoders x (2 reductions x 2 products + 1 gather), less ternary2's 2 matvecs.
+        assert_eq!(all.len(), 24 * 5 - 2);
+        for k in &all {
+            assert!(k.wgsl.contains("fn main"), "{}", k.name);
+            assert!(k.wgsl.contains("fn unit"), "{}", k.name);
+            assert!(k.wgsl.starts_with(&format!("// {}:", k.name)), "{}", k.name);
+        }
+        assert_eq!(
+            kernel_name(
+                WeightFormat::Gguf(GgmlType::Q4_K),
+                WeightOp::Matvec,
+                Reduction::Subgroup
+            ),
+            "weights_q4_k_matvec_r4_wg64_sg"
+        );
+        assert_eq!(
+            kernel_name(
+                WeightFormat::Palette {
+                    bits: 3,
+                    group_size: 8,
+                    row_bytes: 12
+                },
+                WeightOp::Matmul,
+                Reduction::Workgroup
+            ),
+            "weights_palette_b3_matmul_r4_t8_wg64_wg"
+        );
+        assert_eq!(
+            kernel_name(WeightFormat::Ternary, WeightOp::Matvec, Reduction::Subgroup),
+            "ternary_matvec_r4_wg64_sg"
+        );
+        let names: std::collections::HashSet<_> = all.iter().map(|k| k.name.clone()).collect();
+        assert_eq!(names.len(), all.len());
+    }
+
+    #[test]
+    fn tolerance_grows_with_k_and_the_sum() {
+        let t = matmul_tolerance(4096, 1.0);
+        assert!(t > 73.0 * 5.9e-8 && t < 75.0 * 6.0e-8, "{t}");
+        assert!(matmul_tolerance(576, 2.0) > matmul_tolerance(576, 1.0));
+    }
+}

@@ -1,0 +1,932 @@
+//! The GPU weight kernels (src/runtime/gpu/weights.rs) for every encoding a bundle carries,
+//! against the CPU reference: the product `y = W x` for 1, 3 and 16 tokens against the
+//! dequantized rows dotted with x in f64, within `weights::matmul_tolerance` (the ternary
+//! single-token kernel within `gpu::tolerance`); the embedding gather against
+//! `quant::dequantize` / `ternary::row_values` / `PaletteView::row`, bit for bit. Both
+//! reductions, row chunks under a small binding cap, a 2-D grid, refusals, and a few rows of
+//! one tensor of each type in the real models' bundles. Without an adapter the tests skip and
+//! say so, unless `LOWBIT_REQUIRE_GPU=1`, where they fail.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, OnceLock};
+
+use lowbit::ggml::GgmlType;
+use lowbit::runtime::gpu::weights::{self, GpuWeight};
+use lowbit::runtime::gpu::{self, context_for_tests, ContextOptions, GpuContext, GpuError};
+
+fn lcg(seed: &mut u64) -> u32 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (*seed >> 33) as u32
+}
+
+/// One context per reduction, shared by the tests (pipelines compile once each): the
+/// adapter's default (subgroups where present) and the workgroup reduction forced.
+fn contexts() -> Vec<&'static GpuContext> {
+    static SG: OnceLock<Option<GpuContext>> = OnceLock::new();
+    static WG: OnceLock<Option<GpuContext>> = OnceLock::new();
+    let sg = SG.get_or_init(|| context_for_tests(&ContextOptions::default()));
+    let wg = WG.get_or_init(|| {
+        context_for_tests(&ContextOptions {
+            force_workgroup_reduction: true,
+            ..Default::default()
+        })
+    });
+    let mut v = Vec::new();
+    if let Some(c) = sg {
+        if std::env::var("LOWBIT_REQUIRE_GPU").as_deref() == Ok("1") {
+            // CI's lavapipe has subgroups: the subgroup path must run there.
+            assert!(c.has_subgroups(), "{}: no SUBGROUP feature", c.info.name);
+        }
+        if c.weight_reduction() == gpu::Reduction::Subgroup {
+            v.push(c);
+        } else {
+            eprintln!(
+                "note: {} has no SUBGROUP feature; the subgroup path is not run",
+                c.info.name
+            );
+        }
+    }
+    if let Some(c) = wg {
+        assert_eq!(c.weight_reduction(), gpu::Reduction::Workgroup);
+        v.push(c);
+    }
+    v
+}
+
+/// The worst ratio |gpu - exact| / tolerance seen per encoding, printed by each test.
+static WORST: Mutex<BTreeMap<String, f64>> = Mutex::new(BTreeMap::new());
+
+fn note_worst(key: &str, ratio: f64) {
+    let mut m = WORST.lock().unwrap_or_else(|e| e.into_inner());
+    let e = m.entry(key.to_string()).or_insert(0.0);
+    *e = e.max(ratio);
+}
+
+fn print_worst(keys: &[String]) {
+    let m = WORST.lock().unwrap_or_else(|e| e.into_inner());
+    for k in keys {
+        if let Some(r) = m.get(k) {
+            eprintln!("{k}: worst {r:.3e} of the tolerance");
+        }
+    }
+}
+
+/// A random f16 scale: normal values of either sign, zeros, subnormals, the largest f16.
+fn random_scale(seed: &mut u64) -> u16 {
+    let special = [
+        0.0f32, -0.0, 65504.0, -65504.0, 1.0e-7, -6.1e-5, 0.5, -1.0, 0.0123,
+    ];
+    let r = lcg(seed);
+    let v = if r.is_multiple_of(5) {
+        special[(r / 5) as usize % special.len()]
+    } else {
+        ((r % 20001) as f32 / 10000.0 - 1.0) * 0.05
+    };
+    half::f16::from_f32(v).to_bits()
+}
+
+/// Any finite f16 (subnormals and +-65504 included).
+fn random_f16_bits(seed: &mut u64) -> u16 {
+    let b = (lcg(seed) & 0xffff) as u16;
+    if b & 0x7c00 == 0x7c00 {
+        b & !0x4000
+    } else {
+        b
+    }
+}
+
+/// A finite f32 of magnitude 2^-20 .. 2^20, or a zero or subnormal now and then.
+fn random_f32(seed: &mut u64) -> f32 {
+    let r = lcg(seed);
+    match r % 23 {
+        0 => 0.0,
+        1 => -0.0,
+        2 => f32::from_bits(lcg(seed) & 0x807f_ffff), // subnormal
+        _ => {
+            let m = (lcg(seed) % 20001) as f32 / 10000.0 - 1.0;
+            m * 2f32.powi((r % 41) as i32 - 20)
+        }
+    }
+}
+
+fn random_x(n: usize, seed: &mut u64) -> Vec<f32> {
+    (0..n)
+        .map(|i| match i % 61 {
+            0 => 0.0,
+            1 => -0.0,
+            _ => (lcg(seed) % 2001) as f32 / 1000.0 - 1.0,
+        })
+        .collect()
+}
+
+/// Byte offsets of a GGML block's f16 fields, from the CPU dequantizer's block structs.
+fn f16_fields(ty: GgmlType) -> Vec<usize> {
+    use lowbit::quant::kquants::*;
+    use lowbit::quant::legacy::*;
+    use lowbit::quant::ternary::*;
+    use std::mem::offset_of;
+    match ty {
+        GgmlType::Q4_0 => vec![offset_of!(BlockQ4_0, d)],
+        GgmlType::Q4_1 => vec![offset_of!(BlockQ4_1, d), offset_of!(BlockQ4_1, m)],
+        GgmlType::Q5_0 => vec![offset_of!(BlockQ5_0, d)],
+        GgmlType::Q5_1 => vec![offset_of!(BlockQ5_1, d), offset_of!(BlockQ5_1, m)],
+        GgmlType::Q8_0 => vec![offset_of!(BlockQ8_0, d)],
+        GgmlType::Q2_K => vec![offset_of!(BlockQ2K, d), offset_of!(BlockQ2K, dmin)],
+        GgmlType::Q3_K => vec![offset_of!(BlockQ3K, d)],
+        GgmlType::Q4_K => vec![offset_of!(BlockQ4K, d), offset_of!(BlockQ4K, dmin)],
+        GgmlType::Q5_K => vec![offset_of!(BlockQ5K, d), offset_of!(BlockQ5K, dmin)],
+        GgmlType::Q6_K => vec![offset_of!(BlockQ6K, d)],
+        GgmlType::TQ1_0 => vec![offset_of!(BlockTQ1_0, d)],
+        GgmlType::TQ2_0 => vec![offset_of!(BlockTQ2_0, d)],
+        _ => vec![],
+    }
+}
+
+/// Random GGML blocks `[rows, cols]` of `ty`: random bytes, every f16 field a finite scale
+/// ([`random_scale`]); F16, BF16 and F32 elements finite.
+fn random_gguf(ty: GgmlType, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
+    let n = rows * cols;
+    match ty {
+        GgmlType::F16 => (0..n)
+            .flat_map(|_| random_f16_bits(seed).to_le_bytes())
+            .collect(),
+        GgmlType::BF16 => (0..n)
+            .flat_map(|_| ((random_f32(seed).to_bits() >> 16) as u16).to_le_bytes())
+            .collect(),
+        GgmlType::F32 => (0..n)
+            .flat_map(|_| random_f32(seed).to_le_bytes())
+            .collect(),
+        _ => {
+            let ts = ty.type_size();
+            let mut bytes: Vec<u8> = (0..ty.bytes_for(n as u64).unwrap())
+                .map(|_| lcg(seed) as u8)
+                .collect();
+            let fields = f16_fields(ty);
+            assert!(!fields.is_empty(), "{ty}");
+            for block in bytes.chunks_exact_mut(ts) {
+                for &f in &fields {
+                    block[f..f + 2].copy_from_slice(&random_scale(seed).to_le_bytes());
+                }
+            }
+            bytes
+        }
+    }
+}
+
+/// A weight as the host holds it, with its CPU reference rows.
+struct Host {
+    name: String,
+    /// The encoding's name in the printed summary of worst ratios.
+    key: String,
+    rows: usize,
+    cols: usize,
+    kind: HostKind,
+}
+
+enum HostKind {
+    Gguf(GgmlType, Vec<u8>),
+    Ternary(Vec<u32>, Vec<u16>),
+    Palette {
+        bits: u32,
+        group_size: usize,
+        tables: Vec<u8>,
+        indices: Vec<u8>,
+    },
+}
+
+impl Host {
+    fn gguf(ty: GgmlType, rows: usize, cols: usize, seed: &mut u64) -> Host {
+        Host {
+            name: format!("{ty} [{rows}, {cols}]"),
+            key: ty.name().to_string(),
+            rows,
+            cols,
+            kind: HostKind::Gguf(ty, random_gguf(ty, rows, cols, seed)),
+        }
+    }
+
+    /// Codes from the TQ2_0 quantizer of random values, packed by `ternary::pack_block`;
+    /// scales the quantizer's, or special values now and then.
+    fn ternary(rows: usize, cols: usize, seed: &mut u64) -> Host {
+        let mut words = vec![0u32; rows * cols / 16];
+        let mut scales = Vec::new();
+        for (b, w) in words.chunks_exact_mut(16).enumerate() {
+            let x: Vec<f32> = random_x(256, seed).iter().map(|v| v * 0.05).collect();
+            let q = lowbit::ternary::quantize_tq2_0_block(&x).unwrap();
+            lowbit::ternary::pack_block(&q.codes, w);
+            scales.push(if b % 3 == 1 {
+                random_scale(seed)
+            } else {
+                q.d_bits
+            });
+        }
+        Host {
+            name: format!("ternary2 [{rows}, {cols}]"),
+            key: "ternary2".into(),
+            rows,
+            cols,
+            kind: HostKind::Ternary(words, scales),
+        }
+    }
+
+    /// Random finite f16 tables, random indices packed by `palette::pack_row`.
+    fn palette(bits: u32, group_size: usize, rows: usize, cols: usize, seed: &mut u64) -> Host {
+        let rb = lowbit::palette::row_bytes(cols as u64, bits) as usize;
+        let mut indices = vec![0u8; rows * rb];
+        for row in indices.chunks_exact_mut(rb) {
+            let ix: Vec<u8> = (0..cols).map(|_| (lcg(seed) % (1 << bits)) as u8).collect();
+            lowbit::palette::pack_row(&ix, bits, row);
+        }
+        let tables = (0..(rows / group_size) << bits)
+            .flat_map(|_| random_f16_bits(seed).to_le_bytes())
+            .collect();
+        Host {
+            name: format!("palette {bits}-bit G={group_size} [{rows}, {cols}]"),
+            key: format!("palette {bits}-bit"),
+            rows,
+            cols,
+            kind: HostKind::Palette {
+                bits,
+                group_size,
+                tables,
+                indices,
+            },
+        }
+    }
+
+    fn upload(&self, ctx: &GpuContext) -> Result<GpuWeight, GpuError> {
+        let (rows, cols) = (self.rows, self.cols);
+        match &self.kind {
+            HostKind::Gguf(ty, b) => ctx.upload_gguf(&self.name, *ty, rows, cols, b),
+            HostKind::Ternary(w, s) => ctx.upload_ternary_weight(
+                &self.name,
+                rows,
+                cols,
+                bytemuck::cast_slice(w),
+                bytemuck::cast_slice(s),
+            ),
+            HostKind::Palette {
+                bits,
+                group_size,
+                tables,
+                indices,
+            } => ctx.upload_palette(
+                &self.name,
+                rows,
+                cols,
+                *bits,
+                *group_size,
+                cols * *bits as usize / 8,
+                tables,
+                indices,
+            ),
+        }
+    }
+
+    /// Row `r` by the CPU dequantizers.
+    fn row(&self, r: usize) -> Vec<f32> {
+        let cols = self.cols;
+        let mut out = vec![0f32; cols];
+        match &self.kind {
+            HostKind::Gguf(ty, b) => {
+                let rb = ty.bytes_for(cols as u64).unwrap() as usize;
+                lowbit::quant::dequantize(*ty, &b[r * rb..(r + 1) * rb], &mut out).unwrap();
+            }
+            HostKind::Ternary(w, s) => lowbit::ternary::row_values(
+                &w[r * cols / 16..(r + 1) * cols / 16],
+                &s[r * cols / 256..(r + 1) * cols / 256],
+                &mut out,
+            ),
+            HostKind::Palette {
+                bits,
+                group_size,
+                tables,
+                indices,
+            } => lowbit::palette::PaletteView {
+                bits: *bits,
+                group_size: *group_size,
+                cols,
+                row_bytes: cols * *bits as usize / 8,
+                tables,
+                indices,
+            }
+            .row(r, &mut out, &mut vec![0u8; cols]),
+        }
+        out
+    }
+
+    /// Per row, `sum_k |d_b(k) x_k|` over the ternary scales (the single-token ternary
+    /// kernel's bound); `None` for other encodings.
+    fn ternary_abs_dx(&self, x: &[f32]) -> Option<Vec<f64>> {
+        let HostKind::Ternary(_, s) = &self.kind else {
+            return None;
+        };
+        Some(
+            s.chunks_exact(self.cols / 256)
+                .map(|rs| {
+                    rs.iter()
+                        .zip(x.chunks_exact(256))
+                        .map(|(&d, xb)| {
+                            let d = half::f16::from_bits(d).to_f64().abs();
+                            xb.iter().map(|v| d * v.abs() as f64).sum::<f64>()
+                        })
+                        .sum()
+                })
+                .collect(),
+        )
+    }
+}
+
+/// Checks `ctx`'s product of `w` with `n` tokens of random x against the f64 reference;
+/// returns the outputs.
+fn check_matmul(
+    ctx: &GpuContext,
+    host: &Host,
+    w: &GpuWeight,
+    n: usize,
+    seed: &mut u64,
+) -> Vec<f32> {
+    let rows: Vec<Vec<f32>> = (0..host.rows).map(|r| host.row(r)).collect();
+    check_matmul_rows(ctx, host, &rows, w, n, seed)
+}
+
+fn check_matmul_rows(
+    ctx: &GpuContext,
+    host: &Host,
+    rows: &[Vec<f32>],
+    w: &GpuWeight,
+    n: usize,
+    seed: &mut u64,
+) -> Vec<f32> {
+    let cols = host.cols;
+    let x = random_x(n * cols, seed);
+    let y = ctx.run_matmul(w, &x, n as u32).unwrap();
+    assert_eq!(y.len(), n * host.rows);
+    let what = format!(
+        "{} n={n} {:?} on {}",
+        host.name,
+        ctx.weight_reduction(),
+        ctx.info.name
+    );
+    let mut worst = (0.0f64, 0usize, 0usize);
+    for t in 0..n {
+        let xt = &x[t * cols..(t + 1) * cols];
+        let dx = if n == 1 {
+            host.ternary_abs_dx(xt)
+        } else {
+            None
+        };
+        for (r, wr) in rows.iter().enumerate() {
+            let (exact, a) = wr.iter().zip(xt).fold((0f64, 0f64), |(s, a), (&w, &x)| {
+                let p = w as f64 * x as f64;
+                (s + p, a + p.abs())
+            });
+            let tol = match &dx {
+                Some(d) => gpu::tolerance(cols, d[r]),
+                None => weights::matmul_tolerance(cols, a),
+            };
+            let g = y[t * host.rows + r];
+            assert!(g.is_finite(), "{what}: token {t} row {r} is {g}");
+            let ratio = (g as f64 - exact).abs() / tol;
+            assert!(
+                ratio <= 1.0,
+                "{what}: token {t} row {r}: gpu {g}, exact {exact}, |diff| {:e} > tolerance {tol:e} (sum |w x| {a:e})",
+                (g as f64 - exact).abs()
+            );
+            if ratio > worst.0 {
+                worst = (ratio, t, r);
+            }
+        }
+    }
+    let single_ternary = n == 1 && matches!(host.kind, HostKind::Ternary(..));
+    note_worst(
+        &if single_ternary {
+            format!("{} (single token, gpu::tolerance)", host.key)
+        } else {
+            host.key.clone()
+        },
+        worst.0,
+    );
+    y
+}
+
+/// Gathers rows (every row, a repeated one, out-of-range ids clamped to the last row) and
+/// checks them against the CPU rows bit for bit.
+fn check_gather(ctx: &GpuContext, host: &Host, w: &GpuWeight) {
+    let rows = host.rows as u32;
+    let mut ids: Vec<u32> = (0..rows).rev().collect();
+    ids.extend([0, rows / 2, rows / 2, rows, u32::MAX]);
+    let out = ctx.run_gather(w, &ids).unwrap();
+    for (t, &id) in ids.iter().enumerate() {
+        let r = id.min(rows - 1) as usize;
+        let want = host.row(r);
+        let got = &out[t * host.cols..(t + 1) * host.cols];
+        for (k, (g, c)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                g.to_bits() == c.to_bits(),
+                "{} gather: token {t} (id {id}) element {k}: gpu {g:e} ({:#010x}), cpu {c:e} ({:#010x})",
+                host.name,
+                g.to_bits(),
+                c.to_bits()
+            );
+        }
+    }
+}
+
+/// Every check on one weight: products for 1, 3 and 16 tokens with each reduction, the
+/// gather on the first context.
+fn check_all(host: &Host, seed: &mut u64) {
+    for (i, ctx) in contexts().into_iter().enumerate() {
+        let w = host.upload(ctx).unwrap();
+        assert_eq!(w.chunks.len(), 1);
+        for n in [1, 3, 16] {
+            check_matmul(ctx, host, &w, n, seed);
+        }
+        if i == 0 {
+            check_gather(ctx, host, &w);
+        }
+    }
+}
+
+#[test]
+fn every_weight_kernel_validates() {
+    let Some(ctx) = contexts().into_iter().next() else {
+        return;
+    };
+    for k in weights::sources() {
+        if k.name.ends_with("_sg") && !ctx.has_subgroups() {
+            continue;
+        }
+        let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let _ = ctx
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(&k.name),
+                source: wgpu::ShaderSource::Wgsl(k.wgsl.as_str().into()),
+            });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            panic!("{}: {e}", k.name);
+        }
+    }
+}
+
+/// 32-element types: rows not a multiple of 4, K = 32 * odd.
+#[test]
+fn legacy_block_types_match_cpu() {
+    let mut seed = 1u64;
+    let types = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+    ];
+    for ty in types {
+        for (rows, cols) in [(13, 96), (37, 800)] {
+            check_all(&Host::gguf(ty, rows, cols, &mut seed), &mut seed);
+        }
+    }
+    print_worst(&types.map(|t| t.name().to_string()));
+}
+
+/// 256-element types: K = 768 and 256 (not multiples of 512), odd rows.
+#[test]
+fn k_quant_types_match_cpu() {
+    let mut seed = 2u64;
+    let types = [
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
+    for ty in types {
+        for (rows, cols) in [(13, 256), (37, 768)] {
+            check_all(&Host::gguf(ty, rows, cols, &mut seed), &mut seed);
+        }
+    }
+    print_worst(&types.map(|t| t.name().to_string()));
+}
+
+#[test]
+fn float_and_ternary_types_match_cpu() {
+    let mut seed = 3u64;
+    for ty in [GgmlType::F16, GgmlType::BF16, GgmlType::F32] {
+        for (rows, cols) in [(13, 96), (37, 800)] {
+            check_all(&Host::gguf(ty, rows, cols, &mut seed), &mut seed);
+        }
+    }
+    for ty in [GgmlType::TQ1_0, GgmlType::TQ2_0] {
+        for (rows, cols) in [(13, 256), (37, 768)] {
+            check_all(&Host::gguf(ty, rows, cols, &mut seed), &mut seed);
+        }
+    }
+    for (rows, cols) in [(13, 256), (37, 768)] {
+        check_all(&Host::ternary(rows, cols, &mut seed), &mut seed);
+    }
+    print_worst(
+        &[
+            "F16",
+            "BF16",
+            "F32",
+            "TQ1_0",
+            "TQ2_0",
+            "ternary2",
+            "ternary2 (single token, gpu::tolerance)",
+        ]
+        .map(String::from),
+    );
+}
+
+#[test]
+fn palettes_of_every_width_match_cpu() {
+    let mut seed = 4u64;
+    for bits in 1..=8 {
+        // A table per 4 rows, per row, and per tensor.
+        for (group_size, rows, cols) in [(4, 12, 96), (1, 5, 32), (37, 37, 800)] {
+            check_all(
+                &Host::palette(bits, group_size, rows, cols, &mut seed),
+                &mut seed,
+            );
+        }
+    }
+    print_worst(
+        &(1..=8)
+            .map(|b| format!("palette {b}-bit"))
+            .collect::<Vec<_>>(),
+    );
+}
+
+/// A binding cap of 8 KiB splits every weight into several row chunks (palette chunks that
+/// start inside a group, ternary chunks at the offset alignment); the results equal the
+/// whole weight's bit for bit (same kernel, same rows), the gather reads every chunk, and
+/// nothing past the weight's rows is written.
+#[test]
+fn row_chunks_give_the_same_bits_as_one_chunk() {
+    let Some(&whole) = contexts().first() else {
+        return;
+    };
+    let Some(capped) = context_for_tests(&ContextOptions {
+        max_binding_bytes: Some(8192),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let mut seed = 5u64;
+    for host in [
+        Host::gguf(GgmlType::Q6_K, 70, 768, &mut seed),
+        Host::gguf(GgmlType::Q4_0, 70, 800, &mut seed),
+        Host::gguf(GgmlType::F32, 70, 96, &mut seed),
+        Host::palette(3, 8, 72, 800, &mut seed),
+        Host::ternary(200, 256, &mut seed),
+    ] {
+        let a = host.upload(&capped).unwrap();
+        let b = host.upload(whole).unwrap();
+        assert!(
+            a.chunks.len() > 1,
+            "{}: {} chunk",
+            host.name,
+            a.chunks.len()
+        );
+        assert_eq!(b.chunks.len(), 1);
+        assert_eq!(
+            a.chunks.iter().map(|c| c.rows).sum::<usize>(),
+            host.rows,
+            "{}",
+            host.name
+        );
+        for n in [1, 3] {
+            let mut s1 = seed;
+            let ya = check_matmul(&capped, &host, &a, n, &mut s1);
+            let mut s2 = seed;
+            let yb = check_matmul(whole, &host, &b, n, &mut s2);
+            seed = s1;
+            assert_eq!(
+                ya.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                yb.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{} n={n}",
+                host.name
+            );
+        }
+        check_gather(&capped, &host, &a);
+        // Outputs past the weight's rows (y of a larger buffer) stay untouched.
+        let n = 3usize;
+        let x = random_x(n * host.cols, &mut seed);
+        let xb = capped.upload_bytes("x", bytemuck::cast_slice(&x)).unwrap();
+        let len = n * host.rows + 64;
+        let y = capped.vector_buffer("y", len);
+        capped
+            .queue
+            .write_buffer(&y, 0, bytemuck::cast_slice(&vec![7.5f32; len]));
+        let bound = capped.bind_matmul(&a, &xb, &y, n as u32).unwrap();
+        assert_eq!(bound.dispatches(), a.chunks.len());
+        let mut enc = capped
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            bound.encode(&mut pass);
+        }
+        capped.queue.submit([enc.finish()]);
+        let got = capped.read_buffer(&y, (len * 4) as u64).unwrap();
+        let got: &[f32] = bytemuck::cast_slice(&got);
+        assert!(
+            got[n * host.rows..].iter().all(|&v| v == 7.5),
+            "{}: a value past the last row was written",
+            host.name
+        );
+        assert!(got[..n * host.rows].iter().all(|&v| v != 7.5 || v.is_nan()));
+    }
+}
+
+/// More than 65,535 workgroups (4 rows each): a 2-D grid, for one and three tokens.
+#[test]
+fn tall_weights_use_a_2d_grid() {
+    let Some(&ctx) = contexts().first() else {
+        return;
+    };
+    let rows: usize = 4 * 65_535 + 7;
+    assert_eq!(gpu::grid(rows.div_ceil(4) as u64), Some((65_535, 2)));
+    let mut seed = 6u64;
+    let host = Host::gguf(GgmlType::Q4_0, rows, 32, &mut seed);
+    let w = host.upload(ctx).unwrap();
+    let all: Vec<Vec<f32>> = (0..rows).map(|r| host.row(r)).collect();
+    for n in [1, 3] {
+        check_matmul_rows(ctx, &host, &all, &w, n, &mut seed);
+    }
+    let ids = [0u32, 65_535 * 4 + 3, rows as u32 - 1];
+    let out = ctx.run_gather(&w, &ids).unwrap();
+    for (t, &id) in ids.iter().enumerate() {
+        assert_eq!(&out[t * 32..(t + 1) * 32], &all[id as usize][..], "id {id}");
+    }
+}
+
+#[test]
+fn unsupported_encodings_and_bad_shapes_are_refused_by_name() {
+    let Some(&ctx) = contexts().first() else {
+        return;
+    };
+    let e = ctx
+        .upload_gguf("blk.0.ffn_up.weight", GgmlType::IQ4_NL, 2, 32, &[0; 36])
+        .unwrap_err();
+    let s = e.to_string();
+    assert!(
+        s.contains("blk.0.ffn_up.weight") && s.contains("IQ4_NL"),
+        "{s}"
+    );
+    let e = ctx
+        .upload_gguf("odd", GgmlType::F32, 2, 40, &[0; 320])
+        .unwrap_err();
+    assert!(e.to_string().contains("odd [2, 40]"), "{e}");
+    assert!(e.to_string().contains("multiple of 32"), "{e}");
+    let e = ctx
+        .upload_gguf("short", GgmlType::Q4_0, 2, 64, &[0; 71])
+        .unwrap_err();
+    assert!(e.to_string().contains("short [2, 64]"), "{e}");
+    let e = ctx
+        .upload_gguf("k", GgmlType::Q4_K, 1, 96, &[0; 54])
+        .unwrap_err();
+    assert!(e.to_string().contains("256"), "{e}");
+    let e = ctx
+        .upload_palette("p", 4, 32, 9, 1, 36, &[0; 4096], &[0; 144])
+        .unwrap_err();
+    assert!(e.to_string().contains("bits 9"), "{e}");
+    let e = ctx
+        .upload_palette("p", 4, 32, 4, 3, 16, &[0; 64], &[0; 64])
+        .unwrap_err();
+    assert!(e.to_string().contains("group size 3"), "{e}");
+    let w = ctx
+        .upload_gguf("w", GgmlType::F32, 2, 32, &[0; 256])
+        .unwrap();
+    let x = ctx.vector_buffer("x", 32);
+    let y = ctx.vector_buffer("y", 2);
+    let e = ctx.bind_matmul(&w, &x, &y, 2).err().unwrap();
+    assert!(
+        e.to_string().contains("2 tokens need x of 256 bytes"),
+        "{e}"
+    );
+    assert!(ctx.bind_matmul(&w, &x, &y, 0).is_err());
+    assert!(ctx.bind_matmul(&w, &x, &y, 1).is_ok());
+    let ids = ctx.vector_buffer("ids", 1);
+    let e = ctx.bind_gather(&w, &ids, &y, 1).err().unwrap();
+    assert!(e.to_string().contains("out of 128 bytes"), "{e}");
+    assert_eq!(w.bytes(), 256);
+}
+
+/// A few rows of one tensor of each type in bundles of the real models (`convert pack`,
+/// `convert palettize` of one tensor, the tiny ternary model): products and gathers.
+#[test]
+fn real_model_tensors_of_every_type_match_cpu() {
+    let Some(&ctx) = contexts().first() else {
+        return;
+    };
+    use lowbit::runtime::model::{Model, Weight, WeightKind};
+    let dir = tempfile::tempdir().unwrap();
+    let convert = |args: &[&str], out: &str| -> std::path::PathBuf {
+        let out = dir.path().join(out);
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_convert"))
+            .args(&args[..args.len() - 1])
+            .arg("-q")
+            .arg("-o")
+            .arg(&out)
+            .arg(args[args.len() - 1])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        out
+    };
+    let tiny = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
+    let tiny = tiny.to_str().unwrap();
+    let mut bundles = vec![
+        convert(&["pack", tiny], "tiny-pack.bundle"),
+        convert(&["gguf-to-ternary", tiny], "tiny-ternary.bundle"),
+    ];
+    for m in [
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "gemma-3-270m-q4_k_m.gguf",
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    ] {
+        let Some(p) = common::model(m) else { continue };
+        let p = p.to_str().unwrap().to_string();
+        bundles.push(convert(&["pack", &p], &format!("{m}.pack.bundle")));
+        if m.starts_with("SmolLM2") {
+            bundles.push(convert(
+                &[
+                    "palettize",
+                    "--bits",
+                    "3",
+                    "--mode",
+                    "uniform",
+                    "--group-size",
+                    "16",
+                    "--include",
+                    "blk.0.ffn_down.weight",
+                    &p,
+                ],
+                "smollm2-palette.bundle",
+            ));
+        }
+    }
+    let mut seed = 7u64;
+    let mut seen = BTreeMap::new();
+    for b in &bundles {
+        let model = Model::new(lowbit::bundle::reader::Bundle::open(b).unwrap()).unwrap();
+        let mut all: Vec<&Weight> = vec![&model.tok_embd, &model.output, &model.output_norm];
+        for l in &model.layers {
+            all.extend(l.matrices());
+        }
+        for w in all {
+            let key = match &w.kind {
+                WeightKind::Gguf { ty, .. } => ty.name().to_string(),
+                WeightKind::Ternary { .. } => "ternary2".into(),
+                WeightKind::Palette { bits, .. } => format!("palette {bits}-bit"),
+            };
+            let stem = b.file_name().unwrap().to_string_lossy().to_string();
+            if seen.contains_key(&(stem.clone(), key.clone())) {
+                continue;
+            }
+            // At most 37 rows from the middle of a GGUF tensor (its byte range narrowed);
+            // ternary and palette tensors whole.
+            let part = match w.kind {
+                WeightKind::Gguf { ty, range } if w.rows > 37 => {
+                    let rb = ty.bytes_for(w.cols as u64).unwrap();
+                    let r0 = (w.rows / 2) as u64;
+                    Weight {
+                        name: format!("{}[{r0}..{}]", w.name, r0 + 37),
+                        rows: 37,
+                        kind: WeightKind::Gguf {
+                            ty,
+                            range: (range.0 + r0 * rb, 37 * rb),
+                        },
+                        ..w.clone()
+                    }
+                }
+                _ => w.clone(),
+            };
+            let rows: Vec<Vec<f32>> = (0..part.rows)
+                .map(|r| {
+                    let mut v = vec![0f32; part.cols];
+                    part.row_values(&model.bundle, r, &mut v);
+                    v
+                })
+                .collect();
+            let g = ctx.upload_model_weight(&model.bundle, &part).unwrap();
+            let host = Host {
+                name: format!("{stem}: {} ({key})", part.name),
+                key: format!("real {key}"),
+                rows: part.rows,
+                cols: part.cols,
+                kind: match &part.kind {
+                    WeightKind::Ternary { codes, scales } => HostKind::Ternary(
+                        bytemuck::cast_slice(part.bytes(&model.bundle, *codes)).to_vec(),
+                        bytemuck::cast_slice(part.bytes(&model.bundle, *scales)).to_vec(),
+                    ),
+                    // Only the scales matter to check_matmul (ternary); rows come from
+                    // row_values.
+                    _ => HostKind::Gguf(GgmlType::F32, vec![]),
+                },
+            };
+            for n in [1, 3] {
+                let mut s = seed;
+                check_matmul_rows(ctx, &host, &rows, &g, n, &mut s);
+                seed = s;
+            }
+            let ids: Vec<u32> = vec![0, part.rows as u32 - 1, (part.rows / 2) as u32];
+            let out = ctx.run_gather(&g, &ids).unwrap();
+            for (t, &id) in ids.iter().enumerate() {
+                let got = &out[t * part.cols..(t + 1) * part.cols];
+                let want = &rows[id as usize];
+                assert!(
+                    got.iter()
+                        .zip(want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{}: gather of row {id} differs",
+                    host.name
+                );
+            }
+            eprintln!("{}: [{}, {}] ok", host.name, part.rows, part.cols);
+            seen.insert((stem, key), ());
+        }
+    }
+    let kinds: std::collections::BTreeSet<_> = seen.keys().map(|(_, k)| k.clone()).collect();
+    eprintln!("real tensors checked, by encoding: {kinds:?}");
+    print_worst(
+        &kinds
+            .iter()
+            .map(|k| format!("real {k}"))
+            .collect::<Vec<_>>(),
+    );
+    print_worst(&["real ternary2 (single token, gpu::tolerance)".to_string()]);
+    assert!(
+        kinds.contains("ternary2") && kinds.contains("TQ2_0"),
+        "{kinds:?}"
+    );
+}
+
+/// Decode throughput on a large weight (`[65536, 4096]`, about an 8B model's FFN share per
+/// token): weight bytes read per second by the single-token product, and by the 16-token
+/// product per token. Not a correctness test and slow on a CPU adapter: run by hand on a real
+/// GPU with `--ignored --nocapture throughput`.
+#[test]
+#[ignore]
+fn throughput() {
+    let Some(&ctx) = contexts().first() else {
+        return;
+    };
+    let (rows, cols) = (65_536usize, 4096usize);
+    let mut seed = 8u64;
+    let hosts = [
+        Host::gguf(GgmlType::Q4_0, rows, cols, &mut seed),
+        Host::gguf(GgmlType::Q4_K, rows, cols, &mut seed),
+        Host::gguf(GgmlType::Q6_K, rows, cols, &mut seed),
+        Host::gguf(GgmlType::Q8_0, rows, cols, &mut seed),
+        Host::gguf(GgmlType::F16, rows, cols, &mut seed),
+        Host::ternary(rows, cols, &mut seed),
+        Host::palette(4, 64, rows, cols, &mut seed),
+    ];
+    eprintln!("adapter {} ({:?})", ctx.info.name, ctx.weight_reduction());
+    for host in &hosts {
+        let w = host.upload(ctx).unwrap();
+        for n in [1u32, 16] {
+            let x = ctx
+                .upload_bytes(
+                    "x",
+                    bytemuck::cast_slice(&random_x(n as usize * cols, &mut seed)),
+                )
+                .unwrap();
+            let y = ctx.vector_buffer("y", n as usize * rows);
+            let bound = ctx.bind_matmul(&w, &x, &y, n).unwrap();
+            let run = |iters: usize| {
+                let mut enc = ctx
+                    .device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+                {
+                    let mut pass = enc.begin_compute_pass(&Default::default());
+                    for _ in 0..iters {
+                        bound.encode(&mut pass);
+                    }
+                }
+                ctx.queue.submit([enc.finish()]);
+                ctx.device
+                    .poll(wgpu::PollType::wait_indefinitely())
+                    .unwrap();
+            };
+            run(3);
+            let iters = 200;
+            let t = std::time::Instant::now();
+            run(iters);
+            let s = t.elapsed().as_secs_f64() / iters as f64;
+            eprintln!(
+                "{} n={n}: {:.1} us per product, {:.0} GB/s of weight ({:.0} GB/s per token)",
+                host.name,
+                s * 1e6,
+                w.bytes() as f64 / s / 1e9,
+                w.bytes() as f64 * n as f64 / s / 1e9
+            );
+        }
+    }
+}
