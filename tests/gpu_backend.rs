@@ -60,12 +60,16 @@ fn gpu_options() -> Option<LoadOptions> {
 }
 
 /// The CPU f32 reference's greedy tokens and, per step, its top-2 logit margin.
-fn cpu_run(b: &Path, prompt: &[u32], eog: &[u32]) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
-    let mut be = runtime::load_cpu(b).unwrap();
+fn cpu_run(
+    be: &mut runtime::cpu::CpuBackend,
+    prompt: &[u32],
+    eog: &[u32],
+) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
+    be.reset();
     let mut margins = Vec::new();
     let mut first = Vec::new();
     let mut out = Vec::new();
-    runtime::run_prompt(&mut be, prompt, 0).unwrap();
+    runtime::run_prompt(be, prompt, 0).unwrap();
     let mut pos = prompt.len();
     loop {
         let l = be.logits().unwrap().to_vec();
@@ -91,6 +95,7 @@ fn check_model(what: &str, b: &Path, prompts: &[Vec<u32>], logit_tol: f32, opts:
     let tok = lowbit::tokenizer::Tokenizer::from_bundle_dir(b).unwrap();
     let eog: Vec<u32> = tok.eog_ids().collect();
     let mut gpu = runtime::load(BackendKind::Gpu, b, opts).unwrap();
+    let mut cpu = runtime::load_cpu(b).unwrap();
     let info = gpu.info();
     eprintln!(
         "{what}: {} ({} dispatches per decode step, buckets {:?})",
@@ -99,7 +104,7 @@ fn check_model(what: &str, b: &Path, prompts: &[Vec<u32>], logit_tol: f32, opts:
         info.buckets
     );
     for (i, prompt) in prompts.iter().enumerate() {
-        let (want, margins, first_cpu) = cpu_run(b, prompt, &eog);
+        let (want, margins, first_cpu) = cpu_run(&mut cpu, prompt, &eog);
         let mut sampler = Sampler::new(SamplerConfig::default()).unwrap();
         let mut first_gpu = Vec::new();
         let mut hook = |l: &[f32]| first_gpu = l.to_vec();
@@ -188,7 +193,18 @@ fn smollm2_gpu_equals_cpu_packed_and_palettized() {
         TOL,
         &opts,
     );
-    let (_d, b) = make_bundle(&["palettize", "--bits", "6", "--mode", "uniform", "--group-size", "64"], &src);
+    let (_d, b) = make_bundle(
+        &[
+            "palettize",
+            "--bits",
+            "6",
+            "--mode",
+            "uniform",
+            "--group-size",
+            "64",
+        ],
+        &src,
+    );
     check_model(
         "SmolLM2 palette 6-bit",
         &b,

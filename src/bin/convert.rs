@@ -899,6 +899,9 @@ fn bench_cmd(
         "rss_over_weights_plus_kv": rss.map(|r| r as f64 / (weights + kv) as f64),
         "decode_bytes_per_token": per_token,
         "decode_weight_read_gb_per_second": per_token as f64 * st.decode_tps() / 1e9,
+        "decode_cpu_ms_per_token": st.decode_cpu_seconds.map(|c| c * 1e3 / st.decode_steps.max(1) as f64),
+        "dispatches_per_token": info.dispatches_per_token,
+        "device": info.device,
     });
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -922,6 +925,15 @@ fn bench_cmd(
             per_token as f64 / 1e6,
             per_token as f64 * st.decode_tps() / 1e9
         );
+        if let Some(dev) = &info.device {
+            println!(
+                "  device: {dev}; {} dispatches per decode step; CPU time {} ms per decode step",
+                info.dispatches_per_token.unwrap_or(0),
+                st.decode_cpu_seconds
+                    .map(|c| format!("{:.3}", c * 1e3 / st.decode_steps.max(1) as f64))
+                    .unwrap_or_else(|| "?".into())
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -440,6 +440,23 @@ pub struct GenStats {
     pub decode_steps: usize,
     pub prompt_seconds: f64,
     pub decode_seconds: f64,
+    /// CPU time of the whole process (every thread, the GPU driver's included) during the
+    /// decode steps, where the platform reports it.
+    pub decode_cpu_seconds: Option<f64>,
+}
+
+/// CPU time used by this process so far (user + system, every thread), in seconds.
+pub fn process_cpu_seconds() -> Option<f64> {
+    #[cfg(unix)]
+    {
+        // SAFETY: getrusage writes into the zeroed struct we pass.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } == 0 {
+            let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 * 1e-6;
+            return Some(t(ru.ru_utime) + t(ru.ru_stime));
+        }
+    }
+    None
 }
 
 impl GenStats {
@@ -554,6 +571,7 @@ fn generate_inner(
     let mut next = pick(backend, sampler, 0, prompt.len() - 1)?;
     stats.prompt_seconds = t0.elapsed().as_secs_f64();
     let mut out = Vec::with_capacity(max_tokens);
+    let cpu1 = process_cpu_seconds();
     let t1 = std::time::Instant::now();
     let mut pos = prompt.len();
     out.push(next);
@@ -578,6 +596,7 @@ fn generate_inner(
         }
     }
     stats.decode_seconds = t1.elapsed().as_secs_f64();
+    stats.decode_cpu_seconds = cpu1.and_then(|a| process_cpu_seconds().map(|b| b - a));
     stats.generated = out.len();
     Ok((out, stats))
 }
