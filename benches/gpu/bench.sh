@@ -6,8 +6,8 @@
 #   SHAPES   folder of shape_copy.py descriptions (SmolLM2, Qwen2.5-0.5B), or empty
 #   CONVERT  the convert binary
 #   OUT      where the reports go
-# Stages (STAGE=all, or one of: llama, ours): llama.cpp's llama-bench on the 8B-shape TQ2_0 GGUF
-# and on the shape copies; then ours on bundles made from the same files.
+# Stages (STAGE="all", or a list of: llama copies ours): llama.cpp's llama-bench on the 8B-shape
+# TQ2_0 GGUF (llama), on the shape copies (copies); ours on bundles made from the same files.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 ANCHOR=${ANCHOR:?folder from prepare.sh}; SHAPES=${SHAPES:-}; CONVERT=${CONVERT:?convert binary}
@@ -22,8 +22,11 @@ gen() { # the shape copies, once
     [ -f "$g" ] || PYTHONPATH=/tmp/gguf-site python3 "$here/shape_copy.py" generate "$j" "$g"
   done
 }
-if [ "$STAGE" = all ] || [ "$STAGE" = llama ]; then
+has() { [ "$STAGE" = all ] || [[ " $STAGE " == *" $1 "* ]]; }
+if has llama; then
   bash "$ANCHOR/run.sh" -p "$PP" -n "$TG" -r "$REPS" | tee "$OUT/llama-minicpm8b.md"
+fi
+if has copies; then
   gen
   for g in /tmp/*.copy.gguf; do
     [ -f "$g" ] || continue
@@ -31,7 +34,7 @@ if [ "$STAGE" = all ] || [ "$STAGE" = llama ]; then
       | tee "$OUT/llama-$(basename "$g" .gguf).md"
   done
 fi
-if [ "$STAGE" = all ] || [ "$STAGE" = ours ]; then
+if has ours; then
   gen
   "$CONVERT" gpu-info | tee "$OUT/gpu-info.txt"
   [ -d /tmp/minicpm8b.bundle ] || "$CONVERT" gguf-to-ternary -q -o /tmp/minicpm8b.bundle /tmp/minicpm8b.gguf
