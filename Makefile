@@ -25,7 +25,7 @@ OUT ?= $(LOWBIT_CACHE)/out
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all demo test fetch venv build hf-checkpoints hf-qwen2 bench bench-ternary bench-runtime bench-dequant bench-palette bench-palette-large refvectors golden llama ternary-real ternary-llama ternary-vectors minicpm8b
+.PHONY: all demo test fetch venv build hf-checkpoints hf-qwen2 bench bench-ternary bench-runtime bench-dequant bench-palette bench-palette-large bench-gpu refvectors golden llama ternary-real ternary-llama ternary-vectors minicpm8b
 
 all: build
 
@@ -203,6 +203,20 @@ bench-palette-large: build $(VENV)/.ok fetch
 
 # Ternary conversion and verification of the MiniCPM4-8B-shape model, next to reading and
 # hashing the input once (the anchor), in one run.
+# The GPU backend next to llama.cpp's Vulkan backend on one GPU, in one run (benches/gpu/bench.sh):
+# the MiniCPM4-8B-shape TQ2_0 model and shape copies of SmolLM2 and Qwen2.5-0.5B. Needs a Vulkan
+# GPU here. On a GPU machine without registries: prepare the folder here (GPU_ANCHOR, by
+# ../shared/anchors/gpu/prepare.sh), carry it with the convert binary, run bench.sh there
+# (BENCHMARKS.md says how the H200 figures were made).
+GPU_ANCHOR ?= $(LOWBIT_CACHE)/gpu-anchor
+bench-gpu: build fetch
+	[ -f $(GPU_ANCHOR)/run.sh ] || bash ../shared/anchors/gpu/prepare.sh $(GPU_ANCHOR) $(SMOLLM2)
+	mkdir -p $(LOWBIT_CACHE)/bench/shapes
+	$(VPY) benches/gpu/shape_copy.py describe $(SMOLLM2) $(LOWBIT_CACHE)/bench/shapes/smollm2.json
+	$(VPY) benches/gpu/shape_copy.py describe $(QWEN) $(LOWBIT_CACHE)/bench/shapes/qwen2.5.json
+	ANCHOR=$(GPU_ANCHOR) SHAPES=$(LOWBIT_CACHE)/bench/shapes CONVERT=$(CONVERT) \
+		OUT=$(LOWBIT_CACHE)/bench/gpu bash benches/gpu/bench.sh
+
 bench-ternary: build $(MINICPM8B)
 	$(VPY) benches/ternary_bench.py --convert $(CONVERT) --json $(LOWBIT_CACHE)/bench/ternary.json $(MINICPM8B)
 
