@@ -33,6 +33,11 @@ pub struct Manifest {
     pub functions: BTreeMap<String, Function>,
     pub tensors: Vec<TensorEntry>,
     pub tokenizer: TokenizerRef,
+    /// The GPU kernels the bundle carries (`kernels/`), sorted by name, then kind. Empty (the
+    /// key absent) in bundles made before kernels shipped in bundles: those stay valid, run on
+    /// the CPU, and get kernels from `convert add-kernels`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kernels: Vec<KernelEntry>,
     pub files: Vec<FileEntry>,
     /// SHA256 of [`canonical_file_list`] over `files`.
     pub bundle_digest: String,
@@ -409,6 +414,112 @@ pub struct TokenizerRef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pre: Option<String>,
     pub n_vocab: u64,
+}
+
+/// Folder of a bundle's GPU kernels; it holds nothing but the files of the `kernels` section.
+pub const KERNELS_DIR: &str = "kernels";
+
+/// One file of a bundle's GPU kernels (`crate::bundle::kernels`): a WGSL module of the
+/// registry ([`crate::runtime::gpu::kernels::all`]) or the MSL naga translated it to. The
+/// file is also listed in `files`, so the bundle digest covers it as it covers the weights.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelEntry {
+    /// The module's name, `[A-Za-z0-9_]` only, carrying its parameters
+    /// (`ternary_matvec_r4_wg64_sg`).
+    pub name: String,
+    pub kind: KernelKind,
+    /// `kernels/{name}.wgsl` or `kernels/{name}.metal`.
+    pub file: String,
+    /// The file's size in bytes (as in `files`).
+    pub bytes: u64,
+    /// The file's SHA256 (as in `files`).
+    pub sha256: String,
+    /// How the MSL was made; present exactly when `kind` is `msl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub msl: Option<MslTranslation>,
+}
+
+/// What a kernel file holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelKind {
+    /// WGSL, what wgpu compiles on every backend (Vulkan, Metal, DX12).
+    Wgsl,
+    /// Metal Shading Language for native Metal hosts, translated from the WGSL by naga.
+    Msl,
+}
+
+impl KernelKind {
+    /// The file extension: `wgsl`, `metal`.
+    pub fn extension(self) -> &'static str {
+        match self {
+            KernelKind::Wgsl => "wgsl",
+            KernelKind::Msl => "metal",
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelKind::Wgsl => "wgsl",
+            KernelKind::Msl => "msl",
+        }
+    }
+}
+
+/// How an MSL kernel was translated: with these, the same naga version makes the same bytes
+/// from the WGSL (`convert verify` checks that).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MslTranslation {
+    /// The WGSL file it was translated from (`kernels/{name}.wgsl`).
+    pub from: String,
+    /// `naga`.
+    pub translator: String,
+    /// The naga version (the one wgpu compiles shaders with, from `Cargo.lock`).
+    pub naga_version: String,
+    pub options: MslOptions,
+    /// The MSL function's name: naga renames WGSL's entry point `main` (reserved in Metal's
+    /// C++) to `main_`.
+    pub entry_point: String,
+    /// Threads per threadgroup `[x, y, z]` (WGSL's `@workgroup_size`), which a Metal host
+    /// passes at dispatch.
+    pub workgroup_size: [u32; 3],
+    /// Where each WGSL binding is in the MSL: `[[buffer(slot)]]`.
+    pub buffers: Vec<MslBuffer>,
+    /// The `[[buffer(slot)]]` of the array-length buffer naga's bounds checks read (one
+    /// `uint` per storage buffer, in `buffers` order); absent when the kernel has no storage
+    /// buffer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sizes_buffer: Option<u8>,
+}
+
+/// naga's MSL writer options that change its output, as recorded in a manifest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MslOptions {
+    /// Metal Shading Language version, `"2.3"`.
+    pub lang_version: String,
+    /// naga's bounds-check policy for indices and buffers: `restrict` (clamp, wgpu's default
+    /// with runtime checks), `read_zero_skip_write` or `unchecked`.
+    pub bounds_checks: String,
+    /// Workgroup memory zeroed at the start (wgpu's default).
+    pub zero_initialize_workgroup_memory: bool,
+    /// Loops made provably finite for the Metal compiler (wgpu's default).
+    pub force_loop_bounding: bool,
+    /// Integer division and remainder guarded against zero and overflow (wgpu's default).
+    pub int_div_checks: bool,
+}
+
+/// One WGSL binding of an MSL kernel.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MslBuffer {
+    pub group: u32,
+    pub binding: u32,
+    pub slot: u8,
+    /// A storage buffer the kernel writes (`read_write`).
+    pub mutable: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -7,13 +7,18 @@
 //!                    SHA256), every file's SHA256, the bundle digest
 //!   weights.bin      every tensor, each starting at a multiple of 256 bytes, little-endian
 //!   tokenizer.json   the GGUF tokenizer.* metadata, verbatim
+//!   kernels/         the GPU kernels: NAME.wgsl for every module of the registry and
+//!                    NAME.metal, the MSL naga translates it to (in `files` and the digest)
 //! ```
 //!
-//! [`writer`] makes bundles (`convert pack`, `convert gguf-to-ternary`), [`reader`] opens and
-//! checks them, [`verify`] compares them with their source (`convert verify`).
+//! [`writer`] makes bundles (`convert pack`, `convert gguf-to-ternary`) and adds kernels to
+//! existing ones (`convert add-kernels`), [`kernels`] makes and checks the kernel files,
+//! [`reader`] opens and checks bundles, [`verify`] compares them with their source
+//! (`convert verify`).
 
 pub mod config;
 pub mod hf;
+pub mod kernels;
 pub mod manifest;
 pub mod palettize;
 pub mod reader;
@@ -96,6 +101,10 @@ pub enum BundleError {
     /// file, a wrong digest).
     #[error("{path}: {detail}")]
     Integrity { path: PathBuf, detail: String },
+    /// A GPU kernel of the registry that cannot be shipped (does not parse, validate or
+    /// translate to MSL).
+    #[error(transparent)]
+    Kernel(#[from] kernels::KernelError),
     /// Test hook: a failure injected after the given number of tensors.
     #[error("injected failure after {0} tensors")]
     Injected(usize),

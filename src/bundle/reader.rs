@@ -158,6 +158,9 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, BundleError> {
             ),
         ));
     }
+    if let Some(fault) = super::kernels::manifest_faults(&m).into_iter().next() {
+        return Err(manifest_err(&mpath, fault));
+    }
     Ok(m)
 }
 
@@ -243,7 +246,8 @@ fn hash_file_and_ranges(
 }
 
 /// Checks the bundle against its manifest: every listed file present, regular, of the listed
-/// size and SHA256; no unlisted file; the bundle digest; every tensor inside its file, aligned,
+/// size and SHA256 (the kernel files among them, whose `kernels` entries must agree with the
+/// file list); no unlisted file; the bundle digest; every tensor inside its file, aligned,
 /// consistent with its encoding and shape, not overlapping another, and of the listed SHA256.
 /// Files are read once with plain reads (so checking a multi-GB bundle does not make it
 /// resident) and then memory-mapped for use. Returns the maps and every failure found (empty
@@ -252,7 +256,7 @@ pub fn check_integrity(
     dir: &Path,
     m: &Manifest,
 ) -> Result<(BTreeMap<String, Mmap>, Vec<String>), BundleError> {
-    let mut failures = Vec::new();
+    let mut failures = super::kernels::integrity_faults(m);
     let mut maps = BTreeMap::new();
     for t in &m.tensors {
         if let Err(e) = check_tensor_layout(t) {

@@ -216,6 +216,7 @@ impl Staging {
             functions,
             tensors,
             tokenizer,
+            kernels: Vec::new(),
             files,
             bundle_digest,
         };
