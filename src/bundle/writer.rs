@@ -21,6 +21,7 @@ use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 use super::config;
+use super::kernels;
 use super::manifest::*;
 use super::BundleError;
 use crate::ggml::GgmlType;
@@ -155,17 +156,23 @@ impl HashingWriter<BufWriter<File>> {
 }
 
 /// A bundle being written: a temporary directory beside the output, renamed into place by
-/// [`Staging::commit`] once the manifest is written, removed if dropped before that.
+/// [`Staging::commit`] once the manifest is written, removed if dropped before that. Every
+/// writer (`pack`, `gguf-to-ternary`, `palettize` from any input) goes through it, so every
+/// bundle carries the GPU kernels: they are translated here, before any tensor is converted
+/// (a kernel that cannot be shipped fails the write at once), and written by `commit`.
 pub(crate) struct Staging {
     dir: util::StagingDir,
     output: PathBuf,
+    kernels: Vec<kernels::KernelFile>,
 }
 
 impl Staging {
     pub(crate) fn new(output: &Path) -> Result<Staging, BundleError> {
+        let kernels = kernels::current()?;
         Ok(Staging {
             dir: util::StagingDir::beside(output)?,
             output: output.to_path_buf(),
+            kernels,
         })
     }
 
@@ -173,8 +180,8 @@ impl Staging {
         self.dir.path()
     }
 
-    /// Writes the tokenizer and the manifest (files sorted, digest over them), then renames
-    /// the directory into place. Returns the manifest and its length in bytes.
+    /// Writes the tokenizer, the kernels and the manifest (files sorted, digest over them),
+    /// then renames the directory into place. Returns the manifest and its length in bytes.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn commit(
         self,
@@ -197,6 +204,7 @@ impl Staging {
                 sha256: util::sha256_hex(tokenizer_bytes),
             },
         ];
+        files.extend(write_kernel_files(self.path(), &self.kernels)?);
         files.sort_by(|a, b| a.path.cmp(&b.path));
         let bundle_digest = util::sha256_hex(canonical_file_list(&files).as_bytes());
         let functions = functions_for(&model, buckets);
@@ -216,24 +224,52 @@ impl Staging {
             functions,
             tensors,
             tokenizer,
-            kernels: Vec::new(),
+            kernels: self.kernels.iter().map(|k| k.entry.clone()).collect(),
             files,
             bundle_digest,
         };
-        let mut mbytes =
-            serde_json::to_vec_pretty(&manifest).map_err(|e| BundleError::Manifest {
-                path: self.output.join(MANIFEST_FILE),
-                detail: e.to_string(),
-            })?;
-        mbytes.push(b'\n');
-        let mpath = self.path().join(MANIFEST_FILE);
-        std::fs::write(&mpath, &mbytes).map_err(io_err(&mpath))?;
+        let mlen = write_manifest(self.path(), &self.output, &manifest)?;
         self.dir
             .publish(|| rename_dir_noclobber(self.path(), &self.output))?;
         // The directory now lives at `output`; keep tempfile from removing it.
         self.dir.keep();
-        Ok((manifest, mbytes.len() as u64))
+        Ok((manifest, mlen))
     }
+}
+
+/// Writes `kernels/` into the bundle directory `dir`; returns the files' entries.
+fn write_kernel_files(
+    dir: &Path,
+    files: &[kernels::KernelFile],
+) -> Result<Vec<FileEntry>, BundleError> {
+    let kdir = dir.join(KERNELS_DIR);
+    if !files.is_empty() {
+        std::fs::create_dir(&kdir).map_err(io_err(&kdir))?;
+    }
+    let mut out = Vec::with_capacity(files.len());
+    for k in files {
+        let p = dir.join(&k.entry.file);
+        std::fs::write(&p, &k.bytes).map_err(io_err(&p))?;
+        out.push(FileEntry {
+            path: k.entry.file.clone(),
+            size: k.entry.bytes,
+            sha256: k.entry.sha256.clone(),
+        });
+    }
+    Ok(out)
+}
+
+/// Writes `manifest.json` (pretty JSON and a newline) into `dir`; errors name it at `output`,
+/// where it is going. Returns its length in bytes.
+fn write_manifest(dir: &Path, output: &Path, manifest: &Manifest) -> Result<u64, BundleError> {
+    let mut mbytes = serde_json::to_vec_pretty(manifest).map_err(|e| BundleError::Manifest {
+        path: output.join(MANIFEST_FILE),
+        detail: e.to_string(),
+    })?;
+    mbytes.push(b'\n');
+    let mpath = dir.join(MANIFEST_FILE);
+    std::fs::write(&mpath, &mbytes).map_err(io_err(&mpath))?;
+    Ok(mbytes.len() as u64)
 }
 
 impl<W: Write> Write for HashingWriter<W> {

@@ -80,18 +80,30 @@ pub fn sha256_f32(v: &[f32]) -> String {
     lowbit::util::sha256_hex(&bytes)
 }
 
-/// A copy of bundle `b` (its three files) in a new temporary directory, with `edit` applied to
-/// its manifest's JSON (which no hash covers). Returns the directory and the copy's path.
+/// Copies the directory tree `from` (a bundle: its files and `kernels/`) to `to`, which must
+/// not exist.
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// A copy of bundle `b` (every file, `kernels/` included) in a new temporary directory, with
+/// `edit` applied to its manifest's JSON (which no hash covers). Returns the directory and the
+/// copy's path.
 pub fn edited_copy(
     b: &Path,
     edit: impl FnOnce(&mut serde_json::Value),
 ) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let t = dir.path().join("t.bundle");
-    std::fs::create_dir(&t).unwrap();
-    for f in ["weights.bin", "tokenizer.json", "manifest.json"] {
-        std::fs::copy(b.join(f), t.join(f)).unwrap();
-    }
+    copy_tree(b, &t);
     let mpath = t.join("manifest.json");
     let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&mpath).unwrap()).unwrap();
     edit(&mut m);
@@ -124,4 +136,70 @@ pub fn write_rehashed(
         serde_json::to_vec_pretty(m).unwrap(),
     )
     .unwrap();
+}
+
+/// The command that rewrites the golden bundle digests in `manifests/` (run it after a change
+/// that is meant to change bundles, such as a kernel added to `kernels::all()`).
+pub const UPDATE_GOLDEN: &str =
+    "LOWBIT_UPDATE_GOLDEN=1 cargo test --release --test bundle_pack --test bundle_ternary golden";
+
+/// Compares `got` (`command`, `source_sha256`, `bundle_digest`, `files` of a bundle) with the
+/// golden file `path`, or rewrites it under `LOWBIT_UPDATE_GOLDEN=1`. The bundle digest covers
+/// every file, the GPU kernels in `kernels/` included, so a change to a kernel (a module added
+/// to or changed in `kernels::all()`, a shader edited, another naga) changes the digest: the
+/// failure says whether only kernel files differ (then regenerate with [`UPDATE_GOLDEN`]) or
+/// weights or tokenizer bytes do (a change in conversion: find out why first).
+pub fn check_golden(path: &Path, got: &serde_json::Value) {
+    use serde_json::Value;
+    if std::env::var("LOWBIT_UPDATE_GOLDEN").as_deref() == Ok("1") {
+        let mut bytes = serde_json::to_vec_pretty(got).unwrap();
+        bytes.push(b'\n');
+        std::fs::write(path, bytes).unwrap();
+    }
+    let want: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    if &want == got {
+        return;
+    }
+    let files = |v: &Value| -> std::collections::BTreeMap<String, Value> {
+        v["files"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|f| (f["path"].as_str().unwrap_or("").to_string(), f.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (a, b) = (files(got), files(&want));
+    let differing: Vec<&String> = a
+        .keys()
+        .chain(b.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|p| a.get(*p) != b.get(*p))
+        .collect();
+    let only_kernels = got["source_sha256"] == want["source_sha256"]
+        && !differing.is_empty()
+        && differing.iter().all(|p| p.starts_with("kernels/"));
+    let why = if only_kernels {
+        format!(
+            "only GPU kernel files differ ({} of them, e.g. {}): the bundle digest covers the kernels, so changing kernels::all() or a shader changes it; if that change is intended, regenerate with: {UPDATE_GOLDEN}",
+            differing.len(),
+            differing[0]
+        )
+    } else {
+        format!(
+            "files other than kernels differ ({:?}) or the source changed: conversion output changed; find out why before regenerating ({UPDATE_GOLDEN})",
+            differing
+                .iter()
+                .filter(|p| !p.starts_with("kernels/"))
+                .collect::<Vec<_>>()
+        )
+    };
+    panic!(
+        "golden bundle digest changed: {}: {why}\ngot bundle_digest {}, golden {}",
+        path.display(),
+        got["bundle_digest"],
+        want["bundle_digest"]
+    );
 }
