@@ -1231,6 +1231,28 @@ fn print_verify(out: &mut impl Write, r: &verify::VerifyReport) -> std::io::Resu
             if t.passed { "ok" } else { "FAILED" }
         )?;
     }
+    let k = &r.kernels;
+    if !k.is_empty() {
+        let n = |kind: &str, check: &str| {
+            k.iter()
+                .filter(|c| c.kind == kind && c.check == check && c.passed)
+                .count()
+        };
+        let wgsl = k.iter().filter(|c| c.kind == "wgsl").count();
+        let msl = k.len() - wgsl;
+        writeln!(
+            out,
+            "kernels: {wgsl} WGSL ({} parsed and validated by naga {}), {msl} MSL ({} re-derived identical, {} from another naga version not re-derived), {} failed",
+            n("wgsl", "parsed and validated"),
+            lowbit::bundle::kernels::NAGA_VERSION,
+            n("msl", "re-derived"),
+            n("msl", "not re-derived"),
+            k.iter().filter(|c| !c.passed).count()
+        )?;
+    }
+    for f in &r.notes {
+        writeln!(out, "note: {f}")?;
+    }
     for f in &r.failures {
         writeln!(out, "failure: {f}")?;
     }

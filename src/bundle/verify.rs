@@ -63,7 +63,12 @@ pub struct VerifyReport {
     pub files_checked: usize,
     /// Everything that failed, in words.
     pub failures: Vec<String>,
+    /// What is worth knowing but not a failure (a bundle without GPU kernels; kernels that
+    /// differ from this build's).
+    pub notes: Vec<String>,
     pub tensors: Vec<TensorCheck>,
+    /// Every kernel file (WGSL parsed and validated, MSL re-derived).
+    pub kernels: Vec<super::kernels::KernelCheck>,
     pub totals: Totals,
 }
 
@@ -173,6 +178,15 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
         None => None,
     };
     failures.extend(function_table_faults(&m));
+    let (kernels, notes) =
+        super::kernels::check_kernels(&m, bundle, &|path: &str| maps.get(path).map(|map| &map[..]));
+    for k in kernels.iter().filter(|k| !k.passed) {
+        failures.push(format!(
+            "{}: {}",
+            k.file,
+            k.detail.as_deref().unwrap_or("failed")
+        ));
+    }
     if let Some(src) = &source {
         // The model configuration is not hashed: it must be what the source's metadata gives
         // (at the bundle's n_ctx, the one value chosen at conversion).
@@ -300,7 +314,9 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
         bundle_digest: m.bundle_digest.clone(),
         files_checked: m.files.len(),
         failures,
+        notes,
         tensors: checks,
+        kernels,
         totals,
     })
 }

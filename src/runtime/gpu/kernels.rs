@@ -6,7 +6,12 @@
 //! template (the ternary matvec for each rows-per-workgroup, workgroup size and reduction) is
 //! listed once per variant the backend can pick.
 
+use std::collections::HashMap;
+
 use super::{MatvecConfig, Reduction};
+use crate::bundle::reader::Bundle;
+
+pub use crate::bundle::kernels::KernelError;
 
 /// One WGSL module: `kernels/{name}.wgsl` in a bundle.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,6 +51,15 @@ pub fn all() -> Vec<KernelSource> {
     v.extend(super::weights::sources());
     v.sort_by(|a, b| a.name.cmp(&b.name));
     v
+}
+
+/// The WGSL modules `bundle` carries, by name (its `kernels/NAME.wgsl`, after the hash checks
+/// of [`Bundle::open`]): what [`super::ContextOptions::sources`] takes, so the GPU backend
+/// compiles only what the bundle ships. A bundle with no kernels (made before kernels shipped
+/// in bundles; the CPU backend still runs it) is [`KernelError::NoKernels`], whose message
+/// gives the command that adds them (`convert add-kernels DIR`).
+pub fn from_bundle(bundle: &Bundle) -> Result<HashMap<String, String>, KernelError> {
+    crate::bundle::kernels::wgsl_sources(bundle)
 }
 
 #[cfg(test)]
