@@ -192,6 +192,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Give a bundle this binary's GPU kernels (every WGSL module and the MSL naga makes from
+    /// it), added to a bundle made before kernels shipped in bundles or replacing the ones it
+    /// carries; recomputes the manifest and the bundle digest. The bundle must verify first.
+    /// Without -o the bundle is replaced (staged beside it, then swapped in).
+    AddKernels {
+        /// The bundle directory.
+        bundle: PathBuf,
+        /// Write the result here (must not exist) and leave the bundle as it is.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Print only the summary line.
+        #[arg(long, short)]
+        quiet: bool,
+    },
     /// List the GPU adapters wgpu finds (Vulkan, Metal, DX12): backend, driver, features,
     /// subgroup sizes and the limits the kernels depend on. No adapter is not an error.
     GpuInfo {
@@ -771,6 +785,46 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             rt,
             json,
         } => bench_cmd(bundle, prompt_tokens, gen_tokens, repeats, &rt, json),
+        Command::AddKernels {
+            bundle,
+            output,
+            quiet,
+        } => {
+            let t0 = std::time::Instant::now();
+            let s = match writer::add_kernels(&bundle, output.as_deref()) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("error: add-kernels {}: {e}", bundle.display());
+                    return Ok(ExitCode::from(2));
+                }
+            };
+            let mut out = std::io::stdout().lock();
+            if !quiet {
+                for (name, what) in &s.modules {
+                    writeln!(out, "{what:<9} {name} (wgsl, msl)")?;
+                }
+                for name in &s.removed {
+                    writeln!(out, "{:<9} {name}", "removed")?;
+                }
+            }
+            let count = |w: &str| s.modules.iter().filter(|m| m.1 == w).count();
+            writeln!(
+                out,
+                "{}: {} kernel modules ({} files, WGSL and MSL from naga {}): {} new, {} replaced, {} unchanged, {} removed, in {:.2}s; bundle digest {} -> {}",
+                s.output.display(),
+                s.modules.len(),
+                s.files,
+                lowbit::bundle::kernels::NAGA_VERSION,
+                count("new"),
+                count("replaced"),
+                count("unchanged"),
+                s.removed.len(),
+                t0.elapsed().as_secs_f64(),
+                s.old_digest,
+                s.new_digest
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Verify {
             bundle,
             source,

@@ -12,7 +12,7 @@
 //! Atomicity: everything is written into a temporary directory beside the output, which is
 //! renamed into place only after the manifest is written; on any failure it is removed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -740,4 +740,227 @@ fn rename_dir_noclobber(from: &Path, to: &Path) -> Result<(), BundleError> {
         path: to.to_path_buf(),
         source,
     })
+}
+
+/// What [`add_kernels`] did.
+#[derive(Clone, Debug)]
+pub struct AddKernelsSummary {
+    /// Where the bundle with the kernels is (the input, or `-o`).
+    pub output: PathBuf,
+    /// Every module of this build and what happened to it: `new` (the bundle lacked it),
+    /// `replaced` (its WGSL or MSL differed), `unchanged`.
+    pub modules: Vec<(String, &'static str)>,
+    /// Modules the bundle had that this build does not: removed.
+    pub removed: Vec<String>,
+    /// Kernel files written (WGSL and MSL).
+    pub files: usize,
+    pub old_digest: String,
+    pub new_digest: String,
+}
+
+/// `convert add-kernels`: gives the bundle at `bundle` this binary's GPU kernels (adds them to
+/// a bundle made before kernels shipped in bundles, or replaces the ones it carries) and
+/// recomputes the manifest's `kernels`, `files` and `bundle_digest`; every other file and the
+/// rest of the manifest stay byte for byte, so the result equals what this binary would have
+/// written. The bundle must verify first (`convert verify` without a source), else nothing is
+/// written.
+///
+/// Never half-written: with `output` the new bundle is staged beside it (files copied) and
+/// renamed into place, refusing an existing path or one inside the input; without, it is
+/// staged beside the bundle (files hard-linked, copied where a link fails) and swapped with it
+/// in one `renameat2(RENAME_EXCHANGE)` (on file systems without it: two renames under the
+/// signal lock, the first undone if the second fails), then the old one is removed.
+pub fn add_kernels(bundle: &Path, output: Option<&Path>) -> Result<AddKernelsSummary, BundleError> {
+    if let Some(out) = output {
+        util::refuse_existing(out)?;
+        util::refuse_output_inside(bundle, out)?;
+    }
+    let new_kernels = kernels::current()?;
+    let report = super::verify::verify(
+        bundle,
+        &super::verify::VerifyOptions {
+            source: None,
+            maxerr: 0.0,
+        },
+    )?;
+    if !report.passed {
+        const SHOWN: usize = 5;
+        let f = &report.failures;
+        let mut detail = format!(
+            "does not verify, so no kernels were added: {}",
+            f[..f.len().min(SHOWN)].join("; ")
+        );
+        if f.len() > SHOWN {
+            detail.push_str(&format!("; and {} more", f.len() - SHOWN));
+        }
+        detail.push_str(" (`convert verify` lists every failure)");
+        return Err(BundleError::Integrity {
+            path: bundle.to_path_buf(),
+            detail,
+        });
+    }
+    let old = super::reader::read_manifest(bundle)?;
+
+    // What changes, module by module.
+    let old_files: BTreeMap<(&str, KernelKind), &str> = old
+        .kernels
+        .iter()
+        .map(|k| ((k.name.as_str(), k.kind), k.sha256.as_str()))
+        .collect();
+    let mut modules = Vec::new();
+    for pair in new_kernels.chunks(2) {
+        let name = pair[0].entry.name.as_str();
+        let same = pair
+            .iter()
+            .all(|k| old_files.get(&(name, k.entry.kind)) == Some(&k.entry.sha256.as_str()));
+        let had = old_files.keys().any(|(n, _)| *n == name);
+        modules.push((
+            name.to_string(),
+            match (had, same) {
+                (false, _) => "new",
+                (true, true) => "unchanged",
+                (true, false) => "replaced",
+            },
+        ));
+    }
+    let mut removed: Vec<String> = old
+        .kernels
+        .iter()
+        .map(|k| k.name.clone())
+        .filter(|n| !new_kernels.iter().any(|k| &k.entry.name == n))
+        .collect();
+    removed.dedup();
+
+    let old_kernel_files: BTreeSet<&str> = old.kernels.iter().map(|k| k.file.as_str()).collect();
+    let kept: Vec<FileEntry> = old
+        .files
+        .iter()
+        .filter(|f| !old_kernel_files.contains(f.path.as_str()))
+        .cloned()
+        .collect();
+    let mut manifest = old.clone();
+    manifest.kernels = new_kernels.iter().map(|k| k.entry.clone()).collect();
+    manifest.files = kept.clone();
+    manifest.files.extend(new_kernels.iter().map(|k| FileEntry {
+        path: k.entry.file.clone(),
+        size: k.entry.bytes,
+        sha256: k.entry.sha256.clone(),
+    }));
+    manifest.files.sort_by(|a, b| a.path.cmp(&b.path));
+    manifest.bundle_digest = util::sha256_hex(canonical_file_list(&manifest.files).as_bytes());
+
+    let target = output.unwrap_or(bundle);
+    let staging = util::StagingDir::beside(target)?;
+    let new_dir = staging.path().join("bundle");
+    std::fs::create_dir(&new_dir).map_err(io_err(&new_dir))?;
+    let perms = std::fs::metadata(bundle)
+        .map_err(io_err(bundle))?
+        .permissions();
+    std::fs::set_permissions(&new_dir, perms).map_err(io_err(&new_dir))?;
+    for f in &kept {
+        let (from, to) = (bundle.join(&f.path), new_dir.join(&f.path));
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent).map_err(io_err(parent))?;
+        }
+        let linked = output.is_none() && std::fs::hard_link(&from, &to).is_ok();
+        if !linked {
+            std::fs::copy(&from, &to).map_err(io_err(&to))?;
+        }
+    }
+    write_kernel_files(&new_dir, &new_kernels)?;
+    write_manifest(&new_dir, target, &manifest)?;
+    match output {
+        Some(out) => staging.publish(|| rename_dir_noclobber(&new_dir, out))?,
+        None => staging.publish(|| swap_dirs(&new_dir, bundle, &staging.path().join("old")))?,
+    }
+    // The staging directory now holds nothing (after a rename) or the old bundle (after a
+    // swap); dropping it removes it.
+    drop(staging);
+    Ok(AddKernelsSummary {
+        output: target.to_path_buf(),
+        modules,
+        removed,
+        files: new_kernels.len(),
+        old_digest: old.bundle_digest,
+        new_digest: manifest.bundle_digest,
+    })
+}
+
+/// Swaps the directories `new` and `dest` (`renameat2(RENAME_EXCHANGE)` on Linux), so `dest`
+/// is the new one and `new` the old. Where the file system or OS lacks the exchange, moves
+/// `dest` to `aside`, then `new` to `dest`, and moves `dest` back if that fails.
+fn swap_dirs(new: &Path, dest: &Path, aside: &Path) -> Result<(), BundleError> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        if let (Ok(f), Ok(t)) = (
+            CString::new(new.as_os_str().as_bytes()),
+            CString::new(dest.as_os_str().as_bytes()),
+        ) {
+            // SAFETY: both are valid NUL-terminated paths.
+            let rc = unsafe {
+                libc::renameat2(
+                    libc::AT_FDCWD,
+                    f.as_ptr(),
+                    libc::AT_FDCWD,
+                    t.as_ptr(),
+                    libc::RENAME_EXCHANGE,
+                )
+            };
+            if rc == 0 {
+                return Ok(());
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINVAL) && e.raw_os_error() != Some(libc::ENOSYS) {
+                return Err(BundleError::Io {
+                    path: dest.to_path_buf(),
+                    source: e,
+                });
+            }
+        }
+    }
+    swap_by_renames(new, dest, aside)
+}
+
+/// [`swap_dirs`] without an exchange: `dest` to `aside`, `new` to `dest` (undone on failure).
+fn swap_by_renames(new: &Path, dest: &Path, aside: &Path) -> Result<(), BundleError> {
+    std::fs::rename(dest, aside).map_err(io_err(dest))?;
+    if let Err(e) = std::fs::rename(new, dest) {
+        let _ = std::fs::rename(aside, dest);
+        return Err(BundleError::Io {
+            path: dest.to_path_buf(),
+            source: e,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn swaps_by_exchange_and_by_renames() {
+        let d = tempfile::tempdir().unwrap();
+        let (new, dest, aside) = (
+            d.path().join("new"),
+            d.path().join("dest"),
+            d.path().join("aside"),
+        );
+        for (dir, tag) in [(&new, "new"), (&dest, "old")] {
+            std::fs::create_dir(dir).unwrap();
+            std::fs::write(dir.join("f"), tag).unwrap();
+        }
+        let tag = |p: &Path| std::fs::read_to_string(p.join("f")).unwrap();
+        swap_dirs(&new, &dest, &aside).unwrap();
+        assert_eq!((tag(&dest), tag(&new)), ("new".into(), "old".into()));
+        swap_by_renames(&new, &dest, &aside).unwrap();
+        assert_eq!((tag(&dest), tag(&aside)), ("old".into(), "new".into()));
+        assert!(!new.exists());
+        // A failed second rename (nothing at `new`) puts `dest` back.
+        let e = swap_by_renames(&new, &dest, &d.path().join("aside2")).unwrap_err();
+        assert!(matches!(e, BundleError::Io { .. }), "{e}");
+        assert_eq!(tag(&dest), "old");
+    }
 }

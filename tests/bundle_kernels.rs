@@ -1,0 +1,566 @@
+//! The GPU kernels a bundle carries (issue 12): every writer puts each module of
+//! `kernels::all()` in `kernels/` as WGSL and as the MSL naga makes from it, listed and hashed
+//! in the manifest and covered by the bundle digest; `from_bundle` gives the GPU backend
+//! exactly those; a bundle made before kernels shipped runs on the CPU, is refused by
+//! `from_bundle` with the command that fixes it, and `convert add-kernels` makes it what a
+//! fresh write gives; `convert verify` checks every kernel file.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use lowbit::bundle::kernels::{self as bk, KernelError};
+use lowbit::bundle::manifest::{canonical_file_list, KernelKind, Manifest};
+use lowbit::bundle::reader::Bundle;
+use lowbit::runtime::gpu::kernels::{self, KernelSource};
+use lowbit::util::sha256_hex;
+
+/// The digest `convert gguf-to-ternary` gave the tiny MiniCPM before kernels shipped in
+/// bundles (`manifests/minicpm-tiny-tq2_0.gguf-to-ternary.json` at commit 0b0618a): a bundle
+/// stripped of its kernels here must be that bundle, file for file.
+const DIGEST_BEFORE_KERNELS: &str =
+    "0373459239f92bd9efd7a114824a74e8eb55262c04a88d21a104be2cac6ca727";
+
+fn tiny() -> PathBuf {
+    common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf")
+}
+
+fn convert(args: &[&str], paths: &[&Path]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_convert"));
+    c.args(args);
+    for p in paths {
+        c.arg(p);
+    }
+    c.output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A fresh `gguf-to-ternary` bundle of the tiny MiniCPM at `dir/name` (bundles to compare
+/// manifests of share a name: the manifest records the output's file name).
+fn written(dir: &Path, name: &str) -> PathBuf {
+    let out = dir.join(name);
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    let o = convert(&["gguf-to-ternary", "-q", "-o"], &[&out, &tiny()]);
+    assert!(o.status.success(), "{}", text(&o));
+    out
+}
+
+fn manifest(b: &Path) -> Manifest {
+    serde_json::from_slice(&std::fs::read(b.join("manifest.json")).unwrap()).unwrap()
+}
+
+/// Writes `m` as the writer does (pretty JSON and a newline), the file list sorted and the
+/// digest recomputed over it.
+fn write_manifest(b: &Path, m: &mut Manifest) {
+    m.files.sort_by(|a, b| a.path.cmp(&b.path));
+    m.bundle_digest = sha256_hex(canonical_file_list(&m.files).as_bytes());
+    let mut bytes = serde_json::to_vec_pretty(m).unwrap();
+    bytes.push(b'\n');
+    std::fs::write(b.join("manifest.json"), bytes).unwrap();
+}
+
+/// Turns bundle `b` into one made before kernels shipped: no `kernels` section, no kernel
+/// files, the digest recomputed the way the writer computes it.
+fn strip_kernels(b: &Path) {
+    let mut m = manifest(b);
+    m.kernels.clear();
+    m.files.retain(|f| !f.path.starts_with("kernels/"));
+    write_manifest(b, &mut m);
+    std::fs::remove_dir_all(b.join("kernels")).unwrap();
+}
+
+/// Replaces kernel file `file` of bundle `b` with `bytes` and rehashes it everywhere (its
+/// kernel entry, the file list, the digest), as a producer would.
+fn rewrite_kernel(b: &Path, file: &str, bytes: &[u8]) {
+    std::fs::write(b.join(file), bytes).unwrap();
+    let mut m = manifest(b);
+    for k in m.kernels.iter_mut().filter(|k| k.file == file) {
+        k.bytes = bytes.len() as u64;
+        k.sha256 = sha256_hex(bytes);
+    }
+    for f in m.files.iter_mut().filter(|f| f.path == file) {
+        f.size = bytes.len() as u64;
+        f.sha256 = sha256_hex(bytes);
+    }
+    write_manifest(b, &mut m);
+}
+
+/// Whether two bundles' manifests are byte-identical.
+fn same_manifest(a: &Path, b: &Path) -> bool {
+    std::fs::read(a.join("manifest.json")).unwrap()
+        == std::fs::read(b.join("manifest.json")).unwrap()
+}
+
+fn registry() -> HashMap<String, String> {
+    kernels::all()
+        .into_iter()
+        .map(|k| (k.name, k.wgsl))
+        .collect()
+}
+
+#[test]
+fn written_bundle_lists_and_hashes_every_kernel() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = written(dir.path(), "t.bundle");
+    let m = manifest(&b);
+    let all = kernels::all();
+    assert!(!all.is_empty());
+    assert_eq!(m.kernels.len(), 2 * all.len());
+    // Sorted by name, WGSL before MSL; every file in the file list with the same size and hash.
+    let order: Vec<(String, KernelKind)> =
+        m.kernels.iter().map(|k| (k.name.clone(), k.kind)).collect();
+    let mut sorted = order.clone();
+    sorted.sort();
+    assert_eq!(order, sorted);
+    for k in &m.kernels {
+        let bytes = std::fs::read(b.join(&k.file)).unwrap();
+        assert_eq!(k.file, format!("kernels/{}.{}", k.name, k.kind.extension()));
+        assert_eq!(
+            (k.bytes, k.sha256.as_str()),
+            (bytes.len() as u64, &*sha256_hex(&bytes))
+        );
+        let f = m.files.iter().find(|f| f.path == k.file).unwrap();
+        assert_eq!((f.size, &f.sha256), (k.bytes, &k.sha256), "{}", k.file);
+    }
+    for src in &all {
+        let wgsl = std::fs::read(b.join(format!("kernels/{}.wgsl", src.name))).unwrap();
+        assert_eq!(wgsl, src.wgsl.as_bytes(), "{}", src.name);
+        let msl_entry = m
+            .kernels
+            .iter()
+            .find(|k| k.name == src.name && k.kind == KernelKind::Msl)
+            .unwrap();
+        let t = msl_entry.msl.as_ref().unwrap();
+        assert_eq!(t.from, format!("kernels/{}.wgsl", src.name));
+        assert_eq!(
+            (t.translator.as_str(), t.naga_version.as_str()),
+            ("naga", bk::NAGA_VERSION)
+        );
+        assert_eq!(t.options, bk::default_msl_options());
+        let msl = std::fs::read_to_string(b.join(&msl_entry.file)).unwrap();
+        assert!(!msl.is_empty());
+        assert!(msl.starts_with("// language: metal2.3\n"), "{}", src.name);
+        // WGSL's `main` is a reserved name in Metal: naga calls it `main_`.
+        assert_eq!(t.entry_point, "main_");
+        assert!(
+            msl.contains("kernel void main_("),
+            "{}: no kernel entry point",
+            src.name
+        );
+        for buf in &t.buffers {
+            assert!(
+                msl.contains(&format!("[[buffer({})]]", buf.slot)),
+                "{}: slot {}",
+                src.name,
+                buf.slot
+            );
+        }
+    }
+    // The manifest, and one of a bundle made before kernels shipped, fit the schema.
+    let schema: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(common::repo().join("schemas/bundle-manifest.v1.schema.json")).unwrap(),
+    )
+    .unwrap();
+    let v = jsonschema::validator_for(&schema).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(b.join("manifest.json")).unwrap()).unwrap();
+    let errors: Vec<String> = v.iter_errors(&json).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    let mut old = json.clone();
+    old.as_object_mut().unwrap().remove("kernels");
+    assert!(v.is_valid(&old));
+    let mut bad = json.clone();
+    bad["kernels"][1].as_object_mut().unwrap().remove("msl");
+    assert!(
+        !v.is_valid(&bad),
+        "an msl entry without its translation record"
+    );
+}
+
+#[test]
+fn the_digest_covers_the_kernels() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = written(dir.path(), "t.bundle");
+    let name = &kernels::all()[0].name;
+    let file = format!("kernels/{name}.wgsl");
+    // One byte of a kernel: opening (every backend, the CPU's included) and verify fail,
+    // naming the file.
+    let mut bytes = std::fs::read(b.join(&file)).unwrap();
+    bytes[10] ^= 1;
+    std::fs::write(b.join(&file), &bytes).unwrap();
+    let e = Bundle::open(&b)
+        .err()
+        .expect("a changed kernel byte must fail open");
+    assert!(e.to_string().contains(&format!("{file}: sha256")), "{e}");
+    let o = convert(&["verify"], &[&b]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("failure: {file}: sha256")),
+        "{}",
+        text(&o)
+    );
+
+    // The kernel entry and the file list must agree: rehashing only the file list is caught.
+    let b2 = written(dir.path(), "t2.bundle");
+    let mut m = manifest(&b2);
+    let wgsl = format!("{}// edited\n", kernels::all()[0].wgsl);
+    std::fs::write(b2.join(&file), &wgsl).unwrap();
+    for f in m.files.iter_mut().filter(|f| f.path == file) {
+        f.size = wgsl.len() as u64;
+        f.sha256 = sha256_hex(wgsl.as_bytes());
+    }
+    write_manifest(&b2, &mut m);
+    let e = Bundle::open(&b2).err().unwrap();
+    assert!(
+        e.to_string()
+            .contains(&format!("{file}: the kernels section says")),
+        "{e}"
+    );
+
+    // Rehashed everywhere, a comment-only edit verifies (naga's MSL has no comments, so the
+    // MSL is still what naga makes from it); verify notes that the WGSL is not this build's.
+    rewrite_kernel(&b2, &file, wgsl.as_bytes());
+    Bundle::open(&b2).unwrap();
+    let o = convert(&["verify"], &[&b2]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("1 changed ({name})")),
+        "{}",
+        text(&o)
+    );
+    // Another module under the same name, rehashed: the bundle opens, but its MSL is not what
+    // naga makes from the WGSL, and verify says so, naming the MSL file.
+    let ws = manifest(&b2)
+        .kernels
+        .iter()
+        .find(|k| &k.name == name && k.kind == KernelKind::Msl)
+        .unwrap()
+        .msl
+        .clone()
+        .unwrap()
+        .workgroup_size;
+    let other = format!(
+        "@compute @workgroup_size({}, {}, {}) fn main() {{}}\n",
+        ws[0], ws[1], ws[2]
+    );
+    rewrite_kernel(&b2, &file, other.as_bytes());
+    Bundle::open(&b2).unwrap();
+    let o = convert(&["verify"], &[&b2]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!(
+            "failure: kernels/{name}.metal: differs from the MSL naga {} makes from {file}",
+            bk::NAGA_VERSION
+        )),
+        "{}",
+        text(&o)
+    );
+
+    // A WGSL file that does not parse, rehashed: verify names it.
+    rewrite_kernel(&b2, &file, b"fn main( {");
+    let o = convert(&["verify", "--json"], &[&b2]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let failures = r["failures"].to_string();
+    assert!(
+        failures.contains(&format!("{file}: kernel {name}: the WGSL does not parse")),
+        "{failures}"
+    );
+    let check = r["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["file"] == file.as_str())
+        .unwrap();
+    assert_eq!(check["passed"], false);
+}
+
+#[test]
+fn a_manifest_with_inconsistent_kernel_entries_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = written(dir.path(), "t.bundle");
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(&str, Edit); 4] = [
+        ("listed twice", |m| {
+            let k = m["kernels"][0].clone();
+            m["kernels"].as_array_mut().unwrap().push(k);
+        }),
+        ("expected \"kernels/", |m| {
+            m["kernels"][0]["file"] = "weights.bin".into();
+        }),
+        ("the msl record is missing", |m| {
+            m["kernels"][1].as_object_mut().unwrap().remove("msl");
+        }),
+        ("is under kernels/ but is not in the kernels section", |m| {
+            let k = m["kernels"].as_array_mut().unwrap();
+            k.remove(1);
+            k.remove(0);
+        }),
+    ];
+    for (needle, edit) in cases {
+        let (_d, t) = common::edited_copy(&b, edit);
+        let o = convert(&["verify"], &[&t]);
+        assert_eq!(o.status.code(), Some(2), "{needle}: {}", text(&o));
+        assert!(text(&o).contains(needle), "{needle}: {}", text(&o));
+    }
+}
+
+#[test]
+fn from_bundle_returns_exactly_the_registry() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Bundle::open(written(dir.path(), "t.bundle")).unwrap();
+    assert_eq!(kernels::from_bundle(&b).unwrap(), registry());
+}
+
+#[test]
+fn old_bundle_runs_on_the_cpu_and_add_kernels_makes_it_a_fresh_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = written(dir.path(), "fresh/t.bundle");
+    let old = written(dir.path(), "old/t.bundle");
+    strip_kernels(&old);
+    // The stripped bundle is the bundle this file gave before kernels shipped.
+    assert_eq!(manifest(&old).bundle_digest, DIGEST_BEFORE_KERNELS);
+
+    // Valid: verify passes and says what is missing; the CPU backend runs it.
+    let o = convert(&["verify"], &[&old]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("note: no GPU kernels (a bundle made before kernels shipped in bundles)"),
+        "{}",
+        text(&o)
+    );
+    let o = convert(
+        &[
+            "run",
+            "--backend",
+            "cpu",
+            "--prompt-ids",
+            "1,2,3",
+            "--max-tokens",
+            "4",
+            "--print-ids",
+        ],
+        &[&old],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o_fresh = convert(
+        &[
+            "run",
+            "--backend",
+            "cpu",
+            "--prompt-ids",
+            "1,2,3",
+            "--max-tokens",
+            "4",
+            "--print-ids",
+        ],
+        &[&fresh],
+    );
+    assert_eq!(
+        o.stdout, o_fresh.stdout,
+        "the same tokens with and without kernels"
+    );
+
+    // The GPU side refuses it, giving the command that fixes it.
+    let e = kernels::from_bundle(&Bundle::open(&old).unwrap()).unwrap_err();
+    assert!(matches!(e, KernelError::NoKernels { .. }), "{e}");
+    let msg = e.to_string();
+    let command = format!("convert add-kernels {}", old.display());
+    assert_eq!(
+        msg,
+        format!(
+            "bundle {} carries no GPU kernels (made before kernels shipped in bundles); add them with: {command}",
+            old.display()
+        )
+    );
+
+    // `-o`: a new bundle, the input untouched.
+    let copy = dir.path().join("copy/t.bundle");
+    std::fs::create_dir(copy.parent().unwrap()).unwrap();
+    let o = convert(&["add-kernels", "-q", "-o"], &[&copy, &old]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(manifest(&old).bundle_digest, DIGEST_BEFORE_KERNELS);
+    assert!(!old.join("kernels").exists());
+
+    // The command from the message, as given: in place.
+    let args: Vec<&str> = command.split(' ').collect();
+    assert_eq!(args[..2], ["convert", "add-kernels"]);
+    let o = convert(&args[1..], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    let n = kernels::all().len();
+    assert!(
+        out.contains(&format!("{n} kernel modules ({} files", 2 * n))
+            && out.contains(&format!("{n} new, 0 replaced, 0 unchanged, 0 removed")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("new       {} (wgsl, msl)", kernels::all()[0].name)),
+        "{out}"
+    );
+    // Byte for byte what a fresh write gives: manifest (digest included) and every file.
+    for b in [&old, &copy] {
+        assert!(same_manifest(b, &fresh), "{}", b.display());
+        for k in manifest(b).kernels {
+            assert_eq!(
+                std::fs::read(b.join(&k.file)).unwrap(),
+                std::fs::read(fresh.join(&k.file)).unwrap()
+            );
+        }
+        let o = convert(&["verify"], &[b]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        assert!(!text(&o).contains("note:"), "{}", text(&o));
+    }
+    assert_eq!(
+        kernels::from_bundle(&Bundle::open(&old).unwrap()).unwrap(),
+        registry()
+    );
+    // Nothing left beside the bundles (no staging directory, no old copy).
+    for d in ["old", "copy"] {
+        let names: Vec<String> = std::fs::read_dir(dir.path().join(d))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["t.bundle"], "{d}");
+    }
+
+    // Again on a bundle that has them: nothing changes.
+    let o = convert(&["add-kernels", "-q"], &[&old]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("0 new, 0 replaced, {n} unchanged")),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(manifest(&old).bundle_digest, manifest(&fresh).bundle_digest);
+}
+
+#[test]
+fn add_kernels_replaces_kernels_of_another_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = written(dir.path(), "fresh/t.bundle");
+    let b = written(dir.path(), "t.bundle");
+    // Another build's set: one module of ours missing, one we do not have.
+    let ours = kernels::all();
+    let extra = bk::translate_all(&[KernelSource {
+        name: "zz_other_build".into(),
+        wgsl: "@group(0) @binding(0) var<storage, read_write> y: array<f32>;\n@compute @workgroup_size(32) fn main(@builtin(global_invocation_id) i: vec3<u32>) { y[i.x] = 1.0; }\n".into(),
+    }])
+    .unwrap();
+    let mut m = manifest(&b);
+    let gone = &ours[0].name;
+    m.kernels.retain(|k| &k.name != gone);
+    m.files
+        .retain(|f| !f.path.starts_with(&format!("kernels/{gone}.")));
+    std::fs::remove_file(b.join(format!("kernels/{gone}.wgsl"))).unwrap();
+    std::fs::remove_file(b.join(format!("kernels/{gone}.metal"))).unwrap();
+    for k in &extra {
+        std::fs::write(b.join(&k.entry.file), &k.bytes).unwrap();
+        m.kernels.push(k.entry.clone());
+        m.files.push(lowbit::bundle::manifest::FileEntry {
+            path: k.entry.file.clone(),
+            size: k.entry.bytes,
+            sha256: k.entry.sha256.clone(),
+        });
+    }
+    write_manifest(&b, &mut m);
+    let o = convert(&["verify"], &[&b]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!(
+            "note: the kernels differ from this build's: 1 missing ({gone}), 1 not in this build (zz_other_build), 0 changed"
+        )),
+        "{}",
+        text(&o)
+    );
+    let o = convert(&["add-kernels"], &[&b]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    assert!(
+        out.contains(&format!("new       {gone} (wgsl, msl)")),
+        "{out}"
+    );
+    assert!(out.contains("removed   zz_other_build"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "1 new, 0 replaced, {} unchanged, 1 removed",
+            ours.len() - 1
+        )),
+        "{out}"
+    );
+    assert!(same_manifest(&b, &fresh));
+    assert!(!b.join("kernels/zz_other_build.wgsl").exists());
+}
+
+#[test]
+fn add_kernels_refuses_a_bundle_that_does_not_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = written(dir.path(), "t.bundle");
+    strip_kernels(&b);
+    let mut w = std::fs::read(b.join("weights.bin")).unwrap();
+    w[1000] ^= 1;
+    std::fs::write(b.join("weights.bin"), &w).unwrap();
+    let before = std::fs::read(b.join("manifest.json")).unwrap();
+    for args in [&["add-kernels"][..], &["add-kernels", "-o", "x.bundle"][..]] {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_convert"));
+        c.current_dir(dir.path()).args(args).arg(&b);
+        let o = c.output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(
+            text(&o).contains("does not verify, so no kernels were added: weights.bin: sha256"),
+            "{}",
+            text(&o)
+        );
+    }
+    assert_eq!(std::fs::read(b.join("manifest.json")).unwrap(), before);
+    assert!(!b.join("kernels").exists());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    // An output inside the input, or one that exists, is refused before anything is read.
+    let fresh = written(dir.path(), "fresh.bundle");
+    let inside = fresh.join("sub.bundle");
+    let o = convert(&["add-kernels", "-o"], &[&inside, &fresh]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("inside the input bundle"), "{}", text(&o));
+    let o = convert(&["add-kernels", "-o"], &[&b, &fresh]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("exists"), "{}", text(&o));
+}
+
+/// The GPU context compiles from the bundle's sources alone: the matvec from the bundle's
+/// WGSL, and a module the bundle lacks is refused with the add-kernels hint. Skipped without
+/// an adapter (lavapipe runs it on any CPU).
+#[test]
+fn gpu_context_compiles_what_the_bundle_carries() {
+    use lowbit::runtime::gpu::{context_for_tests, ContextOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let b = Bundle::open(written(dir.path(), "t.bundle")).unwrap();
+    let mut sources = kernels::from_bundle(&b).unwrap();
+    let Some(probe) = context_for_tests(&ContextOptions::default()) else {
+        return;
+    };
+    let cfg = probe.default_matvec_config();
+    drop(probe);
+    sources.remove(&cfg.name());
+    let ctx = context_for_tests(&ContextOptions {
+        sources: Some(kernels::from_bundle(&b).unwrap()),
+        ..Default::default()
+    })
+    .unwrap();
+    ctx.pipeline(&cfg).unwrap();
+    let ctx = context_for_tests(&ContextOptions {
+        sources: Some(sources),
+        ..Default::default()
+    })
+    .unwrap();
+    let e = ctx.pipeline(&cfg).err().unwrap().to_string();
+    assert!(e.contains("convert add-kernels"), "{e}");
+}
