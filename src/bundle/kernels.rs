@@ -748,15 +748,40 @@ mod tests {
                 m.entry.name
             );
             assert!(text.starts_with("// language: metal2.3"));
-            // The ternary matvec: codes, scales, x, y, params; y the one it writes.
-            assert_eq!(t.buffers.len(), 5, "{}", m.entry.name);
+            // Slots 0, 1, ... in (group, binding) order, the array-length buffer next.
+            let mut order: Vec<(u32, u32)> =
+                t.buffers.iter().map(|b| (b.group, b.binding)).collect();
+            order.sort_unstable();
             assert_eq!(
-                t.buffers.iter().filter(|b| b.mutable).count(),
-                1,
-                "{}",
-                m.entry.name
+                order,
+                t.buffers
+                    .iter()
+                    .map(|b| (b.group, b.binding))
+                    .collect::<Vec<_>>()
             );
-            assert_eq!(t.sizes_buffer, Some(5));
+            for (i, b) in t.buffers.iter().enumerate() {
+                assert_eq!(b.slot as usize, i, "{}", m.entry.name);
+                assert!(
+                    text.contains(&format!("[[buffer({i})]]")),
+                    "{}",
+                    m.entry.name
+                );
+            }
+            if let Some(s) = t.sizes_buffer {
+                assert_eq!(s as usize, t.buffers.len(), "{}", m.entry.name);
+            }
+            if m.entry.name.starts_with("ternary_matvec_") {
+                // Codes, scales, x, y, params; y the one it writes.
+                assert_eq!(t.buffers.len(), 5, "{}", m.entry.name);
+                let written: Vec<u32> = t
+                    .buffers
+                    .iter()
+                    .filter(|b| b.mutable)
+                    .map(|b| b.binding)
+                    .collect();
+                assert_eq!(written, [3], "{}", m.entry.name);
+                assert_eq!(t.sizes_buffer, Some(5));
+            }
         }
     }
 
