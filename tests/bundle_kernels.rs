@@ -383,6 +383,22 @@ fn old_bundle_runs_on_the_cpu_and_add_kernels_makes_it_a_fresh_write() {
         )
     );
 
+    // So does `--backend gpu`, before it looks for an adapter.
+    let o = convert(
+        &[
+            "run",
+            "--backend",
+            "gpu",
+            "--prompt-ids",
+            "1,2,3",
+            "--max-tokens",
+            "1",
+        ],
+        &[&old],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains(&msg), "{}", text(&o));
+
     // `-o`: a new bundle, the input untouched.
     let copy = dir.path().join("copy/t.bundle");
     std::fs::create_dir(copy.parent().unwrap()).unwrap();
@@ -563,4 +579,20 @@ fn gpu_context_compiles_what_the_bundle_carries() {
     .unwrap();
     let e = ctx.pipeline(&cfg).err().unwrap().to_string();
     assert!(e.contains("convert add-kernels"), "{e}");
+    drop(ctx);
+    // The GPU backend runs the bundle from its own kernels.
+    let o = convert(
+        &[
+            "run",
+            "--backend",
+            "gpu",
+            "--prompt-ids",
+            "1,2,3",
+            "--max-tokens",
+            "2",
+            "--print-ids",
+        ],
+        &[&b.dir],
+    );
+    assert!(o.status.success(), "{}", text(&o));
 }

@@ -128,7 +128,9 @@ pub struct LoadOptions {
     pub gpu_adapter: Option<gpu::AdapterSelector>,
     /// GPU: use the workgroup-memory reductions even where subgroup operations exist.
     pub gpu_no_subgroups: bool,
-    /// GPU: the WGSL modules to compile (a bundle's); the built-in ones when `None`.
+    /// GPU: the WGSL modules to compile. [`load`] fills in the bundle's own when `None`
+    /// ([`gpu::kernels::from_bundle`]: a bundle without kernels is refused);
+    /// `GpuBackend::new` given `None` compiles the ones built into this binary.
     pub gpu_sources: Option<std::collections::HashMap<String, String>>,
 }
 
@@ -223,10 +225,20 @@ pub fn load(
 ) -> Result<Box<dyn Backend + Send>, RuntimeError> {
     match kind {
         BackendKind::Cpu => Ok(Box::new(load_cpu_with(bundle_dir, opts)?)),
-        BackendKind::Gpu => Ok(Box::new(gpu::backend::GpuBackend::new(
-            open_model(bundle_dir)?,
-            opts,
-        )?)),
+        BackendKind::Gpu => {
+            let model = open_model(bundle_dir)?;
+            // The GPU compiles only the kernels the bundle carries (checked with every other
+            // file when it was opened); a bundle made before kernels shipped is refused with
+            // the command that adds them.
+            let mut opts = opts.clone();
+            if opts.gpu_sources.is_none() {
+                opts.gpu_sources = Some(
+                    gpu::kernels::from_bundle(&model.bundle)
+                        .map_err(|e| RuntimeError::Bundle(e.into()))?,
+                );
+            }
+            Ok(Box::new(gpu::backend::GpuBackend::new(model, &opts)?))
+        }
     }
 }
 
