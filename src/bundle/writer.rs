@@ -823,13 +823,15 @@ pub fn add_kernels(bundle: &Path, output: Option<&Path>) -> Result<AddKernelsSum
             },
         ));
     }
-    let mut removed: Vec<String> = old
+    let removed: Vec<String> = old
         .kernels
         .iter()
-        .map(|k| k.name.clone())
-        .filter(|n| !new_kernels.iter().any(|k| &k.entry.name == n))
+        .map(|k| k.name.as_str())
+        .filter(|n| !new_kernels.iter().any(|k| k.entry.name == *n))
+        .collect::<BTreeSet<&str>>()
+        .into_iter()
+        .map(String::from)
         .collect();
-    removed.dedup();
 
     let old_kernel_files: BTreeSet<&str> = old.kernels.iter().map(|k| k.file.as_str()).collect();
     let kept: Vec<FileEntry> = old

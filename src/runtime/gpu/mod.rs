@@ -3,8 +3,9 @@
 //! devices, Vulkan elsewhere (lavapipe, Mesa's CPU Vulkan driver, in the tests), DX12 on
 //! Windows, all through one set of WGSL kernels in `shaders/`.
 //!
-//! Not here yet (later sessions): the other ops, a [`super::Backend`] implementation, kernels
-//! shipped in the bundle.
+//! The other ops are in [`ops`], the weight kernels in [`weights`], the [`super::Backend`] in
+//! [`backend`]. Every module of [`kernels::all`] ships in each bundle (`kernels/`, with its
+//! MSL: [`crate::bundle::kernels`]), and [`super::load`] compiles only the bundle's.
 //!
 //! # Ternary matvec
 //!
