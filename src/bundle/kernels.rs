@@ -71,7 +71,7 @@ pub const MAX_KERNEL_BYTES: u64 = 1 << 20;
 pub const MAX_KERNEL_NAME: usize = 128;
 
 /// `MAX_KERNEL_ENTRIES`: entries a manifest's `kernels` section may hold (the registry has
-/// tens of modules, two files each).
+/// 161 modules today, two files each).
 pub const MAX_KERNEL_ENTRIES: usize = 1 << 14;
 
 /// `MAX_METAL_BUFFERS`: buffer slots of a Metal kernel's argument table (`[[buffer(0..30)]]`).
