@@ -15,18 +15,33 @@ pub struct KernelSource {
     pub wgsl: String,
 }
 
-/// The ternary matvec variants the backend may pick: 1, 2, 4 and 8 rows per workgroup, 32
-/// to 256 invocations, both reductions.
+/// The ternary matvec variants the backend may pick: the split kernel with 1, 2, 4 and 8
+/// rows per workgroup, 32 to 256 invocations, both reductions; the subgroup-rows kernel with
+/// 1, 2, 4 and 8 rows per subgroup pass and 1, 2 or 4 units in flight, 64 to 256 invocations,
+/// `rows per subgroup pass * invocations / 32` rows per workgroup (one pass per subgroup
+/// where subgroups have 32 lanes).
 pub fn ternary_matvec_configs() -> Vec<MatvecConfig> {
     let mut v = Vec::new();
     for reduction in [Reduction::Subgroup, Reduction::Workgroup] {
         for rows_per_workgroup in [1, 2, 4, 8] {
             for workgroup_size in [32, 64, 128, 256] {
-                v.push(MatvecConfig {
+                v.push(MatvecConfig::split(
                     rows_per_workgroup,
                     workgroup_size,
                     reduction,
-                });
+                ));
+            }
+        }
+    }
+    for rows_per_subgroup in [1, 2, 4, 8] {
+        for units_in_flight in [1, 2, 4] {
+            for workgroup_size in [64, 128, 256] {
+                v.push(MatvecConfig::subgroup_rows(
+                    rows_per_subgroup * workgroup_size / 32,
+                    workgroup_size,
+                    rows_per_subgroup,
+                    units_in_flight,
+                ));
             }
         }
     }

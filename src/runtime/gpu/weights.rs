@@ -117,7 +117,7 @@
 
 use super::kernels::KernelSource;
 use super::{
-    grid, BoundMatvec, GpuContext, GpuError, GpuTernary, MatvecConfig, Reduction, TernaryChunk,
+    grid, BoundMatvec, GpuContext, GpuError, GpuTernary, Reduction, TernaryChunk,
     MAX_WORKGROUPS_PER_DIM,
 };
 use crate::ggml::GgmlType;
@@ -307,17 +307,9 @@ impl Decoder {
 pub fn kernel_name(format: WeightFormat, op: WeightOp, reduction: Reduction) -> String {
     let d = Decoder::of(format);
     if d == Decoder::Ternary && op == WeightOp::Matvec {
-        return ternary_config(reduction).name();
+        return super::decode_matvec_config(reduction).name();
     }
     name_of(d, op, reduction)
-}
-
-fn ternary_config(reduction: Reduction) -> MatvecConfig {
-    MatvecConfig {
-        rows_per_workgroup: MATVEC_ROWS,
-        workgroup_size: WORKGROUP,
-        reduction,
-    }
 }
 
 fn name_of(d: Decoder, op: WeightOp, reduction: Reduction) -> String {
@@ -880,7 +872,7 @@ impl GpuContext {
                     .collect(),
             };
             return Ok(self
-                .bind_matvec(&t, x, y, &ternary_config(reduction))?
+                .bind_matvec(&t, x, y, &self.default_matvec_config())?
                 .into());
         }
         let (op, rows_per_wg, tok) = if n_tokens == 1 {
