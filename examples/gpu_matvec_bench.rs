@@ -7,6 +7,7 @@
 //! target/release/examples/gpu_matvec_bench [--shapes 4096x4096,256x4096,16384x4096,4096x16384]
 //!     [--configs r4_wg64_sg,r16_wg128_sgrows4_p2,...] [--min-bytes 1073741824]
 //!     [--reps 4] [--adapter INDEX|NAME] [--json FILE] [--unchecked]
+//! target/release/examples/gpu_matvec_bench --configs r16_wg128_sgrows4_p2 --print-source
 //! ```
 //!
 //! `--configs` takes [`MatvecConfig::name`]s without the `ternary_matvec_` prefix (`r4_wg64_sg`
@@ -89,6 +90,13 @@ fn parse() -> Args {
         if k == "--unchecked" {
             a.unchecked = true;
             continue;
+        }
+        if k == "--print-source" {
+            // The WGSL of each configuration named so far, then exit.
+            for c in &a.configs {
+                println!("{}", c.source());
+            }
+            std::process::exit(0);
         }
         let v = it
             .next()

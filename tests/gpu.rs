@@ -139,6 +139,16 @@ fn configs(ctx: &GpuContext) -> Vec<MatvecConfig> {
         ] {
             v.push(MatvecConfig::subgroup_rows(rows, wg, rs, p));
         }
+        // x staged in workgroup memory: one tile, several tiles (tiles of 4 units: a chunk
+        // wider than the tile), a last tile shorter than the others.
+        for (rows, wg, rs, p, xt) in [
+            (16, 128, 4, 2, 4096),
+            (6, 64, 2, 4, 256),
+            (12, 32, 3, 1, 512),
+            (24, 256, 8, 2, 1024),
+        ] {
+            v.push(MatvecConfig::subgroup_rows_tiled(rows, wg, rs, p, xt));
+        }
     }
     v
 }
@@ -443,6 +453,8 @@ fn bad_configs_and_shapes_are_refused() {
         MatvecConfig::subgroup_rows(6, 64, 4, 1),
         MatvecConfig::subgroup_rows(9, 64, 9, 1),
         MatvecConfig::subgroup_rows(8, 64, 2, 3),
+        MatvecConfig::subgroup_rows_tiled(8, 64, 2, 2, 300),
+        MatvecConfig::subgroup_rows_tiled(8, 64, 2, 2, 32768),
         MatvecConfig {
             reduction: Reduction::Workgroup,
             ..MatvecConfig::subgroup_rows(8, 64, 2, 2)
