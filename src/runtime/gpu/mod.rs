@@ -10,8 +10,9 @@
 //!
 //! `y = W x` for a `ternary2` weight `W` of row-major shape `[rows, cols]` (`cols = K`, a
 //! multiple of 256), `x` `[K]` f32, `y` `[rows]` f32, computed by
-//! `shaders/ternary_matvec.wgsl` from the bundle's words and f16 scales as stored. Per
-//! quarter block (64 elements, one `vec4<u32>` of codes) of a row it takes
+//! `shaders/ternary_matvec.wgsl` or `shaders/ternary_matvec_rows.wgsl` (below) from the
+//! bundle's words and f16 scales as stored. Per quarter block (64 elements, one `vec4<u32>` of
+//! codes) of a row, both take
 //! `d * (sum x*q - sum x)` with codes `q` in {0, 1, 2}, where the CPU reference takes
 //! `d * sum x*(q - 1)` per block: the same value in exact arithmetic, different f32 rounding.
 //!
@@ -25,11 +26,27 @@
 //! `3 * K * 2^-24 * A`. The code-to-float step is exact, and f16 scales decode exactly. The
 //! bound is a worst case; the tests print the largest ratio seen, far below it.
 //!
-//! # Two reductions
+//! # Two kernels, two reductions
 //!
-//! [`Reduction::Subgroup`] adds a row's partials with `subgroupAdd` (subgroup size read from
-//! the hardware, never assumed), [`Reduction::Workgroup`] with a tree in workgroup memory, for
-//! adapters without the SUBGROUP feature. Both are selectable and both are tested.
+//! [`MatvecKernel::Split`] (`shaders/ternary_matvec.wgsl`) gives every invocation of a
+//! workgroup a share of each of the workgroup's rows and adds the partials over the whole
+//! workgroup: [`Reduction::Subgroup`] with `subgroupAdd` (subgroup size read from the
+//! hardware, never assumed) and then workgroup memory, [`Reduction::Workgroup`] with a tree in
+//! workgroup memory, for adapters without the SUBGROUP feature. Both are selectable and both
+//! are tested.
+//!
+//! [`MatvecKernel::SubgroupRows`] (`shaders/ternary_matvec_rows.wgsl`, the entry point
+//! generated unrolled by [`MatvecConfig::source`]) is the decode kernel where subgroups exist
+//! ([`decode_matvec_config`], [`GpuContext::default_matvec_config`]): each subgroup takes its
+//! workgroup's rows a few at a time, its lanes stream consecutive `vec4<u32>` words of those
+//! rows (several loads in flight per lane), each 64-element unit's activations are loaded once
+//! into registers for those rows, the block scales are read once per block and handed out with
+//! `subgroupShuffle`, and a row ends with `subgroupAdd` alone. x is read from the storage
+//! buffer or, with `x_tile`, staged in workgroup memory a tile at a time (a barrier before and
+//! after each tile; the layout is XOR-swizzled so that neither the staging nor the reads have
+//! bank conflicts). How many subgroups a workgroup has changes only how many passes each makes
+//! over the workgroup's rows, so nothing depends on the subgroup size at compile time. The
+//! formula and the tolerance are the split kernel's.
 //!
 //! # Limits
 //!
@@ -766,12 +783,14 @@ fn rows_main(rs: u32, p: u32) -> String {
 }
 
 /// The ternary matvec configuration of one token (decode) for `reduction`:
-/// [`Reduction::Subgroup`] gives the subgroup-rows kernel (16 rows per workgroup of 128
-/// invocations, 4 rows per subgroup pass, 2 units in flight), [`Reduction::Workgroup`] the
-/// split kernel with 4 rows per workgroup of 64 invocations.
+/// [`Reduction::Subgroup`] gives the subgroup-rows kernel `r8_wg128_sgrows2_p2_xs4096` (8
+/// rows per workgroup of 128 invocations, 2 rows per subgroup pass, 2 units in flight, x staged
+/// 4096 elements at a time in 16 KB of workgroup memory: the fastest over the 8B model's
+/// decode shapes on an NVIDIA H200, BENCHMARKS.md), [`Reduction::Workgroup`] the split kernel
+/// with 4 rows per workgroup of 64 invocations.
 pub fn decode_matvec_config(reduction: Reduction) -> MatvecConfig {
     match reduction {
-        Reduction::Subgroup => MatvecConfig::subgroup_rows(16, 128, 4, 2),
+        Reduction::Subgroup => MatvecConfig::subgroup_rows_tiled(8, 128, 2, 2, 4096),
         Reduction::Workgroup => MatvecConfig::split(4, 64, Reduction::Workgroup),
     }
 }
@@ -922,12 +941,15 @@ impl GpuContext {
 
     /// The matvec configuration of one token (decode) here: [`decode_matvec_config`] of
     /// [`GpuContext::weight_reduction`] (the subgroup-rows kernel where the adapter has
-    /// subgroups), or the split kernel `r4_wg64` with the same reduction when the context's
-    /// sources lack that kernel (a bundle that ships kernels from before it).
+    /// subgroups), or the split kernel `r4_wg64` with the same reduction when the adapter
+    /// refuses that kernel (workgroup limits) or the context's sources lack it (a bundle that
+    /// ships kernels from before it).
     pub fn default_matvec_config(&self) -> MatvecConfig {
         let reduction = self.weight_reduction();
         let cfg = decode_matvec_config(reduction);
-        if self.builtin || self.sources.contains_key(&cfg.name()) {
+        if self.check_config(&cfg).is_ok()
+            && (self.builtin || self.sources.contains_key(&cfg.name()))
+        {
             cfg
         } else {
             MatvecConfig::split(4, 64, reduction)
