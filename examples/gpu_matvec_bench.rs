@@ -12,8 +12,9 @@
 //!
 //! `--configs` takes [`MatvecConfig::name`]s without the `ternary_matvec_` prefix (`r4_wg64_sg`
 //! split kernel with subgroups, `r4_wg64_wg` with workgroup memory, `r16_wg128_sgrows4_p2`
-//! subgroup rows); the default sweeps the split kernel's former default and best and a grid of
-//! subgroup-rows variants. Configurations the adapter refuses (no SUBGROUP) are skipped.
+//! subgroup rows, `r8_wg128_sgrows2_p2_xs4096` with x staged in workgroup memory); the
+//! default sweeps the former and current decode defaults and their neighbours. Configurations
+//! the adapter refuses (no SUBGROUP) are skipped.
 //!
 //! Each shape is uploaded as many times as it takes to pass `--min-bytes` (1 GiB: many times
 //! the largest L2 cache), and the dispatches cycle through the copies, so every matvec reads
@@ -49,28 +50,29 @@ fn die(msg: &str) -> ! {
     std::process::exit(2)
 }
 
-/// The default sweep: the split kernel's former decode default (`r4_wg64`, both reductions)
-/// and its best (`r8_wg128_sg`), then subgroup rows: rows per pass 1, 2, 4, 8 with 1, 2, 4
-/// units in flight at 128 invocations, 64 / 256 invocations for 2 and 4 rows per pass, 32 /
-/// 512 for 4 (rows per workgroup: one pass per subgroup of 32 lanes).
+/// The default sweep: the split kernel's former decode default (`r4_wg64`, both reductions),
+/// the subgroup-rows kernel reading x from storage (2 and 4 rows per pass), and with x staged
+/// in workgroup memory: the decode default `r8_wg128_sgrows2_p2_xs4096` and its neighbours
+/// (1, 2, 4 rows per pass, 1 or 2 units in flight, 128 or 256 invocations), as registered.
 fn default_configs() -> Vec<MatvecConfig> {
     let mut v = vec![
         MatvecConfig::split(4, 64, Reduction::Subgroup),
         MatvecConfig::split(4, 64, Reduction::Workgroup),
-        MatvecConfig::split(8, 128, Reduction::Subgroup),
+        MatvecConfig::subgroup_rows(8, 128, 2, 2),
+        MatvecConfig::subgroup_rows(16, 128, 4, 2),
     ];
-    for rs in [1, 2, 4, 8] {
-        for p in [1, 2, 4] {
-            v.push(MatvecConfig::subgroup_rows(rs * 4, 128, rs, p));
+    for rs in [1, 2, 4] {
+        for p in [1, 2] {
+            for wg in [128, 256] {
+                v.push(MatvecConfig::subgroup_rows_tiled(
+                    rs * wg / 32,
+                    wg,
+                    rs,
+                    p,
+                    4096,
+                ));
+            }
         }
-    }
-    for rs in [2, 4] {
-        for wg in [64, 256] {
-            v.push(MatvecConfig::subgroup_rows(rs * wg / 32, wg, rs, 2));
-        }
-    }
-    for wg in [32, 512] {
-        v.push(MatvecConfig::subgroup_rows(4 * wg / 32, wg, 4, 2));
     }
     v
 }
