@@ -4,18 +4,27 @@
 //!
 //! ```text
 //! cargo build --release --example gpu_matvec_bench
-//! target/release/examples/gpu_matvec_bench [--shapes 4096x4096,1024x4096,16384x4096,4096x16384]
-//!     [--rows 2,4,8] [--wg 64,128] [--reductions sg,wg] [--min-bytes 1073741824]
+//! target/release/examples/gpu_matvec_bench [--shapes 4096x4096,256x4096,16384x4096,4096x16384]
+//!     [--configs r4_wg64_sg,r16_wg128_sgrows4_p2,...] [--min-bytes 1073741824]
 //!     [--reps 4] [--adapter INDEX|NAME] [--json FILE] [--unchecked]
+//! target/release/examples/gpu_matvec_bench --configs r16_wg128_sgrows4_p2 --print-source
 //! ```
+//!
+//! `--configs` takes [`MatvecConfig::name`]s without the `ternary_matvec_` prefix (`r4_wg64_sg`
+//! split kernel with subgroups, `r4_wg64_wg` with workgroup memory, `r16_wg128_sgrows4_p2`
+//! subgroup rows, `r8_wg128_sgrows2_p2_xs4096` with x staged in workgroup memory); the
+//! default sweeps the former and current decode defaults and their neighbours. Configurations
+//! the adapter refuses (no SUBGROUP) are skipped.
 //!
 //! Each shape is uploaded as many times as it takes to pass `--min-bytes` (1 GiB: many times
 //! the largest L2 cache), and the dispatches cycle through the copies, so every matvec reads
-//! its weight from device memory, as a decode step does. Two figures per configuration:
-//! `kernel` (median of per-pass timestamps, one dispatch per pass) and `stream` (the same
-//! dispatches back to back in one pass, its span divided by their number: launch gaps and
-//! barriers included). GB/s counts the codes, scales, x and y bytes of one matvec.
-
+//! its weight from device memory, as a decode step does. Three figures per configuration:
+//! `kernel` (median of per-pass timestamps, one dispatch per pass: the pass's own overhead
+//! included), `chain` (the same dispatches back to back in one pass, all writing one y, so
+//! wgpu puts a barrier between each two, as between dependent matvecs of a decode step; the
+//! pass's span divided by their number) and `overlap` (the same, each copy writing its own y:
+//! no barriers, dispatches may overlap; the throughput of the kernel itself, launch gaps
+//! hidden). GB/s counts the codes, scales, x and y bytes of one matvec.
 use std::time::Instant;
 
 use lowbit::runtime::gpu::{
@@ -28,9 +37,7 @@ const MAX_QUERIES: usize = 4096;
 
 struct Args {
     shapes: Vec<(usize, usize)>,
-    rows: Vec<u32>,
-    wg: Vec<u32>,
-    reductions: Vec<Reduction>,
+    configs: Vec<MatvecConfig>,
     min_bytes: u64,
     reps: usize,
     adapter: Option<String>,
@@ -38,28 +45,42 @@ struct Args {
     unchecked: bool,
 }
 
-fn list<T: std::str::FromStr>(s: &str) -> Vec<T> {
-    s.split(',')
-        .map(|v| {
-            v.trim()
-                .parse()
-                .ok()
-                .unwrap_or_else(|| die(&format!("bad value {v:?}")))
-        })
-        .collect()
-}
-
 fn die(msg: &str) -> ! {
     eprintln!("error: {msg}");
     std::process::exit(2)
 }
 
+/// The default sweep: the split kernel's former decode default (`r4_wg64`, both reductions),
+/// the subgroup-rows kernel reading x from storage (2 and 4 rows per pass), and with x staged
+/// in workgroup memory: the decode default `r8_wg128_sgrows2_p2_xs4096` and its neighbours
+/// (1, 2, 4 rows per pass, 1 or 2 units in flight, 128 or 256 invocations), as registered.
+fn default_configs() -> Vec<MatvecConfig> {
+    let mut v = vec![
+        MatvecConfig::split(4, 64, Reduction::Subgroup),
+        MatvecConfig::split(4, 64, Reduction::Workgroup),
+        MatvecConfig::subgroup_rows(8, 128, 2, 2),
+        MatvecConfig::subgroup_rows(16, 128, 4, 2),
+    ];
+    for rs in [1, 2, 4] {
+        for p in [1, 2] {
+            for wg in [128, 256] {
+                v.push(MatvecConfig::subgroup_rows_tiled(
+                    rs * wg / 32,
+                    wg,
+                    rs,
+                    p,
+                    4096,
+                ));
+            }
+        }
+    }
+    v
+}
+
 fn parse() -> Args {
     let mut a = Args {
-        shapes: vec![(4096, 4096), (1024, 4096), (16384, 4096), (4096, 16384)],
-        rows: vec![2, 4, 8],
-        wg: vec![64, 128],
-        reductions: vec![Reduction::Subgroup, Reduction::Workgroup],
+        shapes: vec![(4096, 4096), (256, 4096), (16384, 4096), (4096, 16384)],
+        configs: default_configs(),
         min_bytes: 1 << 30,
         reps: 4,
         adapter: None,
@@ -71,6 +92,13 @@ fn parse() -> Args {
         if k == "--unchecked" {
             a.unchecked = true;
             continue;
+        }
+        if k == "--print-source" {
+            // The WGSL of each configuration named so far, then exit.
+            for c in &a.configs {
+                println!("{}", c.source());
+            }
+            std::process::exit(0);
         }
         let v = it
             .next()
@@ -88,15 +116,12 @@ fn parse() -> Args {
                     })
                     .collect()
             }
-            "--rows" => a.rows = list(&v),
-            "--wg" => a.wg = list(&v),
-            "--reductions" => {
-                a.reductions = v
+            "--configs" => {
+                a.configs = v
                     .split(',')
-                    .map(|s| match s {
-                        "sg" => Reduction::Subgroup,
-                        "wg" => Reduction::Workgroup,
-                        _ => die("reductions: sg,wg"),
+                    .map(|s| {
+                        MatvecConfig::parse(s.trim())
+                            .unwrap_or_else(|| die(&format!("bad config {s:?}")))
                     })
                     .collect()
             }
@@ -302,63 +327,66 @@ fn main() {
             "[{rows}, {cols}]: {copies} copies of {wbytes} bytes uploaded in {:.2}s",
             t0.elapsed().as_secs_f64()
         );
+        // One y per copy for the overlap figure.
+        let ys: Vec<wgpu::Buffer> = (0..copies)
+            .map(|i| ctx.vector_buffer(&format!("y{i}"), rows))
+            .collect();
         let moved = wbytes + (cols * 4 + rows * 4) as u64;
-        for &reduction in &args.reductions {
-            if reduction == Reduction::Subgroup && !ctx.has_subgroups() {
-                println!("  no SUBGROUP feature: subgroup path skipped");
+        for cfg in &args.configs {
+            if cfg.reduction == Reduction::Subgroup && !ctx.has_subgroups() {
+                println!("  {}: no SUBGROUP feature, skipped", cfg.name());
                 continue;
             }
-            for &r in &args.rows {
-                for &wg in &args.wg {
-                    let cfg = MatvecConfig {
-                        rows_per_workgroup: r,
-                        workgroup_size: wg,
-                        reduction,
-                    };
-                    // Correct first: the first copy against the CPU.
-                    let y = match ctx.matvec(&weights[0], &x, &cfg) {
-                        Ok(y) => y,
-                        Err(e) => {
-                            println!("  {}: {e}", cfg.name());
-                            continue;
-                        }
-                    };
-                    let worst = y
-                        .iter()
-                        .zip(&want)
-                        .zip(&abs)
-                        .map(|((g, c), a)| (*g as f64 - *c as f64).abs() / tolerance(cols, *a))
-                        .fold(0.0f64, f64::max);
-                    let bound: Vec<BoundMatvec> = weights
-                        .iter()
-                        .map(|w| ctx.bind_matvec(w, &xb, &yb, &cfg).unwrap())
-                        .collect();
-                    let passes = (copies * args.reps).max(64);
-                    // Warm-up: every copy once.
-                    let _ = time_stream(&ctx, &bound, copies);
-                    let kernel = time_passes(&ctx, &bound, passes).map(|mut v| median(&mut v));
-                    let (stream, how) = time_stream(&ctx, &bound, passes);
-                    let gbs = |ns: f64| moved as f64 / ns;
-                    println!(
-                        "  {:<28} kernel {:>9} ns {:>7} GB/s | stream {:>9.0} ns {:>7.1} GB/s ({how}) | {:.1}% of 4800 | max err {:.1e} of tol",
-                        cfg.name(),
-                        kernel.map(|k| format!("{k:.0}")).unwrap_or("-".into()),
-                        kernel.map(|k| format!("{:.1}", gbs(k))).unwrap_or("-".into()),
-                        stream,
-                        gbs(stream),
-                        100.0 * gbs(kernel.unwrap_or(stream)) / 4800.0,
-                        worst
-                    );
-                    results.push(serde_json::json!({
-                        "rows": rows, "cols": cols, "config": cfg.name(),
-                        "rows_per_workgroup": r, "workgroup_size": wg,
-                        "reduction": reduction.name(), "bytes": moved, "copies": copies,
-                        "kernel_ns": kernel, "kernel_gbs": kernel.map(gbs),
-                        "stream_ns": stream, "stream_gbs": gbs(stream), "stream_timing": how,
-                        "max_err_over_tol": worst,
-                    }));
+            // Correct first: the first copy against the CPU.
+            let y = match ctx.matvec(&weights[0], &x, cfg) {
+                Ok(y) => y,
+                Err(e) => {
+                    println!("  {}: {e}", cfg.name());
+                    continue;
                 }
-            }
+            };
+            let worst = y
+                .iter()
+                .zip(&want)
+                .zip(&abs)
+                .map(|((g, c), a)| (*g as f64 - *c as f64).abs() / tolerance(cols, *a))
+                .fold(0.0f64, f64::max);
+            let bound: Vec<BoundMatvec> = weights
+                .iter()
+                .map(|w| ctx.bind_matvec(w, &xb, &yb, cfg).unwrap())
+                .collect();
+            let bound_own: Vec<BoundMatvec> = weights
+                .iter()
+                .zip(&ys)
+                .map(|(w, y)| ctx.bind_matvec(w, &xb, y, cfg).unwrap())
+                .collect();
+            let passes = (copies * args.reps).max(64);
+            // Warm-up: every copy once.
+            let _ = time_stream(&ctx, &bound, copies);
+            let kernel = time_passes(&ctx, &bound, passes).map(|mut v| median(&mut v));
+            let (chain, how) = time_stream(&ctx, &bound, passes);
+            let (overlap, _) = time_stream(&ctx, &bound_own, passes);
+            let gbs = |ns: f64| moved as f64 / ns;
+            println!(
+                "  {:<36} kernel {:>7} ns {:>6} GB/s | chain {:>7.0} ns {:>6.1} GB/s | overlap {:>7.0} ns {:>6.1} GB/s {:>4.1}% ({how}) | err {:.1e} of tol",
+                cfg.name(),
+                kernel.map(|k| format!("{k:.0}")).unwrap_or("-".into()),
+                kernel.map(|k| format!("{:.1}", gbs(k))).unwrap_or("-".into()),
+                chain,
+                gbs(chain),
+                overlap,
+                gbs(overlap),
+                100.0 * gbs(overlap) / 4800.0,
+                worst
+            );
+            results.push(serde_json::json!({
+                "rows": rows, "cols": cols, "config": cfg.name(),
+                "bytes": moved, "copies": copies,
+                "kernel_ns": kernel, "kernel_gbs": kernel.map(gbs),
+                "chain_ns": chain, "chain_gbs": gbs(chain),
+                "overlap_ns": overlap, "overlap_gbs": gbs(overlap), "stream_timing": how,
+                "max_err_over_tol": worst,
+            }));
         }
     }
     if let Some(p) = args.json {

@@ -8,7 +8,8 @@
 mod common;
 
 use lowbit::runtime::gpu::{
-    self, context_for_tests, ContextOptions, GpuContext, GpuError, MatvecConfig, Reduction,
+    self, context_for_tests, ContextOptions, GpuContext, GpuError, MatvecConfig, MatvecKernel,
+    Reduction,
 };
 use lowbit::runtime::matvec::{matvec, WeightData};
 
@@ -115,11 +116,38 @@ fn configs(ctx: &GpuContext) -> Vec<MatvecConfig> {
             continue;
         }
         for (rows_per_workgroup, workgroup_size) in [(1, 32), (4, 64), (7, 128), (8, 256)] {
-            v.push(MatvecConfig {
+            v.push(MatvecConfig::split(
                 rows_per_workgroup,
                 workgroup_size,
                 reduction,
-            });
+            ));
+        }
+    }
+    if ctx.has_subgroups() {
+        // The subgroup-rows kernel: the decode default, one row per subgroup, rows per
+        // workgroup that leave subgroups idle or make them loop (whatever the subgroup size),
+        // every rows-per-pass and units-in-flight value, a workgroup of 32 (one partial
+        // subgroup where subgroups are wider).
+        v.push(gpu::decode_matvec_config(Reduction::Subgroup));
+        for (rows, wg, rs, p) in [
+            (1, 64, 1, 1),
+            (5, 64, 1, 2),
+            (6, 128, 2, 4),
+            (24, 256, 8, 1),
+            (12, 32, 3, 2),
+            (56, 64, 7, 4),
+        ] {
+            v.push(MatvecConfig::subgroup_rows(rows, wg, rs, p));
+        }
+        // x staged in workgroup memory: one tile, several tiles (tiles of 4 units: a chunk
+        // wider than the tile), a last tile shorter than the others.
+        for (rows, wg, rs, p, xt) in [
+            (16, 128, 4, 2, 4096),
+            (6, 64, 2, 4, 256),
+            (12, 32, 3, 1, 512),
+            (24, 256, 8, 2, 1024),
+        ] {
+            v.push(MatvecConfig::subgroup_rows_tiled(rows, wg, rs, p, xt));
         }
     }
     v
@@ -235,12 +263,123 @@ fn row_chunks_and_2d_grids_give_the_same_rows() {
         )
         .unwrap();
     assert_eq!(gpu::grid(rows as u64), Some((65_535, 2)));
-    let cfg = MatvecConfig {
-        rows_per_workgroup: 1,
-        ..whole.default_matvec_config()
+    let mut one_row = vec![MatvecConfig::split(1, 64, whole.weight_reduction())];
+    if whole.has_subgroups() {
+        one_row.push(MatvecConfig::subgroup_rows(1, 64, 1, 2));
+    }
+    for cfg in one_row {
+        let y = whole.matvec(&w, &x, &cfg).unwrap();
+        check(&format!("2-D grid {}", cfg.name()), &y, &want, &sums, cols);
+    }
+}
+
+#[test]
+fn chunked_bindings_match_for_every_decode_kernel() {
+    // Row chunks (a binding cap of about 24 rows' codes) with K = 256 * odd, each decode
+    // kernel: the same bits as one binding, within the tolerance of the CPU.
+    let (rows, cols) = (101usize, 1280usize);
+    let Some(whole) = context_for_tests(&ContextOptions::default()) else {
+        return;
     };
-    let y = whole.matvec(&w, &x, &cfg).unwrap();
-    check("2-D grid", &y, &want, &sums, cols);
+    let step = (whole.limits.min_storage_buffer_offset_alignment as u64 / 4).max(2);
+    let Some(ctx) = context_for_tests(&ContextOptions {
+        max_binding_bytes: Some((cols as u64 / 4) * (24 + step)),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let mut seed = 77u64;
+    let (words, scales) = random_weight(rows, cols, &mut seed);
+    let x = random_x(cols, &mut seed);
+    let want = cpu(&words, &scales, cols, &x);
+    let sums = abs_dx(&scales, cols, &x);
+    let wb: &[u8] = bytemuck::cast_slice(&words);
+    let sb: &[u8] = bytemuck::cast_slice(&scales);
+    let chunked = ctx.upload_ternary("w", rows, cols, wb, sb).unwrap();
+    assert!(chunked.chunks.len() > 2, "{} chunks", chunked.chunks.len());
+    let one = whole.upload_ternary("w", rows, cols, wb, sb).unwrap();
+    for cfg in configs(&whole) {
+        let a = ctx.matvec(&chunked, &x, &cfg).unwrap();
+        let b = whole.matvec(&one, &x, &cfg).unwrap();
+        check(&format!("chunked {}", cfg.name()), &a, &want, &sums, cols);
+        assert_eq!(
+            a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "{}",
+            cfg.name()
+        );
+    }
+}
+
+#[test]
+fn decode_default_is_the_subgroup_rows_kernel_where_subgroups_exist() {
+    let Some(ctx) = context_for_tests(&ContextOptions::default()) else {
+        return;
+    };
+    let Some(wg) = context_for_tests(&ContextOptions {
+        force_workgroup_reduction: true,
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let split_wg = MatvecConfig::split(4, 64, Reduction::Workgroup);
+    assert_eq!(wg.default_matvec_config(), split_wg);
+    let fast = gpu::decode_matvec_config(Reduction::Subgroup);
+    assert!(matches!(fast.kernel, MatvecKernel::SubgroupRows { .. }));
+    assert!(
+        gpu::kernels::all().iter().any(|k| k.name == fast.name()),
+        "{} is not in the registry",
+        fast.name()
+    );
+    if !ctx.has_subgroups() {
+        assert_eq!(ctx.default_matvec_config(), split_wg);
+        return;
+    }
+    assert_eq!(ctx.default_matvec_config(), fast);
+    // Sources without it (a bundle that ships older kernels): the split kernel.
+    let Some(old) = context_for_tests(&ContextOptions {
+        sources: Some(
+            gpu::kernels::all()
+                .into_iter()
+                .filter(|k| k.name != fast.name())
+                .map(|k| (k.name, k.wgsl))
+                .collect(),
+        ),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    assert_eq!(
+        old.default_matvec_config(),
+        MatvecConfig::split(4, 64, Reduction::Subgroup)
+    );
+    // Both decode paths of the weight product (subgroup rows, split with workgroup memory)
+    // against the CPU, through bind_matmul with one token, odd rows and K = 256 * odd.
+    let (rows, cols) = (45usize, 768usize);
+    let mut seed = 3u64;
+    let (words, scales) = random_weight(rows, cols, &mut seed);
+    let x = random_x(cols, &mut seed);
+    let want = cpu(&words, &scales, cols, &x);
+    let sums = abs_dx(&scales, cols, &x);
+    for (what, c) in [("sg", &ctx), ("wg", &wg)] {
+        let w = c
+            .upload_ternary_weight(
+                "w",
+                rows,
+                cols,
+                bytemuck::cast_slice(&words),
+                bytemuck::cast_slice(&scales),
+            )
+            .unwrap();
+        let y = c.run_matmul(&w, &x, 1).unwrap();
+        check(
+            &format!("bind_matmul one token, {what}"),
+            &y,
+            &want,
+            &sums,
+            cols,
+        );
+    }
 }
 
 #[test]
@@ -309,22 +448,32 @@ fn bad_configs_and_shapes_are_refused() {
             workgroup_size: 48,
             ..base
         },
+        MatvecConfig::split(33, 64, Reduction::Workgroup),
+        MatvecConfig::subgroup_rows(257, 64, 1, 1),
+        MatvecConfig::subgroup_rows(6, 64, 4, 1),
+        MatvecConfig::subgroup_rows(9, 64, 9, 1),
+        MatvecConfig::subgroup_rows(8, 64, 2, 3),
+        MatvecConfig::subgroup_rows_tiled(8, 64, 2, 2, 300),
+        MatvecConfig::subgroup_rows_tiled(8, 64, 2, 2, 32768),
         MatvecConfig {
-            rows_per_workgroup: 33,
-            ..base
+            reduction: Reduction::Workgroup,
+            ..MatvecConfig::subgroup_rows(8, 64, 2, 2)
         },
     ] {
         let e = ctx.pipeline(&bad).unwrap_err();
         assert!(matches!(e, GpuError::Shape { .. }), "{e}");
     }
     if !ctx.has_subgroups() {
-        let e = ctx
-            .pipeline(&MatvecConfig {
+        for cfg in [
+            MatvecConfig {
                 reduction: Reduction::Subgroup,
                 ..base
-            })
-            .unwrap_err();
-        assert!(matches!(e, GpuError::MissingFeature { .. }), "{e}");
+            },
+            gpu::decode_matvec_config(Reduction::Subgroup),
+        ] {
+            let e = ctx.pipeline(&cfg).unwrap_err();
+            assert!(matches!(e, GpuError::MissingFeature { .. }), "{e}");
+        }
     }
     let e = ctx
         .upload_ternary("w", 2, 100, &[0; 100], &[0; 2])

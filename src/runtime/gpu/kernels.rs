@@ -20,20 +20,46 @@ pub struct KernelSource {
     pub wgsl: String,
 }
 
-/// The ternary matvec variants the backend may pick: 1, 2, 4 and 8 rows per workgroup, 32
-/// to 256 invocations, both reductions.
+/// The ternary matvec variants the backend may pick: the split kernel with 1, 2, 4 and 8
+/// rows per workgroup, 32 to 256 invocations, both reductions; the subgroup-rows kernel with
+/// x staged 4096 elements at a time in workgroup memory, 1, 2 or 4 rows per subgroup pass, 1
+/// or 2 units in flight, 128 or 256 invocations and `rows per pass * invocations / 32` rows per
+/// workgroup (one pass per subgroup where subgroups have 32 lanes), among them the decode
+/// default ([`super::decode_matvec_config`]); and the subgroup-rows kernel reading x from the
+/// storage buffer (no workgroup memory, no barrier) with 2 or 4 rows per pass.
 pub fn ternary_matvec_configs() -> Vec<MatvecConfig> {
     let mut v = Vec::new();
     for reduction in [Reduction::Subgroup, Reduction::Workgroup] {
         for rows_per_workgroup in [1, 2, 4, 8] {
             for workgroup_size in [32, 64, 128, 256] {
-                v.push(MatvecConfig {
+                v.push(MatvecConfig::split(
                     rows_per_workgroup,
                     workgroup_size,
                     reduction,
-                });
+                ));
             }
         }
+    }
+    for rows_per_subgroup in [1, 2, 4] {
+        for units_in_flight in [1, 2] {
+            for workgroup_size in [128, 256] {
+                v.push(MatvecConfig::subgroup_rows_tiled(
+                    rows_per_subgroup * workgroup_size / 32,
+                    workgroup_size,
+                    rows_per_subgroup,
+                    units_in_flight,
+                    4096,
+                ));
+            }
+        }
+    }
+    for rows_per_subgroup in [2, 4] {
+        v.push(MatvecConfig::subgroup_rows(
+            rows_per_subgroup * 4,
+            128,
+            rows_per_subgroup,
+            2,
+        ));
     }
     v
 }
@@ -71,5 +97,9 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), all.len());
         assert!(all.iter().all(|k| k.wgsl.contains("fn main")));
+        for reduction in [super::Reduction::Subgroup, super::Reduction::Workgroup] {
+            let d = super::super::decode_matvec_config(reduction).name();
+            assert!(all.iter().any(|k| k.name == d), "{d} not registered");
+        }
     }
 }

@@ -11,8 +11,9 @@
 //!
 //! `y = W x` for a `ternary2` weight `W` of row-major shape `[rows, cols]` (`cols = K`, a
 //! multiple of 256), `x` `[K]` f32, `y` `[rows]` f32, computed by
-//! `shaders/ternary_matvec.wgsl` from the bundle's words and f16 scales as stored. Per
-//! quarter block (64 elements, one `vec4<u32>` of codes) of a row it takes
+//! `shaders/ternary_matvec.wgsl` or `shaders/ternary_matvec_rows.wgsl` (below) from the
+//! bundle's words and f16 scales as stored. Per quarter block (64 elements, one `vec4<u32>` of
+//! codes) of a row, both take
 //! `d * (sum x*q - sum x)` with codes `q` in {0, 1, 2}, where the CPU reference takes
 //! `d * sum x*(q - 1)` per block: the same value in exact arithmetic, different f32 rounding.
 //!
@@ -26,11 +27,27 @@
 //! `3 * K * 2^-24 * A`. The code-to-float step is exact, and f16 scales decode exactly. The
 //! bound is a worst case; the tests print the largest ratio seen, far below it.
 //!
-//! # Two reductions
+//! # Two kernels, two reductions
 //!
-//! [`Reduction::Subgroup`] adds a row's partials with `subgroupAdd` (subgroup size read from
-//! the hardware, never assumed), [`Reduction::Workgroup`] with a tree in workgroup memory, for
-//! adapters without the SUBGROUP feature. Both are selectable and both are tested.
+//! [`MatvecKernel::Split`] (`shaders/ternary_matvec.wgsl`) gives every invocation of a
+//! workgroup a share of each of the workgroup's rows and adds the partials over the whole
+//! workgroup: [`Reduction::Subgroup`] with `subgroupAdd` (subgroup size read from the
+//! hardware, never assumed) and then workgroup memory, [`Reduction::Workgroup`] with a tree in
+//! workgroup memory, for adapters without the SUBGROUP feature. Both are selectable and both
+//! are tested.
+//!
+//! [`MatvecKernel::SubgroupRows`] (`shaders/ternary_matvec_rows.wgsl`, the entry point
+//! generated unrolled by [`MatvecConfig::source`]) is the decode kernel where subgroups exist
+//! ([`decode_matvec_config`], [`GpuContext::default_matvec_config`]): each subgroup takes its
+//! workgroup's rows a few at a time, its lanes stream consecutive `vec4<u32>` words of those
+//! rows (several loads in flight per lane), each 64-element unit's activations are loaded once
+//! into registers for those rows, the block scales are read once per block and handed out with
+//! `subgroupShuffle`, and a row ends with `subgroupAdd` alone. x is read from the storage
+//! buffer or, with `x_tile`, staged in workgroup memory a tile at a time (a barrier before and
+//! after each tile; the layout is XOR-swizzled so that neither the staging nor the reads have
+//! bank conflicts). How many subgroups a workgroup has changes only how many passes each makes
+//! over the workgroup's rows, so nothing depends on the subgroup size at compile time. The
+//! formula and the tolerance are the split kernel's.
 //!
 //! # Limits
 //!
@@ -53,13 +70,19 @@ pub mod weights;
 const TERNARY_MATVEC_WGSL: &str = include_str!("shaders/ternary_matvec.wgsl");
 const REDUCE_SUBGROUP_WGSL: &str = include_str!("shaders/ternary_matvec_reduce_subgroup.wgsl");
 const REDUCE_WORKGROUP_WGSL: &str = include_str!("shaders/ternary_matvec_reduce_workgroup.wgsl");
+/// The subgroup-rows matvec's helpers; the host prepends the parameters and appends `main`.
+const TERNARY_MATVEC_ROWS_WGSL: &str = include_str!("shaders/ternary_matvec_rows.wgsl");
 
 /// Workgroups per grid dimension that every backend accepts (WebGPU's
 /// `maxComputeWorkgroupsPerDimension` default; Vulkan, Metal and DX12 all allow at least it).
 pub const MAX_WORKGROUPS_PER_DIM: u32 = 65_535;
 
-/// Rows per workgroup a matvec accepts (each row is an accumulator register per invocation).
+/// Rows per workgroup a split matvec accepts (each row is an accumulator register per
+/// invocation).
 pub const MAX_ROWS_PER_WORKGROUP: u32 = 32;
+
+/// Rows per workgroup a subgroup-rows matvec accepts (its subgroups loop over them).
+pub const MAX_ROWS_PER_WORKGROUP_SUBGROUP_ROWS: u32 = 256;
 
 /// Errors of the GPU layer.
 #[derive(Debug, thiserror::Error)]
@@ -301,40 +324,475 @@ impl Reduction {
     }
 }
 
+/// How a ternary matvec kernel splits its work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MatvecKernel {
+    /// Every invocation of the workgroup takes a share of every row of the workgroup
+    /// (`shaders/ternary_matvec.wgsl` and a reduction over the whole workgroup).
+    Split,
+    /// Subgroups take the workgroup's rows `rows_per_subgroup` at a time, lane `l` streaming
+    /// units `l, l + s, ...` of those rows, `units_in_flight` of them per chunk, added with
+    /// `subgroupAdd` alone (`shaders/ternary_matvec_rows.wgsl`; needs SUBGROUP).
+    SubgroupRows {
+        /// Rows a subgroup computes at once, sharing each unit's activations (1..=8).
+        rows_per_subgroup: u32,
+        /// Units (64 elements, one `vec4<u32>` of codes) per lane per chunk whose codes are
+        /// loaded before any is used: 1, 2 or 4.
+        units_in_flight: u32,
+        /// Elements of x the workgroup stages in workgroup memory at a time (a multiple of 256,
+        /// `4 * x_tile` bytes, one barrier before and after each tile), read from there
+        /// without bank conflicts; 0: every subgroup reads x from the storage buffer.
+        x_tile: u32,
+    },
+}
+
 /// The compile-time parameters of the ternary matvec (a pipeline each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatvecConfig {
-    /// Rows per workgroup (1..=[`MAX_ROWS_PER_WORKGROUP`]).
+    /// Rows per workgroup (1..=[`MAX_ROWS_PER_WORKGROUP`]; for
+    /// [`MatvecKernel::SubgroupRows`] a multiple of its rows per subgroup).
     pub rows_per_workgroup: u32,
     /// Invocations per workgroup: a power of two from 32 to 1024, within the adapter's limits.
     pub workgroup_size: u32,
+    /// [`Reduction::Subgroup`] for [`MatvecKernel::SubgroupRows`].
     pub reduction: Reduction,
+    pub kernel: MatvecKernel,
 }
 
+/// Elements of x a [`MatvecKernel::SubgroupRows`] workgroup stages at a time, at most.
+pub const MAX_X_TILE: u32 = 16384;
+
+/// Rows a [`MatvecKernel::SubgroupRows`] subgroup takes at once, at most.
+pub const MAX_ROWS_PER_SUBGROUP: u32 = 8;
+
 impl MatvecConfig {
-    /// The pipeline's name, carrying its parameters: `ternary_matvec_r4_wg64_sg`.
-    pub fn name(&self) -> String {
-        format!(
-            "ternary_matvec_r{}_wg{}_{}",
-            self.rows_per_workgroup,
-            self.workgroup_size,
-            self.reduction.name()
+    /// A [`MatvecKernel::Split`] configuration.
+    pub fn split(rows_per_workgroup: u32, workgroup_size: u32, reduction: Reduction) -> Self {
+        MatvecConfig {
+            rows_per_workgroup,
+            workgroup_size,
+            reduction,
+            kernel: MatvecKernel::Split,
+        }
+    }
+
+    /// A [`MatvecKernel::SubgroupRows`] configuration reading x from the storage buffer.
+    pub fn subgroup_rows(
+        rows_per_workgroup: u32,
+        workgroup_size: u32,
+        rows_per_subgroup: u32,
+        units_in_flight: u32,
+    ) -> Self {
+        Self::subgroup_rows_tiled(
+            rows_per_workgroup,
+            workgroup_size,
+            rows_per_subgroup,
+            units_in_flight,
+            0,
         )
+    }
+
+    /// A [`MatvecKernel::SubgroupRows`] configuration staging `x_tile` elements of x at a
+    /// time in workgroup memory (0: none).
+    pub fn subgroup_rows_tiled(
+        rows_per_workgroup: u32,
+        workgroup_size: u32,
+        rows_per_subgroup: u32,
+        units_in_flight: u32,
+        x_tile: u32,
+    ) -> Self {
+        MatvecConfig {
+            rows_per_workgroup,
+            workgroup_size,
+            reduction: Reduction::Subgroup,
+            kernel: MatvecKernel::SubgroupRows {
+                rows_per_subgroup,
+                units_in_flight,
+                x_tile,
+            },
+        }
+    }
+
+    /// The pipeline's name, carrying its parameters: `ternary_matvec_r4_wg64_sg` (split),
+    /// `ternary_matvec_r16_wg128_sgrows4_p2` (subgroup rows, 4 rows per subgroup pass, 2
+    /// units in flight), `ternary_matvec_r16_wg128_sgrows4_p2_xs4096` (x staged 4096
+    /// elements at a time in workgroup memory).
+    pub fn name(&self) -> String {
+        match self.kernel {
+            MatvecKernel::Split => format!(
+                "ternary_matvec_r{}_wg{}_{}",
+                self.rows_per_workgroup,
+                self.workgroup_size,
+                self.reduction.name()
+            ),
+            MatvecKernel::SubgroupRows {
+                rows_per_subgroup,
+                units_in_flight,
+                x_tile,
+            } => {
+                let mut n = format!(
+                    "ternary_matvec_r{}_wg{}_sgrows{}_p{}",
+                    self.rows_per_workgroup,
+                    self.workgroup_size,
+                    rows_per_subgroup,
+                    units_in_flight
+                );
+                if x_tile > 0 {
+                    n += &format!("_xs{x_tile}");
+                }
+                n
+            }
+        }
+    }
+
+    /// The configuration a name of [`MatvecConfig::name`] stands for (the `ternary_matvec_`
+    /// prefix may be left out): `r4_wg64_sg`, `r16_wg128_sgrows4_p2`.
+    pub fn parse(name: &str) -> Option<MatvecConfig> {
+        let s = name.strip_prefix("ternary_matvec_").unwrap_or(name);
+        let mut it = s.split('_');
+        let rows = it.next()?.strip_prefix('r')?.parse().ok()?;
+        let wg = it.next()?.strip_prefix("wg")?.parse().ok()?;
+        let kind = it.next()?;
+        let cfg = match kind {
+            "sg" => MatvecConfig::split(rows, wg, Reduction::Subgroup),
+            "wg" => MatvecConfig::split(rows, wg, Reduction::Workgroup),
+            _ => {
+                let rs = kind.strip_prefix("sgrows")?.parse().ok()?;
+                let p = it.next()?.strip_prefix('p')?.parse().ok()?;
+                let xt = match it.next() {
+                    Some(t) => t.strip_prefix("xs")?.parse().ok().filter(|&t| t > 0)?,
+                    None => 0,
+                };
+                MatvecConfig::subgroup_rows_tiled(rows, wg, rs, p, xt)
+            }
+        };
+        it.next().is_none().then_some(cfg)
     }
 
     /// The WGSL source of this variant.
     pub fn source(&self) -> String {
-        format!(
-            "// {}: parameters prepended by the host (src/runtime/gpu/mod.rs)\nconst ROWS: u32 = {}u;\nconst WG: u32 = {}u;\n\n{}\n{}",
-            self.name(),
-            self.rows_per_workgroup,
-            self.workgroup_size,
-            TERNARY_MATVEC_WGSL,
-            match self.reduction {
-                Reduction::Subgroup => REDUCE_SUBGROUP_WGSL,
-                Reduction::Workgroup => REDUCE_WORKGROUP_WGSL,
+        match self.kernel {
+            MatvecKernel::Split => format!(
+                "// {}: parameters prepended by the host (src/runtime/gpu/mod.rs)\nconst ROWS: u32 = {}u;\nconst WG: u32 = {}u;\n\n{}\n{}",
+                self.name(),
+                self.rows_per_workgroup,
+                self.workgroup_size,
+                TERNARY_MATVEC_WGSL,
+                match self.reduction {
+                    Reduction::Subgroup => REDUCE_SUBGROUP_WGSL,
+                    Reduction::Workgroup => REDUCE_WORKGROUP_WGSL,
+                }
+            ),
+            MatvecKernel::SubgroupRows {
+                rows_per_subgroup,
+                units_in_flight,
+                x_tile,
+            } => format!(
+                "// {}: parameters prepended and entry point generated by the host (src/runtime/gpu/mod.rs)\nconst ROWS: u32 = {}u;\nconst WG: u32 = {}u;\nconst RS: u32 = {}u;\nconst P: u32 = {}u;\n{}\n{}\n{}",
+                self.name(),
+                self.rows_per_workgroup,
+                self.workgroup_size,
+                rows_per_subgroup,
+                units_in_flight,
+                if x_tile > 0 {
+                    format!("const XT: u32 = {x_tile}u;\n")
+                } else {
+                    String::new()
+                },
+                TERNARY_MATVEC_ROWS_WGSL,
+                if x_tile > 0 {
+                    rows_main_tiled(
+                        rows_per_subgroup,
+                        units_in_flight,
+                        self.workgroup_size,
+                        x_tile,
+                    )
+                } else {
+                    rows_main(rows_per_subgroup, units_in_flight)
+                }
+            ),
+        }
+    }
+}
+
+/// The entry point of the subgroup-rows kernel with x staged in workgroup memory, `XT`
+/// elements (`XT / 64` units) per tile, unrolled over `rs` rows and `p` units per chunk.
+/// Unit `u` of a tile is stored as its 16 `vec4`s at `16 u + (k ^ (u % 16))`: the staging
+/// (consecutive invocations, consecutive `vec4`s of x) and the reads (consecutive lanes,
+/// consecutive units, one `k` at a time) both hit 8 distinct 16-byte bank groups per 8 lanes.
+fn rows_main_tiled(rs: u32, p: u32, wg: u32, x_tile: u32) -> String {
+    use std::fmt::Write;
+    let mut m = String::new();
+    // vec4s of x each invocation stages at once (all loads, then all stores): at most 8.
+    let stage = (x_tile / 4).div_ceil(wg).clamp(1, 8);
+    let rows = 0..rs;
+    let units = 0..p;
+    // `writeln!` into a String cannot fail.
+    let mut w = |line: String| {
+        let _ = writeln!(m, "{line}");
+    };
+    w("const UT: u32 = XT / 64u;".into());
+    w(format!("const STAGE: u32 = {stage}u;"));
+    w("var<workgroup> xs: array<vec4<f32>, XT / 4u>;".into());
+    w(String::new());
+    w("@compute @workgroup_size(WG)".into());
+    w("fn main(".into());
+    w("    @builtin(workgroup_id) wid: vec3<u32>,".into());
+    w("    @builtin(local_invocation_index) lid: u32,".into());
+    w("    @builtin(subgroup_id) sg: u32,".into());
+    w("    @builtin(subgroup_invocation_id) lane: u32,".into());
+    w("    @builtin(subgroup_size) sg_size: u32,".into());
+    w("    @builtin(num_subgroups) nsg: u32,".into());
+    w(") {".into());
+    w("    let row_base = (wid.y * params.groups_x + wid.x) * ROWS;".into());
+    w("    if row_base >= params.rows {".into());
+    w("        return;".into());
+    w("    }".into());
+    w("    let s = min(sg_size, WG);".into());
+    w("    let units = params.cols / 64u;".into());
+    w("    let blocks = params.cols / 256u;".into());
+    w("    let last = params.rows - 1u;".into());
+    w("    let quarter = s / 4u;".into());
+    w(
+        "    // Passes over the workgroup's rows, the same number for every subgroup (barriers)."
+            .into(),
+    );
+    w("    for (var g0 = 0u; g0 < ROWS; g0 += nsg * RS) {".into());
+    w("        let g = g0 + sg * RS;".into());
+    w("        let r0 = row_base + g;".into());
+    w("        let has_rows = g < ROWS && r0 < params.rows;".into());
+    for r in rows.clone() {
+        w(format!("        let row{r} = min(r0 + {r}u, last);"));
+        w(format!("        var acc{r} = 0.0;"));
+    }
+    // Codes and scales of the next chunk, loaded before the current one is computed (the
+    // tile's first chunk before the staging barriers).
+    for r in rows.clone() {
+        w(format!("        var d{r} = 0.0;"));
+        for j in units.clone() {
+            w(format!("        var w{r}_{j} = vec4<u32>();"));
+        }
+    }
+    let load = |w: &mut dyn FnMut(String), ind: &str, c: &str| {
+        w(format!(
+            "{ind}let b = min((tb + {c}) / 4u + lane, blocks - 1u);"
+        ));
+        for r in 0..rs {
+            w(format!("{ind}d{r} = scale_at(row{r} * blocks + b);"));
+        }
+        for j in 0..p {
+            w(format!(
+                "{ind}let v{j} = tb + min({c} + lane + {j}u * s, tu - 1u);"
+            ));
+        }
+        for j in 0..p {
+            for r in 0..rs {
+                w(format!("{ind}w{r}_{j} = codes[row{r} * units + v{j}];"));
             }
-        )
+        }
+    };
+    w("        for (var tb = 0u; tb < units; tb += UT) {".into());
+    w("            let tu = min(UT, units - tb);".into());
+    w("            if has_rows {".into());
+    load(&mut w, "                ", "0u");
+    w("            }".into());
+    w("            workgroupBarrier();".into());
+    // The tile's vec4s, STAGE per invocation at a time: every load issued before any store.
+    w("            let n = tu * 16u;".into());
+    w("            for (var m0 = 0u; m0 < n; m0 += STAGE * WG) {".into());
+    for i in 0..stage {
+        w(format!(
+            "                let a{i} = x[tb * 16u + min(m0 + lid + {i}u * WG, n - 1u)];"
+        ));
+    }
+    for i in 0..stage {
+        w(format!("                let v{i} = m0 + lid + {i}u * WG;"));
+        w(format!("                if v{i} < n {{"));
+        w(format!("                    let ul = v{i} / 16u;"));
+        w(format!(
+            "                    xs[ul * 16u + ((v{i} & 15u) ^ (ul & 15u))] = a{i};"
+        ));
+        w("                }".into());
+    }
+    w("            }".into());
+    w("            workgroupBarrier();".into());
+    w("            if has_rows {".into());
+    w("                for (var c = 0u; c < tu; c += s * P) {".into());
+    for r in rows.clone() {
+        w(format!("                    let cd{r} = d{r};"));
+        for j in units.clone() {
+            w(format!("                    let cw{r}_{j} = w{r}_{j};"));
+        }
+    }
+    w("                    if c + s * P < tu {".into());
+    load(&mut w, "                        ", "(c + s * P)");
+    w("                    }".into());
+    for j in units.clone() {
+        w(format!(
+            "                    let u{j} = c + lane + {j}u * s;"
+        ));
+    }
+    for j in units.clone() {
+        for r in rows.clone() {
+            w(format!(
+                "                    let e{r}_{j} = subgroupShuffle(cd{r}, lane / 4u + {j}u * quarter);"
+            ));
+        }
+        w(format!("                    if u{j} < tu {{"));
+        w(format!("                        let xi = u{j} * 16u;"));
+        w(format!("                        let sw = u{j} & 15u;"));
+        for k in 0..16 {
+            w(format!(
+                "                        let x{k} = xs[xi + ({k}u ^ sw)];"
+            ));
+        }
+        w(
+            "                        let s4 = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))"
+                .into(),
+        );
+        w("                            + (((x8 + x9) + (x10 + x11)) + ((x12 + x13) + (x14 + x15)));".into());
+        w("                        let sx = (s4.x + s4.y) + (s4.z + s4.w);".into());
+        for r in rows.clone() {
+            w(format!(
+                "                        acc{r} += e{r}_{j} * (unit_dot(cw{r}_{j}, x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15) - sx);"
+            ));
+        }
+        w("                    }".into());
+    }
+    w("                }".into());
+    w("            }".into());
+    w("        }".into());
+    w("        if has_rows {".into());
+    for r in rows.clone() {
+        w(format!("            let t{r} = subgroupAdd(acc{r});"));
+    }
+    w("            if lane == 0u {".into());
+    w("                y[r0] = t0;".into());
+    for r in 1..rs {
+        w(format!("                if r0 + {r}u < params.rows {{"));
+        w(format!("                    y[r0 + {r}u] = t{r};"));
+        w("                }".into());
+    }
+    w("            }".into());
+    w("        }".into());
+    w("    }".into());
+    w("}".into());
+    m
+}
+
+/// The entry point of the subgroup-rows kernel, unrolled over `rs` rows and `p` units per
+/// chunk (every per-row and per-unit value a named variable, so none is an indexed array).
+fn rows_main(rs: u32, p: u32) -> String {
+    use std::fmt::Write;
+    let mut m = String::new();
+    let rows = 0..rs;
+    let units = 0..p;
+    // `writeln!` into a String cannot fail.
+    let mut w = |line: String| {
+        let _ = writeln!(m, "{line}");
+    };
+    w("@compute @workgroup_size(WG)".into());
+    w("fn main(".into());
+    w("    @builtin(workgroup_id) wid: vec3<u32>,".into());
+    w("    @builtin(subgroup_id) sg: u32,".into());
+    w("    @builtin(subgroup_invocation_id) lane: u32,".into());
+    w("    @builtin(subgroup_size) sg_size: u32,".into());
+    w("    @builtin(num_subgroups) nsg: u32,".into());
+    w(") {".into());
+    w("    let row_base = (wid.y * params.groups_x + wid.x) * ROWS;".into());
+    w("    if row_base >= params.rows {".into());
+    w("        return;".into());
+    w("    }".into());
+    w("    // Lanes of a subgroup (a workgroup smaller than the subgroup is one partial subgroup).".into());
+    w("    let s = min(sg_size, WG);".into());
+    w("    let units = params.cols / 64u;".into());
+    w("    let blocks = params.cols / 256u;".into());
+    w("    let last = params.rows - 1u;".into());
+    w("    let quarter = s / 4u;".into());
+    w("    for (var g = sg * RS; g < ROWS; g += nsg * RS) {".into());
+    w("        let r0 = row_base + g;".into());
+    w("        if r0 >= params.rows {".into());
+    w("            break;".into());
+    w("        }".into());
+    w("        // Rows past the end read the last row; their sums are never stored.".into());
+    for r in rows.clone() {
+        w(format!("        let row{r} = min(r0 + {r}u, last);"));
+        w(format!("        var acc{r} = 0.0;"));
+    }
+    w("        for (var c = 0u; c < units; c += s * P) {".into());
+    w("            // Block c/4 + lane's scale per row (this chunk's P*s/4 blocks).".into());
+    w("            let b = min(c / 4u + lane, blocks - 1u);".into());
+    for r in rows.clone() {
+        w(format!(
+            "            let d{r} = scale_at(row{r} * blocks + b);"
+        ));
+    }
+    w("            // Every code load of the chunk before any arithmetic (clamped at the row's end).".into());
+    for j in units.clone() {
+        w(format!("            let u{j} = c + lane + {j}u * s;"));
+        w(format!("            let v{j} = min(u{j}, units - 1u);"));
+    }
+    for j in units.clone() {
+        for r in rows.clone() {
+            w(format!(
+                "            let w{r}_{j} = codes[row{r} * units + v{j}];"
+            ));
+        }
+    }
+    for j in units.clone() {
+        w(format!(
+            "            // Unit {j}: block c/4 + (lane + {j}s)/4, held by lane lane/4 + {j}s/4."
+        ));
+        for r in rows.clone() {
+            w(format!(
+                "            let e{r}_{j} = subgroupShuffle(d{r}, lane / 4u + {j}u * quarter);"
+            ));
+        }
+        w(format!("            if u{j} < units {{"));
+        w(format!("                let xi = u{j} * 16u;"));
+        for k in 0..16 {
+            w(format!("                let x{k} = x[xi + {k}u];"));
+        }
+        w("                let s4 = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))".into());
+        w(
+            "                    + (((x8 + x9) + (x10 + x11)) + ((x12 + x13) + (x14 + x15)));"
+                .into(),
+        );
+        w("                let sx = (s4.x + s4.y) + (s4.z + s4.w);".into());
+        for r in rows.clone() {
+            w(format!(
+                "                acc{r} += e{r}_{j} * (unit_dot(w{r}_{j}, x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15) - sx);"
+            ));
+        }
+        w("            }".into());
+    }
+    w("        }".into());
+    for r in rows.clone() {
+        w(format!("        let t{r} = subgroupAdd(acc{r});"));
+    }
+    w("        if lane == 0u {".into());
+    w("            y[r0] = t0;".into());
+    for r in 1..rs {
+        w(format!("            if r0 + {r}u < params.rows {{"));
+        w(format!("                y[r0 + {r}u] = t{r};"));
+        w("            }".into());
+    }
+    w("        }".into());
+    w("    }".into());
+    w("}".into());
+    m
+}
+
+/// The ternary matvec configuration of one token (decode) for `reduction`:
+/// [`Reduction::Subgroup`] gives the subgroup-rows kernel `r8_wg128_sgrows2_p2_xs4096` (8
+/// rows per workgroup of 128 invocations, 2 rows per subgroup pass, 2 units in flight, x staged
+/// 4096 elements at a time in 16 KB of workgroup memory: the fastest over the 8B model's
+/// decode shapes on an NVIDIA H200, BENCHMARKS.md), [`Reduction::Workgroup`] the split kernel
+/// with 4 rows per workgroup of 64 invocations.
+pub fn decode_matvec_config(reduction: Reduction) -> MatvecConfig {
+    match reduction {
+        Reduction::Subgroup => MatvecConfig::subgroup_rows_tiled(8, 128, 2, 2, 4096),
+        Reduction::Workgroup => MatvecConfig::split(4, 64, Reduction::Workgroup),
     }
 }
 
@@ -482,17 +940,20 @@ impl GpuContext {
         self.features.contains(wgpu::Features::TIMESTAMP_QUERY)
     }
 
-    /// A matvec configuration for this adapter: subgroups where present, 4 rows and 64
-    /// invocations per workgroup.
+    /// The matvec configuration of one token (decode) here: [`decode_matvec_config`] of
+    /// [`GpuContext::weight_reduction`] (the subgroup-rows kernel where the adapter has
+    /// subgroups), or the split kernel `r4_wg64` with the same reduction when the adapter
+    /// refuses that kernel (workgroup limits) or the context's sources lack it (a bundle that
+    /// ships kernels from before it).
     pub fn default_matvec_config(&self) -> MatvecConfig {
-        MatvecConfig {
-            rows_per_workgroup: 4,
-            workgroup_size: 64,
-            reduction: if self.has_subgroups() {
-                Reduction::Subgroup
-            } else {
-                Reduction::Workgroup
-            },
+        let reduction = self.weight_reduction();
+        let cfg = decode_matvec_config(reduction);
+        if self.check_config(&cfg).is_ok()
+            && (self.builtin || self.sources.contains_key(&cfg.name()))
+        {
+            cfg
+        } else {
+            MatvecConfig::split(4, 64, reduction)
         }
     }
 
@@ -500,10 +961,14 @@ impl GpuContext {
     pub fn check_config(&self, cfg: &MatvecConfig) -> Result<(), GpuError> {
         const OP: &str = "ternary matvec";
         let (r, wg) = (cfg.rows_per_workgroup, cfg.workgroup_size);
-        if r == 0 || r > MAX_ROWS_PER_WORKGROUP {
+        let max_rows = match cfg.kernel {
+            MatvecKernel::Split => MAX_ROWS_PER_WORKGROUP,
+            MatvecKernel::SubgroupRows { .. } => MAX_ROWS_PER_WORKGROUP_SUBGROUP_ROWS,
+        };
+        if r == 0 || r > max_rows {
             return Err(GpuError::Shape {
                 op: OP,
-                detail: format!("rows per workgroup {r}: must be 1..={MAX_ROWS_PER_WORKGROUP}"),
+                detail: format!("rows per workgroup {r}: must be 1..={max_rows}"),
             });
         }
         if !wg.is_power_of_two() || !(32..=1024).contains(&wg) {
@@ -524,12 +989,46 @@ impl GpuContext {
                 limit: max_wg as u64,
             });
         }
-        let shared = 4
-            * r as u64
-            * match cfg.reduction {
-                Reduction::Subgroup => wg as u64 / 4,
-                Reduction::Workgroup => wg as u64,
-            };
+        if let MatvecKernel::SubgroupRows {
+            rows_per_subgroup: rs,
+            units_in_flight: p,
+            x_tile,
+        } = cfg.kernel
+        {
+            if !x_tile.is_multiple_of(256) || x_tile > MAX_X_TILE {
+                return Err(GpuError::Shape {
+                    op: OP,
+                    detail: format!(
+                        "x tile {x_tile}: must be a multiple of 256 up to {MAX_X_TILE} (0: none)"
+                    ),
+                });
+            }
+            if rs == 0 || rs > MAX_ROWS_PER_SUBGROUP || !r.is_multiple_of(rs) {
+                return Err(GpuError::Shape {
+                    op: OP,
+                    detail: format!(
+                        "rows per subgroup {rs}: must be 1..={MAX_ROWS_PER_SUBGROUP} and divide the rows per workgroup {r}"
+                    ),
+                });
+            }
+            if ![1, 2, 4].contains(&p) {
+                return Err(GpuError::Shape {
+                    op: OP,
+                    detail: format!("units in flight {p}: must be 1, 2 or 4"),
+                });
+            }
+            if cfg.reduction != Reduction::Subgroup {
+                return Err(GpuError::Shape {
+                    op: OP,
+                    detail: "the subgroup-rows kernel adds with subgroups only".into(),
+                });
+            }
+        }
+        let shared = match (cfg.kernel, cfg.reduction) {
+            (MatvecKernel::SubgroupRows { x_tile, .. }, _) => 4 * x_tile as u64,
+            (_, Reduction::Subgroup) => 4 * r as u64 * (wg as u64 / 4),
+            (_, Reduction::Workgroup) => 4 * r as u64 * wg as u64,
+        };
         if shared > l.max_compute_workgroup_storage_size as u64 {
             return Err(GpuError::Limit {
                 op: OP,
@@ -1074,12 +1573,40 @@ mod tests {
 
     #[test]
     fn pipeline_names_carry_their_parameters() {
-        let c = MatvecConfig {
-            rows_per_workgroup: 4,
-            workgroup_size: 64,
-            reduction: Reduction::Subgroup,
-        };
+        let c = MatvecConfig::split(4, 64, Reduction::Subgroup);
         assert_eq!(c.name(), "ternary_matvec_r4_wg64_sg");
         assert!(c.source().contains("const ROWS: u32 = 4u;"));
+        let r = MatvecConfig::subgroup_rows(16, 128, 4, 2);
+        assert_eq!(r.name(), "ternary_matvec_r16_wg128_sgrows4_p2");
+        let src = r.source();
+        assert!(src.starts_with("// ternary_matvec_r16_wg128_sgrows4_p2:"));
+        assert!(src.contains("const RS: u32 = 4u;") && src.contains("const P: u32 = 2u;"));
+        // Unrolled: one variable per row and unit, no workgroup memory or barrier.
+        assert!(src.contains("let w3_1 = codes[row3 * units + v1];"));
+        assert!(!src.contains("w4_") && !src.contains("_2 ="));
+        assert!(!src.contains("var<workgroup>") && !src.contains("Barrier"));
+        for c in [c, r, MatvecConfig::split(8, 256, Reduction::Workgroup)] {
+            assert_eq!(MatvecConfig::parse(&c.name()), Some(c));
+        }
+        assert_eq!(
+            MatvecConfig::parse("r8_wg64_sgrows2_p4"),
+            Some(MatvecConfig::subgroup_rows(8, 64, 2, 4))
+        );
+        let t = MatvecConfig::subgroup_rows_tiled(16, 128, 4, 2, 4096);
+        assert_eq!(t.name(), "ternary_matvec_r16_wg128_sgrows4_p2_xs4096");
+        assert_eq!(MatvecConfig::parse(&t.name()), Some(t));
+        let src = t.source();
+        assert!(src.contains("const XT: u32 = 4096u;") && src.contains("var<workgroup> xs"));
+        assert_eq!(MatvecConfig::parse("r4_wg64_sgrows2_p2_xs0"), None);
+        assert_eq!(MatvecConfig::parse("r4_wg64_sgrows2_p2_xs256_x"), None);
+        for bad in [
+            "r4_wg64",
+            "r4_wg64_xx",
+            "r4_wg64_sgrows2",
+            "r4_wg64_sg_p2",
+            "x4_wg64_sg",
+        ] {
+            assert_eq!(MatvecConfig::parse(bad), None, "{bad}");
+        }
     }
 }

@@ -45,7 +45,9 @@
 //! - `weights_{enc}_matvec_r4_wg64_{sg|wg}`: one token; 4 rows per workgroup of 64
 //!   invocations, invocation `i` takes units `i, i + 64, ...` of each row (consecutive
 //!   invocations read consecutive blocks), x loaded once per unit for the 4 rows. For
-//!   `ternary2` the single-token product is the tuned `ternary_matvec_r4_wg64_{sg|wg}`.
+//!   `ternary2` the single-token product is the ternary kernel of
+//!   [`GpuContext::default_matvec_config`]: `ternary_matvec_r8_wg128_sgrows2_p2_xs4096`
+//!   (subgroup rows) with `sg`, `ternary_matvec_r4_wg64_wg` (split) with `wg`.
 //! - `weights_{enc}_matmul_r4_t8_wg64_{sg|wg}`: a prefill chunk; each workgroup takes 4 rows
 //!   and 8 tokens (grid z = `ceil(n_tokens / 8)`), decodes each unit once and dots it with
 //!   the 8 tokens' activations, so a weight block is read once per 8 tokens.
@@ -114,10 +116,13 @@
 //! (BENCHMARKS.md): accumulators and unit values in registers (unrolled code per variant
 //! instead of loops over arrays), x tiles in workgroup memory for the multi-token product,
 //! scales factored out of the unit's dot, aligned word loads for the 4-byte-multiple blocks.
+//! (The single-token `ternary2` product has since moved to the subgroup-rows kernel, 1.6-3.1x
+//! faster per shape; BENCHMARKS.md. The same x-load pattern, 16-byte loads 128 bytes
+//! apart across lanes, probably limits these kernels too.)
 
 use super::kernels::KernelSource;
 use super::{
-    grid, BoundMatvec, GpuContext, GpuError, GpuTernary, MatvecConfig, Reduction, TernaryChunk,
+    grid, BoundMatvec, GpuContext, GpuError, GpuTernary, Reduction, TernaryChunk,
     MAX_WORKGROUPS_PER_DIM,
 };
 use crate::ggml::GgmlType;
@@ -302,22 +307,14 @@ impl Decoder {
 
 /// The registered name of the kernel of `format` for `op` with `reduction` (the gather has
 /// none): `weights_q4_k_matvec_r4_wg64_sg`, `weights_palette_b3_matmul_r4_t8_wg64_wg`,
-/// `weights_bf16_gather_wg64`. The single-token `ternary2` product is the ternary kernel,
-/// [`MatvecConfig::name`] with 4 rows and 64 invocations.
+/// `weights_bf16_gather_wg64`. The single-token `ternary2` product is the ternary kernel of
+/// [`super::decode_matvec_config`] (its [`super::MatvecConfig::name`]).
 pub fn kernel_name(format: WeightFormat, op: WeightOp, reduction: Reduction) -> String {
     let d = Decoder::of(format);
     if d == Decoder::Ternary && op == WeightOp::Matvec {
-        return ternary_config(reduction).name();
+        return super::decode_matvec_config(reduction).name();
     }
     name_of(d, op, reduction)
-}
-
-fn ternary_config(reduction: Reduction) -> MatvecConfig {
-    MatvecConfig {
-        rows_per_workgroup: MATVEC_ROWS,
-        workgroup_size: WORKGROUP,
-        reduction,
-    }
 }
 
 fn name_of(d: Decoder, op: WeightOp, reduction: Reduction) -> String {
@@ -836,7 +833,8 @@ impl GpuContext {
 
     /// `y[t * w.rows + r] = sum_k W[r, k] * x[t * w.cols + k]` for `t < n_tokens` (`x`, `y`
     /// f32 storage buffers of at least `n_tokens * cols` and `n_tokens * rows` values).
-    /// `n_tokens == 1` is the decode matvec (for `ternary2` the tuned ternary kernel); larger
+    /// `n_tokens == 1` is the decode matvec (for `ternary2` the ternary kernel of
+    /// [`GpuContext::default_matvec_config`]); larger
     /// `n_tokens` the prefill product, which reads each weight block once per
     /// [`MATMUL_TOKENS`] tokens.
     pub fn bind_matmul(
@@ -880,7 +878,7 @@ impl GpuContext {
                     .collect(),
             };
             return Ok(self
-                .bind_matvec(&t, x, y, &ternary_config(reduction))?
+                .bind_matvec(&t, x, y, &self.default_matvec_config())?
                 .into());
         }
         let (op, rows_per_wg, tok) = if n_tokens == 1 {
@@ -1081,7 +1079,7 @@ mod tests {
         );
         assert_eq!(
             kernel_name(WeightFormat::Ternary, WeightOp::Matvec, Reduction::Subgroup),
-            "ternary_matvec_r4_wg64_sg"
+            "ternary_matvec_r8_wg128_sgrows2_p2_xs4096"
         );
         let names: std::collections::HashSet<_> = all.iter().map(|k| k.name.clone()).collect();
         assert_eq!(names.len(), all.len());
