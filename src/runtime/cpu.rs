@@ -481,35 +481,7 @@ impl CpuBackend {
     /// context, at most the largest bucket (`max`).
     fn check_span(&self, tokens: &[u32], start: usize, max: usize) -> Result<(), RuntimeError> {
         let c = &self.model.layout.cfg;
-        if tokens.is_empty() {
-            return Err(RuntimeError::EmptyPrompt);
-        }
-        if let Some(&t) = tokens.iter().find(|&&t| t as u64 >= c.n_vocab) {
-            return Err(RuntimeError::TokenOutOfRange {
-                token: t,
-                n_vocab: c.n_vocab,
-            });
-        }
-        let last = start.saturating_add(tokens.len() - 1);
-        if last as u64 >= c.n_ctx {
-            return Err(RuntimeError::PositionOutOfRange {
-                pos: last,
-                n_ctx: c.n_ctx,
-            });
-        }
-        if start != self.next_pos {
-            return Err(RuntimeError::NonContiguous {
-                pos: start,
-                expected: self.next_pos,
-            });
-        }
-        if tokens.len() > max {
-            return Err(RuntimeError::SpanTooLong {
-                len: tokens.len(),
-                max,
-            });
-        }
-        Ok(())
+        super::check_span(tokens, start, max, c.n_vocab, c.n_ctx, self.next_pos)
     }
 
     /// Runs on a worker of the rayon pool, so that the parallel loops inside split work among

@@ -200,21 +200,69 @@ pub trait Backend {
         banned: &[u32],
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<usize, RuntimeError> {
-        let mut tok = first;
-        let mut steps = 0;
-        while steps < max {
-            self.decode(tok, pos + steps)?;
-            steps += 1;
-            tok = self.argmax(banned)?.ok_or(RuntimeError::NonFinite {
-                step: steps,
-                pos: pos + steps - 1,
-            })?;
-            if !on_token(tok) {
-                break;
-            }
-        }
-        Ok(steps)
+        greedy_steps(self, first, pos, max, banned, on_token)
     }
+}
+
+/// [`Backend::decode_greedy`] one step at a time: decode, then the backend's argmax.
+pub fn greedy_steps<B: Backend + ?Sized>(
+    be: &mut B,
+    first: u32,
+    pos: usize,
+    max: usize,
+    banned: &[u32],
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<usize, RuntimeError> {
+    let mut tok = first;
+    let mut steps = 0;
+    while steps < max {
+        be.decode(tok, pos + steps)?;
+        steps += 1;
+        tok = be.argmax(banned)?.ok_or(RuntimeError::NonFinite {
+            step: steps,
+            pos: pos + steps - 1,
+        })?;
+        if !on_token(tok) {
+            break;
+        }
+    }
+    Ok(steps)
+}
+
+/// The checks of the backend contract, before any work: a non-empty span, ids in the
+/// vocabulary, every position inside the context, starting at the next position `next`, at
+/// most `max` tokens (the largest bucket).
+pub fn check_span(
+    tokens: &[u32],
+    start: usize,
+    max: usize,
+    n_vocab: u64,
+    n_ctx: u64,
+    next: usize,
+) -> Result<(), RuntimeError> {
+    if tokens.is_empty() {
+        return Err(RuntimeError::EmptyPrompt);
+    }
+    if let Some(&t) = tokens.iter().find(|&&t| t as u64 >= n_vocab) {
+        return Err(RuntimeError::TokenOutOfRange { token: t, n_vocab });
+    }
+    let last = start.saturating_add(tokens.len() - 1);
+    if last as u64 >= n_ctx {
+        return Err(RuntimeError::PositionOutOfRange { pos: last, n_ctx });
+    }
+    if start != next {
+        return Err(RuntimeError::NonContiguous {
+            pos: start,
+            expected: next,
+        });
+    }
+    if tokens.len() > max {
+        return Err(RuntimeError::SpanTooLong {
+            len: tokens.len(),
+            max,
+        });
+    }
+    Ok(())
 }
 
 /// Opens, checks and loads a bundle onto the backend `kind`.

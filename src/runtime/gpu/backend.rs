@@ -392,35 +392,14 @@ impl GpuBackend {
 
     fn check_span(&self, tokens: &[u32], start: usize, max: usize) -> Result<(), RuntimeError> {
         let hp = &self.model.layout.hyper;
-        if tokens.is_empty() {
-            return Err(RuntimeError::EmptyPrompt);
-        }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= hp.n_vocab) {
-            return Err(RuntimeError::TokenOutOfRange {
-                token: t,
-                n_vocab: hp.n_vocab as u64,
-            });
-        }
-        let last = start.saturating_add(tokens.len() - 1);
-        if last >= hp.n_ctx {
-            return Err(RuntimeError::PositionOutOfRange {
-                pos: last,
-                n_ctx: hp.n_ctx as u64,
-            });
-        }
-        if start != self.next_pos {
-            return Err(RuntimeError::NonContiguous {
-                pos: start,
-                expected: self.next_pos,
-            });
-        }
-        if tokens.len() > max {
-            return Err(RuntimeError::SpanTooLong {
-                len: tokens.len(),
-                max,
-            });
-        }
-        Ok(())
+        crate::runtime::check_span(
+            tokens,
+            start,
+            max,
+            hp.n_vocab as u64,
+            hp.n_ctx as u64,
+            self.next_pos,
+        )
     }
 
     /// Runs graph `gi` on `tokens` at `start`: ids and step written, one command buffer.
@@ -431,28 +410,7 @@ impl GpuBackend {
         self.ctx
             .queue
             .write_buffer(&g.acts.ids, 0, bytemuck::cast_slice(&ids));
-        let step = Step {
-            pos0: start as u32,
-            n: tokens.len() as u32,
-            _pad: [0; 2],
-        };
-        self.ctx
-            .queue
-            .write_buffer(&g.acts.step, 0, bytemuck::bytes_of(&step));
-        let mut enc = self
-            .ctx
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("forward"),
-                timestamp_writes: None,
-            });
-            for it in &g.items {
-                it.encode(&mut pass);
-            }
-        }
-        self.ctx.queue.submit([enc.finish()]);
+        self.submit_graph(gi, start, tokens.len(), None);
         self.next_pos = start + tokens.len();
         self.has_logits = true;
         self.host_logits_valid = false;
@@ -685,13 +643,20 @@ fn build_graph(
 }
 
 impl GpuBackend {
-    /// Submits one decode step at `pos` (its token already in the decode graph's ids) with
-    /// the argmax and the copy of the id into `ring[slot]`.
-    fn submit_greedy_step(&self, pos: usize, slot: usize) -> wgpu::SubmissionIndex {
-        let g = &self.graphs[0];
+    /// Writes graph `gi`'s step record (first position `pos0`, `n` real tokens) and submits
+    /// its dispatches as one command buffer; with `slot`, also the argmax and the copy of its
+    /// id into `ring[slot]` (the pipelined greedy step, on the decode graph).
+    fn submit_graph(
+        &self,
+        gi: usize,
+        pos0: usize,
+        n: usize,
+        slot: Option<usize>,
+    ) -> wgpu::SubmissionIndex {
+        let g = &self.graphs[gi];
         let step = Step {
-            pos0: pos as u32,
-            n: 1,
+            pos0: pos0 as u32,
+            n: n as u32,
             _pad: [0; 2],
         };
         self.ctx
@@ -703,15 +668,19 @@ impl GpuBackend {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("decode"),
+                label: Some("forward"),
                 timestamp_writes: None,
             });
             for it in &g.items {
                 it.encode(&mut pass);
             }
-            self.argmax.encode(&mut pass);
+            if slot.is_some() {
+                self.argmax.encode(&mut pass);
+            }
         }
-        enc.copy_buffer_to_buffer(&self.result, 0, &self.ring[slot], 0, 4);
+        if let Some(slot) = slot {
+            enc.copy_buffer_to_buffer(&self.result, 0, &self.ring[slot], 0, 4);
+        }
         self.ctx.queue.submit([enc.finish()])
     }
 
@@ -764,20 +733,7 @@ impl Backend for GpuBackend {
         }
         if banned.len() > MAX_BANNED {
             // The kernel holds MAX_BANNED ids: step by step, picking on the host.
-            let mut tok = first;
-            let mut steps = 0;
-            while steps < max {
-                self.decode(tok, pos + steps)?;
-                steps += 1;
-                tok = self.argmax(banned)?.ok_or(RuntimeError::NonFinite {
-                    step: steps,
-                    pos: pos + steps - 1,
-                })?;
-                if !on_token(tok) {
-                    break;
-                }
-            }
-            return Ok(steps);
+            return crate::runtime::greedy_steps(self, first, pos, max, banned, on_token);
         }
         self.check_span(&[first], pos, 1)?;
         let last = pos + max - 1;
@@ -797,11 +753,12 @@ impl Backend for GpuBackend {
         q.write_buffer(&self.graphs[0].acts.ids, 0, bytemuck::bytes_of(&first));
         self.has_logits = true;
         self.host_logits_valid = false;
-        let mut pending = self.submit_greedy_step(pos, 0);
+        let mut pending = self.submit_graph(0, pos, 1, Some(0));
         let mut steps = 0;
         loop {
             let i = steps;
-            let ahead = (i + 1 < max).then(|| self.submit_greedy_step(pos + i + 1, (i + 1) % 2));
+            let ahead =
+                (i + 1 < max).then(|| self.submit_graph(0, pos + i + 1, 1, Some((i + 1) % 2)));
             // Until the read below, steps i and i + 1 are both queued.
             self.next_pos = pos + i + 1 + ahead.is_some() as usize;
             let id = self.read_id(i % 2, pending)?;
