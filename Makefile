@@ -25,7 +25,7 @@ OUT ?= $(LOWBIT_CACHE)/out
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all demo test fetch venv build hf-checkpoints hf-qwen2 bench bench-ternary bench-runtime bench-dequant bench-palette bench-palette-large bench-gpu refvectors golden llama ternary-real ternary-llama ternary-vectors minicpm8b
+.PHONY: all demo test fetch eval-data eval-vectors venv build hf-checkpoints hf-qwen2 bench bench-ternary bench-runtime bench-dequant bench-palette bench-palette-large bench-gpu refvectors golden llama ternary-real ternary-llama ternary-vectors minicpm8b
 
 all: build
 
@@ -87,6 +87,47 @@ demo: build $(SMOLLM2)
 	$(CONVERT) verify $(OUT)/smollm2.bundle --source $(SMOLLM2) --maxerr 0 | tail -n 1
 	$(CONVERT) run $(OUT)/smollm2.bundle --prompt "$(DEMO_PROMPT)" --max-tokens 32
 
+# Eval data (issue: quality you can measure): the text Botchan (Project Gutenberg #8868) from
+# the sentencepiece 0.2.3 sdist, and four BIG-bench tasks from the bigbench 1.0.0 sdist (358 MB,
+# kept in the cache; only the files used are extracted). Each file is checked by SHA256.
+EVAL := $(LOWBIT_CACHE)/eval
+BOTCHAN := $(EVAL)/botchan.txt
+BOTCHAN_SHA256 := 464bd5300c24fce16fcc4555d4231a57632caae4d0090ad6aa92854a3b227ba7
+$(BOTCHAN):
+	mkdir -p $(LOWBIT_CACHE)/dl/eval $(EVAL)
+	$(PY) -m pip download -q --disable-pip-version-check --no-deps --no-binary sentencepiece \
+		sentencepiece==0.2.3 -d $(LOWBIT_CACHE)/dl/eval
+	tar -xzf $(LOWBIT_CACHE)/dl/eval/sentencepiece-0.2.3.tar.gz -O \
+		sentencepiece-0.2.3/test/botchan.txt > $@.partial
+	echo "$(BOTCHAN_SHA256)  $@.partial" | sha256sum -c --quiet
+	mv $@.partial $@
+BIGBENCH := $(EVAL)/bigbench
+BIGBENCH_SDIST := $(LOWBIT_CACHE)/dl/eval/bigbench-1.0.0.tar.gz
+BIGBENCH_SDIST_SHA256 := 1bb398a5512c6d798cdebe0dfa0ac03f67f6033fa6b39c6ef71df978c7cbc5c2
+# task folder (under bigbench/benchmark_tasks) and the SHA256 of its task.json
+BIGBENCH_TASKS := arithmetic/2_digit_addition:1dd3e6fd6bc325a0010b21cef74bd94321b991003715e7299eb0cbd29f1d5582 \
+	strategyqa:60af9081fed20102fd8bb1e02dc7d9f12238efcba33e4c1a56b4d61cb6409803 \
+	sports_understanding:925617612d19ca02d7b13bfb263300cc13701dca8851151a77be8ce986feadab \
+	navigate:e076d286bb54c9304de99c24a8d3ddd749be78c12af5d58315195b194c8efa18
+$(BIGBENCH)/.ok:
+	mkdir -p $(LOWBIT_CACHE)/dl/eval
+	[ -f $(BIGBENCH_SDIST) ] || $(PY) -m pip download -q --disable-pip-version-check --no-deps \
+		--no-binary :all: bigbench==1.0.0 -d $(LOWBIT_CACHE)/dl/eval
+	echo "$(BIGBENCH_SDIST_SHA256)  $(BIGBENCH_SDIST)" | sha256sum -c --quiet
+	rm -rf $(BIGBENCH).partial && mkdir -p $(BIGBENCH).partial
+	tar -xzf $(BIGBENCH_SDIST) -C $(BIGBENCH).partial --strip-components=2 \
+		bigbench-1.0.0/bigbench/api/json_task.py bigbench-1.0.0/bigbench/models/model_utils.py \
+		$(foreach t,$(BIGBENCH_TASKS),bigbench-1.0.0/bigbench/benchmark_tasks/$(word 1,$(subst :, ,$(t)))/task.json)
+	$(foreach t,$(BIGBENCH_TASKS),echo "$(word 2,$(subst :, ,$(t)))  $(BIGBENCH).partial/benchmark_tasks/$(word 1,$(subst :, ,$(t)))/task.json" | sha256sum -c --quiet &&) true
+	rm -rf $(BIGBENCH) && mv $(BIGBENCH).partial $(BIGBENCH)
+	touch $@
+eval-data: $(BOTCHAN) $(BIGBENCH)/.ok
+# The references of tests/eval.rs: llama-perplexity's figures (f32 path) on Botchan, and
+# BIG-bench's own prompt formatting and output post-processing.
+eval-vectors: llama fetch $(SMOLLM2_TQ2) eval-data $(VENV)/.ok
+	$(VPY) tests/ref/gen_eval_vectors.py --text $(BOTCHAN) --out testdata/eval/llama-perplexity.json
+	$(VPY) tests/ref/gen_bigbench_prompts.py $(BIGBENCH) --out testdata/eval/bigbench-prompts.json
+
 # TQ2_0 made from SmolLM2's real weights by gguf-py's quantizer (tests/ref/make_tq2_from_real.py).
 TERNARY := $(LOWBIT_CACHE)/ternary
 SMOLLM2_TQ2 := $(TERNARY)/smollm2-tq2_0-gguf-py.gguf
@@ -123,7 +164,7 @@ hf-checkpoints: $(HF_SMOLLM2) $(HF_TINY) $(HF_QWEN)
 
 # Every test, with the real models and a GPU adapter required (a missing model or no adapter
 # fails instead of skipping; .ci/run installs lavapipe, Mesa's CPU Vulkan driver).
-test: fetch $(SMOLLM2_TQ2) hf-checkpoints
+test: fetch $(SMOLLM2_TQ2) hf-checkpoints eval-data
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	LOWBIT_REQUIRE_MODELS=1 LOWBIT_REQUIRE_GPU=1 cargo test --release

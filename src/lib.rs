@@ -8,6 +8,7 @@
 
 pub mod arch;
 pub mod bundle;
+pub mod eval;
 pub mod export;
 pub mod ggml;
 pub mod gguf;

@@ -343,3 +343,55 @@ fn spans_are_checked_before_any_work() {
     be.prefill(&[1, 2, 3], 0).unwrap();
     assert_eq!(be.position(), 3);
 }
+
+/// `prefill_logits`: every row of a chunk equals the logits of the same token run as a single
+/// decode step, bit for bit, both kernels; `rewind` then running again gives the same rows.
+fn rows_equal_single_steps(bundle: &Path, n: usize, from: usize) {
+    for kernel in [Kernel::F32, Kernel::Int8] {
+        let opts = LoadOptions {
+            kernel,
+            ..Default::default()
+        };
+        let mut chunked = runtime::load_cpu_with(bundle, &opts).unwrap();
+        let mut single = runtime::load_cpu_with(bundle, &opts).unwrap();
+        let nv = chunked.n_vocab();
+        let ids = prompt(n, nv);
+        let mut rows = Vec::new();
+        lowbit::eval::run_scored(&mut chunked, &ids, 0, from, &mut rows).unwrap();
+        assert_eq!(rows.len(), (n - from) * nv);
+        for (i, &t) in ids.iter().enumerate() {
+            single.decode(t, i).unwrap();
+            if i >= from {
+                let r = &rows[(i - from) * nv..(i - from + 1) * nv];
+                assert_eq!(
+                    bits(r),
+                    bits(single.logits().unwrap()),
+                    "{kernel:?}: row {i} of the chunk differs from the single step"
+                );
+            }
+        }
+        // Rewind to the middle and run the tail again: the same rows.
+        let mid = from + (n - from) / 2;
+        chunked.rewind(mid).unwrap();
+        assert!(chunked.logits().is_err(), "no logits after a rewind");
+        let mut again = Vec::new();
+        lowbit::eval::run_scored(&mut chunked, &ids[mid..], mid, 0, &mut again).unwrap();
+        assert_eq!(bits(&again), bits(&rows[(mid - from) * nv..]), "{kernel:?}");
+        assert!(chunked.rewind(n + 1).is_err(), "a rewind past the sequence");
+    }
+}
+
+#[test]
+fn prefill_logits_rows_equal_single_steps() {
+    let (_d, b) = make(
+        &tiny("minicpm-tiny-tq2_0.gguf"),
+        "gguf-to-ternary",
+        &["--prefill-buckets", "4,16"],
+    );
+    rows_equal_single_steps(&b, 37, 5);
+    rows_equal_single_steps(&b, 20, 0);
+    if let Some(src) = common::model("SmolLM2-135M-Instruct.Q4_1.gguf") {
+        let (_d, b) = make(&src, "pack", &[]);
+        rows_equal_single_steps(&b, 40, 17);
+    }
+}

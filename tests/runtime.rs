@@ -487,6 +487,10 @@ impl Backend for NanAt {
     fn reset(&mut self) {
         self.2 = 0;
     }
+    fn rewind(&mut self, pos: usize) -> Result<(), RuntimeError> {
+        self.2 = pos;
+        Ok(())
+    }
     fn prefill(&mut self, tokens: &[u32], start: usize) -> Result<(), RuntimeError> {
         self.decode(tokens[tokens.len() - 1], start + tokens.len() - 1)
     }

@@ -103,6 +103,11 @@ enum Command {
     /// --max-prob-err, finite logits, and bit-identical repeated candidate runs. Exit 0
     /// passed, 1 failed, 2 error.
     Validate(ValidateArgs),
+    /// Quality on real data: perplexity of a text (as llama-perplexity computes it), with
+    /// --reference the KL-divergence statistics of llama-perplexity --kl-divergence, and
+    /// BIG-bench tasks (multiple choice by log-likelihood, exact match by greedy generation)
+    /// with 95% intervals; optional gates. Exit 0 passed, 1 a gate failed, 2 error.
+    Eval(EvalArgs),
     /// Write a bundle with every tensor carried in its source encoding, byte for byte.
     Pack {
         /// The GGUF file.
@@ -270,6 +275,60 @@ struct ValidateArgs {
     /// Write the full report as JSON to this path.
     #[arg(long)]
     json: Option<PathBuf>,
+    #[command(flatten)]
+    rt: RuntimeArgs,
+}
+
+#[derive(clap::Args)]
+struct EvalArgs {
+    /// The bundle to measure.
+    bundle: PathBuf,
+    /// The bundle to compare with (same vocabulary), e.g. `convert pack` of the source GGUF:
+    /// adds KL divergence, same-top share, Δp and the PPL ratio on the text, and the paired
+    /// accuracy difference on each task.
+    #[arg(long)]
+    reference: Option<PathBuf>,
+    /// A UTF-8 text for perplexity (e.g. Botchan, `make eval-data`).
+    #[arg(long)]
+    text: Option<PathBuf>,
+    /// A BIG-bench task.json (repeatable).
+    #[arg(long = "task")]
+    tasks: Vec<PathBuf>,
+    /// Tokens per perplexity chunk (llama-perplexity's -c); the second half of each chunk is
+    /// scored.
+    #[arg(long, default_value_t = 512)]
+    ctx: usize,
+    /// Score at most this many chunks of the text (llama-perplexity's --chunks).
+    #[arg(long)]
+    chunks: Option<usize>,
+    /// Run at most N examples of each task, drawn with --seed (all when not given).
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Seed of the example subset (ChaCha8).
+    #[arg(long, default_value_t = 1234)]
+    seed: u64,
+    /// Exact-match tasks: at most this many generated tokens per example.
+    #[arg(long, default_value_t = 32)]
+    max_gen_tokens: usize,
+    /// Gate: mean KL divergence (nats) against --reference at most F.
+    #[arg(long, value_name = "F")]
+    max_kld: Option<f64>,
+    /// Gate: share of positions where the top token equals the reference's, at least F (0..1).
+    #[arg(long, value_name = "F")]
+    min_same_top: Option<f64>,
+    /// Gate: PPL / PPL(reference) at most F.
+    #[arg(long, value_name = "F")]
+    max_ppl_ratio: Option<f64>,
+    /// Gate: on every task, accuracy drop against --reference at most F (0..1), judged on
+    /// the 95% interval of the paired difference: fails when its lower end is above F.
+    #[arg(long, value_name = "F")]
+    max_accuracy_drop: Option<f64>,
+    /// Write the full report as JSON to this path (replaced whole at the end).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// No progress bars.
+    #[arg(short, long)]
+    quiet: bool,
     #[command(flatten)]
     rt: RuntimeArgs,
 }
@@ -776,6 +835,7 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Validate(args) => validate_cmd(args),
+        Command::Eval(args) => eval_cmd(args),
         Command::Run(args) => run_cmd(args),
         Command::Bench {
             bundle,
@@ -1022,6 +1082,288 @@ struct RunArgs {
     /// Write the first step's logits (after the prompt) as little-endian f32 to this file.
     #[arg(long)]
     dump_logits: Option<PathBuf>,
+}
+
+fn eval_cmd(a: EvalArgs) -> anyhow::Result<ExitCode> {
+    use lowbit::eval::{self, ppl, tasks, EvalError, Gates};
+    use lowbit::runtime;
+    let t0 = std::time::Instant::now();
+    let gates = Gates {
+        max_kld: a.max_kld,
+        min_same_top: a.min_same_top,
+        max_ppl_ratio: a.max_ppl_ratio,
+        max_accuracy_drop: a.max_accuracy_drop,
+    };
+    // Every input checked before any model runs.
+    if a.text.is_none() && a.tasks.is_empty() {
+        anyhow::bail!("nothing to measure: give --text FILE and/or --task FILE");
+    }
+    gates.check_inputs(a.text.is_some(), !a.tasks.is_empty(), a.reference.is_some())?;
+    for (name, v) in [
+        ("--max-kld", a.max_kld),
+        ("--min-same-top", a.min_same_top),
+        ("--max-ppl-ratio", a.max_ppl_ratio),
+        ("--max-accuracy-drop", a.max_accuracy_drop),
+    ] {
+        if v.is_some_and(|v| !v.is_finite() || v < 0.0) {
+            anyhow::bail!("{name}: must be a finite number >= 0");
+        }
+    }
+    if a.limit == Some(0) {
+        anyhow::bail!("--limit 0: run at least one example");
+    }
+    if let Some(p) = &a.json {
+        let mut inputs = vec![a.bundle.as_path()];
+        inputs.extend(a.reference.as_deref());
+        inputs.extend(a.text.as_deref());
+        inputs.extend(a.tasks.iter().map(|t| t.as_path()));
+        lowbit::util::check_report_path(p, &inputs).context("--json")?;
+    }
+    let text = match &a.text {
+        Some(p) => {
+            let bytes = lowbit::util::read_input(p).map_err(|e| EvalError::Text {
+                path: p.clone(),
+                detail: e.to_string(),
+            })?;
+            let s = String::from_utf8(bytes).map_err(|e| EvalError::Text {
+                path: p.clone(),
+                detail: format!("not UTF-8 (byte {})", e.utf8_error().valid_up_to()),
+            })?;
+            Some((p.clone(), s))
+        }
+        None => None,
+    };
+    let task_list = a
+        .tasks
+        .iter()
+        .map(|p| tasks::Task::load(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let backend = a.rt.backend()?;
+    let opts = a.rt.load_options()?;
+    let load = |p: &std::path::Path| -> anyhow::Result<(
+        Box<dyn runtime::Backend + Send>,
+        lowbit::tokenizer::Tokenizer,
+    )> {
+        let be =
+            runtime::load(backend, p, &opts).with_context(|| format!("load {}", p.display()))?;
+        let tok = lowbit::tokenizer::Tokenizer::for_model(p, be.n_vocab())
+            .with_context(|| format!("{}: the bundle's tokenizer", p.display()))?;
+        Ok((be, tok))
+    };
+    let (mut model, tok) = load(&a.bundle)?;
+    let mut reference = match &a.reference {
+        Some(r) => {
+            let (be, rtok) = load(r)?;
+            let same = be.n_vocab() == model.n_vocab()
+                && (0..tok.n_vocab() as u32).all(|i| tok.token_text(i) == rtok.token_text(i));
+            if !same {
+                anyhow::bail!(
+                    "--reference {}: a different vocabulary ({} tokens) from {} ({} tokens); KL divergence and paired scores need the same tokens",
+                    r.display(),
+                    be.n_vocab(),
+                    a.bundle.display(),
+                    model.n_vocab()
+                );
+            }
+            Some(be)
+        }
+        None => None,
+    };
+    let n_ctx = reference
+        .as_ref()
+        .map_or(model.n_ctx(), |r| r.n_ctx().min(model.n_ctx()));
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut text_info = None;
+    let mut text_report = None;
+    if let Some((path, s)) = &text {
+        if a.ctx > n_ctx {
+            anyhow::bail!(
+                "--ctx {}: larger than the bundle's context n_ctx = {n_ctx}{}",
+                a.ctx,
+                if a.reference.is_some() {
+                    " (the smaller of the two bundles)"
+                } else {
+                    ""
+                }
+            );
+        }
+        let ids = tok.encode(s, true, false);
+        let chunking = ppl::Chunking {
+            ctx: a.ctx,
+            max_chunks: a.chunks,
+            bos: if tok.add_bos() { tok.bos() } else { None },
+        };
+        let n = ppl::n_chunks(ids.len(), &chunking).map_err(|e| EvalError::Text {
+            path: path.clone(),
+            detail: e.to_string(),
+        })?;
+        if a.chunks == Some(0) {
+            anyhow::bail!("--chunks 0: score at least one chunk");
+        }
+        let pb = lowbit::util::progress_bar(n as u64, a.quiet, false);
+        pb.set_message("perplexity");
+        let r = ppl::run(
+            model.as_mut(),
+            reference
+                .as_deref_mut()
+                .map(|r| r as &mut dyn runtime::Backend),
+            &ids,
+            &chunking,
+            &stop,
+            &mut |done, _, acc| {
+                pb.set_position(done as u64);
+                pb.set_message(format!("PPL {:.4}", acc.perplexity().ppl.value));
+            },
+        )?;
+        pb.finish_and_clear();
+        text_info = Some(eval::TextInfo {
+            file: path.clone(),
+            bytes: s.len() as u64,
+            sha256: lowbit::util::sha256_hex(s.as_bytes()),
+        });
+        text_report = Some(r);
+    }
+    let mut task_reports = Vec::new();
+    for t in &task_list {
+        let subset = t.subset(a.limit, a.seed);
+        let run_one = |be: &mut dyn runtime::Backend, who: &str| {
+            let pb = lowbit::util::progress_bar(subset.len() as u64, a.quiet, false);
+            pb.set_message(format!("{} ({who})", t.name));
+            let r = tasks::answer(
+                be,
+                &tok,
+                t,
+                &subset,
+                a.max_gen_tokens,
+                &stop,
+                &mut |d, _| pb.set_position(d as u64),
+            );
+            pb.finish_and_clear();
+            r
+        };
+        let ans = run_one(model.as_mut(), "model")?;
+        let ans_ref = match reference.as_deref_mut() {
+            Some(r) => Some(run_one(r, "reference")?),
+            None => None,
+        };
+        task_reports.push(tasks::report(t, &subset, a.seed, &ans, ans_ref.as_ref()));
+    }
+    let gate_results = eval::judge(&gates, text_report.as_ref(), &task_reports);
+    let info = model.info();
+    let report = eval::EvalReport {
+        bundle: a.bundle.clone(),
+        reference: a.reference.clone(),
+        backend: info.backend.to_string(),
+        kernel: info.kernel.to_string(),
+        text: text_info,
+        passed: gate_results.iter().all(|g| g.passed),
+        perplexity: text_report,
+        tasks: task_reports,
+        gates: gate_results,
+        seconds: t0.elapsed().as_secs_f64(),
+    };
+    print_eval(&report);
+    if let Some(p) = &a.json {
+        let mut j = serde_json::to_vec_pretty(&report)?;
+        j.push(b'\n');
+        lowbit::util::replace_file(p, &j)?;
+    }
+    Ok(if report.passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// The human-readable eval report, in llama-perplexity's terms.
+fn print_eval(r: &lowbit::eval::EvalReport) {
+    if let Some(p) = &r.perplexity {
+        println!(
+            "perplexity: {} chunks of {} tokens ({} tokens, {} scored)",
+            p.chunks, p.ctx, p.tokens, p.scored
+        );
+        println!(
+            "Final estimate: PPL = {:.4} +/- {:.5}",
+            p.perplexity.ppl.value, p.perplexity.ppl.error
+        );
+        if let Some(d) = &p.reference {
+            println!(
+                "Mean PPL(base)            : {:10.6} ± {:10.6}",
+                d.ppl_reference.value, d.ppl_reference.error
+            );
+            println!(
+                "Mean PPL(Q)/PPL(base)     : {:10.6} ± {:10.6}",
+                d.ppl_ratio.value, d.ppl_ratio.error
+            );
+            println!(
+                "Mean    KLD: {:10.6} ± {:10.6}   median {:.6}  90% {:.6}  95% {:.6}  99% {:.6}  99.9% {:.6}  max {:.6}",
+                d.kld.value,
+                d.kld.error,
+                d.kld_quantiles.median,
+                d.kld_quantiles.p90,
+                d.kld_quantiles.p95,
+                d.kld_quantiles.p99,
+                d.kld_quantiles.p99_9,
+                d.kld_quantiles.max
+            );
+            println!(
+                "RMS Δp    : {:6.3} ± {:5.3} %   max |Δp| {:.3} %",
+                100.0 * d.p_diff_rms.value,
+                100.0 * d.p_diff_rms.error,
+                100.0
+                    * d.p_diff_quantiles
+                        .max
+                        .abs()
+                        .max(d.p_diff_quantiles.min.abs())
+            );
+            println!(
+                "Same top p: {:6.3} ± {:5.3} %",
+                100.0 * d.same_top.value,
+                100.0 * d.same_top.error
+            );
+        }
+    }
+    for t in &r.tasks {
+        let pc = |p: &lowbit::eval::stats::Proportion| {
+            format!("{:.3} [{:.3}, {:.3}]", p.value, p.low, p.high)
+        };
+        print!(
+            "task {} ({:?}, {} of {}): acc {}",
+            t.task,
+            t.mode,
+            t.examples,
+            t.of,
+            pc(&t.acc)
+        );
+        if let Some(n) = &t.acc_norm {
+            print!("  acc_norm {}", pc(n));
+        }
+        println!();
+        if let Some(rf) = &t.reference {
+            println!(
+                "  reference acc {}; paired difference {:+.3} [{:+.3}, {:+.3}], McNemar p = {:.4} ({} only the model, {} only the reference)",
+                pc(&rf.acc),
+                rf.paired.diff,
+                rf.paired.diff_low,
+                rf.paired.diff_high,
+                rf.paired.mcnemar_p,
+                rf.paired.only_model,
+                rf.paired.only_reference
+            );
+        }
+    }
+    for g in &r.gates {
+        println!(
+            "gate {}: {:.6} vs {} -> {}",
+            g.gate,
+            g.value,
+            g.threshold,
+            if g.passed { "pass" } else { "FAIL" }
+        );
+    }
+    if !r.gates.is_empty() {
+        println!("passed: {}", r.passed);
+    }
 }
 
 fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {

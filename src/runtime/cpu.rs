@@ -487,18 +487,30 @@ impl CpuBackend {
     /// Runs on a worker of the rayon pool, so that the parallel loops inside split work among
     /// the workers directly instead of each being handed over from (and waking) a thread
     /// outside the pool: one hand-over per call instead of one per matrix.
-    fn run(&mut self, tokens: &[u32], start: usize) -> Result<(), RuntimeError> {
+    fn run(
+        &mut self,
+        tokens: &[u32],
+        start: usize,
+        rows: Option<(usize, &mut Vec<f32>)>,
+    ) -> Result<(), RuntimeError> {
         let r = if rayon::current_thread_index().is_none() {
-            rayon::scope(|_| self.forward(tokens, start))
+            rayon::scope(|_| self.forward(tokens, start, rows))
         } else {
-            self.forward(tokens, start)
+            self.forward(tokens, start, rows)
         };
         self.has_logits = r.is_ok();
         r
     }
 
-    /// Runs `tokens` at `start..`: every layer for every token, the head for the last one.
-    fn forward(&mut self, tokens: &[u32], start: usize) -> Result<(), RuntimeError> {
+    /// Runs `tokens` at `start..`: every layer for every token, the head for the last one,
+    /// and with `rows = Some((from, out))` also for the tokens `from..` (their logits
+    /// appended to `out`, row-major).
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        start: usize,
+        rows: Option<(usize, &mut Vec<f32>)>,
+    ) -> Result<(), RuntimeError> {
         let hp = self.model.layout.hyper.clone();
         let spec = self.model.layout.spec;
         let n = tokens.len();
@@ -633,22 +645,44 @@ impl CpuBackend {
                 residual(xt, ot);
             }
         }
-        let hl = &mut h[..e];
-        rms_norm(&x[(n - 1) * e..], &self.output_norm, eps, hl);
-        trace("result_norm", 0, hl);
+        let scale = |logits: &mut [f32]| {
+            if let Some(m) = hp.logit_mul {
+                logits.iter_mut().for_each(|v| *v *= m);
+            }
+            if let Some(c) = hp.final_softcap {
+                logits.iter_mut().for_each(|v| *v = (*v / c).tanh() * c);
+            }
+        };
         let mut logits = std::mem::take(&mut self.logits);
-        matvec::matvec_with(
-            self.kernel,
-            view(&self.model.output, &self.model),
-            e,
-            hl,
-            &mut logits,
-        );
-        if let Some(m) = hp.logit_mul {
-            logits.iter_mut().for_each(|v| *v *= m);
-        }
-        if let Some(c) = hp.final_softcap {
-            logits.iter_mut().for_each(|v| *v = (*v / c).tanh() * c);
+        match rows {
+            Some((from, out)) => {
+                // The head for rows from..n as one matrix product: each row has the bits
+                // of the single-row product (the kernels' contract).
+                let m = n - from;
+                for (xt, ht) in x[from * e..].chunks_exact(e).zip(h.chunks_exact_mut(e)) {
+                    rms_norm(xt, &self.output_norm, eps, ht);
+                }
+                let nv = hp.n_vocab;
+                let at = out.len();
+                out.resize(at + m * nv, 0.0);
+                let ys = &mut out[at..];
+                self.mm(&self.model.output, &h[..m * e], ys);
+                ys.chunks_exact_mut(nv).for_each(scale);
+                logits.copy_from_slice(&ys[(m - 1) * nv..]);
+            }
+            None => {
+                let hl = &mut h[..e];
+                rms_norm(&x[(n - 1) * e..], &self.output_norm, eps, hl);
+                trace("result_norm", 0, hl);
+                matvec::matvec_with(
+                    self.kernel,
+                    view(&self.model.output, &self.model),
+                    e,
+                    hl,
+                    &mut logits,
+                );
+                scale(&mut logits);
+            }
         }
         self.logits = logits;
         self.next_pos = start + n;
@@ -698,12 +732,25 @@ impl Backend for CpuBackend {
     fn prefill(&mut self, tokens: &[u32], start: usize) -> Result<(), RuntimeError> {
         let max = *self.buckets.last().unwrap_or(&1);
         self.check_span(tokens, start, max)?;
-        self.run(tokens, start)
+        self.run(tokens, start, None)
+    }
+
+    fn prefill_logits(
+        &mut self,
+        tokens: &[u32],
+        start: usize,
+        from: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<(), RuntimeError> {
+        let max = *self.buckets.last().unwrap_or(&1);
+        self.check_span(tokens, start, max)?;
+        super::check_rows(tokens.len(), from)?;
+        self.run(tokens, start, Some((from, out)))
     }
 
     fn decode(&mut self, token: u32, pos: usize) -> Result<(), RuntimeError> {
         self.check_span(&[token], pos, 1)?;
-        self.run(&[token], pos)
+        self.run(&[token], pos, None)
     }
 
     fn logits(&mut self) -> Result<&[f32], RuntimeError> {
@@ -736,5 +783,12 @@ impl Backend for CpuBackend {
     fn reset(&mut self) {
         self.next_pos = 0;
         self.has_logits = false;
+    }
+
+    fn rewind(&mut self, pos: usize) -> Result<(), RuntimeError> {
+        super::check_rewind(pos, self.next_pos)?;
+        self.next_pos = pos;
+        self.has_logits = false;
+        Ok(())
     }
 }

@@ -176,6 +176,29 @@ pub trait Backend {
     /// Runs `tokens` at positions `start..start + tokens.len()` as one chunk (at most the
     /// largest bucket); keeps the last position's logits.
     fn prefill(&mut self, tokens: &[u32], start: usize) -> Result<(), RuntimeError>;
+    /// Runs `tokens` as [`Backend::prefill`] does and appends the logits of the span's
+    /// positions `from..tokens.len()` to `out` (`(tokens.len() - from) * n_vocab` values,
+    /// row-major); what perplexity and log-likelihood scoring read. Each row equals the
+    /// logits [`Backend::logits`] gives after running the same tokens one decode step at a
+    /// time. The default runs the span's first `from` tokens as one prefill, then one decode
+    /// step per scored position.
+    fn prefill_logits(
+        &mut self,
+        tokens: &[u32],
+        start: usize,
+        from: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<(), RuntimeError> {
+        check_rows(tokens.len(), from)?;
+        if from > 0 {
+            self.prefill(&tokens[..from], start)?;
+        }
+        for (i, &t) in tokens.iter().enumerate().skip(from) {
+            self.decode(t, start + i)?;
+            out.extend_from_slice(self.logits()?);
+        }
+        Ok(())
+    }
     /// Runs one token at `pos`; keeps its logits.
     fn decode(&mut self, token: u32, pos: usize) -> Result<(), RuntimeError>;
     /// The last position's logits `[n_vocab]`.
@@ -185,6 +208,11 @@ pub trait Backend {
     fn argmax(&mut self, banned: &[u32]) -> Result<Option<u32>, RuntimeError>;
     /// Starts a new sequence at position 0.
     fn reset(&mut self);
+    /// Cuts the sequence back to its first `pos` tokens (`pos <= position()`): the next span
+    /// starts at `pos`, and what was cached past it is overwritten as positions are reached
+    /// again. Scoring several continuations of one context runs the context once. No logits
+    /// are held afterwards. Errors when `pos` is past the sequence.
+    fn rewind(&mut self, pos: usize) -> Result<(), RuntimeError>;
 
     /// Greedy decoding from `first`, the token at `pos`: runs up to `max` decode steps, each
     /// on the previous step's greedy token (never one of `banned`), and hands each new token
@@ -227,6 +255,25 @@ pub fn greedy_steps<B: Backend + ?Sized>(
         }
     }
     Ok(steps)
+}
+
+/// [`Backend::rewind`]: `pos` within the sequence of `len` tokens.
+pub fn check_rewind(pos: usize, len: usize) -> Result<(), RuntimeError> {
+    if pos > len {
+        return Err(RuntimeError::NonContiguous { pos, expected: len });
+    }
+    Ok(())
+}
+
+/// [`Backend::prefill_logits`]: the first scored row `from` lies inside a span of `len`.
+pub fn check_rows(len: usize, from: usize) -> Result<(), RuntimeError> {
+    if from >= len {
+        return Err(RuntimeError::Backend {
+            name: "prefill_logits".into(),
+            detail: format!("first scored row {from} is not inside the span of {len} tokens"),
+        });
+    }
+    Ok(())
 }
 
 /// The checks of the backend contract, before any work: a non-empty span, ids in the

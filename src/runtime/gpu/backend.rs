@@ -911,4 +911,12 @@ impl Backend for GpuBackend {
         self.has_logits = false;
         self.host_logits_valid = false;
     }
+
+    fn rewind(&mut self, pos: usize) -> Result<(), RuntimeError> {
+        crate::runtime::check_rewind(pos, self.next_pos)?;
+        self.next_pos = pos;
+        self.has_logits = false;
+        self.host_logits_valid = false;
+        Ok(())
+    }
 }
