@@ -25,7 +25,7 @@ OUT ?= $(LOWBIT_CACHE)/out
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all demo test fetch eval-data eval-vectors venv build hf-checkpoints hf-qwen2 bench bench-ternary bench-runtime bench-dequant bench-palette bench-palette-large bench-gpu refvectors golden llama ternary-real ternary-llama ternary-vectors minicpm8b
+.PHONY: all demo test fetch eval-data eval-vectors bench-eval venv build hf-checkpoints hf-qwen2 bench bench-ternary bench-runtime bench-dequant bench-palette bench-palette-large bench-gpu refvectors golden llama ternary-real ternary-llama ternary-vectors minicpm8b
 
 all: build
 
@@ -201,7 +201,16 @@ $(MINICPM8B): tests/ref/make_minicpm.py | $(VENV)/.ok
 minicpm8b: $(MINICPM8B)
 
 # Every benchmark, in one run; each compares lowbit with a reference tool timed in the same run.
-bench: bench-dequant bench-ternary bench-runtime bench-palette
+bench: bench-dequant bench-ternary bench-runtime bench-palette bench-eval
+
+# Perplexity speed: convert eval on Botchan with SmolLM2 next to llama-perplexity, same
+# threads, in one run (benches/eval/ppl_bench.sh; EVAL_CHUNKS narrows it).
+EVAL_CHUNKS ?= -1
+bench-eval: build fetch eval-data
+	$(MAKE) llama
+	CONVERT=$(CONVERT) LLAMA_BIN=$(LOWBIT_CACHE)/llama.cpp-11434/build/bin GGUF=$(SMOLLM2) \
+		TEXT=$(BOTCHAN) CHUNKS=$(EVAL_CHUNKS) THREADS=$(BENCH_THREADS) OUT=$(OUT)/bench-eval \
+		bash benches/eval/ppl_bench.sh
 
 # Prompt and decode speed: convert bench on bundles of SmolLM2, Qwen2.5-0.5B, Gemma 3 270M and
 # the MiniCPM4-8B-shape model next to llama-bench on their GGUFs, same threads, pp64 and pp512,

@@ -175,7 +175,7 @@ pub fn judge(
         for r in tasks {
             if let Some(rf) = &r.reference {
                 // drop = acc_ref - acc; its interval is [-diff_high, -diff_low].
-                let low = -rf.paired.diff_high;
+                let low = -rf.paired.diff_high + 0.0; // no "-0"
                 g(&format!("max_accuracy_drop[{}]", r.task), t, low, low <= t);
             }
         }

@@ -356,10 +356,20 @@ pub fn wilson(k: usize, n: usize) -> Proportion {
     let den = 1.0 + z * z / nf;
     let centre = (p + z * z / (2.0 * nf)) / den;
     let half = z * (p * (1.0 - p) / nf + z * z / (4.0 * nf * nf)).sqrt() / den;
+    // At k = 0 and k = n the bound is exactly 0 or 1 (the two terms cancel; in floating point
+    // they may not).
     Proportion {
         value: p,
-        low: (centre - half).max(0.0),
-        high: (centre + half).min(1.0),
+        low: if k == 0.0 {
+            0.0
+        } else {
+            (centre - half).clamp(0.0, p)
+        },
+        high: if k == nf {
+            1.0
+        } else {
+            (centre + half).clamp(p, 1.0)
+        },
         n,
     }
 }
