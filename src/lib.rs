@@ -7,6 +7,7 @@
 //! commands.
 
 pub mod arch;
+pub mod build;
 pub mod bundle;
 pub mod eval;
 pub mod export;

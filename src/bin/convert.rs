@@ -3,7 +3,7 @@
 //! Exit codes: 0 success, 1 a check failed, 2 usage, input or I/O error.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -108,6 +108,31 @@ enum Command {
     /// BIG-bench tasks (multiple choice by log-likelihood, exact match by greedy generation)
     /// with 95% intervals; optional gates. Exit 0 passed, 1 a gate failed, 2 error.
     Eval(EvalArgs),
+    /// Build the artifacts of recipes (TOML, schemas/recipe.v1.schema.json): check the pinned
+    /// source, run the steps and the gates, compare each bundle digest with the recipe's
+    /// expectation (--check, the default) or rewrite the expectations (--update), write
+    /// provenance.json beside each bundle, and publish OUT/NAME only when everything passed.
+    /// Exit 0 passed, 1 a gate failed or a digest drifted, 2 error.
+    Build {
+        /// Recipe files.
+        #[arg(required = true)]
+        recipes: Vec<PathBuf>,
+        /// Output folder: each recipe's artifacts go to OUT/NAME (which must not exist).
+        #[arg(short, long, default_value = "artifacts")]
+        output: PathBuf,
+        /// Fail when a digest differs from the recipe's expectation (the default).
+        #[arg(long, conflicts_with = "update")]
+        check: bool,
+        /// Rewrite the recipe's expected digests (and its lock file) with those built.
+        #[arg(long)]
+        update: bool,
+        /// Write the report (every step, gate, digest and drift) as JSON to this path.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// No progress lines.
+        #[arg(short, long)]
+        quiet: bool,
+    },
     /// Write a bundle with every tensor carried in its source encoding, byte for byte.
     Pack {
         /// The GGUF file.
@@ -836,6 +861,14 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Validate(args) => validate_cmd(args),
         Command::Eval(args) => eval_cmd(args),
+        Command::Build {
+            recipes,
+            output,
+            check: _,
+            update,
+            json,
+            quiet,
+        } => build_cmd(&recipes, &output, update, json.as_deref(), quiet),
         Command::Run(args) => run_cmd(args),
         Command::Bench {
             bundle,
@@ -1082,6 +1115,112 @@ struct RunArgs {
     /// Write the first step's logits (after the prompt) as little-endian f32 to this file.
     #[arg(long)]
     dump_logits: Option<PathBuf>,
+}
+
+fn build_cmd(
+    recipes: &[PathBuf],
+    output: &Path,
+    update: bool,
+    json: Option<&Path>,
+    quiet: bool,
+) -> anyhow::Result<ExitCode> {
+    use lowbit::build::{self, Mode, Recipe};
+    // Every recipe and output checked before any work.
+    let list = recipes
+        .iter()
+        .map(|p| Recipe::load(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut names = std::collections::BTreeSet::new();
+    for r in &list {
+        if !names.insert(r.name.clone()) {
+            anyhow::bail!(
+                "two recipes are named {:?}: their outputs would collide",
+                r.name
+            );
+        }
+        lowbit::util::refuse_existing(&output.join(&r.name))?;
+        r.check_source()?;
+    }
+    if let Some(p) = json {
+        lowbit::util::check_report_path(p, &[]).context("--json")?;
+    }
+    std::fs::create_dir_all(output).with_context(|| format!("{}", output.display()))?;
+    let threads = Some(rayon::current_num_threads());
+    let mode = if update { Mode::Update } else { Mode::Check };
+    let mut reports = Vec::new();
+    for r in &list {
+        let rep = build::build(r, &output.join(&r.name), mode, threads, &mut |m| {
+            if !quiet {
+                eprintln!("[{}] {m}", r.name);
+            }
+        })?;
+        for s in rep.steps.iter().chain(&rep.gates) {
+            println!(
+                "{} {}: {} ({:.1} s)",
+                r.name,
+                s.what,
+                if s.passed { "ok" } else { "FAILED" },
+                s.seconds
+            );
+            if !s.passed {
+                println!(
+                    "  {}\n  {}",
+                    s.command.join(" "),
+                    s.output_tail.replace('\n', "\n  ")
+                );
+            }
+        }
+        for d in &rep.digests {
+            let update = update && rep.passed;
+            match (&d.expected, d.matches, update) {
+                (Some(e), _, true) if *e != d.digest => {
+                    println!(
+                        "{} {}: expected {} -> {} (updated)",
+                        r.name, d.artifact, e, d.digest
+                    )
+                }
+                (None, _, true) => {
+                    println!("{} {}: expected (new) {}", r.name, d.artifact, d.digest)
+                }
+                (_, true, _) => println!("{} {}: digest {} ok", r.name, d.artifact, d.digest),
+                (e, false, _) => {
+                    println!(
+                        "{} {}: DRIFT: digest {} expected {}",
+                        r.name,
+                        d.artifact,
+                        d.digest,
+                        e.as_deref().unwrap_or("?")
+                    );
+                    for x in &d.drift {
+                        println!("  {x}");
+                    }
+                    if d.drift.is_empty() {
+                        println!("  (no lock file entry to name what differs: run --update once to write {})", build::lock_path(&r.path).display());
+                    }
+                }
+            }
+        }
+        println!(
+            "{}: {}",
+            r.name,
+            if rep.published {
+                format!("published {}", rep.output.display())
+            } else {
+                "FAILED, nothing published".into()
+            }
+        );
+        reports.push(rep);
+    }
+    if let Some(p) = json {
+        let mut j = serde_json::to_vec_pretty(&reports)?;
+        j.push(b'\n');
+        lowbit::util::replace_file(p, &j)?;
+    }
+    Ok(if reports.iter().all(|r| r.passed) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn eval_cmd(a: EvalArgs) -> anyhow::Result<ExitCode> {

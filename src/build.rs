@@ -1,0 +1,783 @@
+//! `convert build`: declarative artifact recipes for CI (TOML, `schemas/recipe.v1.schema.json`).
+//!
+//! A recipe names a pinned source (file, size, SHA256, how to obtain it: the build never
+//! downloads), the steps that make named artifacts from it or from each other (`pack`,
+//! `gguf-to-ternary`, `palettize`, `dequantize`), the gates that must pass (`verify`,
+//! `validate`, `eval`), and each artifact's expected bundle digest. [`Recipe::load`] checks
+//! everything it can before any work: unknown keys, the format, artifact names (unique, no
+//! step writes two), inputs that exist, no cycle, gate and expectation references, the SHA256
+//! syntax. [`build`] checks the source, runs the steps in dependency order and the gates into
+//! a staging directory beside the output, and publishes the directory only when every gate
+//! passed and (under `--check`) every digest matched: a failure publishes nothing.
+//!
+//! Each step and gate runs the `convert` binary itself (`std::env::current_exe`) with the
+//! flags the recipe gives, so a recipe step is exactly a documented command line; the report
+//! records each command.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+/// The recipe format this build reads.
+pub const FORMAT: &str = "lowbit-recipe/1";
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    #[error("recipe {path}: {detail}")]
+    Recipe { path: PathBuf, detail: String },
+    #[error("recipe {recipe}: source {path}: {detail}")]
+    Source {
+        recipe: PathBuf,
+        path: PathBuf,
+        detail: String,
+    },
+    #[error("{0}")]
+    Output(#[from] crate::util::OutputError),
+    #[error("{what}: {detail}")]
+    Step { what: String, detail: String },
+}
+
+/// A recipe file.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Recipe {
+    pub format: String,
+    pub name: String,
+    pub source: Source,
+    #[serde(default, rename = "step")]
+    pub steps: Vec<Step>,
+    #[serde(default, rename = "gate")]
+    pub gates: Vec<Gate>,
+    /// Artifact name -> expected bundle digest (SHA256 hex).
+    #[serde(default)]
+    pub expected: BTreeMap<String, String>,
+    #[serde(skip)]
+    pub path: PathBuf,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Source {
+    /// The file: absolute, relative to the recipe's folder, or starting with `$LOWBIT_CACHE/`.
+    pub file: String,
+    pub size: u64,
+    pub sha256: String,
+    /// How to obtain it (a make target or a package spec), for the error when it is missing.
+    pub obtain: String,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Op {
+    Pack,
+    GgufToTernary,
+    Palettize,
+    Dequantize,
+}
+
+/// One step: makes `artifact` from `input` (`source` or an earlier artifact).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Step {
+    pub artifact: String,
+    pub op: Op,
+    #[serde(default = "source_name")]
+    pub input: String,
+    /// Further `convert` flags of the step, e.g. `["--bits", "8", "--group-size", "32"]`
+    /// (never `-o` or the input: the build sets them).
+    #[serde(default)]
+    pub args: Vec<String>,
+}
+
+fn source_name() -> String {
+    "source".into()
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum GateOp {
+    Verify,
+    Validate,
+    Eval,
+}
+
+/// One gate on an artifact, against the source (`verify --source`) or another artifact
+/// (`validate`/`eval --reference`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gate {
+    pub op: GateOp,
+    pub artifact: String,
+    /// verify: `source` (compare with the source file); validate/eval: an artifact.
+    #[serde(default)]
+    pub reference: Option<String>,
+    /// Further flags, e.g. `["--maxerr", "0"]` or `["--text", "$LOWBIT_CACHE/eval/botchan.txt",
+    /// "--max-kld", "0.01"]` (`$LOWBIT_CACHE/` expands).
+    #[serde(default)]
+    pub args: Vec<String>,
+}
+
+fn bad(path: &Path, detail: impl Into<String>) -> BuildError {
+    BuildError::Recipe {
+        path: path.to_path_buf(),
+        detail: detail.into(),
+    }
+}
+
+fn is_sha256(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+}
+
+fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("LOWBIT_CACHE") {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    Path::new(&home).join(".cache/lowbit")
+}
+
+/// A step's or gate's flag with a leading `$LOWBIT_CACHE/` expanded.
+fn expand_arg(a: &str) -> String {
+    match a.strip_prefix("$LOWBIT_CACHE/") {
+        Some(rest) => cache_dir().join(rest).to_string_lossy().into_owned(),
+        None => a.to_string(),
+    }
+}
+
+/// `$LOWBIT_CACHE/...` expanded; other relative paths are relative to `base`.
+fn expand(p: &str, base: &Path) -> PathBuf {
+    if let Some(rest) = p.strip_prefix("$LOWBIT_CACHE/") {
+        cache_dir().join(rest)
+    } else if Path::new(p).is_absolute() {
+        PathBuf::from(p)
+    } else {
+        base.join(p)
+    }
+}
+
+impl Recipe {
+    /// Reads and checks a recipe (see the module doc); every error names the recipe and what
+    /// is wrong in it.
+    pub fn load(path: &Path) -> Result<Recipe, BuildError> {
+        let text = std::fs::read_to_string(path).map_err(|e| bad(path, e.to_string()))?;
+        let mut r: Recipe = toml::from_str(&text).map_err(|e| bad(path, e.to_string()))?;
+        r.path = path.to_path_buf();
+        r.check()?;
+        Ok(r)
+    }
+
+    fn check(&self) -> Result<(), BuildError> {
+        let p = &self.path;
+        if self.format != FORMAT {
+            return Err(bad(
+                p,
+                format!("format {:?}: this build reads {FORMAT:?}", self.format),
+            ));
+        }
+        if !is_sha256(&self.source.sha256) {
+            return Err(bad(p, "source.sha256: not 64 lowercase hex digits"));
+        }
+        let mut names = BTreeSet::new();
+        for s in &self.steps {
+            if s.artifact == "source" || !valid_name(&s.artifact) {
+                return Err(bad(
+                    p,
+                    format!(
+                        "artifact name {:?}: use letters, digits, '-', '_', '.' (not \"source\")",
+                        s.artifact
+                    ),
+                ));
+            }
+            if !names.insert(s.artifact.clone()) {
+                return Err(bad(
+                    p,
+                    format!("two steps write the artifact {:?}", s.artifact),
+                ));
+            }
+            if let Some(a) = s
+                .args
+                .iter()
+                .find(|a| matches!(a.as_str(), "-o" | "--output") || a.starts_with("--output="))
+            {
+                return Err(bad(
+                    p,
+                    format!("step {:?}: {a} is set by the build", s.artifact),
+                ));
+            }
+        }
+        for s in &self.steps {
+            if s.input != "source" && !names.contains(&s.input) {
+                return Err(bad(
+                    p,
+                    format!(
+                        "step {:?}: input {:?} is no artifact of this recipe",
+                        s.artifact, s.input
+                    ),
+                ));
+            }
+        }
+        self.order()?;
+        for g in &self.gates {
+            if !names.contains(&g.artifact) {
+                return Err(bad(
+                    p,
+                    format!("gate {:?}: no artifact {:?}", g.op, g.artifact),
+                ));
+            }
+            match (g.op, g.reference.as_deref()) {
+                (GateOp::Verify, None | Some("source")) => {}
+                (GateOp::Verify, Some(r)) => {
+                    return Err(bad(
+                        p,
+                        format!("verify gate on {:?}: reference {r:?}: verify compares with the source only", g.artifact),
+                    ))
+                }
+                (_, None) => {
+                    return Err(bad(
+                        p,
+                        format!("{:?} gate on {:?}: needs a reference artifact", g.op, g.artifact),
+                    ))
+                }
+                (_, Some(r)) if !names.contains(r) => {
+                    return Err(bad(
+                        p,
+                        format!("{:?} gate on {:?}: no artifact {r:?}", g.op, g.artifact),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        for (a, d) in &self.expected {
+            if !names.contains(a) {
+                return Err(bad(p, format!("expected.{a}: no such artifact")));
+            }
+            if !is_sha256(d) {
+                return Err(bad(p, format!("expected.{a}: not 64 lowercase hex digits")));
+            }
+            if self.step(a).map(|s| s.op) == Some(Op::Dequantize) {
+                return Err(bad(
+                    p,
+                    format!(
+                        "expected.{a}: a dequantize step makes a safetensors file, not a bundle"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn step(&self, artifact: &str) -> Option<&Step> {
+        self.steps.iter().find(|s| s.artifact == artifact)
+    }
+
+    /// The steps in dependency order (each after its input); a cycle is an error naming it.
+    pub fn order(&self) -> Result<Vec<&Step>, BuildError> {
+        let mut done: BTreeSet<&str> = BTreeSet::new();
+        let mut out = Vec::new();
+        while out.len() < self.steps.len() {
+            let before = out.len();
+            for s in &self.steps {
+                if !done.contains(s.artifact.as_str())
+                    && (s.input == "source" || done.contains(s.input.as_str()))
+                {
+                    done.insert(&s.artifact);
+                    out.push(s);
+                }
+            }
+            if out.len() == before {
+                let left: Vec<&str> = self
+                    .steps
+                    .iter()
+                    .filter(|s| !done.contains(s.artifact.as_str()))
+                    .map(|s| s.artifact.as_str())
+                    .collect();
+                return Err(bad(
+                    &self.path,
+                    format!("a cycle among the steps {left:?} (each is an input of another)"),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    fn base(&self) -> PathBuf {
+        crate::util::parent_dir(&self.path)
+    }
+
+    /// The source file's path.
+    pub fn source_path(&self) -> PathBuf {
+        expand(&self.source.file, &self.base())
+    }
+
+    /// Checks the source's size and SHA256 (the file read once).
+    pub fn check_source(&self) -> Result<PathBuf, BuildError> {
+        let p = self.source_path();
+        let err = |detail: String| BuildError::Source {
+            recipe: self.path.clone(),
+            path: p.clone(),
+            detail,
+        };
+        let m = std::fs::metadata(&p)
+            .map_err(|e| err(format!("{e}; obtain it with: {}", self.source.obtain)))?;
+        if m.len() != self.source.size {
+            return Err(err(format!(
+                "{} bytes, the recipe pins {}",
+                m.len(),
+                self.source.size
+            )));
+        }
+        let got = crate::util::sha256_file(&p).map_err(|e| err(e.to_string()))?;
+        if got != self.source.sha256 {
+            return Err(err(format!(
+                "SHA256 {got}, the recipe pins {}",
+                self.source.sha256
+            )));
+        }
+        Ok(p)
+    }
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && !s.starts_with('.')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// How the digests are judged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// A digest that differs from the recipe's expectation fails the build.
+    Check,
+    /// The recipe's expectations are rewritten with the digests built.
+    Update,
+}
+
+/// One command the build ran.
+#[derive(Clone, Debug, Serialize)]
+pub struct Ran {
+    pub what: String,
+    pub command: Vec<String>,
+    pub passed: bool,
+    pub seconds: f64,
+    /// The last lines of its output.
+    pub output_tail: String,
+    /// A gate's JSON report, when it writes one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub report: Option<serde_json::Value>,
+}
+
+/// An artifact's digest against the recipe.
+#[derive(Clone, Debug, Serialize)]
+pub struct Digest {
+    pub artifact: String,
+    pub digest: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected: Option<String>,
+    pub matches: bool,
+    /// What differs from the expectation: files, tensors and manifest fields, named (from the
+    /// lock file `NAME.lock.json` beside the recipe, written by `--update`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub drift: Vec<String>,
+}
+
+/// The report of one recipe.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub recipe: PathBuf,
+    pub recipe_sha256: String,
+    pub name: String,
+    pub source_sha256: String,
+    pub output: PathBuf,
+    pub steps: Vec<Ran>,
+    pub gates: Vec<Ran>,
+    pub digests: Vec<Digest>,
+    /// Published: every step ran, every gate passed, every digest matched (`--check`).
+    pub passed: bool,
+    pub published: bool,
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn run(what: String, exe: &Path, args: Vec<String>, report: Option<&Path>) -> Ran {
+    let t = std::time::Instant::now();
+    let o = Command::new(exe).args(&args).output();
+    let (passed, out) = match o {
+        Ok(o) => (
+            o.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+        ),
+        Err(e) => (false, format!("cannot run {}: {e}", exe.display())),
+    };
+    let report = report
+        .and_then(|p| std::fs::read(p).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let mut command = vec!["convert".to_string()];
+    command.extend(args);
+    Ran {
+        what,
+        command,
+        passed,
+        seconds: t.elapsed().as_secs_f64(),
+        output_tail: tail(&out, 12),
+        report,
+    }
+}
+
+fn artifact_file(stage: &Path, s: &Step) -> PathBuf {
+    match s.op {
+        Op::Dequantize => stage.join(format!("{}.safetensors", s.artifact)),
+        _ => stage.join(format!("{}.bundle", s.artifact)),
+    }
+}
+
+fn op_name(op: Op) -> &'static str {
+    match op {
+        Op::Pack => "pack",
+        Op::GgufToTernary => "gguf-to-ternary",
+        Op::Palettize => "palettize",
+        Op::Dequantize => "dequantize",
+    }
+}
+
+/// The lock file beside a recipe: per artifact, the files, tensors and manifest fields a
+/// drift report names.
+pub fn lock_path(recipe: &Path) -> PathBuf {
+    let stem = recipe
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    crate::util::parent_dir(recipe).join(format!("{stem}.lock.json"))
+}
+
+/// What the lock file keeps of a bundle: file and tensor SHA256s and the manifest's fields
+/// other than those lists.
+pub fn lock_entry(bundle: &Path) -> Result<serde_json::Value, BuildError> {
+    let m: serde_json::Value = std::fs::read(bundle.join("manifest.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| BuildError::Step {
+            what: bundle.display().to_string(),
+            detail: "no readable manifest.json".into(),
+        })?;
+    let mut files = serde_json::Map::new();
+    for f in m["files"].as_array().into_iter().flatten() {
+        files.insert(
+            f["path"].as_str().unwrap_or("?").to_string(),
+            f["sha256"].clone(),
+        );
+    }
+    let mut tensors = serde_json::Map::new();
+    for t in m["tensors"].as_array().into_iter().flatten() {
+        tensors.insert(
+            t["name"].as_str().unwrap_or("?").to_string(),
+            t["sha256"].clone(),
+        );
+    }
+    let mut fields = serde_json::Map::new();
+    if let Some(o) = m.as_object() {
+        for (k, v) in o {
+            if !matches!(k.as_str(), "files" | "tensors" | "kernels") {
+                fields.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    Ok(serde_json::json!({
+        "bundle_digest": m["bundle_digest"],
+        "files": files,
+        "tensors": tensors,
+        "manifest": fields,
+    }))
+}
+
+/// Names what differs between two lock entries.
+pub fn drift(want: &serde_json::Value, got: &serde_json::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for (kind, key) in [
+        ("file", "files"),
+        ("tensor", "tensors"),
+        ("manifest field", "manifest"),
+    ] {
+        let (w, g) = (want[key].as_object(), got[key].as_object());
+        let (Some(w), Some(g)) = (w, g) else { continue };
+        for (k, v) in w {
+            match g.get(k) {
+                None => out.push(format!("{kind} {k}: missing (was {})", short(v))),
+                Some(u) if u != v => out.push(format!("{kind} {k}: {} -> {}", short(v), short(u))),
+                _ => {}
+            }
+        }
+        for (k, u) in g {
+            if !w.contains_key(k) {
+                out.push(format!("{kind} {k}: new ({})", short(u)));
+            }
+        }
+    }
+    out
+}
+
+fn short(v: &serde_json::Value) -> String {
+    let s = match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    if s.len() > 80 {
+        format!("{}...", &s[..77])
+    } else {
+        s
+    }
+}
+
+/// The in-toto Statement v1 with a SLSA Provenance v1 predicate for one bundle: subject the
+/// bundle (its digest), external parameters the recipe (path and SHA256) and the artifact,
+/// resolved dependencies the source file, builder lowbit's version and git revision. No
+/// timestamps: the same recipe and binary give the same bytes.
+pub fn provenance(
+    recipe: &Recipe,
+    recipe_sha256: &str,
+    artifact: &str,
+    digest: &str,
+) -> serde_json::Value {
+    serde_json::json!({
+        "_type": "https://in-toto.io/Statement/v1",
+        "subject": [{
+            "name": format!("{artifact}.bundle"),
+            "digest": {"sha256": digest},
+        }],
+        "predicateType": "https://slsa.dev/provenance/v1",
+        "predicate": {
+            "buildDefinition": {
+                "buildType": "urn:lowbit:recipe:v1",
+                "externalParameters": {
+                    "recipe": {
+                        "path": recipe.path.file_name().map(|n| n.to_string_lossy().into_owned()),
+                        "sha256": recipe_sha256,
+                    },
+                    "artifact": artifact,
+                },
+                "resolvedDependencies": [{
+                    "name": Path::new(&recipe.source.file).file_name().map(|n| n.to_string_lossy().into_owned()),
+                    "digest": {"sha256": recipe.source.sha256},
+                }],
+            },
+            "runDetails": {
+                "builder": {
+                    "id": "urn:lowbit:convert-build",
+                    "version": {
+                        "lowbit": env!("CARGO_PKG_VERSION"),
+                        "git_revision": env!("LOWBIT_GIT_REVISION"),
+                    },
+                },
+                "metadata": {},
+            },
+        },
+    })
+}
+
+/// Builds `recipe` into `out` (which must not exist): source check, steps, gates, digests,
+/// provenance, then one rename of the staging directory into place. `threads` is passed to
+/// every command (`--threads`). Returns the report; [`Report::published`] says whether `out`
+/// now holds the artifacts.
+pub fn build(
+    recipe: &Recipe,
+    out: &Path,
+    mode: Mode,
+    threads: Option<usize>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Report, BuildError> {
+    crate::util::refuse_existing(out)?;
+    let recipe_bytes = std::fs::read(&recipe.path).map_err(|e| bad(&recipe.path, e.to_string()))?;
+    let recipe_sha256 = crate::util::sha256_hex(&recipe_bytes);
+    let order = recipe.order()?;
+    progress("checking the source");
+    let src = recipe.check_source()?;
+    let exe = std::env::current_exe().map_err(|e| BuildError::Step {
+        what: "convert".into(),
+        detail: e.to_string(),
+    })?;
+    let stage = crate::util::StagingDir::beside(out)?;
+    let sp = stage.path().to_path_buf();
+    let pre = |v: &mut Vec<String>| {
+        if let Some(t) = threads {
+            v.push("--threads".into());
+            v.push(t.to_string());
+        }
+    };
+    let mut report = Report {
+        recipe: recipe.path.clone(),
+        recipe_sha256: recipe_sha256.clone(),
+        name: recipe.name.clone(),
+        source_sha256: recipe.source.sha256.clone(),
+        output: out.to_path_buf(),
+        steps: Vec::new(),
+        gates: Vec::new(),
+        digests: Vec::new(),
+        passed: false,
+        published: false,
+    };
+    let path_of = |name: &str| -> PathBuf {
+        if name == "source" {
+            src.clone()
+        } else {
+            artifact_file(&sp, recipe.step(name).expect("checked at load"))
+        }
+    };
+    for s in &order {
+        progress(&format!("step {} ({})", s.artifact, op_name(s.op)));
+        let mut a = Vec::new();
+        pre(&mut a);
+        a.push(op_name(s.op).into());
+        if s.op != Op::Dequantize {
+            a.push("-q".into());
+        }
+        a.extend(s.args.iter().map(|x| expand_arg(x)));
+        a.push("-o".into());
+        a.push(path_of(&s.artifact).to_string_lossy().into_owned());
+        a.push(path_of(&s.input).to_string_lossy().into_owned());
+        let r = run(format!("step {}", s.artifact), &exe, a, None);
+        let ok = r.passed;
+        report.steps.push(r);
+        if !ok {
+            return Ok(report);
+        }
+    }
+    for (i, g) in recipe.gates.iter().enumerate() {
+        progress(&format!("gate {:?} on {}", g.op, g.artifact));
+        let json = sp.join(format!(".gate-{i}.json"));
+        let mut a = Vec::new();
+        pre(&mut a);
+        match g.op {
+            GateOp::Verify => {
+                a.extend([
+                    "verify".into(),
+                    path_of(&g.artifact).to_string_lossy().into_owned(),
+                ]);
+                if g.reference.is_some() {
+                    a.extend(["--source".into(), src.to_string_lossy().into_owned()]);
+                }
+            }
+            GateOp::Validate | GateOp::Eval => {
+                a.push(
+                    if g.op == GateOp::Eval {
+                        "eval"
+                    } else {
+                        "validate"
+                    }
+                    .into(),
+                );
+                a.push(path_of(&g.artifact).to_string_lossy().into_owned());
+                a.push("--reference".into());
+                a.push(
+                    path_of(g.reference.as_deref().expect("checked"))
+                        .to_string_lossy()
+                        .into_owned(),
+                );
+                a.extend(["--json".into(), json.to_string_lossy().into_owned()]);
+                if g.op == GateOp::Eval {
+                    a.push("-q".into());
+                }
+            }
+        }
+        a.extend(g.args.iter().map(|x| expand_arg(x)));
+        let r = run(
+            format!("gate {:?} {}", g.op, g.artifact).to_lowercase(),
+            &exe,
+            a,
+            Some(&json),
+        );
+        let _ = std::fs::remove_file(&json);
+        report.gates.push(r);
+    }
+    let lock_file = lock_path(&recipe.path);
+    let lock: serde_json::Value = std::fs::read(&lock_file)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(serde_json::Value::Null);
+    let mut new_lock = serde_json::Map::new();
+    for s in &order {
+        if s.op == Op::Dequantize {
+            continue;
+        }
+        let b = path_of(&s.artifact);
+        let entry = lock_entry(&b)?;
+        let digest = entry["bundle_digest"].as_str().unwrap_or("").to_string();
+        let expected = recipe.expected.get(&s.artifact).cloned();
+        let matches = match mode {
+            Mode::Update => true,
+            Mode::Check => expected.as_deref().is_none_or(|e| e == digest),
+        };
+        let drift_list = if matches || lock[&s.artifact].is_null() {
+            Vec::new()
+        } else {
+            drift(&lock[&s.artifact], &entry)
+        };
+        std::fs::write(
+            sp.join(format!("{}.provenance.json", s.artifact)),
+            serde_json::to_vec_pretty(&provenance(recipe, &recipe_sha256, &s.artifact, &digest))
+                .expect("json"),
+        )
+        .map_err(|e| BuildError::Step {
+            what: format!("provenance of {}", s.artifact),
+            detail: e.to_string(),
+        })?;
+        new_lock.insert(s.artifact.clone(), entry);
+        report.digests.push(Digest {
+            artifact: s.artifact.clone(),
+            digest,
+            expected,
+            matches,
+            drift: drift_list,
+        });
+    }
+    report.passed = report.steps.iter().all(|r| r.passed)
+        && report.gates.iter().all(|r| r.passed)
+        && report.digests.iter().all(|d| d.matches);
+    if !report.passed {
+        return Ok(report);
+    }
+    if mode == Mode::Update {
+        update_recipe(recipe, &report.digests)?;
+        let mut j = serde_json::to_vec_pretty(&serde_json::Value::Object(new_lock)).expect("json");
+        j.push(b'\n');
+        crate::util::replace_file(&lock_file, &j)?;
+    }
+    stage.publish(|| std::fs::rename(&sp, out)).map_err(|e| {
+        BuildError::Output(crate::util::OutputError::Io {
+            path: out.to_path_buf(),
+            source: e,
+        })
+    })?;
+    stage.keep();
+    report.published = true;
+    Ok(report)
+}
+
+/// Rewrites the recipe's `[expected]` table with the digests built (other text unchanged),
+/// through a temporary file renamed over it.
+fn update_recipe(recipe: &Recipe, digests: &[Digest]) -> Result<(), BuildError> {
+    let text =
+        std::fs::read_to_string(&recipe.path).map_err(|e| bad(&recipe.path, e.to_string()))?;
+    let mut doc: toml_edit::DocumentMut = text
+        .parse()
+        .map_err(|e: toml_edit::TomlError| bad(&recipe.path, e.to_string()))?;
+    if doc.get("expected").is_none() {
+        doc["expected"] = toml_edit::table();
+    }
+    for d in digests {
+        doc["expected"][&d.artifact] = toml_edit::value(d.digest.clone());
+    }
+    crate::util::replace_file(&recipe.path, doc.to_string().as_bytes())?;
+    Ok(())
+}

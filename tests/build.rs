@@ -1,0 +1,345 @@
+//! `convert build`: recipes in manifests/ build to their expected digests, whatever the
+//! thread count; drift is named; a failing gate publishes nothing; bad recipes are named
+//! errors before any work; two builds on one output: one wins.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn convert(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_convert"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn tiny() -> PathBuf {
+    common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf")
+}
+
+/// A recipe on the tiny MiniCPM in `dir` with `body` after the header and source.
+fn recipe(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let p = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &p,
+        format!(
+            "format = \"lowbit-recipe/1\"\nname = \"{name}\"\n\n[source]\nfile = \"{}\"\nsize = 694112\nsha256 = \"f0ba90f0d9a84e571fad1896dfa082cde593ca750df3f394945612c9291e72bf\"\nobtain = \"committed\"\n\n{body}",
+            tiny().display()
+        ),
+    )
+    .unwrap();
+    p
+}
+
+/// The committed recipe builds to its expected digests with 1 and 2 threads, byte for byte
+/// (every artifact file and the provenance), and the provenance names the bundle's digest,
+/// the recipe's SHA256 and the source's.
+#[test]
+fn committed_tiny_recipe_builds_to_its_digests_whatever_the_threads() {
+    let r = common::repo().join("manifests/minicpm-tiny.toml");
+    let tmp = tempfile::tempdir().unwrap();
+    let mut trees = Vec::new();
+    for threads in ["1", "2"] {
+        let out = tmp.path().join(format!("t{threads}"));
+        let o = convert(&[
+            "--threads",
+            threads,
+            "build",
+            r.to_str().unwrap(),
+            "--check",
+            "-q",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        trees.push(out.join("minicpm-tiny"));
+    }
+    let files = |d: &Path| -> Vec<(PathBuf, Vec<u8>)> {
+        let mut v = Vec::new();
+        let mut stack = vec![d.to_path_buf()];
+        while let Some(p) = stack.pop() {
+            for e in std::fs::read_dir(&p).unwrap() {
+                let e = e.unwrap().path();
+                if e.is_dir() {
+                    stack.push(e);
+                } else {
+                    v.push((
+                        e.strip_prefix(d).unwrap().to_path_buf(),
+                        std::fs::read(&e).unwrap(),
+                    ));
+                }
+            }
+        }
+        v.sort();
+        v
+    };
+    let (a, b) = (files(&trees[0]), files(&trees[1]));
+    assert_eq!(a.len(), b.len());
+    for ((pa, ba), (pb, bb)) in a.iter().zip(&b) {
+        assert_eq!(pa, pb);
+        assert!(ba == bb, "{} differs between 1 and 2 threads", pa.display());
+    }
+    let prov: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(trees[0].join("ternary.provenance.json")).unwrap())
+            .unwrap();
+    let recipe: toml::Table = toml::from_str(&std::fs::read_to_string(&r).unwrap()).unwrap();
+    assert_eq!(prov["_type"], "https://in-toto.io/Statement/v1");
+    assert_eq!(prov["predicateType"], "https://slsa.dev/provenance/v1");
+    assert_eq!(
+        prov["subject"][0]["digest"]["sha256"].as_str().unwrap(),
+        recipe["expected"]["ternary"].as_str().unwrap()
+    );
+    assert_eq!(
+        prov["predicate"]["buildDefinition"]["externalParameters"]["recipe"]["sha256"]
+            .as_str()
+            .unwrap(),
+        lowbit::util::sha256_file(&r).unwrap()
+    );
+    assert_eq!(
+        prov["predicate"]["buildDefinition"]["resolvedDependencies"][0]["digest"]["sha256"],
+        "f0ba90f0d9a84e571fad1896dfa082cde593ca750df3f394945612c9291e72bf"
+    );
+    // The ternary artifact is the old golden file's bundle.
+    let golden: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(common::repo().join("manifests/minicpm-tiny-tq2_0.gguf-to-ternary.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        golden["bundle_digest"].as_str().unwrap(),
+        recipe["expected"]["ternary"].as_str().unwrap()
+    );
+}
+
+/// --update writes the expectations and the lock file; a changed step then drifts under
+/// --check: exit 1, the drift names the files and tensors that differ, nothing published.
+#[test]
+fn drift_is_named_and_nothing_is_published() {
+    let tmp = tempfile::tempdir().unwrap();
+    let step = |bits: &str| {
+        format!(
+            "[[step]]\nartifact = \"pal\"\nop = \"palettize\"\nargs = [\"--bits\", \"{bits}\", \"--min-elements\", \"0\", \"--group-size\", \"2\"]\n"
+        )
+    };
+    let r = recipe(tmp.path(), "d", &step("8"));
+    let out1 = tmp.path().join("o1");
+    let o = convert(&[
+        "build",
+        r.to_str().unwrap(),
+        "--update",
+        "-q",
+        "-o",
+        out1.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let body = std::fs::read_to_string(&r).unwrap();
+    assert!(
+        body.contains("[expected]") && body.contains("pal = \""),
+        "{body}"
+    );
+    assert!(tmp.path().join("d.lock.json").exists());
+    // Same recipe: --check passes.
+    let out2 = tmp.path().join("o2");
+    let o = convert(&[
+        "build",
+        r.to_str().unwrap(),
+        "-q",
+        "-o",
+        out2.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    // 6 bits instead of 8, the expectation kept.
+    std::fs::write(&r, body.replace("\"8\"", "\"6\"")).unwrap();
+    let out3 = tmp.path().join("o3");
+    let rep = tmp.path().join("rep.json");
+    let o = convert(&[
+        "build",
+        r.to_str().unwrap(),
+        "-q",
+        "-o",
+        out3.to_str().unwrap(),
+        "--json",
+        rep.to_str().unwrap(),
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("DRIFT"), "{t}");
+    assert!(t.contains("file weights.bin"), "{t}");
+    assert!(t.contains("tensor blk.0."), "{t}");
+    assert!(!out3.join("d").exists(), "a drifted build was published");
+    let leftovers: Vec<_> = std::fs::read_dir(&out3).unwrap().collect();
+    assert!(leftovers.is_empty(), "staging left behind: {leftovers:?}");
+    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&rep).unwrap()).unwrap();
+    assert_eq!(j[0]["passed"], false);
+    assert!(!j[0]["digests"][0]["drift"].as_array().unwrap().is_empty());
+}
+
+/// A failing gate: exit 1, `passed: false` with the gate's own report, nothing published, the
+/// recipe's expectations untouched under --update.
+#[test]
+fn a_failing_gate_publishes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let body = "[[step]]\nartifact = \"pack\"\nop = \"pack\"\n\n[[step]]\nartifact = \"pal\"\nop = \"palettize\"\nargs = [\"--bits\", \"2\", \"--min-elements\", \"0\"]\n\n[[gate]]\nop = \"validate\"\nartifact = \"pal\"\nreference = \"pack\"\nargs = [\"--max-prob-err\", \"0.0001\", \"--gen-tokens\", \"4\"]\n";
+    let r = recipe(tmp.path(), "g", body);
+    let before = std::fs::read_to_string(&r).unwrap();
+    let out = tmp.path().join("o");
+    let rep = tmp.path().join("rep.json");
+    let o = convert(&[
+        "build",
+        r.to_str().unwrap(),
+        "--update",
+        "-q",
+        "-o",
+        out.to_str().unwrap(),
+        "--json",
+        rep.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(!out.join("g").exists());
+    assert_eq!(std::fs::read_to_string(&r).unwrap(), before);
+    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&rep).unwrap()).unwrap();
+    assert_eq!(j[0]["passed"], false);
+    assert_eq!(j[0]["gates"][0]["passed"], false);
+    assert_eq!(
+        j[0]["gates"][0]["report"]["passed"], false,
+        "{}",
+        j[0]["gates"][0]
+    );
+}
+
+/// Bad recipes: each a named error (exit 2) before any work.
+#[test]
+fn bad_recipes_are_named_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let pack = "[[step]]\nartifact = \"a\"\nop = \"pack\"\n";
+    let cases: Vec<(PathBuf, &str)> = vec![
+        (recipe(d, "unknown", &format!("{pack}colour = \"red\"\n")), "unknown field `colour`"),
+        (recipe(d, "input", "[[step]]\nartifact = \"a\"\nop = \"pack\"\ninput = \"b\"\n"), "input \"b\" is no artifact"),
+        (
+            recipe(d, "cycle", "[[step]]\nartifact = \"a\"\nop = \"palettize\"\ninput = \"b\"\n[[step]]\nartifact = \"b\"\nop = \"palettize\"\ninput = \"a\"\n"),
+            "a cycle among the steps",
+        ),
+        (recipe(d, "twice", &format!("{pack}{pack}")), "two steps write the artifact \"a\""),
+        (
+            recipe(d, "gate", &format!("{pack}[[gate]]\nop = \"eval\"\nartifact = \"a\"\n")),
+            "needs a reference artifact",
+        ),
+        (recipe(d, "expect", &format!("{pack}[expected]\nz = \"00\"\n")), "expected.z: no such artifact"),
+        (recipe(d, "output", "[[step]]\nartifact = \"a\"\nop = \"pack\"\nargs = [\"-o\", \"x\"]\n"), "-o is set by the build"),
+    ];
+    for (r, want) in &cases {
+        let out = d.join("out");
+        let o = convert(&[
+            "build",
+            r.to_str().unwrap(),
+            "-q",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{}: {}", r.display(), text(&o));
+        assert!(text(&o).contains(want), "{}: {}", r.display(), text(&o));
+        assert!(
+            text(&o).contains(r.to_str().unwrap()),
+            "names the recipe: {}",
+            text(&o)
+        );
+    }
+    // The source: missing, then another file.
+    let r = recipe(d, "src", pack);
+    let body = std::fs::read_to_string(&r).unwrap();
+    std::fs::write(
+        &r,
+        body.replace(tiny().to_str().unwrap(), "/nonexistent/x.gguf"),
+    )
+    .unwrap();
+    let o = convert(&[
+        "build",
+        r.to_str().unwrap(),
+        "-o",
+        d.join("o").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("obtain it with: committed"),
+        "{}",
+        text(&o)
+    );
+    std::fs::write(&r, body.replace("f0ba90f0", "f0ba90f1")).unwrap();
+    let o = convert(&[
+        "build",
+        r.to_str().unwrap(),
+        "-o",
+        d.join("o").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("the recipe pins f0ba90f1"),
+        "{}",
+        text(&o)
+    );
+    // An output that exists.
+    let r = recipe(d, "exists", pack);
+    std::fs::create_dir_all(d.join("o2/exists")).unwrap();
+    let o = convert(&[
+        "build",
+        r.to_str().unwrap(),
+        "-o",
+        d.join("o2").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("already exists"), "{}", text(&o));
+}
+
+/// Two builds of one recipe into one output at once: one publishes, the other fails; the
+/// published tree is one build's, whole.
+#[test]
+fn two_builds_on_one_output_one_wins() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = recipe(
+        tmp.path(),
+        "race",
+        "[[step]]\nartifact = \"a\"\nop = \"gguf-to-ternary\"\n",
+    );
+    let out = tmp.path().join("o");
+    let spawn = || {
+        Command::new(env!("CARGO_BIN_EXE_convert"))
+            .args([
+                "build",
+                r.to_str().unwrap(),
+                "-q",
+                "-o",
+                out.to_str().unwrap(),
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    let ok = [a.status.success(), b.status.success()];
+    assert_eq!(
+        ok.iter().filter(|&&x| x).count(),
+        1,
+        "{}\n{}",
+        text(&a),
+        text(&b)
+    );
+    let o = convert(&["verify", out.join("race/a.bundle").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["race".to_string()], "leftovers: {names:?}");
+}
