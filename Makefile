@@ -25,7 +25,7 @@ OUT ?= $(LOWBIT_CACHE)/out
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all demo test fetch eval-data eval-vectors bench-eval venv build hf-checkpoints hf-qwen2 bench bench-ternary bench-runtime bench-dequant bench-palette bench-palette-large bench-gpu refvectors golden llama ternary-real ternary-llama ternary-vectors minicpm8b
+.PHONY: all demo test fetch eval-data eval-vectors bench-eval eval-table artifacts venv build hf-checkpoints hf-qwen2 bench bench-ternary bench-runtime bench-dequant bench-palette bench-palette-large bench-gpu refvectors golden llama ternary-real ternary-llama ternary-vectors minicpm8b
 
 all: build
 
@@ -128,6 +128,12 @@ eval-vectors: llama fetch $(SMOLLM2_TQ2) eval-data $(VENV)/.ok
 	$(VPY) tests/ref/gen_eval_vectors.py --text $(BOTCHAN) --out testdata/eval/llama-perplexity.json
 	$(VPY) tests/ref/gen_bigbench_prompts.py $(BIGBENCH) --out testdata/eval/bigbench-prompts.json
 
+# CI artifacts: every recipe in manifests/ (convert build, --check: a digest that drifts fails),
+# into $(ARTIFACTS). Each recipe's output folder must not exist (rm -rf it to rebuild).
+ARTIFACTS ?= $(OUT)/artifacts
+artifacts: build fetch eval-data
+	$(CONVERT) build manifests/*.toml --check -o $(ARTIFACTS) --json $(OUT)/artifacts-report.json
+
 # TQ2_0 made from SmolLM2's real weights by gguf-py's quantizer (tests/ref/make_tq2_from_real.py).
 TERNARY := $(LOWBIT_CACHE)/ternary
 SMOLLM2_TQ2 := $(TERNARY)/smollm2-tq2_0-gguf-py.gguf
@@ -206,6 +212,15 @@ bench: bench-dequant bench-ternary bench-runtime bench-palette bench-eval
 # Perplexity speed: convert eval on Botchan with SmolLM2 next to llama-perplexity, same
 # threads, in one run (benches/eval/ppl_bench.sh; EVAL_CHUNKS narrows it).
 EVAL_CHUNKS ?= -1
+# The README's quality table (benches/eval/table.py): SmolLM2 and Qwen2.5-0.5B, each against
+# its `convert pack`, with llama-quantize's Q8_0/Q4_K_M, palettized and ternarized variants.
+EVAL_TABLE_ARGS ?= --models smollm2,qwen --chunks 4 --limit 20
+eval-table: build fetch eval-data
+	$(MAKE) llama
+	$(PY) benches/eval/table.py --convert $(CONVERT) --llama-bin $(LOWBIT_CACHE)/llama.cpp-11434/build/bin \
+		--text $(BOTCHAN) --tasks $(BIGBENCH)/benchmark_tasks --out $(OUT)/eval-table \
+		--threads $(BENCH_THREADS) $(EVAL_TABLE_ARGS)
+
 bench-eval: build fetch eval-data
 	$(MAKE) llama
 	CONVERT=$(CONVERT) LLAMA_BIN=$(LOWBIT_CACHE)/llama.cpp-11434/build/bin GGUF=$(SMOLLM2) \

@@ -141,11 +141,15 @@ fn cache_dir() -> PathBuf {
     Path::new(&home).join(".cache/lowbit")
 }
 
-/// A step's or gate's flag with a leading `$LOWBIT_CACHE/` expanded.
-fn expand_arg(a: &str) -> String {
-    match a.strip_prefix("$LOWBIT_CACHE/") {
-        Some(rest) => cache_dir().join(rest).to_string_lossy().into_owned(),
-        None => a.to_string(),
+/// A step's or gate's flag with a leading `$LOWBIT_CACHE/` or `$RECIPE_DIR/` (the recipe's
+/// folder) expanded.
+fn expand_arg(a: &str, recipe_dir: &Path) -> String {
+    if let Some(rest) = a.strip_prefix("$LOWBIT_CACHE/") {
+        cache_dir().join(rest).to_string_lossy().into_owned()
+    } else if let Some(rest) = a.strip_prefix("$RECIPE_DIR/") {
+        recipe_dir.join(rest).to_string_lossy().into_owned()
+    } else {
+        a.to_string()
     }
 }
 
@@ -607,6 +611,7 @@ pub fn build(
         what: "convert".into(),
         detail: e.to_string(),
     })?;
+    let recipe_dir = recipe.base();
     let stage = crate::util::StagingDir::beside(out)?;
     let sp = stage.path().to_path_buf();
     let pre = |v: &mut Vec<String>| {
@@ -642,7 +647,7 @@ pub fn build(
         if s.op != Op::Dequantize {
             a.push("-q".into());
         }
-        a.extend(s.args.iter().map(|x| expand_arg(x)));
+        a.extend(s.args.iter().map(|x| expand_arg(x, &recipe_dir)));
         a.push("-o".into());
         a.push(path_of(&s.artifact).to_string_lossy().into_owned());
         a.push(path_of(&s.input).to_string_lossy().into_owned());
@@ -690,7 +695,7 @@ pub fn build(
                 }
             }
         }
-        a.extend(g.args.iter().map(|x| expand_arg(x)));
+        a.extend(g.args.iter().map(|x| expand_arg(x, &recipe_dir)));
         let r = run(
             format!("gate {:?} {}", g.op, g.artifact).to_lowercase(),
             &exe,

@@ -40,27 +40,36 @@ fn recipe(dir: &Path, name: &str, body: &str) -> PathBuf {
     p
 }
 
-/// The committed recipe builds to its expected digests with 1 and 2 threads, byte for byte
-/// (every artifact file and the provenance), and the provenance names the bundle's digest,
-/// the recipe's SHA256 and the source's.
+/// The committed recipe builds to its expected digests with 1 and 2 threads and on each CPU
+/// path (`LOWBIT_ISA` caps it: portable, AVX2, the best this CPU has), byte for byte (every
+/// artifact file and the provenance), and the provenance names the bundle's digest, the
+/// recipe's SHA256 and the source's.
 #[test]
-fn committed_tiny_recipe_builds_to_its_digests_whatever_the_threads() {
+fn committed_tiny_recipe_builds_to_its_digests_whatever_the_threads_and_isa() {
     let r = common::repo().join("manifests/minicpm-tiny.toml");
     let tmp = tempfile::tempdir().unwrap();
     let mut trees = Vec::new();
-    for threads in ["1", "2"] {
-        let out = tmp.path().join(format!("t{threads}"));
-        let o = convert(&[
-            "--threads",
-            threads,
-            "build",
-            r.to_str().unwrap(),
-            "--check",
-            "-q",
-            "-o",
-            out.to_str().unwrap(),
-        ]);
-        assert!(o.status.success(), "{}", text(&o));
+    for (threads, isa) in [("1", ""), ("2", ""), ("2", "portable"), ("2", "avx2")] {
+        let out = tmp.path().join(format!("t{threads}{isa}"));
+        let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+            .env("LOWBIT_ISA", isa)
+            .args([
+                "--threads",
+                threads,
+                "build",
+                r.to_str().unwrap(),
+                "--check",
+                "-q",
+                "-o",
+                out.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "threads {threads} isa {isa:?}: {}",
+            text(&o)
+        );
         trees.push(out.join("minicpm-tiny"));
     }
     let files = |d: &Path| -> Vec<(PathBuf, Vec<u8>)> {
@@ -82,11 +91,14 @@ fn committed_tiny_recipe_builds_to_its_digests_whatever_the_threads() {
         v.sort();
         v
     };
-    let (a, b) = (files(&trees[0]), files(&trees[1]));
-    assert_eq!(a.len(), b.len());
-    for ((pa, ba), (pb, bb)) in a.iter().zip(&b) {
-        assert_eq!(pa, pb);
-        assert!(ba == bb, "{} differs between 1 and 2 threads", pa.display());
+    let a = files(&trees[0]);
+    for t in &trees[1..] {
+        let b = files(t);
+        assert_eq!(a.len(), b.len());
+        for ((pa, ba), (pb, bb)) in a.iter().zip(&b) {
+            assert_eq!(pa, pb);
+            assert!(ba == bb, "{} differs in {}", pa.display(), t.display());
+        }
     }
     let prov: serde_json::Value =
         serde_json::from_slice(&std::fs::read(trees[0].join("ternary.provenance.json")).unwrap())
@@ -342,4 +354,52 @@ fn two_builds_on_one_output_one_wins() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(names, vec!["race".to_string()], "leftovers: {names:?}");
+}
+
+/// Every recipe in manifests/ is valid under schemas/recipe.v1.schema.json and loads.
+#[test]
+fn committed_recipes_match_the_schema() {
+    let repo = common::repo();
+    let schema: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo.join("schemas/recipe.v1.schema.json")).unwrap())
+            .unwrap();
+    let v = jsonschema::validator_for(&schema).unwrap();
+    let mut n = 0;
+    for e in std::fs::read_dir(repo.join("manifests")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "toml") {
+            let t: toml::Value = toml::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            let j = serde_json::to_value(&t).unwrap();
+            let errs: Vec<String> = v.iter_errors(&j).map(|e| e.to_string()).collect();
+            assert!(errs.is_empty(), "{}: {errs:?}", p.display());
+            lowbit::build::Recipe::load(&p).unwrap();
+            n += 1;
+        }
+    }
+    assert!(n >= 2);
+}
+
+/// `make test` builds the test models' recipes with --check: SmolLM2 packed (verified against
+/// the GGUF) and palettized at 8 and 4 bits (each gated by eval against the pack).
+#[test]
+fn smollm2_recipe_builds_to_its_digests() {
+    let (Some(_), true) = (
+        common::model("SmolLM2-135M-Instruct.Q4_1.gguf"),
+        common::cache_dir().join("eval/botchan.txt").exists(),
+    ) else {
+        eprintln!("skipping: SmolLM2 or Botchan missing (make fetch eval-data)");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let r = common::repo().join("manifests/smollm2.toml");
+    let o = convert(&[
+        "build",
+        r.to_str().unwrap(),
+        "--check",
+        "-q",
+        "-o",
+        tmp.path().to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    eprintln!("{}", String::from_utf8_lossy(&o.stdout));
 }

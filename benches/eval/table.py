@@ -82,12 +82,21 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--limit", type=int, default=40)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--skip-tasks", action="store_true",
+                    help="text only for variants whose task report does not exist yet")
+    ap.add_argument("--variants", help="comma-separated prefixes of the variant names to run "
+                    "(default all), e.g. 'Q8_0,Q4_K_M,k-means 8-bit G=32,ternarized'")
     a = ap.parse_args()
+    variants = VARIANTS
+    if a.variants:
+        keep = [v.strip() for v in a.variants.split(",")]
+        variants = [v for v in VARIANTS if any(v[0].startswith(k) for k in keep)]
     a.out.mkdir(parents=True, exist_ok=True)
     conv = [a.convert, "--threads", a.threads]
     task_args = []
     for t in TASKS:
         task_args += ["--task", a.tasks / t / "task.json"]
+    prev = a.out / "results.json"
     results = {"chunks": a.chunks, "ctx": 512, "limit": a.limit, "threads": a.threads, "models": {}}
     t_start = time.time()
     for m in a.models.split(","):
@@ -102,7 +111,7 @@ def main() -> None:
             sh(conv + ["eval", ref, "-q", *task_args, "--limit", a.limit, "--json", ref_tasks])
         ref_report = json.loads(ref_tasks.read_text())
         rows = []
-        for name, (kind, spec) in VARIANTS:
+        for name, (kind, spec) in variants:
             slug = "".join(c if c.isalnum() else "-" for c in name.split(" (")[0]).strip("-")
             b = d / f"{slug}.bundle"
             if not b.exists():
@@ -118,10 +127,10 @@ def main() -> None:
             if not text_json.exists():
                 sh(conv + ["eval", b, "-q", "--reference", ref, "--text", a.text, "--ctx", 512,
                            "--chunks", a.chunks, "--json", text_json])
-            if not tasks_json.exists():
+            if not tasks_json.exists() and not a.skip_tasks:
                 sh(conv + ["eval", b, "-q", *task_args, "--limit", a.limit, "--json", tasks_json])
             tr = json.loads(text_json.read_text())["perplexity"]
-            tk = json.loads(tasks_json.read_text())["tasks"]
+            tk = json.loads(tasks_json.read_text())["tasks"] if tasks_json.exists() else []
             size = sum(f.stat().st_size for f in b.iterdir() if f.is_file())
             row = {"variant": name, "bundle_bytes": size, "ppl": tr["ppl"], "reference": tr["reference"],
                    "tasks": {}}
@@ -133,14 +142,20 @@ def main() -> None:
             print(name, round(tr["ppl"]["value"], 3), round(tr["reference"]["kld"]["value"], 5), file=sys.stderr)
         ref_size = sum(f.stat().st_size for f in ref.iterdir() if f.is_file())
         results["models"][m] = {"gguf": src.name, "reference_bytes": ref_size,
+                                "chunks": a.chunks, "limit": a.limit, "threads": a.threads,
                                 "reference_tasks": {t["task"]: t["acc"] for t in ref_report["tasks"]},
                                 "rows": rows}
     results["seconds"] = time.time() - t_start
+    # Models measured by an earlier run into the same folder stay in the table.
+    if prev.exists():
+        for m, r in json.loads(prev.read_text())["models"].items():
+            results["models"].setdefault(m, r)
     (a.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     md = []
     for m, r in results["models"].items():
         names = list(r["reference_tasks"])
-        md.append(f"**{m}** ({r['gguf']}; reference: `convert pack`, "
+        md.append(f"**{m}** ({r['gguf']}; Botchan {r.get('chunks', results['chunks'])} chunks of 512, "
+                  f"{r.get('limit', results['limit'])} examples per task; reference: `convert pack`, "
                   + ", ".join(f"{n} acc {v['value']:.3f}" for n, v in r["reference_tasks"].items()) + ")\n")
         md.append("| variant | MB | PPL | PPL ratio | mean KLD | 99% KLD | same top | RMS Δp | "
                   + " | ".join(f"{n} acc (Δ vs ref [95%])" for n in names) + " |")
@@ -152,6 +167,9 @@ def main() -> None:
                      f"{ref['kld']['value']:.5f}", f"{ref['kld_quantiles']['p99']:.4f}",
                      f"{100 * ref['same_top']['value']:.2f}%", f"{100 * ref['p_diff_rms']['value']:.2f}%"]
             for n in names:
+                if n not in row["tasks"]:
+                    cells.append("-")
+                    continue
                 t = row["tasks"][n]
                 p = t["paired"]
                 cells.append(f"{t['acc']['value']:.3f} ({p['diff']:+.3f} [{p['low']:+.3f}, {p['high']:+.3f}])")

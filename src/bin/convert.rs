@@ -348,6 +348,11 @@ struct EvalArgs {
     /// the 95% interval of the paired difference: fails when its lower end is above F.
     #[arg(long, value_name = "F")]
     max_accuracy_drop: Option<f64>,
+    /// Gate preset: `8bit` (--max-kld 0.01 --min-same-top 0.93 --max-ppl-ratio 1.01
+    /// --max-accuracy-drop 0.05, from llama.cpp's Q8_0; README). Explicit gate flags override
+    /// it; a preset's gate whose inputs are not given (no --task) is left out.
+    #[arg(long, value_name = "NAME")]
+    gate_preset: Option<String>,
     /// Write the full report as JSON to this path (replaced whole at the end).
     #[arg(long)]
     json: Option<PathBuf>,
@@ -1227,12 +1232,27 @@ fn eval_cmd(a: EvalArgs) -> anyhow::Result<ExitCode> {
     use lowbit::eval::{self, ppl, tasks, EvalError, Gates};
     use lowbit::runtime;
     let t0 = std::time::Instant::now();
-    let gates = Gates {
+    let mut gates = Gates {
         max_kld: a.max_kld,
         min_same_top: a.min_same_top,
         max_ppl_ratio: a.max_ppl_ratio,
         max_accuracy_drop: a.max_accuracy_drop,
     };
+    if let Some(name) = &a.gate_preset {
+        let mut p = Gates::preset(name)
+            .ok_or_else(|| anyhow::anyhow!("--gate-preset {name:?}: unknown (known: 8bit)"))?;
+        if a.reference.is_none() {
+            anyhow::bail!("--gate-preset {name}: its gates compare with --reference");
+        }
+        // The preset's gates on inputs not given are left out.
+        if a.text.is_none() {
+            (p.max_kld, p.min_same_top, p.max_ppl_ratio) = (None, None, None);
+        }
+        if a.tasks.is_empty() {
+            p.max_accuracy_drop = None;
+        }
+        gates = gates.or(&p);
+    }
     // Every input checked before any model runs.
     if a.text.is_none() && a.tasks.is_empty() {
         anyhow::bail!("nothing to measure: give --text FILE and/or --task FILE");
