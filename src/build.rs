@@ -490,11 +490,34 @@ pub fn lock_entry(bundle: &Path) -> Result<serde_json::Value, BuildError> {
             t["sha256"].clone(),
         );
     }
+    // Manifest fields by dotted path (`model.n_ctx`, `producer.command_line`), so a drift
+    // report names the leaf that changed.
+    fn flatten(
+        prefix: &str,
+        v: &serde_json::Value,
+        out: &mut serde_json::Map<String, serde_json::Value>,
+    ) {
+        match v {
+            serde_json::Value::Object(o) => {
+                for (k, x) in o {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    flatten(&key, x, out);
+                }
+            }
+            other => {
+                out.insert(prefix.to_string(), other.clone());
+            }
+        }
+    }
     let mut fields = serde_json::Map::new();
     if let Some(o) = m.as_object() {
         for (k, v) in o {
             if !matches!(k.as_str(), "files" | "tensors" | "kernels") {
-                fields.insert(k.clone(), v.clone());
+                flatten(k, v, &mut fields);
             }
         }
     }
@@ -537,8 +560,8 @@ fn short(v: &serde_json::Value) -> String {
         serde_json::Value::String(s) => s.clone(),
         other => other.to_string(),
     };
-    if s.len() > 80 {
-        format!("{}...", &s[..77])
+    if s.len() > 200 {
+        format!("{}...", &s[..197])
     } else {
         s
     }
