@@ -476,6 +476,9 @@ fn unsigned_or_another_key_is_refused() {
     )));
 }
 
+/// What `verify --trusted-key` adds when the signed manifest is intact but a file is not.
+const AFTER: &str = "signature: changed after signing: the files named above do not match";
+
 /// Every kind of change after signing fails `verify --trusted-key` (and run), naming what
 /// changed: a file's bytes (with the manifest untouched, or rewritten to match), an added or
 /// removed file, the manifest's content or producer, the signature itself.
@@ -523,13 +526,13 @@ fn any_change_after_signing_is_named() {
         (
             "weights flipped",
             flip("weights.bin"),
-            vec!["weights.bin: sha256".into()],
+            vec!["weights.bin: sha256".into(), AFTER.into()],
             false,
         ),
         (
             "tokenizer flipped",
             flip("tokenizer.json"),
-            vec!["tokenizer.json: sha256".into()],
+            vec!["tokenizer.json: sha256".into(), AFTER.into()],
             false,
         ),
         (
@@ -604,7 +607,7 @@ fn any_change_after_signing_is_named() {
         (
             "extra file",
             Box::new(|c: &Path| std::fs::write(c.join("extra.bin"), b"x").unwrap()),
-            vec!["extra.bin: extra file".into()],
+            vec!["extra.bin: extra file".into(), AFTER.into()],
             false,
         ),
         (

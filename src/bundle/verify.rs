@@ -39,7 +39,8 @@ pub struct VerifyOptions {
 #[derive(Clone, Debug, Serialize)]
 pub struct SignatureCheck {
     /// `absent` (no `signature.json`), `present` (not checked: no trusted key given),
-    /// `trusted` (verified with a trusted key, the bundle unchanged since), `failed`.
+    /// `trusted` (verified with a trusted key, the bundle unchanged since), `failed` (with
+    /// `key_id` when the signature verified but the files do not match the signed manifest).
     pub status: &'static str,
     /// The key id the signature names (`present`), or of the trusted key that verified it.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -171,6 +172,7 @@ fn tokenizer_ref_faults(m: &Manifest, tok: &crate::tokenizer::Tokenizer) -> Vec<
 pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, BundleError> {
     let mf = open_manifest(bundle)?;
     let (maps, mut failures) = check_integrity(bundle, &mf)?;
+    let integrity_failed = !failures.is_empty();
     let m = mf.manifest.clone();
     // Integrity failures that name a tensor (its SHA256, its place in the file) fail that
     // tensor's row too, not only the bundle.
@@ -355,6 +357,18 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
         }
     } else {
         match sign::check_signature(bundle, &m, mf.computed.as_ref(), &opts.trusted_keys) {
+            // The signed manifest is this one, but the files do not match it.
+            Ok(s) if integrity_failed => {
+                failures.push(format!(
+                    "signature: changed after signing: the files named above do not match the manifest key {} signed",
+                    s.key_id
+                ));
+                SignatureCheck {
+                    status: "failed",
+                    key_id: Some(s.key_id),
+                    trusted_key: Some(s.key_file),
+                }
+            }
             Ok(s) => SignatureCheck {
                 status: "trusted",
                 key_id: Some(s.key_id),
