@@ -11,6 +11,24 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// Warnings printed so far ([`warn_once`]).
+static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Prints `warning: {msg}` on stderr, once per distinct message per process: for what a
+/// library call finds worth a user's attention without failing (a bundle of format version 1,
+/// whose manifest no digest covers). Returns whether it printed.
+pub fn warn_once(msg: &str) -> bool {
+    let mut seen = WARNED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if seen.iter().any(|m| m == msg) {
+        return false;
+    }
+    seen.push(msg.to_string());
+    eprintln!("warning: {msg}");
+    true
+}
+
 /// Opens an input file for reading, refusing anything that is not a regular file (a
 /// directory, a FIFO, a device, a socket) with an `InvalidInput` error that says what it is,
 /// instead of blocking on a FIFO or failing later with "No such device". Opened with

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use lowbit::bundle::kernels::{self as bk, KernelError};
-use lowbit::bundle::manifest::{canonical_file_list, KernelKind, Manifest};
+use lowbit::bundle::manifest::{KernelKind, Manifest};
 use lowbit::bundle::reader::Bundle;
 use lowbit::runtime::gpu::kernels::{self, KernelSource};
 use lowbit::util::sha256_hex;
@@ -58,20 +58,23 @@ fn manifest(b: &Path) -> Manifest {
     serde_json::from_slice(&std::fs::read(b.join("manifest.json")).unwrap()).unwrap()
 }
 
-/// Writes `m` as the writer does (pretty JSON and a newline), the file list sorted and the
-/// digest recomputed over it.
+/// Writes `m` as the writer of its format version does (pretty JSON and a newline), the file
+/// list sorted and the digests recomputed.
 fn write_manifest(b: &Path, m: &mut Manifest) {
     m.files.sort_by(|a, b| a.path.cmp(&b.path));
-    m.bundle_digest = sha256_hex(canonical_file_list(&m.files).as_bytes());
+    common::reseal(m);
     let mut bytes = serde_json::to_vec_pretty(m).unwrap();
     bytes.push(b'\n');
     std::fs::write(b.join("manifest.json"), bytes).unwrap();
 }
 
-/// Turns bundle `b` into one made before kernels shipped: no `kernels` section, no kernel
-/// files, the digest recomputed the way the writer computes it.
+/// Turns bundle `b` into one made before kernels shipped: format version 1 (as bundles were
+/// then), no `kernels` section, no kernel files, the digest recomputed the way that writer
+/// computed it.
 fn strip_kernels(b: &Path) {
     let mut m = manifest(b);
+    m.format_version = 1;
+    m.manifest_digest = None;
     m.kernels.clear();
     m.files.retain(|f| !f.path.starts_with("kernels/"));
     write_manifest(b, &mut m);
@@ -165,19 +168,29 @@ fn written_bundle_lists_and_hashes_every_kernel() {
             );
         }
     }
-    // The manifest, and one of a bundle made before kernels shipped, fit the schema.
-    let schema: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(common::repo().join("schemas/bundle-manifest.v1.schema.json")).unwrap(),
-    )
-    .unwrap();
-    let v = jsonschema::validator_for(&schema).unwrap();
+    // The manifest fits the version-2 schema, and one of a bundle made before kernels shipped
+    // (format version 1) the version-1 schema.
+    let validator = |version: u32| {
+        let schema: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(
+                common::repo().join(format!("schemas/bundle-manifest.v{version}.schema.json")),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        jsonschema::validator_for(&schema).unwrap()
+    };
+    let v = validator(2);
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(b.join("manifest.json")).unwrap()).unwrap();
     let errors: Vec<String> = v.iter_errors(&json).map(|e| e.to_string()).collect();
     assert!(errors.is_empty(), "{errors:?}");
     let mut old = json.clone();
     old.as_object_mut().unwrap().remove("kernels");
-    assert!(v.is_valid(&old));
+    old.as_object_mut().unwrap().remove("manifest_digest");
+    old["format_version"] = 1.into();
+    assert!(validator(1).is_valid(&old));
+    assert!(!v.is_valid(&old), "version 1 is not version 2");
     let mut bad = json.clone();
     bad["kernels"][1].as_object_mut().unwrap().remove("msl");
     assert!(
@@ -330,13 +343,23 @@ fn old_bundle_runs_on_the_cpu_and_add_kernels_makes_it_a_fresh_write() {
     // The stripped bundle is the bundle this file gave before kernels shipped.
     assert_eq!(manifest(&old).bundle_digest, DIGEST_BEFORE_KERNELS);
 
-    // Valid: verify passes and says what is missing; the CPU backend runs it.
+    // Valid: verify passes and says what is missing, and that its manifest is not covered
+    // (format version 1); the CPU backend runs it, warning the same.
     let o = convert(&["verify"], &[&old]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(
         text(&o).contains("note: no GPU kernels (a bundle made before kernels shipped in bundles)"),
         "{}",
         text(&o)
+    );
+    let v1 = "manifest format_version 1: its bundle digest covers the files but not manifest.json";
+    assert!(
+        text(&o).contains(&format!("note: {}: {v1}", old.display())),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(&format!("warning: {}: {v1}", old.display()))
     );
     let o = convert(
         &[
@@ -352,6 +375,11 @@ fn old_bundle_runs_on_the_cpu_and_add_kernels_makes_it_a_fresh_write() {
         &[&old],
     );
     assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(v1),
+        "{}",
+        text(&o)
+    );
     let o_fresh = convert(
         &[
             "run",

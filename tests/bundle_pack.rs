@@ -62,7 +62,7 @@ fn write_manifest(b: &Path, m: &Value) {
 
 fn schema() -> jsonschema::Validator {
     let s: Value = serde_json::from_slice(
-        &std::fs::read(common::repo().join("schemas/bundle-manifest.v1.schema.json")).unwrap(),
+        &std::fs::read(common::repo().join("schemas/bundle-manifest.v2.schema.json")).unwrap(),
     )
     .unwrap();
     jsonschema::validator_for(&s).unwrap()
@@ -272,12 +272,12 @@ fn escaping_paths_are_refused() {
 fn unknown_format_version_is_refused() {
     let Some((_d, copy, _)) = tampered(|b| {
         let mut m = manifest(b);
-        m["format_version"] = Value::from(2);
+        m["format_version"] = Value::from(3);
         write_manifest(b, &m);
     }) else {
         return;
     };
-    verify_fails(&copy, 2, &["unsupported format_version 2"]);
+    verify_fails(&copy, 2, &["unsupported format_version 3"]);
 }
 
 #[test]

@@ -221,6 +221,28 @@ enum Command {
         /// Print the JSON report instead of text.
         #[arg(long)]
         json: bool,
+        /// Require a signature by this public key (repeatable: any of them); an unsigned
+        /// bundle, one signed by another key or changed after signing fails.
+        #[arg(long = "trusted-key", value_name = "PUB")]
+        trusted_keys: Vec<PathBuf>,
+    },
+    /// Make an Ed25519 key pair for `convert sign`: KEY (PKCS#8 PEM, mode 0600) and KEY.pub
+    /// (SubjectPublicKeyInfo PEM). Neither may exist; both appear only when complete.
+    Keygen {
+        /// The private key file to write (the public key goes to KEY.pub).
+        #[arg(short, long, value_name = "KEY")]
+        output: PathBuf,
+    },
+    /// Sign a bundle (format version 2): writes BUNDLE/signature.json, an Ed25519 signature
+    /// over its bundle digest, manifest digest and file list, replacing an earlier one. The
+    /// bundle must verify first. Check it with `verify --trusted-key KEY.pub`.
+    Sign {
+        /// The bundle directory.
+        bundle: PathBuf,
+        /// The private key (PKCS#8 PEM, as `convert keygen` writes it; group and others must
+        /// have no access to it).
+        #[arg(long, value_name = "KEY")]
+        key: PathBuf,
     },
     /// Give a bundle this binary's GPU kernels (every WGSL module and the MSL naga makes from
     /// it), added to a bundle made before kernels shipped in bundles or replacing the ones it
@@ -392,6 +414,10 @@ struct RuntimeArgs {
     /// are held to; the same logits, bit for bit).
     #[arg(long, value_enum, default_value_t = PrefillArg::Buckets)]
     prefill: PrefillArg,
+    /// Load only a bundle signed by this public key (repeatable: any of them); an unsigned
+    /// bundle, one signed by another key or changed after signing is refused (exit 1).
+    #[arg(long = "trusted-key", value_name = "PUB")]
+    trusted_keys: Vec<PathBuf>,
 }
 
 impl RuntimeArgs {
@@ -410,6 +436,7 @@ impl RuntimeArgs {
                 PrefillArg::Buckets => None,
                 PrefillArg::Single => Some(vec![1]),
             },
+            trusted_keys: read_trusted_keys(&self.trusted_keys)?,
         })
     }
 }
@@ -474,6 +501,32 @@ impl From<DtypeArg> for OutDtype {
     }
 }
 
+/// Reads the `--trusted-key` files.
+fn read_trusted_keys(
+    paths: &[PathBuf],
+) -> Result<Vec<lowbit::bundle::sign::PublicKey>, lowbit::bundle::sign::SignError> {
+    paths
+        .iter()
+        .map(|p| lowbit::bundle::sign::read_public_key(p))
+        .collect()
+}
+
+/// Whether `e` is a bundle's failed signature check (`--trusted-key`): exit 1, as a failed
+/// check, rather than 2.
+fn is_untrusted(e: &anyhow::Error) -> bool {
+    use lowbit::bundle::BundleError;
+    use lowbit::runtime::{validate::ValidateError, RuntimeError};
+    let sig = |b: &BundleError| matches!(b, BundleError::Signature { .. });
+    e.chain().any(|c| {
+        c.downcast_ref::<BundleError>().is_some_and(sig)
+            || matches!(c.downcast_ref::<RuntimeError>(), Some(RuntimeError::Bundle(b)) if sig(b))
+            || matches!(
+                c.downcast_ref::<ValidateError>(),
+                Some(ValidateError::Runtime(RuntimeError::Bundle(b))) if sig(b)
+            )
+    })
+}
+
 /// `MAX_THREADS`: `--threads` and `--workers` above this are refused (more than any machine's
 /// cores; each thread costs a stack and a kernel task).
 const MAX_THREADS: usize = 1024;
@@ -512,7 +565,7 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: {}", one_line(&e));
-            ExitCode::from(2)
+            ExitCode::from(if is_untrusted(&e) { 1 } else { 2 })
         }
     }
 }
@@ -923,17 +976,72 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             )?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Keygen { output } => {
+            use lowbit::bundle::sign;
+            let written = sign::generate_key().and_then(|k| {
+                let id = sign::key_id(&k.verifying_key());
+                sign::write_key_pair(&k, &output).map(|p| (p, id))
+            });
+            match written {
+                Ok(((key, public), id)) => {
+                    println!(
+                        "wrote {} (private, PKCS#8 PEM, mode 0600) and {} (public); key id {id}",
+                        key.display(),
+                        public.display()
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("error: keygen: {e}");
+                    Ok(ExitCode::from(e.exit_code()))
+                }
+            }
+        }
+        Command::Sign { bundle, key } => {
+            use lowbit::bundle::sign;
+            match sign::read_signing_key(&key).and_then(|k| sign::sign_bundle(&bundle, &k)) {
+                Ok(s) => {
+                    println!(
+                        "signed {} with key {}: {} ({}) over bundle digest {}, manifest digest {} and {} files",
+                        bundle.display(),
+                        s.key_id,
+                        s.signature.display(),
+                        if s.replaced { "replaced the earlier signature" } else { "new" },
+                        s.bundle_digest,
+                        s.manifest_digest,
+                        s.files
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("error: sign {}: {e}", bundle.display());
+                    Ok(ExitCode::from(e.exit_code()))
+                }
+            }
+        }
         Command::Verify {
             bundle,
             source,
             maxerr,
             json,
+            trusted_keys,
         } => {
             if maxerr.is_nan() || maxerr < 0.0 {
                 eprintln!("error: --maxerr {maxerr} must be a number >= 0");
                 return Ok(ExitCode::from(2));
             }
-            let opts = VerifyOptions { source, maxerr };
+            let trusted_keys = match read_trusted_keys(&trusted_keys) {
+                Ok(k) => k,
+                Err(e) => {
+                    eprintln!("error: verify {}: --trusted-key {e}", bundle.display());
+                    return Ok(ExitCode::from(2));
+                }
+            };
+            let opts = VerifyOptions {
+                source,
+                maxerr,
+                trusted_keys,
+            };
             let report = match verify::verify(&bundle, &opts) {
                 Ok(r) => r,
                 Err(e) => {
@@ -1578,8 +1686,14 @@ fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {
     let r = match validate::validate(&a.candidate, &a.reference, &opts) {
         Ok(r) => r,
         Err(e) => {
+            let untrusted = matches!(
+                &e,
+                validate::ValidateError::Runtime(lowbit::runtime::RuntimeError::Bundle(
+                    lowbit::bundle::BundleError::Signature { .. }
+                ))
+            );
             eprintln!("error: validate: {e}");
-            return Ok(ExitCode::from(2));
+            return Ok(ExitCode::from(if untrusted { 1 } else { 2 }));
         }
     };
     if let Some(p) = &a.json {
@@ -1766,7 +1880,31 @@ fn print_verify(out: &mut impl Write, r: &verify::VerifyReport) -> std::io::Resu
         "source:  {}",
         r.source.as_deref().unwrap_or("(not given: integrity only)")
     )?;
+    writeln!(
+        out,
+        "format:  version {}{}",
+        r.format_version,
+        if r.manifest_digest.is_some() {
+            " (the digests cover the manifest)"
+        } else {
+            " (the manifest is not covered by the digest)"
+        }
+    )?;
     writeln!(out, "digest:  {}", r.bundle_digest)?;
+    if let Some(d) = &r.manifest_digest {
+        writeln!(out, "manifest digest: {d}")?;
+    }
+    let sig = &r.signature;
+    writeln!(
+        out,
+        "signature: {}{}",
+        sig.status,
+        match (&sig.key_id, &sig.trusted_key) {
+            (Some(id), Some(file)) => format!(" (key {id}, {file})"),
+            (Some(id), None) => format!(" (key {id})"),
+            _ => String::new(),
+        }
+    )?;
     writeln!(out, "maxerr:  {}", r.maxerr)?;
     writeln!(
         out,

@@ -1,7 +1,23 @@
-//! The bundle manifest (`manifest.json`), format `lowbit-bundle` version 1.
+//! The bundle manifest (`manifest.json`), format `lowbit-bundle` version 2 (version 1 is still
+//! read).
 //!
-//! The JSON Schema is `schemas/bundle-manifest.v1.schema.json`; these types are its Rust
-//! form and refuse unknown fields when reading.
+//! The JSON Schemas are `schemas/bundle-manifest.v2.schema.json` (written) and
+//! `schemas/bundle-manifest.v1.schema.json`; these types are their Rust form and refuse
+//! unknown fields when reading.
+//!
+//! # What the digests cover
+//!
+//! - **Version 2** (every writer): `bundle_digest` is the SHA256 of the canonical content
+//!   ([`super::canonical`]: RFC 8785 JSON canonicalization, integers kept exact) of the
+//!   manifest without its `producer`, `bundle_digest` and `manifest_digest` members: the model
+//!   configuration, functions, tensors, tokenizer reference, kernels and the file list with
+//!   every file's size and SHA256, so it identifies what the bundle is and does not change
+//!   with the lowbit revision that wrote it. `manifest_digest` is the SHA256 of the canonical
+//!   content of the manifest without its `manifest_digest` member: everything, the producer
+//!   and the bundle digest included. Both are recomputed by every reader
+//!   ([`super::reader::open_manifest`]), so an edited manifest fails to open.
+//! - **Version 1**: `bundle_digest` is the SHA256 of [`canonical_file_list`]; the manifest
+//!   itself is covered by nothing (readers warn).
 
 use std::collections::BTreeMap;
 
@@ -10,8 +26,10 @@ use serde_json::Value as Json;
 
 /// `format` of every bundle manifest.
 pub const FORMAT: &str = "lowbit-bundle";
-/// The manifest format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The manifest format version this build writes (it also reads [`FORMAT_VERSION_1`]).
+pub const FORMAT_VERSION: u32 = 2;
+/// The first format version: the bundle digest covers the files, not the manifest.
+pub const FORMAT_VERSION_1: u32 = 1;
 /// Every tensor, and the scales inside a ternary tensor, start at a multiple of this many
 /// bytes in its weight file (wgpu's `min_storage_buffer_offset_alignment` is at most 256).
 pub const ALIGNMENT: u64 = 256;
@@ -19,6 +37,9 @@ pub const ALIGNMENT: u64 = 256;
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// Name of the weight file.
 pub const WEIGHTS_FILE: &str = "weights.bin";
+/// Name of the signature file (`convert sign`, [`super::sign`]): in the bundle directory but
+/// never in `files`, so no digest covers it.
+pub const SIGNATURE_FILE: &str = "signature.json";
 /// Name of the tokenizer file.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
 
@@ -39,8 +60,71 @@ pub struct Manifest {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kernels: Vec<KernelEntry>,
     pub files: Vec<FileEntry>,
-    /// SHA256 of [`canonical_file_list`] over `files`.
+    /// Version 2: SHA256 of the canonical content of the manifest without `producer`,
+    /// `bundle_digest` and `manifest_digest` ([`Manifest::digests`]). Version 1: SHA256 of
+    /// [`canonical_file_list`] over `files`.
     pub bundle_digest: String,
+    /// Version 2 only: SHA256 of the canonical content of the manifest without
+    /// `manifest_digest` ([`Manifest::digests`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_digest: Option<String>,
+}
+
+/// Top-level manifest members the version-2 `bundle_digest` leaves out: the producer (tool,
+/// version, git revision, command line: how the bundle was made, not what it is) and the
+/// digests themselves.
+pub const BUNDLE_DIGEST_EXCLUDES: [&str; 3] = ["producer", "bundle_digest", "manifest_digest"];
+/// Top-level manifest members the `manifest_digest` leaves out.
+pub const MANIFEST_DIGEST_EXCLUDES: [&str; 1] = ["manifest_digest"];
+
+/// The two digests of a version-2 manifest, computed from its content.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Digests {
+    pub bundle_digest: String,
+    pub manifest_digest: String,
+}
+
+/// SHA256 of the canonical content of the JSON object `manifest` without the top-level
+/// members named in `exclude`.
+pub fn content_digest(manifest: &Json, exclude: &[&str]) -> String {
+    let mut v = manifest.clone();
+    if let Json::Object(o) = &mut v {
+        for k in exclude {
+            o.remove(*k);
+        }
+    }
+    crate::util::sha256_hex(&super::canonical::to_vec(&v))
+}
+
+/// Both version-2 digests of a manifest given as JSON (as read from `manifest.json`).
+pub fn digests_of_json(manifest: &Json) -> Digests {
+    Digests {
+        bundle_digest: content_digest(manifest, &BUNDLE_DIGEST_EXCLUDES),
+        manifest_digest: content_digest(manifest, &MANIFEST_DIGEST_EXCLUDES),
+    }
+}
+
+impl Manifest {
+    /// Both version-2 digests of this manifest's content (whatever its stored digests say).
+    pub fn digests(&self) -> Digests {
+        let json = serde_json::to_value(self).expect("a manifest serializes to JSON");
+        let bundle_digest = content_digest(&json, &BUNDLE_DIGEST_EXCLUDES);
+        let mut json = json;
+        json["bundle_digest"] = Json::String(bundle_digest.clone());
+        Digests {
+            bundle_digest,
+            manifest_digest: content_digest(&json, &MANIFEST_DIGEST_EXCLUDES),
+        }
+    }
+
+    /// Makes this a version-2 manifest and sets both digests from its content; what every
+    /// writer does last, after the files are listed.
+    pub fn seal(&mut self) {
+        self.format_version = FORMAT_VERSION;
+        let d = self.digests();
+        self.bundle_digest = d.bundle_digest;
+        self.manifest_digest = Some(d.manifest_digest);
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -4,24 +4,31 @@
 //! OUT.bundle/
 //!   manifest.json    format, producer, source fingerprint, model config, the decode function
 //!                    contract "main", every tensor (shape, encoding, file, offset, length,
-//!                    SHA256), every file's SHA256, the bundle digest
+//!                    SHA256), every file's SHA256, the bundle digest and the manifest
+//!                    digest (version 2: both over the manifest's canonical content,
+//!                    [`manifest`] says exactly what each covers)
 //!   weights.bin      every tensor, each starting at a multiple of 256 bytes, little-endian
 //!   tokenizer.json   the GGUF tokenizer.* metadata, verbatim
 //!   kernels/         the GPU kernels: NAME.wgsl for every module of the registry and
 //!                    NAME.metal, the MSL naga translates it to (in `files` and the digest)
+//!   signature.json   optional, `convert sign`: an Ed25519 signature over both digests and
+//!                    every file's SHA256 (not in `files`, not covered by the digests) ([`sign`])
 //! ```
 //!
 //! [`writer`] makes bundles (`convert pack`, `convert gguf-to-ternary`) and adds kernels to
 //! existing ones (`convert add-kernels`), [`kernels`] makes and checks the kernel files,
 //! [`reader`] opens and checks bundles, [`verify`] compares them with their source
-//! (`convert verify`).
+//! (`convert verify`), [`sign`] makes keys, signs bundles and checks signatures, and
+//! [`canonical`] is the JSON canonicalization the manifest digests are computed over.
 
+pub mod canonical;
 pub mod config;
 pub mod hf;
 pub mod kernels;
 pub mod manifest;
 pub mod palettize;
 pub mod reader;
+pub mod sign;
 pub mod verify;
 pub mod writer;
 
@@ -101,6 +108,10 @@ pub enum BundleError {
     /// file, a wrong digest).
     #[error("{path}: {detail}")]
     Integrity { path: PathBuf, detail: String },
+    /// The bundle's signature does not check out against the trusted keys
+    /// ([`sign::check_signature`]: unsigned, signed by another key, changed after signing).
+    #[error("{path}: signature check failed: {detail}")]
+    Signature { path: PathBuf, detail: String },
     /// A GPU kernel of the registry that cannot be shipped (does not parse, validate or
     /// translate to MSL).
     #[error(transparent)]
@@ -114,7 +125,7 @@ impl BundleError {
     /// Exit code for the command line: 1 when the bundle failed a check, 2 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
-            BundleError::Integrity { .. } => 1,
+            BundleError::Integrity { .. } | BundleError::Signature { .. } => 1,
             _ => 2,
         }
     }

@@ -11,8 +11,9 @@
 //! Tensors are written in a canonical order (tensors outside `blk.N.` first, then by layer,
 //! each by name), so the same values give the same bundle whatever the input's order:
 //! palettizing a GGUF and `convert dequantize`'s safetensors of it give byte-identical
-//! `weights.bin`, `tokenizer.json` and `bundle_digest`; the manifests differ in `source`,
-//! `producer.command_line` and each tensor's `source_type`.
+//! `weights.bin` and `tokenizer.json` (the same `files`); the manifests differ in `source`,
+//! `producer.command_line` and each tensor's `source_type`, so their bundle digests, which
+//! cover the manifest, differ.
 //!
 //! Selection (as coremltools' `weight_threshold`): 2-D `*.weight` tensors with more than
 //! `min_elements` elements, not norms or RoPE factors, matching `--include` (if any) and no

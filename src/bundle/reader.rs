@@ -37,10 +37,36 @@ pub fn safe_relative_path(p: &str) -> bool {
         && p.split('/').all(|s| !s.is_empty() && s != "." && s != "..")
 }
 
-/// Reads `manifest.json`, checks its format and version, parses it strictly, and checks that
-/// every hash is well formed and every path stays inside the bundle. Errors here mean the
-/// manifest is unusable ([`BundleError::Manifest`]).
+/// A manifest as read from a bundle, with what its content hashes to.
+#[derive(Clone, Debug)]
+pub struct ManifestFile {
+    pub manifest: Manifest,
+    /// Version 2: both digests computed from the JSON read (the bytes the manifest was parsed
+    /// from), for [`check_integrity`] to compare with the stored ones and [`super::sign`] with
+    /// a signature. `None` for version 1, whose manifest no digest covers.
+    pub computed: Option<Digests>,
+}
+
+/// The warning a reader gives for a version-1 bundle.
+pub fn version_1_warning(dir: &Path) -> String {
+    format!(
+        "{}: manifest format_version 1: its bundle digest covers the files but not manifest.json, so an edited model configuration, tokenizer reference or kernel entry goes unnoticed; `convert add-kernels {}` rewrites it as version {FORMAT_VERSION}, which covers the manifest",
+        dir.display(),
+        dir.display()
+    )
+}
+
+/// Reads `manifest.json` ([`open_manifest`]) and returns the manifest alone.
 pub fn read_manifest(dir: &Path) -> Result<Manifest, BundleError> {
+    open_manifest(dir).map(|m| m.manifest)
+}
+
+/// Reads `manifest.json`, checks its format and version (2, or 1 with a warning on stderr,
+/// [`version_1_warning`]), parses it strictly, checks that every hash is well formed and every
+/// path stays inside the bundle, and computes its version-2 digests from the JSON read. Errors
+/// here mean the manifest is unusable ([`BundleError::Manifest`]); whether the digests match
+/// is [`check_integrity`]'s to say.
+pub fn open_manifest(dir: &Path) -> Result<ManifestFile, BundleError> {
     let mpath = dir.join(MANIFEST_FILE);
     let meta = std::fs::symlink_metadata(dir).map_err(|source| BundleError::Io {
         path: dir.to_path_buf(),
@@ -83,20 +109,21 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, BundleError> {
             ))
         }
     }
-    match json.get("format_version").and_then(|v| v.as_u64()) {
-        Some(v) if v == FORMAT_VERSION as u64 => {}
+    let version = match json.get("format_version").and_then(|v| v.as_u64()) {
+        Some(v) if v == FORMAT_VERSION as u64 || v == FORMAT_VERSION_1 as u64 => v as u32,
         other => {
             return Err(manifest_err(
                 &mpath,
                 format!(
-                    "unsupported format_version {}: this build reads version {FORMAT_VERSION}",
+                    "unsupported format_version {}: this build reads versions {FORMAT_VERSION_1} and {FORMAT_VERSION}",
                     other
                         .map(|v| v.to_string())
                         .unwrap_or_else(|| "(missing)".into())
                 ),
             ))
         }
-    }
+    };
+    let computed = (version >= FORMAT_VERSION).then(|| digests_of_json(&json));
     let m: Manifest = serde_json::from_value(json)
         .map_err(|e| manifest_err(&mpath, format!("malformed manifest: {e}")))?;
     let bad_hash = |what: String, h: &str| -> Result<(), BundleError> {
@@ -110,14 +137,30 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, BundleError> {
         }
     };
     bad_hash("bundle_digest".into(), &m.bundle_digest)?;
+    match (&m.manifest_digest, version) {
+        (Some(d), FORMAT_VERSION) => bad_hash("manifest_digest".into(), d)?,
+        (None, FORMAT_VERSION) => {
+            return Err(manifest_err(
+                &mpath,
+                format!("manifest_digest is missing (required in format_version {FORMAT_VERSION})"),
+            ))
+        }
+        (Some(_), _) => {
+            return Err(manifest_err(
+                &mpath,
+                format!("manifest_digest is not a member of format_version {version} (it came with version {FORMAT_VERSION})"),
+            ))
+        }
+        (None, _) => {}
+    }
     bad_hash("source.sha256".into(), &m.source.sha256)?;
     let mut paths = BTreeSet::new();
     for f in &m.files {
-        if !safe_relative_path(&f.path) || f.path == MANIFEST_FILE {
+        if !safe_relative_path(&f.path) || f.path == MANIFEST_FILE || f.path == SIGNATURE_FILE {
             return Err(manifest_err(
                 &mpath,
                 format!(
-                    "file path {:?} escapes the bundle or is not a plain relative path",
+                    "file path {:?} escapes the bundle, is not a plain relative path, or is {MANIFEST_FILE} or {SIGNATURE_FILE} (never listed)",
                     f.path
                 ),
             ));
@@ -161,7 +204,13 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, BundleError> {
     if let Some(fault) = super::kernels::manifest_faults(&m).into_iter().next() {
         return Err(manifest_err(&mpath, fault));
     }
-    Ok(m)
+    if version == FORMAT_VERSION_1 {
+        util::warn_once(&version_1_warning(dir));
+    }
+    Ok(ManifestFile {
+        manifest: m,
+        computed,
+    })
 }
 
 /// Resolves a manifest path inside `dir`, refusing symlinks anywhere along it.
@@ -252,10 +301,16 @@ fn hash_file_and_ranges(
 /// Files are read once with plain reads (so checking a multi-GB bundle does not make it
 /// resident) and then memory-mapped for use. Returns the maps and every failure found (empty
 /// when the bundle is intact).
+///
+/// The digests: for version 2, the ones [`open_manifest`] computed from the manifest's content
+/// against `bundle_digest` and `manifest_digest`; for version 1, the SHA256 of
+/// [`canonical_file_list`] against `bundle_digest`. The only file a version-2 bundle may hold
+/// besides its listed files and the manifest is [`SIGNATURE_FILE`] (at the top level).
 pub fn check_integrity(
     dir: &Path,
-    m: &Manifest,
+    mf: &ManifestFile,
 ) -> Result<(BTreeMap<String, Mmap>, Vec<String>), BundleError> {
+    let m = &mf.manifest;
     let mut failures = super::kernels::integrity_faults(m);
     let mut maps = BTreeMap::new();
     for t in &m.tensors {
@@ -349,16 +404,40 @@ pub fn check_integrity(
     })?;
     let listed: BTreeSet<&str> = m.files.iter().map(|f| f.path.as_str()).collect();
     for p in present {
-        if p != MANIFEST_FILE && !listed.contains(p.as_str()) {
+        // A version-2 bundle's signature: a regular file (a symlink is an extra file).
+        let signature = p == SIGNATURE_FILE
+            && mf.computed.is_some()
+            && std::fs::symlink_metadata(dir.join(&p)).is_ok_and(|m| m.is_file());
+        if p != MANIFEST_FILE && !signature && !listed.contains(p.as_str()) {
             failures.push(format!("{p}: extra file not listed in the manifest"));
         }
     }
-    let digest = util::sha256_hex(canonical_file_list(&m.files).as_bytes());
-    if digest != m.bundle_digest {
-        failures.push(format!(
-            "bundle digest {digest} over the file list does not match the manifest's {}",
-            m.bundle_digest
-        ));
+    match &mf.computed {
+        Some(c) => {
+            if c.bundle_digest != m.bundle_digest {
+                failures.push(format!(
+                    "{MANIFEST_FILE}: bundle digest {} over its canonical content (producer left out) does not match its bundle_digest {}: the model configuration, functions, tensors, tokenizer reference, kernels or file list were changed after it was written",
+                    c.bundle_digest, m.bundle_digest
+                ));
+            }
+            let stored = m.manifest_digest.as_deref().unwrap_or("");
+            if c.manifest_digest != stored {
+                failures.push(format!(
+                    "{MANIFEST_FILE}: manifest digest {} over its canonical content does not match its manifest_digest {stored}: the manifest was changed after it was written{}",
+                    c.manifest_digest,
+                    if c.bundle_digest == m.bundle_digest { " (its producer or bundle_digest, as the bundle digest matches)" } else { "" }
+                ));
+            }
+        }
+        None => {
+            let digest = util::sha256_hex(canonical_file_list(&m.files).as_bytes());
+            if digest != m.bundle_digest {
+                failures.push(format!(
+                    "bundle digest {digest} over the file list does not match the manifest's {}",
+                    m.bundle_digest
+                ));
+            }
+        }
     }
     Ok((maps, failures))
 }
@@ -567,38 +646,83 @@ pub fn ternary_parts(t: &TensorEntry, bytes: &[u8]) -> Option<(Vec<u32>, Vec<u16
     ))
 }
 
+/// The first few failures, `; `-separated (`convert verify` lists them all).
+fn summarize(failures: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut detail = failures[..failures.len().min(SHOWN)].join("; ");
+    if failures.len() > SHOWN {
+        detail.push_str(&format!(
+            "; and {} more (`convert verify` lists them)",
+            failures.len() - SHOWN
+        ));
+    }
+    detail
+}
+
 /// An opened, checked bundle.
 pub struct Bundle {
     pub dir: PathBuf,
     pub manifest: Manifest,
+    /// Version 2: the digests of the manifest's content as read (equal to the stored ones:
+    /// checked at open). `None` for version 1.
+    pub digests: Option<Digests>,
     maps: BTreeMap<String, Mmap>,
 }
 
 impl Bundle {
-    /// Opens a bundle and checks it completely (manifest, every file's SHA256, the digest,
-    /// every tensor) before returning; any failure is an error.
+    /// Opens a bundle and checks it completely (manifest, every file's SHA256, the digests
+    /// (version 2: over the manifest's content too), every tensor) before returning; any
+    /// failure is an error. Does not look at a signature: [`super::sign::verify_signature`]
+    /// does, for callers that trust keys.
     pub fn open(dir: impl AsRef<Path>) -> Result<Bundle, BundleError> {
         let dir = dir.as_ref();
-        let manifest = read_manifest(dir)?;
-        let (maps, failures) = check_integrity(dir, &manifest)?;
+        let mf = open_manifest(dir)?;
+        let (maps, failures) = check_integrity(dir, &mf)?;
         if !failures.is_empty() {
-            // The first few failures (`convert verify` lists them all).
-            const SHOWN: usize = 5;
-            let mut detail = failures[..failures.len().min(SHOWN)].join("; ");
-            if failures.len() > SHOWN {
-                detail.push_str(&format!(
-                    "; and {} more (`convert verify` lists them)",
-                    failures.len() - SHOWN
-                ));
-            }
             return Err(BundleError::Integrity {
                 path: dir.to_path_buf(),
-                detail,
+                detail: summarize(&failures),
             });
         }
         Ok(Bundle {
             dir: dir.to_path_buf(),
-            manifest,
+            manifest: mf.manifest,
+            digests: mf.computed,
+            maps,
+        })
+    }
+
+    /// [`Bundle::open`] for a caller that trusts only bundles signed by one of `trusted`
+    /// (`--trusted-key`); with no key it is `open`. The signature is checked first
+    /// ([`super::sign::check_signature`]: over the manifest's digests as read here), then every
+    /// file as `open` checks them; any failure is a [`BundleError::Signature`] (a file that
+    /// does not match the signed manifest was changed after signing).
+    pub fn open_trusted(
+        dir: impl AsRef<Path>,
+        trusted: &[super::sign::PublicKey],
+    ) -> Result<Bundle, BundleError> {
+        let dir = dir.as_ref();
+        if trusted.is_empty() {
+            return Bundle::open(dir);
+        }
+        let mf = open_manifest(dir)?;
+        let untrusted = |detail: String| BundleError::Signature {
+            path: dir.to_path_buf(),
+            detail,
+        };
+        super::sign::check_signature(dir, &mf.manifest, mf.computed.as_ref(), trusted)
+            .map_err(untrusted)?;
+        let (maps, failures) = check_integrity(dir, &mf)?;
+        if !failures.is_empty() {
+            return Err(untrusted(format!(
+                "changed after signing: {}",
+                summarize(&failures)
+            )));
+        }
+        Ok(Bundle {
+            dir: dir.to_path_buf(),
+            manifest: mf.manifest,
+            digests: mf.computed,
             maps,
         })
     }

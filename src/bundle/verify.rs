@@ -17,7 +17,8 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::manifest::*;
-use super::reader::{check_integrity, read_manifest};
+use super::reader::{check_integrity, open_manifest};
+use super::sign;
 use super::BundleError;
 use crate::ggml::GgmlType;
 use crate::gguf::GgufFile;
@@ -25,10 +26,28 @@ use crate::quant;
 use crate::ternary;
 use crate::util;
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct VerifyOptions {
     pub source: Option<PathBuf>,
     pub maxerr: f64,
+    /// `--trusted-key`: the bundle must be signed by one of these
+    /// ([`sign::check_signature`]); a signature is reported but not judged when empty.
+    pub trusted_keys: Vec<sign::PublicKey>,
+}
+
+/// The signature's part of the report.
+#[derive(Clone, Debug, Serialize)]
+pub struct SignatureCheck {
+    /// `absent` (no `signature.json`), `present` (not checked: no trusted key given),
+    /// `trusted` (verified with a trusted key, the bundle unchanged since), `failed` (with
+    /// `key_id` when the signature verified but the files do not match the signed manifest).
+    pub status: &'static str,
+    /// The key id the signature names (`present`), or of the trusted key that verified it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+    /// The trusted key file that verified it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trusted_key: Option<String>,
 }
 
 /// One tensor's result.
@@ -59,7 +78,12 @@ pub struct VerifyReport {
     pub bundle: String,
     pub source: Option<String>,
     pub maxerr: f64,
+    pub format_version: u32,
     pub bundle_digest: String,
+    /// Format version 2: the manifest digest (see [`super::manifest`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub manifest_digest: Option<String>,
+    pub signature: SignatureCheck,
     pub files_checked: usize,
     /// Everything that failed, in words.
     pub failures: Vec<String>,
@@ -146,8 +170,10 @@ fn tokenizer_ref_faults(m: &Manifest, tok: &crate::tokenizer::Tokenizer) -> Vec<
 /// (unreadable or malformed manifest, unreadable source); a bundle that fails a check gives
 /// `Ok` with `passed: false`.
 pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, BundleError> {
-    let m = read_manifest(bundle)?;
-    let (maps, mut failures) = check_integrity(bundle, &m)?;
+    let mf = open_manifest(bundle)?;
+    let (maps, mut failures) = check_integrity(bundle, &mf)?;
+    let integrity_failed = !failures.is_empty();
+    let m = mf.manifest.clone();
     // Integrity failures that name a tensor (its SHA256, its place in the file) fail that
     // tensor's row too, not only the bundle.
     let integrity_of = |name: &str| -> Option<String> {
@@ -178,7 +204,7 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
         None => None,
     };
     failures.extend(function_table_faults(&m));
-    let (kernels, notes) =
+    let (kernels, mut notes) =
         super::kernels::check_kernels(&m, bundle, &|path: &str| maps.get(path).map(|map| &map[..]));
     for k in kernels.iter().filter(|k| !k.passed) {
         failures.push(format!(
@@ -306,12 +332,67 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
         totals.mismatched += c.mismatched;
         totals.max_abs_diff = totals.max_abs_diff.max(c.max_abs_diff);
     }
+    if mf.computed.is_none() {
+        notes.push(super::reader::version_1_warning(bundle));
+    }
+    let signature = if opts.trusted_keys.is_empty() {
+        let present = bundle.join(SIGNATURE_FILE).symlink_metadata().is_ok();
+        match (present, sign::signature_key_id(bundle)) {
+            (false, _) => SignatureCheck {
+                status: "absent",
+                key_id: None,
+                trusted_key: None,
+            },
+            (true, id) => {
+                notes.push(match &id {
+                    Some(id) => format!("{SIGNATURE_FILE}: signed by key {id}; not checked (give --trusted-key)"),
+                    None => format!("{SIGNATURE_FILE}: not a lowbit signature; not checked (give --trusted-key)"),
+                });
+                SignatureCheck {
+                    status: "present",
+                    key_id: id,
+                    trusted_key: None,
+                }
+            }
+        }
+    } else {
+        match sign::check_signature(bundle, &m, mf.computed.as_ref(), &opts.trusted_keys) {
+            // The signed manifest is this one, but the files do not match it.
+            Ok(s) if integrity_failed => {
+                failures.push(format!(
+                    "signature: changed after signing: the files named above do not match the manifest key {} signed",
+                    s.key_id
+                ));
+                SignatureCheck {
+                    status: "failed",
+                    key_id: Some(s.key_id),
+                    trusted_key: Some(s.key_file),
+                }
+            }
+            Ok(s) => SignatureCheck {
+                status: "trusted",
+                key_id: Some(s.key_id),
+                trusted_key: Some(s.key_file),
+            },
+            Err(detail) => {
+                failures.push(format!("signature: {detail}"));
+                SignatureCheck {
+                    status: "failed",
+                    key_id: None,
+                    trusted_key: None,
+                }
+            }
+        }
+    };
     Ok(VerifyReport {
         passed: failures.is_empty(),
         bundle: bundle.display().to_string(),
         source: opts.source.as_ref().map(|p| p.display().to_string()),
         maxerr: opts.maxerr,
+        format_version: m.format_version,
         bundle_digest: m.bundle_digest.clone(),
+        manifest_digest: m.manifest_digest.clone(),
+        signature,
         files_checked: m.files.len(),
         failures,
         notes,

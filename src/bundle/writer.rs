@@ -206,9 +206,8 @@ impl Staging {
         ];
         files.extend(write_kernel_files(self.path(), &self.kernels)?);
         files.sort_by(|a, b| a.path.cmp(&b.path));
-        let bundle_digest = util::sha256_hex(canonical_file_list(&files).as_bytes());
         let functions = functions_for(&model, buckets);
-        let manifest = Manifest {
+        let mut manifest = Manifest {
             format: FORMAT.into(),
             format_version: FORMAT_VERSION,
             producer: Producer {
@@ -226,8 +225,10 @@ impl Staging {
             tokenizer,
             kernels: self.kernels.iter().map(|k| k.entry.clone()).collect(),
             files,
-            bundle_digest,
+            bundle_digest: String::new(),
+            manifest_digest: None,
         };
+        manifest.seal();
         let mlen = write_manifest(self.path(), &self.output, &manifest)?;
         self.dir
             .publish(|| rename_dir_noclobber(self.path(), &self.output))?;
@@ -760,9 +761,10 @@ pub struct AddKernelsSummary {
 
 /// `convert add-kernels`: gives the bundle at `bundle` this binary's GPU kernels (adds them to
 /// a bundle made before kernels shipped in bundles, or replaces the ones it carries) and
-/// recomputes the manifest's `kernels`, `files` and `bundle_digest`; every other file and the
-/// rest of the manifest stay byte for byte, so the result equals what this binary would have
-/// written. The bundle must verify first (`convert verify` without a source), else nothing is
+/// recomputes the manifest's `kernels`, `files` and digests (as format version 2, so a
+/// version-1 bundle comes out as version 2); every other file and the rest of the manifest stay
+/// byte for byte, so the result equals what this binary would have written. A signature
+/// (`signature.json`) is left behind: it covers the old digests. The bundle must verify first (`convert verify` without a source), else nothing is
 /// written.
 ///
 /// Never half-written: with `output` the new bundle is staged beside it (files copied) and
@@ -776,13 +778,7 @@ pub fn add_kernels(bundle: &Path, output: Option<&Path>) -> Result<AddKernelsSum
         util::refuse_output_inside(bundle, out)?;
     }
     let new_kernels = kernels::current()?;
-    let report = super::verify::verify(
-        bundle,
-        &super::verify::VerifyOptions {
-            source: None,
-            maxerr: 0.0,
-        },
-    )?;
+    let report = super::verify::verify(bundle, &super::verify::VerifyOptions::default())?;
     if !report.passed {
         const SHOWN: usize = 5;
         let f = &report.failures;
@@ -849,7 +845,10 @@ pub fn add_kernels(bundle: &Path, output: Option<&Path>) -> Result<AddKernelsSum
         sha256: k.entry.sha256.clone(),
     }));
     manifest.files.sort_by(|a, b| a.path.cmp(&b.path));
-    manifest.bundle_digest = util::sha256_hex(canonical_file_list(&manifest.files).as_bytes());
+    // Written as this build writes bundles: format version 2, both digests over the content
+    // (a version-1 bundle comes out as version 2). A signature is not carried over (the
+    // digests it covers change); sign the result again.
+    manifest.seal();
 
     let target = output.unwrap_or(bundle);
     let staging = util::StagingDir::beside(target)?;

@@ -132,6 +132,9 @@ pub struct LoadOptions {
     /// ([`gpu::kernels::from_bundle`]: a bundle without kernels is refused);
     /// `GpuBackend::new` given `None` compiles the ones built into this binary.
     pub gpu_sources: Option<std::collections::HashMap<String, String>>,
+    /// Load only a bundle signed by one of these keys (`--trusted-key`,
+    /// [`Bundle::open_trusted`]); any bundle when empty.
+    pub trusted_keys: Vec<crate::bundle::sign::PublicKey>,
 }
 
 /// What a loaded backend is (what `bench --json` prints).
@@ -321,7 +324,7 @@ pub fn load(
     match kind {
         BackendKind::Cpu => Ok(Box::new(load_cpu_with(bundle_dir, opts)?)),
         BackendKind::Gpu => {
-            let model = open_model(bundle_dir)?;
+            let model = open_model_trusted(bundle_dir, &opts.trusted_keys)?;
             // The GPU compiles only the kernels the bundle carries (checked with every other
             // file when it was opened); a bundle made before kernels shipped is refused with
             // the command that adds them.
@@ -340,7 +343,16 @@ pub fn load(
 /// Opens and checks a bundle and resolves its model: the configuration first (its errors
 /// name the field), then the function table it implies, then the layout and encodings.
 pub fn open_model(bundle_dir: &Path) -> Result<model::Model, RuntimeError> {
-    let bundle = Bundle::open(bundle_dir)?;
+    open_model_trusted(bundle_dir, &[])
+}
+
+/// [`open_model`] of a bundle that must be signed by one of `trusted` (any bundle when empty;
+/// [`Bundle::open_trusted`]).
+pub fn open_model_trusted(
+    bundle_dir: &Path,
+    trusted: &[crate::bundle::sign::PublicKey],
+) -> Result<model::Model, RuntimeError> {
+    let bundle = Bundle::open_trusted(bundle_dir, trusted)?;
     crate::arch::check_config(&bundle.manifest.model)?;
     if let Some(f) = crate::bundle::verify::function_table_faults(&bundle.manifest)
         .into_iter()
@@ -371,7 +383,7 @@ pub fn load_cpu_with(
     bundle_dir: &Path,
     opts: &LoadOptions,
 ) -> Result<cpu::CpuBackend, RuntimeError> {
-    cpu::CpuBackend::new(open_model(bundle_dir)?, opts)
+    cpu::CpuBackend::new(open_model_trusted(bundle_dir, &opts.trusted_keys)?, opts)
 }
 
 /// Checks a prefill bucket list against the context

@@ -134,9 +134,15 @@ pub fn validate(
     opts: &ValidateOptions,
 ) -> Result<ValidateReport, ValidateError> {
     let load = |p: &Path| {
-        load(opts.backend, p, &opts.load).map_err(|e| ValidateError::Input {
-            path: p.to_path_buf(),
-            detail: e.to_string(),
+        load(opts.backend, p, &opts.load).map_err(|e| match e {
+            // A failed signature check keeps its type (the command line exits 1 for it).
+            e @ RuntimeError::Bundle(crate::bundle::BundleError::Signature { .. }) => {
+                ValidateError::Runtime(e)
+            }
+            e => ValidateError::Input {
+                path: p.to_path_buf(),
+                detail: e.to_string(),
+            },
         })
     };
     let mut cand = load(candidate)?;

@@ -95,12 +95,30 @@ pub fn copy_tree(from: &Path, to: &Path) {
 }
 
 /// A copy of bundle `b` (every file, `kernels/` included) in a new temporary directory, with
-/// `edit` applied to its manifest's JSON (which no hash covers). Returns the directory and the
-/// copy's path.
+/// `edit` applied to its manifest's JSON and the digests recomputed over the result
+/// ([`reseal_json`]), as a producer that wrote such a manifest would: for the checks behind
+/// the digests (configuration, functions, kernel entries). Returns the directory and the
+/// copy's path. [`tampered_copy`] leaves the digests as they were.
 pub fn edited_copy(
     b: &Path,
     edit: impl FnOnce(&mut serde_json::Value),
 ) -> (tempfile::TempDir, PathBuf) {
+    edit_copy(b, |m| {
+        edit(m);
+        reseal_json(m);
+    })
+}
+
+/// A copy of bundle `b` with `edit` applied to its manifest's JSON and nothing recomputed:
+/// what an edit after the bundle was written leaves.
+pub fn tampered_copy(
+    b: &Path,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> (tempfile::TempDir, PathBuf) {
+    edit_copy(b, edit)
+}
+
+fn edit_copy(b: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let t = dir.path().join("t.bundle");
     copy_tree(b, &t);
@@ -109,6 +127,33 @@ pub fn edited_copy(
     edit(&mut m);
     std::fs::write(&mpath, serde_json::to_vec(&m).unwrap()).unwrap();
     (dir, t)
+}
+
+/// Recomputes a version-2 manifest's digests over its JSON as it is (any JSON, typed or not);
+/// leaves other versions alone.
+pub fn reseal_json(m: &mut serde_json::Value) {
+    use lowbit::bundle::manifest::{
+        content_digest, BUNDLE_DIGEST_EXCLUDES, MANIFEST_DIGEST_EXCLUDES,
+    };
+    if m["format_version"] != 2 {
+        return;
+    }
+    m["bundle_digest"] = content_digest(m, &BUNDLE_DIGEST_EXCLUDES).into();
+    m["manifest_digest"] = content_digest(m, &MANIFEST_DIGEST_EXCLUDES).into();
+}
+
+/// Recomputes `m`'s digests as a writer of its format version does: version 2 both digests
+/// over the manifest's content ([`Manifest::seal`]), version 1 the file list's.
+///
+/// [`Manifest::seal`]: lowbit::bundle::manifest::Manifest::seal
+pub fn reseal(m: &mut lowbit::bundle::manifest::Manifest) {
+    if m.format_version == 1 {
+        m.bundle_digest = lowbit::util::sha256_hex(
+            lowbit::bundle::manifest::canonical_file_list(&m.files).as_bytes(),
+        );
+    } else {
+        m.seal();
+    }
 }
 
 /// Replaces bundle `b`'s file `file` with `bytes` as a producer would write it: the SHA256s of
@@ -129,8 +174,7 @@ pub fn write_rehashed(
         f.size = bytes.len() as u64;
         f.sha256 = sha256_hex(bytes);
     }
-    m.bundle_digest =
-        sha256_hex(lowbit::bundle::manifest::canonical_file_list(&m.files).as_bytes());
+    reseal(m);
     std::fs::write(
         b.join("manifest.json"),
         serde_json::to_vec_pretty(m).unwrap(),
