@@ -549,6 +549,9 @@ fn split_attention_matches_an_f64_softmax() {
     attention_case(&ctx, 4, 2, 64, 600, 517, 1, 8, 0, &mut seed);
     // a prefill chunk with causal masking inside it, one split
     attention_case(&ctx, 2, 1, 128, 64, 0, 20, 1, 0, &mut seed);
+    // decode with the decode graph's split count for a 8192-position context (128 splits of
+    // 64 positions, as `attention_splits` gives), GQA, head_dim 128 (MiniCPM4)
+    attention_case(&ctx, 4, 2, 128, 8192, 700, 1, 128, 0, &mut seed);
     // a sliding window, head_dim 256 (Gemma 3)
     attention_case(&ctx, 2, 1, 256, 300, 200, 3, 4, 64, &mut seed);
 }

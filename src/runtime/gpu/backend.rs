@@ -217,11 +217,11 @@ impl GpuBackend {
         })
         .map_err(gpu_err)?;
         let hp = model.layout.hyper.clone();
-        if hp.head_dim > MAX_HEAD_DIM || !hp.head_dim.is_multiple_of(2) {
+        if hp.head_dim > MAX_HEAD_DIM || !hp.head_dim.is_multiple_of(8) {
             return Err(RuntimeError::Backend {
                 name: "gpu".into(),
                 detail: format!(
-                    "head_dim {} is not an even number up to {MAX_HEAD_DIM}",
+                    "head_dim {} is not a multiple of 8 up to {MAX_HEAD_DIM}",
                     hp.head_dim
                 ),
             });
@@ -590,11 +590,13 @@ struct Shared<'a> {
 }
 
 /// Attention splits for `s` tokens over `n_ctx` positions: decode splits long contexts into
-/// up to 64 chunks of at least 128 positions (flash-decoding: enough workgroups to fill a
-/// GPU when there are few heads); prefill chunks into up to 8.
+/// up to 128 chunks of at least 64 positions, one tile of the kernel's 64 invocations
+/// (flash-decoding: enough workgroups to fill a GPU when there are few heads, each
+/// workgroup's serial work short); prefill chunks into up to 8. At most `MAX_SPLITS` of
+/// attention_combine.wgsl.
 fn attention_splits(s: usize, n_ctx: usize) -> (usize, usize) {
     let splits = if s == 1 {
-        n_ctx.div_ceil(128).clamp(1, 64)
+        n_ctx.div_ceil(64).clamp(1, 128)
     } else {
         n_ctx.div_ceil(1024).clamp(1, 8)
     };
@@ -675,6 +677,16 @@ fn build_graph(
             .collect::<Result<Vec<_>, RuntimeError>>()
     };
     let residual = Epilogue::Accumulate(hp.residual_scale.unwrap_or(1.0));
+    // Which ops decode folds into the ternary products: `LOWBIT_GPU_FOLD` = `all` (the
+    // default: the norms, and SwiGLU into gate/up), `norm` (the norms only) or `none` (a
+    // benchmarking knob: the folded and separate forms compute the same values within the
+    // tests' tolerances).
+    let fold = std::env::var("LOWBIT_GPU_FOLD").unwrap_or_default();
+    let (fold_norm, fold_glu) = match fold.as_str() {
+        "none" => (false, false),
+        "norm" => (true, false),
+        _ => (true, true),
+    };
     // Decode: the products of the weights into their parts with the RMSNorm of x (and with
     // `swiglu`, SwiGLU) folded in, where every weight has such a kernel here; `None` where
     // one has not (the caller dispatches the norm and the products on their own).
@@ -684,7 +696,7 @@ fn build_graph(
                     norm: &wgpu::Buffer,
                     swiglu: bool|
      -> Result<Option<Vec<Item>>, RuntimeError> {
-        if s != 1 {
+        if s != 1 || !fold_norm || (swiglu && !fold_glu) {
             return Ok(None);
         }
         let fuse = Fuse {
