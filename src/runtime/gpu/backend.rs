@@ -677,30 +677,33 @@ fn build_graph(
             .collect::<Result<Vec<_>, RuntimeError>>()
     };
     let residual = Epilogue::Accumulate(hp.residual_scale.unwrap_or(1.0));
-    // Which ops decode folds into the ternary products: `LOWBIT_GPU_FOLD` = `all` (the
-    // default: the norms, and SwiGLU into gate/up), `norm` (the norms only) or `none` (a
-    // benchmarking knob: the folded and separate forms compute the same values within the
-    // tests' tolerances).
+    // Which ops decode folds into the ternary products: `LOWBIT_GPU_FOLD` = `glu` (the
+    // default: SwiGLU into gate/up), `all` (also the norms into Q/K/V and gate/up), `norm`
+    // (the norms only) or `none`. A benchmarking knob: the folded and separate forms compute
+    // the same values within the tests' tolerances. The norms are not folded by default: each
+    // workgroup then reads all of x once more, which costs an H200 more than the two
+    // dispatches it saves (BENCHMARKS.md).
     let fold = std::env::var("LOWBIT_GPU_FOLD").unwrap_or_default();
     let (fold_norm, fold_glu) = match fold.as_str() {
         "none" => (false, false),
         "norm" => (true, false),
-        _ => (true, true),
+        "all" => (true, true),
+        _ => (false, true),
     };
-    // Decode: the products of the weights into their parts with the RMSNorm of x (and with
-    // `swiglu`, SwiGLU) folded in, where every weight has such a kernel here; `None` where
-    // one has not (the caller dispatches the norm and the products on their own).
+    // Decode: the products of the weights into their parts with the RMSNorm of x (`norm`:
+    // its weight) and/or SwiGLU (`swiglu`) folded in, where every weight has such a kernel
+    // here; `None` where one has not (the caller dispatches the ops on their own).
     let mm_fused = |ws: &[GpuWeight],
                     x: &wgpu::Buffer,
                     ys: &[&BufView],
-                    norm: &wgpu::Buffer,
+                    norm: Option<&wgpu::Buffer>,
                     swiglu: bool|
      -> Result<Option<Vec<Item>>, RuntimeError> {
-        if s != 1 || !fold_norm || (swiglu && !fold_glu) {
+        if s != 1 || (norm.is_none() && !swiglu) {
             return Ok(None);
         }
         let fuse = Fuse {
-            rms_norm: true,
+            rms_norm: norm.is_some(),
             swiglu,
         };
         let whole;
@@ -713,7 +716,7 @@ fn build_graph(
         let mut items = Vec::with_capacity(ws.len());
         for (w, y) in ws.iter().zip(targets) {
             match ctx
-                .bind_matvec_fused(w, x, y, fuse, Some((norm, hp.norm_eps)))
+                .bind_matvec_fused(w, x, y, fuse, norm.map(|n| (n, hp.norm_eps)))
                 .map_err(gpu_err)?
             {
                 Some(b) => items.push(Item::Weight(b)),
@@ -764,7 +767,18 @@ fn build_graph(
     };
     for il in 0..hp.n_layer {
         let (lw, lv) = (&sh.layers[il], &sh.vecs[il]);
-        match mm_fused(&lw.qkv, &a.x, &[&a.q, &a.k, &a.v], &lv.attn_norm, false)? {
+        let folded = if fold_norm {
+            mm_fused(
+                &lw.qkv,
+                &a.x,
+                &[&a.q, &a.k, &a.v],
+                Some(&lv.attn_norm),
+                false,
+            )?
+        } else {
+            None
+        };
+        match folded {
             Some(fused) => items.extend(fused),
             None => {
                 items.push(rms(&a.x, &lv.attn_norm, &a.h, e, s, false)?);
@@ -842,30 +856,41 @@ fn build_graph(
             }
             None => items.push(mm_with(&lw.wo, &a.attn, &x_view, residual)?),
         }
-        // The norm, gate/up and SwiGLU in one product where it can be; else the norm in the
-        // products where it can be; else each on its own.
-        let glu_fused = match sh.gelu {
-            None if lw.gate_up.len() == 1 => {
-                mm_fused(&lw.gate_up, &a.x, &[&a.g], &lv.ffn_norm, true)?
-            }
-            _ => None,
-        };
-        match glu_fused {
-            Some(fused) => items.extend(fused),
-            None => {
-                match mm_fused(&lw.gate_up, &a.x, &[&a.g, &a.u], &lv.ffn_norm, false)? {
-                    Some(fused) => items.extend(fused),
-                    None => {
-                        items.push(rms(&a.x, &lv.ffn_norm, &a.h, e, s, false)?);
-                        items.extend(mm_parts(&lw.gate_up, &a.h, &[&a.g, &a.u])?);
-                    }
+        // SwiGLU (and with `fold_norm` the norm) in the gate/up product where it can be;
+        // else the norm in the products where it can be; else each op on its own.
+        let mut glu_done = false;
+        if fold_glu && sh.gelu.is_none() && lw.gate_up.len() == 1 {
+            let (input, norm) = if fold_norm {
+                (&a.x, Some(&lv.ffn_norm))
+            } else {
+                (&a.h, None)
+            };
+            if let Some(fused) = mm_fused(&lw.gate_up, input, &[&a.g], norm, true)? {
+                if !fold_norm {
+                    items.push(rms(&a.x, &lv.ffn_norm, &a.h, e, s, false)?);
                 }
-                let (p, grid) = elem(s * nff, 0)?;
-                items.push(match sh.gelu {
-                    Some(t) => op("op_geglu", &[&a.g, &a.u, t, &p], grid)?,
-                    None => op("op_swiglu", &[&a.g, &a.u, &p], grid)?,
-                });
+                items.extend(fused);
+                glu_done = true;
             }
+        }
+        if !glu_done {
+            let folded = if fold_norm {
+                mm_fused(&lw.gate_up, &a.x, &[&a.g, &a.u], Some(&lv.ffn_norm), false)?
+            } else {
+                None
+            };
+            match folded {
+                Some(fused) => items.extend(fused),
+                None => {
+                    items.push(rms(&a.x, &lv.ffn_norm, &a.h, e, s, false)?);
+                    items.extend(mm_parts(&lw.gate_up, &a.h, &[&a.g, &a.u])?);
+                }
+            }
+            let (p, grid) = elem(s * nff, 0)?;
+            items.push(match sh.gelu {
+                Some(t) => op("op_geglu", &[&a.g, &a.u, t, &p], grid)?,
+                None => op("op_swiglu", &[&a.g, &a.u, &p], grid)?,
+            });
         }
         // The gate part starts the buffer: the down product reads its s * nff values there.
         let g_buf = &a.g.buffer;
