@@ -528,3 +528,133 @@ fn gpu_info_lists_adapters_or_says_there_are_none() {
         "{t}"
     );
 }
+
+/// Runs `bound` once and reads back `n` f32 of `y`.
+fn run_bound(ctx: &GpuContext, bound: &gpu::BoundMatvec, y: &wgpu::Buffer, n: usize) -> Vec<f32> {
+    let mut enc = ctx
+        .device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        bound.encode(&mut pass);
+    }
+    ctx.queue.submit([enc.finish()]);
+    bytemuck::cast_slice::<u8, f32>(&ctx.read_buffer(y, (n * 4) as u64).unwrap()).to_vec()
+}
+
+/// The decode kernel with ops folded in (`gpu::Fuse`) against the CPU's separate ops: the
+/// RMSNorm (`cpu::rms_norm`, then the CPU f32 matvec of the normalized x) and SwiGLU
+/// (`cpu::silu(gate) * up` of the CPU's two products), alone and together, for the
+/// registered decode variants and for tiled configurations whose x takes several tiles (the
+/// last one shorter). Tolerances: the matvec's own ([`gpu::tolerance`] over the normalized
+/// x) plus `K * 2^-24 * sum|d h|` for the norm's scale (its sum of squares added in another
+/// order than the CPU's f64 sum: f32 rounding of `K` positive terms); for SwiGLU, the
+/// products' bounds carried through `silu` (slope at most 1.1) and the product, plus 8 ulps
+/// of the result for `exp` (as the SwiGLU op's test).
+#[test]
+fn fused_rms_norm_and_swiglu_match_the_cpu_ops() {
+    let Some(ctx) = context_for_tests(&ContextOptions::default()) else {
+        return;
+    };
+    if !ctx.has_subgroups() {
+        eprintln!(
+            "note: {} has no SUBGROUP feature: no fused kernels",
+            ctx.info.name
+        );
+        return;
+    }
+    let d = gpu::decode_matvec_config(Reduction::Subgroup);
+    let mut seed = 31u64;
+    let eps = 1e-5f32;
+    for (base, cols) in [
+        (d, 1024usize),
+        (MatvecConfig::subgroup_rows_tiled(8, 64, 2, 2, 256), 1024),
+        (MatvecConfig::subgroup_rows_tiled(6, 128, 3, 1, 512), 1280),
+    ] {
+        for (rms_norm, swiglu) in [(true, false), (false, true), (true, true)] {
+            let cfg = base.fused(gpu::Fuse { rms_norm, swiglu });
+            let half = 40usize;
+            let rows = if swiglu { 2 * half } else { half };
+            let (words, scales) = random_weight(rows, cols, &mut seed);
+            let w = ctx
+                .upload_ternary(
+                    "w",
+                    rows,
+                    cols,
+                    bytemuck::cast_slice(&words),
+                    bytemuck::cast_slice(&scales),
+                )
+                .unwrap();
+            let x: Vec<f32> = random_x(cols, &mut seed).iter().map(|v| v * 3.0).collect();
+            let nw: Vec<f32> = (0..cols)
+                .map(|i| 0.5 + (lcg(&mut seed) % 1000) as f32 / 1000.0 - (i % 7 == 0) as u8 as f32)
+                .collect();
+            let mut h = x.clone();
+            if rms_norm {
+                lowbit::runtime::cpu::rms_norm(&x, &nw, eps, &mut h);
+            }
+            let y_rows = cpu(&words, &scales, cols, &h);
+            let a = abs_dx(&scales, cols, &h);
+            let row_tol = |r: usize| {
+                gpu::tolerance(cols, a[r])
+                    + if rms_norm {
+                        cols as f64 * f32::EPSILON as f64 / 2.0 * a[r]
+                    } else {
+                        0.0
+                    }
+            };
+            let xb = ctx.upload_bytes("x", bytemuck::cast_slice(&x)).unwrap();
+            let nb = ctx.upload_bytes("norm", bytemuck::cast_slice(&nw)).unwrap();
+            let out = if swiglu { half } else { rows };
+            let yb = ctx.vector_buffer("y", out);
+            let bound = ctx
+                .bind_ternary_fused(
+                    &w,
+                    &xb,
+                    &gpu::ops::BufView::whole(&yb),
+                    &cfg,
+                    gpu::Epilogue::Store,
+                    rms_norm.then_some((&nb, eps)),
+                )
+                .unwrap();
+            let got = run_bound(&ctx, &bound, &yb, out);
+            let what = format!("{} K={cols}", cfg.name());
+            let mut worst = 0f64;
+            for i in 0..out {
+                let (want, tol) = if swiglu {
+                    let (g, u) = (y_rows[i], y_rows[i + half]);
+                    let (tg, tu) = (row_tol(i), row_tol(i + half));
+                    let s = lowbit::runtime::cpu::silu(g) as f64;
+                    let want = (lowbit::runtime::cpu::silu(g) * u) as f64;
+                    (
+                        want,
+                        1.1 * tg * (u.abs() as f64 + tu)
+                            + s.abs() * tu
+                            + 8.0 * f32::EPSILON as f64 * want.abs()
+                            + 1e-30,
+                    )
+                } else {
+                    (y_rows[i] as f64, row_tol(i))
+                };
+                let g = got[i] as f64;
+                assert!(got[i].is_finite(), "{what}: output {i} is {g}");
+                let ratio = (g - want).abs() / tol;
+                assert!(
+                    ratio <= 1.0,
+                    "{what}: output {i}: gpu {g} cpu {want}, |diff| {:e} > tolerance {tol:e}",
+                    (g - want).abs()
+                );
+                worst = worst.max(ratio);
+            }
+            eprintln!("{what}: worst output at {worst:.2e} of the tolerance");
+        }
+    }
+    // A fused configuration needs x staged; SwiGLU needs one chunk; the norm its weight.
+    let e = ctx
+        .pipeline(&MatvecConfig::subgroup_rows(8, 128, 2, 2).fused(gpu::Fuse {
+            rms_norm: true,
+            swiglu: false,
+        }))
+        .unwrap_err();
+    assert!(matches!(e, GpuError::Shape { .. }), "{e}");
+}

@@ -3,7 +3,7 @@
 //! `LOWBIT_REQUIRE_GPU=1` (set by `make test`), where they fail.
 
 use lowbit::runtime::cpu;
-use lowbit::runtime::gpu::ops::Step;
+use lowbit::runtime::gpu::ops::{Bindable, Step};
 use lowbit::runtime::gpu::{context_for_tests, ContextOptions, GpuContext};
 
 fn lcg(seed: &mut u64) -> f32 {
@@ -48,7 +48,7 @@ fn params(ctx: &GpuContext, v: &[u32]) -> wgpu::Buffer {
     ctx.uniform("params", bytemuck::cast_slice(v))
 }
 
-fn run(ctx: &GpuContext, name: &'static str, bufs: &[&wgpu::Buffer], grid: (u32, u32, u32)) {
+fn run(ctx: &GpuContext, name: &'static str, bufs: &[&dyn Bindable], grid: (u32, u32, u32)) {
     let op = ctx.bind_op(name, bufs, grid).unwrap();
     let mut enc = ctx
         .device
@@ -285,6 +285,144 @@ fn rope_rotates_with_the_cpu_table_norm_and_neox() {
     }
 }
 
+/// The fused RoPE + KV store (`op_rope_kv`, what a decode step runs instead of op_rope on Q,
+/// op_rope on K and op_kv_store) against the CPU: Q rotated and scaled in place within the
+/// rope test's tolerance; the cache holds the f16 of the CPU-rotated K within that tolerance
+/// plus the f16 rounding, and the f16 of V bit for bit (round to nearest even); padding
+/// tokens and the cache's other positions untouched; Q, K and V bound as the three parts of
+/// one buffer, as the backend binds a stacked Q/K/V product's output.
+#[test]
+fn rope_kv_rotates_q_and_stores_the_rotated_k_and_v_like_the_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut seed = 12u64;
+    for (neox, heads, kv_heads, hd, n_rot, q_scale) in [
+        (false, 4usize, 2usize, 64usize, 64usize, 1.0f32),
+        (true, 4, 1, 128, 128, 0.0625),
+        (true, 2, 2, 64, 32, 1.0),
+        (false, 2, 1, 64, 48, 0.5),
+    ] {
+        let (n_ctx, tokens, pos0) = (40usize, 5usize, 30u32);
+        let n = 4u32; // the fifth token is padding
+        let factors: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.25).collect();
+        let mut table = vec![0f32; n_ctx * n_rot];
+        for (pos, row) in table.chunks_exact_mut(n_rot).enumerate() {
+            cpu::rope_cache(pos, n_rot, 10000.0, 0.5, 1.25, Some(&factors), row);
+        }
+        let (nq, nk) = (heads * hd, kv_heads * hd);
+        let qkv: Vec<f32> = (0..tokens * (nq + 2 * nk))
+            .map(|_| lcg(&mut seed))
+            .collect();
+        let (q, rest) = qkv.split_at(tokens * nq);
+        let (k, v) = rest.split_at(tokens * nk);
+        // The CPU: rotate (NORM or NEOX pairs), scale.
+        let rotate = |x: &[f32], nheads: usize, scale: f32| {
+            let mut out = x.to_vec();
+            for t in 0..n as usize {
+                let pos = pos0 as usize + t;
+                let cs = &table[pos * n_rot..(pos + 1) * n_rot];
+                for h in 0..nheads {
+                    let o = &mut out[(t * nheads + h) * hd..(t * nheads + h + 1) * hd];
+                    for i in 0..n_rot / 2 {
+                        let (a, b) = if neox {
+                            (i, i + n_rot / 2)
+                        } else {
+                            (2 * i, 2 * i + 1)
+                        };
+                        let (x0, x1) = (o[a], o[b]);
+                        o[a] = x0 * cs[2 * i] - x1 * cs[2 * i + 1];
+                        o[b] = x0 * cs[2 * i + 1] + x1 * cs[2 * i];
+                    }
+                    o.iter_mut().for_each(|e| *e *= scale);
+                }
+            }
+            out
+        };
+        let want_q = rotate(q, heads, q_scale);
+        let want_k = rotate(k, kv_heads, 1.0);
+        let qkv_b = buf(&ctx, &qkv);
+        let part = |off: usize, len: usize| {
+            ctx.view(&qkv_b, (off * 4) as u64, (len * 4) as u64)
+                .expect("parts at multiples of 256 bytes")
+        };
+        let (qv, kv, vv) = (
+            part(0, tokens * nq),
+            part(tokens * nq, tokens * nk),
+            part(tokens * (nq + nk), tokens * nk),
+        );
+        let tb = buf(&ctx, &table);
+        let cache = vec![0x7e007e00u32; kv_heads * n_ctx * hd / 2];
+        let (kc, vc) = (u32buf(&ctx, &cache), u32buf(&ctx, &cache));
+        let p = params(
+            &ctx,
+            &[
+                heads as u32,
+                kv_heads as u32,
+                hd as u32,
+                n_rot as u32,
+                neox as u32,
+                q_scale.to_bits(),
+                n_ctx as u32,
+                0,
+            ],
+        );
+        let st = step(&ctx, pos0, n);
+        run(
+            &ctx,
+            "op_rope_kv",
+            &[&qv, &kv, &vv, &tb, &kc, &vc, &p, &st],
+            (
+                ((heads + kv_heads) * hd / 2).div_ceil(64) as u32,
+                tokens as u32,
+                1,
+            ),
+        );
+        let what = format!("rope_kv neox={neox} heads={heads}/{kv_heads} hd={hd} n_rot={n_rot}");
+        let got = read(&ctx, &qkv_b, qkv.len());
+        let mag: Vec<f32> = q.iter().map(|v| v.abs().max(1.0) * q_scale).collect();
+        check(&what, &got[..q.len()], &want_q, &mag, 4.0 * f32::EPSILON);
+        // K and V themselves are left as they were.
+        assert_eq!(&got[q.len()..], rest, "{what}: k or v written");
+        let (kc, vc) = (
+            read_u32(&ctx, &kc, cache.len()),
+            read_u32(&ctx, &vc, cache.len()),
+        );
+        let f16_at = |c: &[u32], h: usize, pos: usize, e: usize| {
+            half::f16::from_bits((c[(h * n_ctx + pos) * hd / 2 + e / 2] >> ((e % 2) * 16)) as u16)
+        };
+        for h in 0..kv_heads {
+            for pos in 0..n_ctx {
+                let t = pos as i64 - pos0 as i64;
+                for e in 0..hd {
+                    let (gk, gv) = (f16_at(&kc, h, pos, e), f16_at(&vc, h, pos, e));
+                    if t < 0 || t >= n as i64 {
+                        assert_eq!(
+                            (gk.to_bits(), gv.to_bits()),
+                            (0x7e00, 0x7e00),
+                            "{what}: position {pos} written"
+                        );
+                        continue;
+                    }
+                    let i = (t as usize * kv_heads + h) * hd + e;
+                    assert_eq!(
+                        gv.to_bits(),
+                        half::f16::from_f32(v[i]).to_bits(),
+                        "{what}: v head {h} pos {pos} dim {e}"
+                    );
+                    // The f16 of a value within the rope tolerance of the CPU's.
+                    let w = want_k[i];
+                    let tol = 4.0 * f32::EPSILON * k[i].abs().max(1.0)
+                        + w.abs() * 2f32.powi(-11) * 1.01
+                        + 2f32.powi(-24);
+                    assert!(
+                        (gk.to_f32() - w).abs() <= tol,
+                        "{what}: k head {h} pos {pos} dim {e}: gpu {gk} cpu {w}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Attention of `tokens` queries at `pos0..` over a cache filled for positions
 /// `0..pos0 + n`, against an f64 softmax over the same f16-rounded keys and values.
 #[allow(clippy::too_many_arguments)]
@@ -411,6 +549,9 @@ fn split_attention_matches_an_f64_softmax() {
     attention_case(&ctx, 4, 2, 64, 600, 517, 1, 8, 0, &mut seed);
     // a prefill chunk with causal masking inside it, one split
     attention_case(&ctx, 2, 1, 128, 64, 0, 20, 1, 0, &mut seed);
+    // decode with the decode graph's split count for a 8192-position context (128 splits of
+    // 64 positions, as `attention_splits` gives), GQA, head_dim 128 (MiniCPM4)
+    attention_case(&ctx, 4, 2, 128, 8192, 700, 1, 128, 0, &mut seed);
     // a sliding window, head_dim 256 (Gemma 3)
     attention_case(&ctx, 2, 1, 256, 300, 200, 3, 4, 64, &mut seed);
 }

@@ -258,6 +258,61 @@ impl Host {
         }
     }
 
+    /// `parts` (one encoding and width) stacked: their rows one after another, as
+    /// `GpuContext::upload_stacked` stacks a layer's Q, K and V.
+    fn stack(parts: &[Host]) -> Host {
+        let rows = parts.iter().map(|h| h.rows).sum();
+        let kind = match &parts[0].kind {
+            HostKind::Gguf(ty, _) => HostKind::Gguf(
+                *ty,
+                parts
+                    .iter()
+                    .flat_map(|h| match &h.kind {
+                        HostKind::Gguf(_, b) => b.clone(),
+                        _ => unreachable!(),
+                    })
+                    .collect(),
+            ),
+            HostKind::Ternary(..) => {
+                let (mut w, mut s) = (Vec::new(), Vec::new());
+                for h in parts {
+                    if let HostKind::Ternary(hw, hs) = &h.kind {
+                        w.extend_from_slice(hw);
+                        s.extend_from_slice(hs);
+                    }
+                }
+                HostKind::Ternary(w, s)
+            }
+            HostKind::Palette {
+                bits, group_size, ..
+            } => {
+                let (mut t, mut ix) = (Vec::new(), Vec::new());
+                for h in parts {
+                    if let HostKind::Palette {
+                        tables, indices, ..
+                    } = &h.kind
+                    {
+                        t.extend_from_slice(tables);
+                        ix.extend_from_slice(indices);
+                    }
+                }
+                HostKind::Palette {
+                    bits: *bits,
+                    group_size: *group_size,
+                    tables: t,
+                    indices: ix,
+                }
+            }
+        };
+        Host {
+            name: format!("stacked {}", parts[0].name),
+            key: parts[0].key.clone(),
+            rows,
+            cols: parts[0].cols,
+            kind,
+        }
+    }
+
     fn upload(&self, ctx: &GpuContext) -> Result<GpuWeight, GpuError> {
         let (rows, cols) = (self.rows, self.cols);
         match &self.kind {
@@ -640,6 +695,128 @@ fn row_chunks_give_the_same_bits_as_one_chunk() {
             host.name
         );
         assert!(got[..n * host.rows].iter().all(|&v| v != 7.5 || v.is_nan()));
+    }
+}
+
+/// Runs `bound` and reads back `n` f32 of `y`.
+fn run_read(ctx: &GpuContext, bound: &weights::Bound, y: &wgpu::Buffer, n: usize) -> Vec<f32> {
+    let mut enc = ctx
+        .device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        bound.encode(&mut pass);
+    }
+    ctx.queue.submit([enc.finish()]);
+    bytemuck::cast_slice::<u8, f32>(&ctx.read_buffer(y, (n * 4) as u64).unwrap()).to_vec()
+}
+
+/// A stacked weight (Q, K and V of a layer as one, `GpuWeight::parts`) stores each part's
+/// products as its own `[n, rows_j]` block, part after part: bit for bit each part's own
+/// product (a row's sum does not depend on the rows beside it), for one token (the tuned
+/// ternary kernel) and for three (the prefill product), both reductions, one chunk and
+/// several. The residual epilogue (`Epilogue::Accumulate`) into a view at an offset gives
+/// `y0 + product * scale` as the CPU's residual add computes it (bit for bit with scale 1,
+/// within one rounding otherwise: the GPU may fuse the multiply-add) and leaves the rest of
+/// the buffer alone.
+#[test]
+fn stacked_weights_and_the_residual_epilogue_match_the_parts() {
+    let capped = context_for_tests(&ContextOptions {
+        max_binding_bytes: Some(8192),
+        ..Default::default()
+    });
+    let mut ctxs = contexts();
+    ctxs.extend(capped.as_ref());
+    for ctx in ctxs {
+        let mut seed = 21u64;
+        let cases: Vec<Vec<Host>> = vec![
+            [64, 32, 32]
+                .iter()
+                .map(|&r| Host::ternary(r, 512, &mut seed))
+                .collect(),
+            [40, 8, 24]
+                .iter()
+                .map(|&r| Host::gguf(GgmlType::Q4_0, r, 256, &mut seed))
+                .collect(),
+            [48, 48]
+                .iter()
+                .map(|&r| Host::gguf(GgmlType::Q6_K, r, 256, &mut seed))
+                .collect(),
+            [16, 8, 8]
+                .iter()
+                .map(|&r| Host::palette(4, 8, r, 256, &mut seed))
+                .collect(),
+        ];
+        for parts in cases {
+            let host = Host::stack(&parts);
+            let mut w = host.upload(ctx).unwrap();
+            w.parts = parts.iter().map(|h| h.rows).collect();
+            let what = format!(
+                "{} on {} ({} chunks)",
+                host.name,
+                ctx.info.name,
+                w.chunks.len()
+            );
+            for n in [1usize, 3] {
+                let x = random_x(n * host.cols, &mut seed);
+                let xb = ctx.upload_bytes("x", bytemuck::cast_slice(&x)).unwrap();
+                let total = n * host.rows;
+                let yb = ctx.vector_buffer("y", total);
+                let bound = ctx.bind_matmul(&w, &xb, &yb, n as u32).unwrap();
+                let y = run_read(ctx, &bound, &yb, total);
+                let mut start = 0;
+                for p in &parts {
+                    let alone = ctx
+                        .run_matmul(&p.upload(ctx).unwrap(), &x, n as u32)
+                        .unwrap();
+                    let got = &y[start * n..(start + p.rows) * n];
+                    assert_eq!(
+                        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{what} n={n}: part of {} rows",
+                        p.rows
+                    );
+                    start += p.rows;
+                }
+                // The residual epilogue into a view at an offset.
+                let align = ctx.limits.min_storage_buffer_offset_alignment as usize / 4;
+                let len = align + total + 16;
+                let y0: Vec<f32> = random_x(len, &mut seed);
+                for scale in [1.0f32, 0.375] {
+                    let yb = ctx.vector_buffer("y", len);
+                    ctx.queue.write_buffer(&yb, 0, bytemuck::cast_slice(&y0));
+                    let view = ctx
+                        .view(&yb, (align * 4) as u64, (total * 4) as u64)
+                        .unwrap();
+                    let bound = ctx
+                        .bind_matmul_with(
+                            &w,
+                            &xb,
+                            &view,
+                            n as u32,
+                            gpu::Epilogue::Accumulate(scale),
+                        )
+                        .unwrap();
+                    let got = run_read(ctx, &bound, &yb, len);
+                    for i in 0..len {
+                        let inside = (align..align + total).contains(&i);
+                        if !inside {
+                            assert_eq!(got[i].to_bits(), y0[i].to_bits(), "{what}: {i} written");
+                            continue;
+                        }
+                        let want = y0[i] + y[i - align] * scale;
+                        let fused = y[i - align].mul_add(scale, y0[i]);
+                        assert!(
+                            got[i] == want || (scale != 1.0 && got[i] == fused),
+                            "{what} n={n} scale {scale}: y[{i}] = {} + {} * {scale}: gpu {}, cpu {want}",
+                            y0[i],
+                            y[i - align],
+                            got[i]
+                        );
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -19,9 +19,9 @@
 //! other orders than the CPU's, so logits differ by f32 rounding (bounded per op in
 //! `tests/gpu_ops.rs` and `tests/gpu_backend.rs`).
 
-use super::ops::{grid_1d, OpDispatch, Step, MAX_HEAD_DIM};
+use super::ops::{grid_1d, Bindable, BufView, OpDispatch, Step, MAX_HEAD_DIM};
 use super::weights::{Bound, GpuWeight};
-use super::{ContextOptions, GpuContext, GpuError};
+use super::{ContextOptions, Epilogue, Fuse, GpuContext, GpuError};
 use crate::arch::{Activation, RopeMode};
 use crate::runtime::model::{Model, Weight};
 use crate::runtime::{Backend, BackendInfo, LoadOptions, RuntimeError};
@@ -56,26 +56,83 @@ impl Item {
             Item::Weight(b) => b.dispatches(),
         }
     }
+    fn label(&self) -> String {
+        match self {
+            Item::Op(o) => o.name.to_string(),
+            Item::Weight(b) => b.label.clone(),
+        }
+    }
 }
 
-/// Activations for `S` tokens.
+/// Activations for `S` tokens. Q, K and V are the three parts of one buffer (`[S, nq]`,
+/// `[S, nk]`, `[S, nk]` one after another: what a stacked Q/K/V product stores) and gate and
+/// up the two parts of another, where the adapter's storage offset alignment allows binding
+/// the parts; else each is a buffer of its own (and the weights are not stacked).
 struct Acts {
     s: usize,
     ids: wgpu::Buffer,
     x: wgpu::Buffer,
     h: wgpu::Buffer,
-    q: wgpu::Buffer,
-    k: wgpu::Buffer,
-    v: wgpu::Buffer,
+    q: BufView,
+    k: BufView,
+    v: BufView,
     qn: wgpu::Buffer,
     kn: wgpu::Buffer,
     attn: wgpu::Buffer,
     o: wgpu::Buffer,
     o2: wgpu::Buffer,
-    g: wgpu::Buffer,
-    u: wgpu::Buffer,
+    g: BufView,
+    u: BufView,
     part: wgpu::Buffer,
     step: wgpu::Buffer,
+}
+
+/// Byte offsets of the parts of a buffer holding `S` tokens of vectors of `lens` f32 each,
+/// part after part, for every bucket size in `sizes`: `Some` where every part of every size
+/// starts where the adapter allows a binding.
+fn part_offsets_aligned(ctx: &GpuContext, sizes: &[usize], lens: &[usize]) -> bool {
+    let align = ctx.limits.min_storage_buffer_offset_alignment as u64;
+    sizes.iter().all(|&s| {
+        let mut off = 0u64;
+        lens.iter().all(|&l| {
+            let ok = off.is_multiple_of(align);
+            off += (s * l * 4) as u64;
+            ok
+        })
+    })
+}
+
+/// Views of one buffer holding `s` tokens of vectors of `lens` f32 each, part after part
+/// (`stacked`), or of one buffer per part.
+fn part_views(
+    ctx: &GpuContext,
+    label: &str,
+    s: usize,
+    lens: &[usize],
+    stacked: bool,
+) -> Result<Vec<BufView>, RuntimeError> {
+    if !stacked {
+        return Ok(lens
+            .iter()
+            .map(|&l| BufView::whole(&ctx.vector_buffer(label, s * l)))
+            .collect());
+    }
+    let total: usize = lens.iter().sum();
+    let buf = ctx.vector_buffer(label, s * total);
+    let mut off = 0u64;
+    let mut v = Vec::with_capacity(lens.len());
+    for &l in lens {
+        let size = (s * l * 4) as u64;
+        v.push(
+            ctx.view(&buf, off, size)
+                .ok_or_else(|| RuntimeError::Backend {
+                    name: "gpu".into(),
+                    detail: format!("{label}: part at byte {off} cannot be bound on this adapter"),
+                })?,
+        );
+        off += size;
+    }
+    Ok(v)
 }
 
 /// The forward pass for one bucket size, bound.
@@ -103,14 +160,12 @@ struct LayerVecs {
     post_ffn_norm: Option<wgpu::Buffer>,
 }
 
-/// The GPU layer's weights.
+/// The GPU layer's weights. `qkv` is Q, K and V stacked into one weight (one product for
+/// the three) or the three of them; `gate_up` likewise gate and up.
 struct LayerWeights {
-    wq: GpuWeight,
-    wk: GpuWeight,
-    wv: GpuWeight,
+    qkv: Vec<GpuWeight>,
     wo: GpuWeight,
-    w_gate: GpuWeight,
-    w_up: GpuWeight,
+    gate_up: Vec<GpuWeight>,
     w_down: GpuWeight,
 }
 
@@ -162,11 +217,11 @@ impl GpuBackend {
         })
         .map_err(gpu_err)?;
         let hp = model.layout.hyper.clone();
-        if hp.head_dim > MAX_HEAD_DIM || !hp.head_dim.is_multiple_of(2) {
+        if hp.head_dim > MAX_HEAD_DIM || !hp.head_dim.is_multiple_of(8) {
             return Err(RuntimeError::Backend {
                 name: "gpu".into(),
                 detail: format!(
-                    "head_dim {} is not an even number up to {MAX_HEAD_DIM}",
+                    "head_dim {} is not a multiple of 8 up to {MAX_HEAD_DIM}",
                     hp.head_dim
                 ),
             });
@@ -185,16 +240,29 @@ impl GpuBackend {
             Some(up(&model.output)?)
         };
         let output_norm = vecbuf(&model.output_norm)?;
+        // Graph sizes: decode (1) and the prefill buckets.
+        let mut sizes = vec![1usize];
+        sizes.extend(buckets.iter().copied().filter(|&s| s > 1));
+        let (nq, nk) = (hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim);
+        let stack_qkv = part_offsets_aligned(&ctx, &sizes, &[nq, nk, nk]);
+        let stack_gu = part_offsets_aligned(&ctx, &sizes, &[hp.n_ff, hp.n_ff]);
+        // Stacked where the parts can be bound and the weights share an encoding; else one
+        // weight each.
+        let stacked = |ws: &[&Weight], ok: bool| -> Result<Vec<GpuWeight>, RuntimeError> {
+            if ok {
+                if let Some(w) = ctx.upload_stacked(b, ws).map_err(gpu_err)? {
+                    return Ok(vec![w]);
+                }
+            }
+            ws.iter().map(|w| up(w)).collect()
+        };
         let mut layers = Vec::with_capacity(model.layers.len());
         let mut vecs = Vec::with_capacity(model.layers.len());
         for l in &model.layers {
             layers.push(LayerWeights {
-                wq: up(&l.wq)?,
-                wk: up(&l.wk)?,
-                wv: up(&l.wv)?,
+                qkv: stacked(&[&l.wq, &l.wk, &l.wv], stack_qkv)?,
                 wo: up(&l.wo)?,
-                w_gate: up(&l.w_gate)?,
-                w_up: up(&l.w_up)?,
+                gate_up: stacked(&[&l.w_gate, &l.w_up], stack_gu)?,
                 w_down: up(&l.w_down)?,
             });
             vecs.push(LayerVecs {
@@ -212,7 +280,7 @@ impl GpuBackend {
         let weight_bytes_device = {
             let mut s = tok_embd.bytes() + output.as_ref().map_or(0, |w| w.bytes());
             for l in &layers {
-                for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+                for w in l.qkv.iter().chain(&l.gate_up).chain([&l.wo, &l.w_down]) {
                     s += w.bytes();
                 }
             }
@@ -317,11 +385,9 @@ impl GpuBackend {
             logits: &logits,
             hl: &hl,
         };
-        let mut sizes = vec![1usize];
-        sizes.extend(buckets.iter().copied().filter(|&s| s > 1));
         let graphs = sizes
             .iter()
-            .map(|&s| build_graph(&ctx, &model, &shared, s))
+            .map(|&s| build_graph(&ctx, &model, &shared, s, stack_qkv, stack_gu))
             .collect::<Result<Vec<_>, _>>()?;
         let argmax = ctx
             .bind_op(
@@ -385,6 +451,97 @@ impl GpuBackend {
         self.graphs[0].dispatches()
     }
 
+    /// Times one decode step of `token` at `pos` on the device, for tools
+    /// (`examples/gpu_decode_profile.rs`): first the whole step as one compute pass, then
+    /// each item of its dispatch list (an op, or a product's dispatches) in a pass of its own,
+    /// both from timestamp queries. Returns the step's nanoseconds and `(label, ns)` per item,
+    /// in order (a pass per item adds its own start and end, so the items add up to more
+    /// than the step). Writes the KV cache at `pos`, as a decode step does. Needs the
+    /// adapter's TIMESTAMP_QUERY.
+    pub fn profile_decode(
+        &mut self,
+        token: u32,
+        pos: usize,
+    ) -> Result<(f64, Vec<(String, f64)>), RuntimeError> {
+        if !self.ctx.has_timestamps() {
+            return Err(gpu_err(GpuError::MissingFeature {
+                op: "profile",
+                adapter: self.ctx.info.name.clone(),
+                feature: "TIMESTAMP_QUERY",
+            }));
+        }
+        self.check_span(&[token], pos, 1)?;
+        let g = &self.graphs[0];
+        let n = g.items.len() + 1;
+        let q = &self.ctx.queue;
+        q.write_buffer(&g.acts.ids, 0, bytemuck::bytes_of(&token));
+        let step = Step {
+            pos0: pos as u32,
+            n: 1,
+            _pad: [0; 2],
+        };
+        q.write_buffer(&g.acts.step, 0, bytemuck::bytes_of(&step));
+        let dev = &self.ctx.device;
+        let qs = dev.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("profile"),
+            ty: wgpu::QueryType::Timestamp,
+            count: (2 * n) as u32,
+        });
+        let resolve = dev.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("profile timestamps"),
+            size: (16 * n) as u64,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        let writes = |i: usize| {
+            Some(wgpu::ComputePassTimestampWrites {
+                query_set: &qs,
+                beginning_of_pass_write_index: Some(2 * i as u32),
+                end_of_pass_write_index: Some(2 * i as u32 + 1),
+            })
+        };
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("step"),
+                timestamp_writes: writes(0),
+            });
+            for it in &g.items {
+                it.encode(&mut pass);
+            }
+        }
+        for (i, it) in g.items.iter().enumerate() {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: writes(i + 1),
+            });
+            it.encode(&mut pass);
+        }
+        enc.resolve_query_set(&qs, 0..(2 * n) as u32, &resolve, 0);
+        q.submit([enc.finish()]);
+        let bytes = self
+            .ctx
+            .read_buffer(&resolve, (16 * n) as u64)
+            .map_err(gpu_err)?;
+        let t: &[u64] = bytemuck::cast_slice(&bytes);
+        let period = q.get_timestamp_period() as f64;
+        let ns: Vec<f64> = t
+            .chunks_exact(2)
+            .map(|p| p[1].saturating_sub(p[0]) as f64 * period)
+            .collect();
+        self.next_pos = pos + 1;
+        self.has_logits = true;
+        self.host_logits_valid = false;
+        Ok((
+            ns[0],
+            g.items
+                .iter()
+                .map(Item::label)
+                .zip(ns[1..].iter().copied())
+                .collect(),
+        ))
+    }
+
     /// The adapter's name.
     pub fn adapter(&self) -> &str {
         &self.ctx.info.name
@@ -433,28 +590,39 @@ struct Shared<'a> {
 }
 
 /// Attention splits for `s` tokens over `n_ctx` positions: decode splits long contexts into
-/// up to 64 chunks of at least 128 positions (flash-decoding: enough workgroups to fill a
-/// GPU when there are few heads); prefill chunks into up to 8.
+/// up to 128 chunks of at least 64 positions, one tile of the kernel's 64 invocations
+/// (flash-decoding: enough workgroups to fill a GPU when there are few heads, each
+/// workgroup's serial work short); prefill chunks into up to 8. At most `MAX_SPLITS` of
+/// attention_combine.wgsl.
 fn attention_splits(s: usize, n_ctx: usize) -> (usize, usize) {
     let splits = if s == 1 {
-        n_ctx.div_ceil(128).clamp(1, 64)
+        n_ctx.div_ceil(64).clamp(1, 128)
     } else {
         n_ctx.div_ceil(1024).clamp(1, 8)
     };
     (splits, n_ctx.div_ceil(splits))
 }
 
+/// The forward pass for `s` tokens, bound. Fused where it can be: Q/K/V in one product and
+/// gate/up in another where their weights are stacked (`stack_qkv`, `stack_gu`: the
+/// activations are then parts of one buffer), RoPE of Q and K with the KV store in one op,
+/// the residual adds in the output and down products' epilogues (where no norm comes between).
 fn build_graph(
     ctx: &GpuContext,
     model: &Model,
     sh: &Shared,
     s: usize,
+    stack_qkv: bool,
+    stack_gu: bool,
 ) -> Result<Graph, RuntimeError> {
     let hp = &model.layout.hyper;
     let (e, hd, nh, nkv, nff) = (hp.n_embd, hp.head_dim, hp.n_head, hp.n_head_kv, hp.n_ff);
     let (nq, nk) = (nh * hd, nkv * hd);
     let (splits, chunk) = attention_splits(s, hp.n_ctx);
     let vb = |label: &str, n: usize| ctx.vector_buffer(label, n);
+    let mut qkv = part_views(ctx, "q, k, v", s, &[nq, nk, nk], stack_qkv)?.into_iter();
+    let mut gu = part_views(ctx, "gate, up", s, &[nff, nff], stack_gu)?.into_iter();
+    let next = |it: &mut std::vec::IntoIter<BufView>| it.next().expect("one view per part");
     let acts = Acts {
         s,
         ids: ctx
@@ -462,16 +630,16 @@ fn build_graph(
             .map_err(gpu_err)?,
         x: vb("x", s * e),
         h: vb("h", s * e),
-        q: vb("q", s * nq),
-        k: vb("k", s * nk),
-        v: vb("v", s * nk),
+        q: next(&mut qkv),
+        k: next(&mut qkv),
+        v: next(&mut qkv),
         qn: vb("q normed", s * nq),
         kn: vb("k normed", s * nk),
         attn: vb("attn", s * nq),
         o: vb("o", s * e),
         o2: vb("o normed", s * e),
-        g: vb("gate", s * nff),
-        u: vb("up", s * nff),
+        g: next(&mut gu),
+        u: next(&mut gu),
         part: vb("attention partials", s * nh * splits * (hd + 2)),
         step: ctx.uniform("step", bytemuck::bytes_of(&Step::default())),
     };
@@ -479,7 +647,7 @@ fn build_graph(
     let mut items: Vec<Item> = Vec::new();
     let n_tok = s as u32;
     let op = |name: &'static str,
-              bufs: &[&wgpu::Buffer],
+              bufs: &[&dyn Bindable],
               grid: (u32, u32, u32)|
      -> Result<Item, RuntimeError> {
         Ok(Item::Op(ctx.bind_op(name, bufs, grid).map_err(gpu_err)?))
@@ -490,12 +658,79 @@ fn build_graph(
             .map(Item::Weight)
             .map_err(gpu_err)
     };
+    let mm_with = |w: &GpuWeight, x: &wgpu::Buffer, y: &BufView, epilogue: Epilogue| {
+        ctx.bind_matmul_with(w, x, y, n_tok, epilogue)
+            .map(Item::Weight)
+            .map_err(gpu_err)
+    };
+    // The products of stacked weights, or of each weight into its part.
+    let mm_parts = |ws: &[GpuWeight], x: &wgpu::Buffer, ys: &[&BufView]| {
+        if let [w] = ws {
+            // One stacked weight: its parts are stored one after another from the first
+            // part's offset, the buffer's start.
+            let whole = BufView::whole(&ys[0].buffer);
+            return Ok(vec![mm_with(w, x, &whole, Epilogue::Store)?]);
+        }
+        ws.iter()
+            .zip(ys)
+            .map(|(w, y)| mm_with(w, x, y, Epilogue::Store))
+            .collect::<Result<Vec<_>, RuntimeError>>()
+    };
+    let residual = Epilogue::Accumulate(hp.residual_scale.unwrap_or(1.0));
+    // Which ops decode folds into the ternary products: `LOWBIT_GPU_FOLD` = `glu` (the
+    // default: SwiGLU into gate/up), `all` (also the norms into Q/K/V and gate/up), `norm`
+    // (the norms only) or `none`. A benchmarking knob: the folded and separate forms compute
+    // the same values within the tests' tolerances. The norms are not folded by default: each
+    // workgroup then reads all of x once more, which costs an H200 more than the two
+    // dispatches it saves (BENCHMARKS.md).
+    let fold = std::env::var("LOWBIT_GPU_FOLD").unwrap_or_default();
+    let (fold_norm, fold_glu) = match fold.as_str() {
+        "none" => (false, false),
+        "norm" => (true, false),
+        "all" => (true, true),
+        _ => (false, true),
+    };
+    // Decode: the products of the weights into their parts with the RMSNorm of x (`norm`:
+    // its weight) and/or SwiGLU (`swiglu`) folded in, where every weight has such a kernel
+    // here; `None` where one has not (the caller dispatches the ops on their own).
+    let mm_fused = |ws: &[GpuWeight],
+                    x: &wgpu::Buffer,
+                    ys: &[&BufView],
+                    norm: Option<&wgpu::Buffer>,
+                    swiglu: bool|
+     -> Result<Option<Vec<Item>>, RuntimeError> {
+        if s != 1 || (norm.is_none() && !swiglu) {
+            return Ok(None);
+        }
+        let fuse = Fuse {
+            rms_norm: norm.is_some(),
+            swiglu,
+        };
+        let whole;
+        let targets: Vec<&BufView> = if ws.len() == 1 && ys.len() > 1 && !swiglu {
+            whole = BufView::whole(&ys[0].buffer);
+            vec![&whole]
+        } else {
+            ys.to_vec()
+        };
+        let mut items = Vec::with_capacity(ws.len());
+        for (w, y) in ws.iter().zip(targets) {
+            match ctx
+                .bind_matvec_fused(w, x, y, fuse, norm.map(|n| (n, hp.norm_eps)))
+                .map_err(gpu_err)?
+            {
+                Some(b) => items.push(Item::Weight(b)),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(items))
+    };
     // Element-wise ops over n values: (params buffer, grid).
     let elem = |n: usize, third: u32| -> Result<(wgpu::Buffer, (u32, u32, u32)), RuntimeError> {
         let (gx, gy) = grid_1d(n, 256).map_err(gpu_err)?;
         Ok((u32s(&[n as u32, gx, third, 0]), (gx, gy, 1)))
     };
-    let rms = |x: &wgpu::Buffer,
+    let rms = |x: &dyn Bindable,
                w: &wgpu::Buffer,
                out: &wgpu::Buffer,
                len: usize,
@@ -532,51 +767,61 @@ fn build_graph(
     };
     for il in 0..hp.n_layer {
         let (lw, lv) = (&sh.layers[il], &sh.vecs[il]);
-        items.push(rms(&a.x, &lv.attn_norm, &a.h, e, s, false)?);
-        items.push(mm(&lw.wq, &a.h, &a.q, n_tok)?);
-        items.push(mm(&lw.wk, &a.h, &a.k, n_tok)?);
-        items.push(mm(&lw.wv, &a.h, &a.v, n_tok)?);
+        let folded = if fold_norm {
+            mm_fused(
+                &lw.qkv,
+                &a.x,
+                &[&a.q, &a.k, &a.v],
+                Some(&lv.attn_norm),
+                false,
+            )?
+        } else {
+            None
+        };
+        match folded {
+            Some(fused) => items.extend(fused),
+            None => {
+                items.push(rms(&a.x, &lv.attn_norm, &a.h, e, s, false)?);
+                items.extend(mm_parts(&lw.qkv, &a.h, &[&a.q, &a.k, &a.v])?);
+            }
+        }
         for (y, bias, len) in [(&a.q, &lv.bq, nq), (&a.k, &lv.bk, nk), (&a.v, &lv.bv, nk)] {
             if let Some(b) = bias {
                 let (p, grid) = elem(s * len, len as u32)?;
                 items.push(op("op_bias_add", &[y, b, &p], grid)?);
             }
         }
-        let qf = match &lv.q_norm {
+        let qf: &dyn Bindable = match &lv.q_norm {
             Some(w) => {
                 items.push(rms(&a.q, w, &a.qn, hd, s * nh, false)?);
                 &a.qn
             }
             None => &a.q,
         };
-        let kf = match &lv.k_norm {
+        let kf: &dyn Bindable = match &lv.k_norm {
             Some(w) => {
                 items.push(rms(&a.k, w, &a.kn, hd, s * nkv, false)?);
                 &a.kn
             }
             None => &a.k,
         };
+        // RoPE of Q and K and the KV store: one op.
         let table = &sh.tables[sh.layer_table[il]].1;
-        for (buf, heads, scale) in [(qf, nh, hp.q_scale.unwrap_or(1.0)), (kf, nkv, 1.0f32)] {
-            let p = u32s(&[
-                heads as u32,
-                hd as u32,
-                hp.n_rot as u32,
-                neox,
-                scale.to_bits(),
-                n_tok,
-                0,
-                0,
-            ]);
-            let gx = (heads * hd / 2).div_ceil(64) as u32;
-            items.push(op("op_rope", &[buf, table, &p, &a.step], (gx, n_tok, 1))?);
-        }
         let (kc, vc) = &sh.kv[il];
-        let p = u32s(&[nkv as u32, hd as u32, hp.n_ctx as u32, 0]);
-        let gx = (nkv * hd / 2).div_ceil(64) as u32;
+        let p = u32s(&[
+            nh as u32,
+            nkv as u32,
+            hd as u32,
+            hp.n_rot as u32,
+            neox,
+            hp.q_scale.unwrap_or(1.0).to_bits(),
+            hp.n_ctx as u32,
+            0,
+        ]);
+        let gx = ((nh + nkv) * hd / 2).div_ceil(64) as u32;
         items.push(op(
-            "op_kv_store",
-            &[kf, &a.v, kc, vc, &p, &a.step],
+            "op_rope_kv",
+            &[qf, kf, &a.v, table, kc, vc, &p, &a.step],
             (gx, n_tok, 1),
         )?);
         let window = hp.window_of_layer(il).unwrap_or(0) as u32;
@@ -601,29 +846,61 @@ fn build_graph(
             &[&a.part, &a.attn, &p, &a.step],
             (nh as u32, n_tok, 1),
         )?);
-        items.push(mm(&lw.wo, &a.attn, &a.o, n_tok)?);
+        let x_view = BufView::whole(&a.x);
+        // The residual add in the product's epilogue unless a norm comes between.
         match &lv.post_attn_norm {
             Some(w) => {
+                items.push(mm(&lw.wo, &a.attn, &a.o, n_tok)?);
                 items.push(rms(&a.o, w, &a.o2, e, s, false)?);
                 items.push(add(&a.x, &a.o2)?);
             }
-            None => items.push(add(&a.x, &a.o)?),
+            None => items.push(mm_with(&lw.wo, &a.attn, &x_view, residual)?),
         }
-        items.push(rms(&a.x, &lv.ffn_norm, &a.h, e, s, false)?);
-        items.push(mm(&lw.w_gate, &a.h, &a.g, n_tok)?);
-        items.push(mm(&lw.w_up, &a.h, &a.u, n_tok)?);
-        let (p, grid) = elem(s * nff, 0)?;
-        items.push(match sh.gelu {
-            Some(t) => op("op_geglu", &[&a.g, &a.u, t, &p], grid)?,
-            None => op("op_swiglu", &[&a.g, &a.u, &p], grid)?,
-        });
-        items.push(mm(&lw.w_down, &a.g, &a.o, n_tok)?);
+        // SwiGLU (and with `fold_norm` the norm) in the gate/up product where it can be;
+        // else the norm in the products where it can be; else each op on its own.
+        let mut glu_done = false;
+        if fold_glu && sh.gelu.is_none() && lw.gate_up.len() == 1 {
+            let (input, norm) = if fold_norm {
+                (&a.x, Some(&lv.ffn_norm))
+            } else {
+                (&a.h, None)
+            };
+            if let Some(fused) = mm_fused(&lw.gate_up, input, &[&a.g], norm, true)? {
+                if !fold_norm {
+                    items.push(rms(&a.x, &lv.ffn_norm, &a.h, e, s, false)?);
+                }
+                items.extend(fused);
+                glu_done = true;
+            }
+        }
+        if !glu_done {
+            let folded = if fold_norm {
+                mm_fused(&lw.gate_up, &a.x, &[&a.g, &a.u], Some(&lv.ffn_norm), false)?
+            } else {
+                None
+            };
+            match folded {
+                Some(fused) => items.extend(fused),
+                None => {
+                    items.push(rms(&a.x, &lv.ffn_norm, &a.h, e, s, false)?);
+                    items.extend(mm_parts(&lw.gate_up, &a.h, &[&a.g, &a.u])?);
+                }
+            }
+            let (p, grid) = elem(s * nff, 0)?;
+            items.push(match sh.gelu {
+                Some(t) => op("op_geglu", &[&a.g, &a.u, t, &p], grid)?,
+                None => op("op_swiglu", &[&a.g, &a.u, &p], grid)?,
+            });
+        }
+        // The gate part starts the buffer: the down product reads its s * nff values there.
+        let g_buf = &a.g.buffer;
         match &lv.post_ffn_norm {
             Some(w) => {
+                items.push(mm(&lw.w_down, g_buf, &a.o, n_tok)?);
                 items.push(rms(&a.o, w, &a.o2, e, s, false)?);
                 items.push(add(&a.x, &a.o2)?);
             }
-            None => items.push(add(&a.x, &a.o)?),
+            None => items.push(mm_with(&lw.w_down, g_buf, &x_view, residual)?),
         }
     }
     items.push(rms(&a.x, sh.output_norm, sh.hl, e, 1, true)?);

@@ -25,8 +25,9 @@ pub struct KernelSource {
 /// x staged 4096 elements at a time in workgroup memory, 1, 2 or 4 rows per subgroup pass, 1
 /// or 2 units in flight, 128 or 256 invocations and `rows per pass * invocations / 32` rows per
 /// workgroup (one pass per subgroup where subgroups have 32 lanes), among them the decode
-/// default ([`super::decode_matvec_config`]); and the subgroup-rows kernel reading x from the
-/// storage buffer (no workgroup memory, no barrier) with 2 or 4 rows per pass.
+/// default ([`super::decode_matvec_config`]); the subgroup-rows kernel reading x from the
+/// storage buffer (no workgroup memory, no barrier) with 2 or 4 rows per pass; and the decode
+/// default with ops folded in ([`super::Fuse`]: `_rms`, `_swiglu`, `_rms_swiglu`).
 pub fn ternary_matvec_configs() -> Vec<MatvecConfig> {
     let mut v = Vec::new();
     for reduction in [Reduction::Subgroup, Reduction::Workgroup] {
@@ -60,6 +61,12 @@ pub fn ternary_matvec_configs() -> Vec<MatvecConfig> {
             rows_per_subgroup,
             2,
         ));
+    }
+    // The decode default with the RMSNorm and SwiGLU folded in (Q/K/V: the norm; gate/up:
+    // both).
+    let d = super::decode_matvec_config(Reduction::Subgroup);
+    for (rms_norm, swiglu) in [(true, false), (false, true), (true, true)] {
+        v.push(d.fused(super::Fuse { rms_norm, swiglu }));
     }
     v
 }

@@ -357,6 +357,22 @@ pub struct MatvecConfig {
     /// [`Reduction::Subgroup`] for [`MatvecKernel::SubgroupRows`].
     pub reduction: Reduction,
     pub kernel: MatvecKernel,
+    /// The ops folded into the product (subgroup rows with x staged only).
+    pub fuse: Fuse,
+}
+
+/// Ops a ternary decode product does in the same dispatch (the subgroup-rows kernel with x
+/// staged in workgroup memory; suffixes `_rms` and `_swiglu` of its name).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Fuse {
+    /// RMSNorm of x first: every workgroup adds up `x . x` itself (one pass over x before
+    /// the first tile), then stages `(x_k * (1 / sqrt(mean + eps))) * n_k` (rms_norm.wgsl's
+    /// operations; `n` the norm's weight, binding 5; `eps` a parameter) in place of `x_k`.
+    pub rms_norm: bool,
+    /// SwiGLU of a stacked gate/up weight (`2 * rows` rows, gate then up, one row chunk):
+    /// output row `i` is `silu(gate_i . x) * (up_i . x)` (swiglu.wgsl's operations), each
+    /// subgroup pass taking rows `i..` of both halves.
+    pub swiglu: bool,
 }
 
 /// Elements of x a [`MatvecKernel::SubgroupRows`] workgroup stages at a time, at most.
@@ -373,6 +389,7 @@ impl MatvecConfig {
             workgroup_size,
             reduction,
             kernel: MatvecKernel::Split,
+            fuse: Fuse::default(),
         }
     }
 
@@ -410,7 +427,13 @@ impl MatvecConfig {
                 units_in_flight,
                 x_tile,
             },
+            fuse: Fuse::default(),
         }
+    }
+
+    /// This configuration with `fuse`.
+    pub fn fused(self, fuse: Fuse) -> Self {
+        MatvecConfig { fuse, ..self }
     }
 
     /// The pipeline's name, carrying its parameters: `ternary_matvec_r4_wg64_sg` (split),
@@ -440,6 +463,12 @@ impl MatvecConfig {
                 if x_tile > 0 {
                     n += &format!("_xs{x_tile}");
                 }
+                if self.fuse.rms_norm {
+                    n += "_rms";
+                }
+                if self.fuse.swiglu {
+                    n += "_swiglu";
+                }
                 n
             }
         }
@@ -459,11 +488,27 @@ impl MatvecConfig {
             _ => {
                 let rs = kind.strip_prefix("sgrows")?.parse().ok()?;
                 let p = it.next()?.strip_prefix('p')?.parse().ok()?;
-                let xt = match it.next() {
-                    Some(t) => t.strip_prefix("xs")?.parse().ok().filter(|&t| t > 0)?,
-                    None => 0,
+                let mut next = it.next();
+                let xt = match next {
+                    Some(t) if t.starts_with("xs") => {
+                        next = it.next();
+                        t.strip_prefix("xs")?.parse().ok().filter(|&t| t > 0)?
+                    }
+                    _ => 0,
                 };
-                MatvecConfig::subgroup_rows_tiled(rows, wg, rs, p, xt)
+                let mut fuse = Fuse::default();
+                if next == Some("rms") {
+                    fuse.rms_norm = true;
+                    next = it.next();
+                }
+                if next == Some("swiglu") {
+                    fuse.swiglu = true;
+                    next = it.next();
+                }
+                if next.is_some() {
+                    return None;
+                }
+                MatvecConfig::subgroup_rows_tiled(rows, wg, rs, p, xt).fused(fuse)
             }
         };
         it.next().is_none().then_some(cfg)
@@ -506,6 +551,7 @@ impl MatvecConfig {
                         units_in_flight,
                         self.workgroup_size,
                         x_tile,
+                        self.fuse,
                     )
                 } else {
                     rows_main(rows_per_subgroup, units_in_flight)
@@ -520,12 +566,18 @@ impl MatvecConfig {
 /// Unit `u` of a tile is stored as its 16 `vec4`s at `16 u + (k ^ (u % 16))`: the staging
 /// (consecutive invocations, consecutive `vec4`s of x) and the reads (consecutive lanes,
 /// consecutive units, one `k` at a time) both hit 8 distinct 16-byte bank groups per 8 lanes.
-fn rows_main_tiled(rs: u32, p: u32, wg: u32, x_tile: u32) -> String {
+///
+/// With `fuse.swiglu` each pass also takes the up rows `row + params.rows` (accumulators
+/// `rs..2 rs`) and stores `silu(gate) * up`; with `fuse.rms_norm` the workgroup first adds up
+/// `x . x` and stages x normalized.
+fn rows_main_tiled(rs: u32, p: u32, wg: u32, x_tile: u32, fuse: Fuse) -> String {
     use std::fmt::Write;
     let mut m = String::new();
     // vec4s of x each invocation stages at once (all loads, then all stores): at most 8.
     let stage = (x_tile / 4).div_ceil(wg).clamp(1, 8);
-    let rows = 0..rs;
+    // Weight rows per pass: the rs output rows, and with SwiGLU their up rows.
+    let nr = if fuse.swiglu { 2 * rs } else { rs };
+    let rows = 0..nr;
     let units = 0..p;
     // `writeln!` into a String cannot fail.
     let mut w = |line: String| {
@@ -534,6 +586,11 @@ fn rows_main_tiled(rs: u32, p: u32, wg: u32, x_tile: u32) -> String {
     w("const UT: u32 = XT / 64u;".into());
     w(format!("const STAGE: u32 = {stage}u;"));
     w("var<workgroup> xs: array<vec4<f32>, XT / 4u>;".into());
+    if fuse.rms_norm {
+        w("// The RMSNorm's weight (binding 5) and the subgroups' sums of squares.".into());
+        w("@group(0) @binding(5) var<storage, read> nw: array<vec4<f32>>;".into());
+        w("var<workgroup> ssq: array<f32, WG / 4u>;".into());
+    }
     w(String::new());
     w("@compute @workgroup_size(WG)".into());
     w("fn main(".into());
@@ -553,6 +610,25 @@ fn rows_main_tiled(rs: u32, p: u32, wg: u32, x_tile: u32) -> String {
     w("    let blocks = params.cols / 256u;".into());
     w("    let last = params.rows - 1u;".into());
     w("    let quarter = s / 4u;".into());
+    if fuse.rms_norm {
+        // rms_norm.wgsl's scale: 1 / sqrt(mean(x^2) + eps), every subgroup's sum added in
+        // the same order by every invocation.
+        w("    var sq = 0.0;".into());
+        w("    for (var i = lid; i < params.cols / 4u; i += WG) {".into());
+        w("        let v = x[i];".into());
+        w("        sq += dot(v, v);".into());
+        w("    }".into());
+        w("    sq = subgroupAdd(sq);".into());
+        w("    if lane == 0u {".into());
+        w("        ssq[sg] = sq;".into());
+        w("    }".into());
+        w("    workgroupBarrier();".into());
+        w("    var total = 0.0;".into());
+        w("    for (var i = 0u; i < nsg; i++) {".into());
+        w("        total += ssq[i];".into());
+        w("    }".into());
+        w("    let rinv = 1.0 / sqrt(total / f32(params.cols) + params.eps);".into());
+    }
     w(
         "    // Passes over the workgroup's rows, the same number for every subgroup (barriers)."
             .into(),
@@ -562,7 +638,11 @@ fn rows_main_tiled(rs: u32, p: u32, wg: u32, x_tile: u32) -> String {
     w("        let r0 = row_base + g;".into());
     w("        let has_rows = g < ROWS && r0 < params.rows;".into());
     for r in rows.clone() {
-        w(format!("        let row{r} = min(r0 + {r}u, last);"));
+        if r < rs {
+            w(format!("        let row{r} = min(r0 + {r}u, last);"));
+        } else {
+            w(format!("        let row{r} = row{} + params.rows;", r - rs));
+        }
         w(format!("        var acc{r} = 0.0;"));
     }
     // Codes and scales of the next chunk, loaded before the current one is computed (the
@@ -577,7 +657,7 @@ fn rows_main_tiled(rs: u32, p: u32, wg: u32, x_tile: u32) -> String {
         w(format!(
             "{ind}let b = min((tb + {c}) / 4u + lane, blocks - 1u);"
         ));
-        for r in 0..rs {
+        for r in 0..nr {
             w(format!("{ind}d{r} = scale_at(row{r} * blocks + b);"));
         }
         for j in 0..p {
@@ -586,7 +666,7 @@ fn rows_main_tiled(rs: u32, p: u32, wg: u32, x_tile: u32) -> String {
             ));
         }
         for j in 0..p {
-            for r in 0..rs {
+            for r in 0..nr {
                 w(format!("{ind}w{r}_{j} = codes[row{r} * units + v{j}];"));
             }
         }
@@ -605,12 +685,24 @@ fn rows_main_tiled(rs: u32, p: u32, wg: u32, x_tile: u32) -> String {
             "                let a{i} = x[tb * 16u + min(m0 + lid + {i}u * WG, n - 1u)];"
         ));
     }
+    if fuse.rms_norm {
+        for i in 0..stage {
+            w(format!(
+                "                let n{i} = nw[tb * 16u + min(m0 + lid + {i}u * WG, n - 1u)];"
+            ));
+        }
+    }
     for i in 0..stage {
         w(format!("                let v{i} = m0 + lid + {i}u * WG;"));
         w(format!("                if v{i} < n {{"));
         w(format!("                    let ul = v{i} / 16u;"));
+        let val = if fuse.rms_norm {
+            format!("(a{i} * rinv) * n{i}")
+        } else {
+            format!("a{i}")
+        };
         w(format!(
-            "                    xs[ul * 16u + ((v{i} & 15u) ^ (ul & 15u))] = a{i};"
+            "                    xs[ul * 16u + ((v{i} & 15u) ^ (ul & 15u))] = {val};"
         ));
         w("                }".into());
     }
@@ -663,14 +755,25 @@ fn rows_main_tiled(rs: u32, p: u32, wg: u32, x_tile: u32) -> String {
     w("            }".into());
     w("        }".into());
     w("        if has_rows {".into());
-    for r in rows.clone() {
-        w(format!("            let t{r} = subgroupAdd(acc{r});"));
+    if fuse.swiglu {
+        for r in 0..rs {
+            let u = r + rs;
+            w(format!("            let tg{r} = subgroupAdd(acc{r});"));
+            w(format!("            let tu{r} = subgroupAdd(acc{u});"));
+            w(format!(
+                "            let t{r} = (tg{r} / (1.0 + exp(-tg{r}))) * tu{r};"
+            ));
+        }
+    } else {
+        for r in rows.clone() {
+            w(format!("            let t{r} = subgroupAdd(acc{r});"));
+        }
     }
     w("            if lane == 0u {".into());
-    w("                y[r0] = t0;".into());
+    w("                store_y(r0, t0);".into());
     for r in 1..rs {
         w(format!("                if r0 + {r}u < params.rows {{"));
-        w(format!("                    y[r0 + {r}u] = t{r};"));
+        w(format!("                    store_y(r0 + {r}u, t{r});"));
         w("                }".into());
     }
     w("            }".into());
@@ -771,10 +874,10 @@ fn rows_main(rs: u32, p: u32) -> String {
         w(format!("        let t{r} = subgroupAdd(acc{r});"));
     }
     w("        if lane == 0u {".into());
-    w("            y[r0] = t0;".into());
+    w("            store_y(r0, t0);".into());
     for r in 1..rs {
         w(format!("            if r0 + {r}u < params.rows {{"));
-        w(format!("                y[r0 + {r}u] = t{r};"));
+        w(format!("                store_y(r0 + {r}u, t{r});"));
         w("            }".into());
     }
     w("        }".into());
@@ -834,13 +937,15 @@ fn ternary_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout {
             storage(1, true, 4),
             storage(2, true, 16),
             storage(3, false, 4),
+            // The folded RMSNorm's weight (a placeholder where the kernel has none).
+            storage(5, true, 16),
             wgpu::BindGroupLayoutEntry {
                 binding: 4,
                 visibility: wgpu::ShaderStages::COMPUTE,
                 ty: wgpu::BindingType::Buffer {
                     ty: wgpu::BufferBindingType::Uniform,
                     has_dynamic_offset: false,
-                    min_binding_size: std::num::NonZeroU64::new(16),
+                    min_binding_size: std::num::NonZeroU64::new(32),
                 },
                 count: None,
             },
@@ -859,6 +964,8 @@ pub struct GpuContext {
     pub max_binding_bytes: u64,
     ternary_layout: wgpu::BindGroupLayout,
     ternary_pipeline_layout: wgpu::PipelineLayout,
+    /// 16 bytes bound where a layout has a binding the kernel does not use.
+    placeholder: wgpu::Buffer,
     pipelines: Mutex<HashMap<String, wgpu::ComputePipeline>>,
     unchecked_shaders: bool,
     /// [`ContextOptions::force_workgroup_reduction`].
@@ -906,7 +1013,14 @@ impl GpuContext {
                 bind_group_layouts: &[Some(&ternary_layout)],
                 immediate_size: 0,
             });
+        let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("placeholder"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
         Ok(GpuContext {
+            placeholder,
             info,
             device,
             queue,
@@ -955,6 +1069,12 @@ impl GpuContext {
         } else {
             MatvecConfig::split(4, 64, reduction)
         }
+    }
+
+    /// Whether module `name` is among the sources this context compiles from (the built-in
+    /// registry also generates variants outside its list).
+    pub fn has_source(&self, name: &str) -> bool {
+        self.builtin || self.sources.contains_key(name)
     }
 
     /// Checks `cfg` against the op's rules and this adapter.
@@ -1023,9 +1143,22 @@ impl GpuContext {
                     detail: "the subgroup-rows kernel adds with subgroups only".into(),
                 });
             }
+            if cfg.fuse != Fuse::default() && x_tile == 0 {
+                return Err(GpuError::Shape {
+                    op: OP,
+                    detail: "fused ops need x staged in workgroup memory (x tile > 0)".into(),
+                });
+            }
+        } else if cfg.fuse != Fuse::default() {
+            return Err(GpuError::Shape {
+                op: OP,
+                detail: "only the subgroup-rows kernel fuses ops".into(),
+            });
         }
         let shared = match (cfg.kernel, cfg.reduction) {
-            (MatvecKernel::SubgroupRows { x_tile, .. }, _) => 4 * x_tile as u64,
+            (MatvecKernel::SubgroupRows { x_tile, .. }, _) => {
+                4 * x_tile as u64 + if cfg.fuse.rms_norm { wg as u64 } else { 0 }
+            }
             (_, Reduction::Subgroup) => 4 * r as u64 * (wg as u64 / 4),
             (_, Reduction::Workgroup) => 4 * r as u64 * wg as u64,
         };
@@ -1281,9 +1414,58 @@ impl GpuContext {
         y: &wgpu::Buffer,
         cfg: &MatvecConfig,
     ) -> Result<BoundMatvec, GpuError> {
+        self.bind_matvec_with(w, x, &ops::BufView::whole(y), cfg, Epilogue::Store)
+    }
+
+    /// [`GpuContext::bind_matvec`] into a view `y` (its `w.rows` f32 from the view's offset),
+    /// with the sums stored as `epilogue` says.
+    pub fn bind_matvec_with(
+        &self,
+        w: &GpuTernary,
+        x: &wgpu::Buffer,
+        y: &ops::BufView,
+        cfg: &MatvecConfig,
+        epilogue: Epilogue,
+    ) -> Result<BoundMatvec, GpuError> {
+        self.bind_ternary_fused(w, x, y, cfg, epilogue, None)
+    }
+
+    /// [`GpuContext::bind_matvec_with`] for a configuration that fuses ops ([`Fuse`]):
+    /// `norm` (the RMSNorm's weight, `w.cols` f32, and epsilon) when `cfg.fuse.rms_norm`;
+    /// with `cfg.fuse.swiglu`, `w` is a stacked gate/up weight of `2 * h` rows in one chunk
+    /// and `y` takes `h` values.
+    pub fn bind_ternary_fused(
+        &self,
+        w: &GpuTernary,
+        x: &wgpu::Buffer,
+        y: &ops::BufView,
+        cfg: &MatvecConfig,
+        epilogue: Epilogue,
+        norm: Option<(&wgpu::Buffer, f32)>,
+    ) -> Result<BoundMatvec, GpuError> {
         const OP: &str = "ternary matvec";
         let pipeline = self.pipeline(cfg)?;
-        if x.size() < (w.cols * 4) as u64 || y.size() < (w.rows * 4) as u64 {
+        let glu = cfg.fuse.swiglu;
+        if norm.is_some() != cfg.fuse.rms_norm
+            || norm.is_some_and(|(n, _)| n.size() < (w.cols * 4) as u64)
+            || (glu && (w.chunks.len() != 1 || !w.rows.is_multiple_of(2)))
+        {
+            return Err(GpuError::Shape {
+                op: OP,
+                detail: format!(
+                    "{} [{}, {}] with {}: {} chunks, {} norm weight",
+                    w.name,
+                    w.rows,
+                    w.cols,
+                    cfg.name(),
+                    w.chunks.len(),
+                    norm.map_or("no".to_string(), |(n, _)| format!("a {}-byte", n.size()))
+                ),
+            });
+        }
+        // Output rows: SwiGLU makes one of each gate row and its up row.
+        let out_rows = if glu { w.rows / 2 } else { w.rows };
+        if x.size() < (w.cols * 4) as u64 || y.size < (out_rows * 4) as u64 {
             return Err(GpuError::Shape {
                 op: OP,
                 detail: format!(
@@ -1292,14 +1474,15 @@ impl GpuContext {
                     w.rows,
                     w.cols,
                     x.size(),
-                    y.size()
+                    y.size
                 ),
             });
         }
         let align = self.limits.min_storage_buffer_offset_alignment as u64;
         let mut parts = Vec::with_capacity(w.chunks.len());
         for c in &w.chunks {
-            let groups = c.rows.div_ceil(cfg.rows_per_workgroup as usize) as u64;
+            let c_rows = if glu { c.rows / 2 } else { c.rows };
+            let groups = c_rows.div_ceil(cfg.rows_per_workgroup as usize) as u64;
             let (gx, gy) = grid(groups).ok_or(GpuError::Limit {
                 op: OP,
                 what: "workgroups",
@@ -1317,10 +1500,21 @@ impl GpuContext {
                     ),
                 });
             }
-            let params = [c.rows as u32, w.cols as u32, gx, 0];
+            let (acc, scale) = epilogue.flag_and_scale();
+            let eps = norm.map_or(0.0f32, |(_, e)| e);
+            let params = [
+                c_rows as u32,
+                w.cols as u32,
+                gx,
+                acc,
+                scale.to_bits(),
+                eps.to_bits(),
+                0,
+                0,
+            ];
             let ubuf = self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("ternary_matvec params"),
-                size: 16,
+                size: 32,
                 usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             });
@@ -1345,20 +1539,30 @@ impl GpuContext {
                     wgpu::BindGroupEntry {
                         binding: 3,
                         resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer: y,
-                            offset: y_off,
-                            size: std::num::NonZeroU64::new((c.rows * 4) as u64),
+                            buffer: &y.buffer,
+                            offset: y.offset + y_off,
+                            size: std::num::NonZeroU64::new((c_rows * 4) as u64),
                         }),
                     },
                     wgpu::BindGroupEntry {
                         binding: 4,
                         resource: ubuf.as_entire_binding(),
                     },
+                    wgpu::BindGroupEntry {
+                        binding: 5,
+                        resource: norm
+                            .map_or(&self.placeholder, |(n, _)| n)
+                            .as_entire_binding(),
+                    },
                 ],
             });
             parts.push((bg, (gx, gy)));
         }
-        Ok(BoundMatvec { pipeline, parts })
+        Ok(BoundMatvec {
+            pipeline,
+            parts,
+            label: format!("{} {}", cfg.name(), w.name),
+        })
     }
 
     /// `y = w x` with `cfg`, one submission, read back.
@@ -1441,6 +1645,29 @@ impl GpuContext {
     }
 }
 
+/// What a matrix product does with each sum (its epilogue), so that the op after it need not
+/// be a dispatch of its own.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Epilogue {
+    /// `y = W x`.
+    #[default]
+    Store,
+    /// `y = y + (W x) * scale`: the residual add (`op_add`, the CPU's `x + y * scale`, the same
+    /// operations in the same order, so the same bits) folded into the product. `y` must not
+    /// be the product's `x`.
+    Accumulate(f32),
+}
+
+impl Epilogue {
+    /// `(accumulate, scale)` as the kernels' parameters take them.
+    pub fn flag_and_scale(self) -> (u32, f32) {
+        match self {
+            Epilogue::Store => (0, 1.0),
+            Epilogue::Accumulate(s) => (1, s),
+        }
+    }
+}
+
 /// A dispatch grid of `groups` workgroups: `(groups, 1)` up to 65,535, else 2-D with
 /// `x = 65,535`; `None` past 65,535^2.
 pub fn grid(groups: u64) -> Option<(u32, u32)> {
@@ -1481,6 +1708,8 @@ impl GpuTernary {
 pub struct BoundMatvec {
     pipeline: wgpu::ComputePipeline,
     parts: Vec<(wgpu::BindGroup, (u32, u32))>,
+    /// `kernel weight`, for profiles.
+    pub label: String,
 }
 
 impl BoundMatvec {

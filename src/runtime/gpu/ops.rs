@@ -1,5 +1,5 @@
 //! The GPU backend's ops other than the weight kernels: RMSNorm, RoPE, the f16 KV cache
-//! store, split attention and its combine, SwiGLU/GeGLU, residual and bias adds, scales and
+//! store (and RoPE with the store fused, `rope_kv`), split attention and its combine, SwiGLU/GeGLU, residual and bias adds, scales and
 //! soft caps, and the greedy argmax. Each is one WGSL module (`shaders/ops/`, with
 //! `common.wgsl` prepended: the [`Step`] uniform and exact f16 conversions), registered in
 //! [`super::kernels::all`] under the name `op_{file}`.
@@ -27,6 +27,7 @@ const OPS: &[(&str, &str)] = &[
     ("kv_store", include_str!("shaders/ops/kv_store.wgsl")),
     ("rms_norm", include_str!("shaders/ops/rms_norm.wgsl")),
     ("rope", include_str!("shaders/ops/rope.wgsl")),
+    ("rope_kv", include_str!("shaders/ops/rope_kv.wgsl")),
     ("scale", include_str!("shaders/ops/scale.wgsl")),
     ("swiglu", include_str!("shaders/ops/swiglu.wgsl")),
 ];
@@ -55,6 +56,48 @@ pub struct Step {
     /// Real tokens in the chunk (the rest of the bucket is padding).
     pub n: u32,
     pub _pad: [u32; 2],
+}
+
+/// Something an op binds: a whole buffer, or a [`BufView`] of one.
+pub trait Bindable {
+    fn binding(&self) -> wgpu::BindingResource<'_>;
+}
+
+impl Bindable for wgpu::Buffer {
+    fn binding(&self) -> wgpu::BindingResource<'_> {
+        self.as_entire_binding()
+    }
+}
+
+/// Bytes `offset .. offset + size` of a buffer, bound as a vector of its own: one part of a
+/// stacked product's output (Q, K and V of one dispatch). `offset` is a multiple of the
+/// adapter's `min_storage_buffer_offset_alignment` ([`GpuContext::view`] checks).
+#[derive(Clone, Debug)]
+pub struct BufView {
+    pub buffer: wgpu::Buffer,
+    pub offset: u64,
+    pub size: u64,
+}
+
+impl BufView {
+    /// The whole of `buffer`.
+    pub fn whole(buffer: &wgpu::Buffer) -> BufView {
+        BufView {
+            buffer: buffer.clone(),
+            offset: 0,
+            size: buffer.size(),
+        }
+    }
+}
+
+impl Bindable for BufView {
+    fn binding(&self) -> wgpu::BindingResource<'_> {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: &self.buffer,
+            offset: self.offset,
+            size: std::num::NonZeroU64::new(self.size),
+        })
+    }
 }
 
 /// One op's dispatch: pipeline, bind group and grid, made once, encoded any number of times.
@@ -100,13 +143,26 @@ impl GpuContext {
         buf
     }
 
+    /// Bytes `offset .. offset + size` of `buffer` as a [`BufView`], or `None` where the
+    /// adapter does not allow a binding at that offset (or the range is empty or outside).
+    pub fn view(&self, buffer: &wgpu::Buffer, offset: u64, size: u64) -> Option<BufView> {
+        let align = self.limits.min_storage_buffer_offset_alignment as u64;
+        (size > 0 && offset.is_multiple_of(align) && offset + size <= buffer.size()).then(|| {
+            BufView {
+                buffer: buffer.clone(),
+                offset,
+                size,
+            }
+        })
+    }
+
     /// Op `name` (`op_{stem}`) bound to `buffers` (bindings 0, 1, ... in order: storage
     /// buffers, then its parameter uniform, then the step uniform where the op has one),
     /// dispatched over `grid`.
     pub fn bind_op(
         &self,
         name: &'static str,
-        buffers: &[&wgpu::Buffer],
+        buffers: &[&dyn Bindable],
         grid: (u32, u32, u32),
     ) -> Result<OpDispatch, GpuError> {
         let max = super::MAX_WORKGROUPS_PER_DIM;
@@ -125,7 +181,7 @@ impl GpuContext {
             .enumerate()
             .map(|(i, b)| wgpu::BindGroupEntry {
                 binding: i as u32,
-                resource: b.as_entire_binding(),
+                resource: b.binding(),
             })
             .collect();
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);

@@ -121,9 +121,10 @@
 //! apart across lanes, probably limits these kernels too.)
 
 use super::kernels::KernelSource;
+use super::ops::{Bindable, BufView};
 use super::{
-    grid, BoundMatvec, GpuContext, GpuError, GpuTernary, Reduction, TernaryChunk,
-    MAX_WORKGROUPS_PER_DIM,
+    grid, BoundMatvec, Epilogue, Fuse, GpuContext, GpuError, GpuTernary, MatvecKernel, Reduction,
+    TernaryChunk, MAX_WORKGROUPS_PER_DIM,
 };
 use crate::ggml::GgmlType;
 
@@ -131,6 +132,7 @@ const COMMON_WGSL: &str = include_str!("shaders/weights/common.wgsl");
 const MATVEC_WGSL: &str = include_str!("shaders/weights/matvec.wgsl");
 const MATMUL_WGSL: &str = include_str!("shaders/weights/matmul.wgsl");
 const GATHER_WGSL: &str = include_str!("shaders/weights/gather.wgsl");
+const STORE_WGSL: &str = include_str!("shaders/weights/store.wgsl");
 const REDUCE_SUBGROUP_WGSL: &str = include_str!("shaders/weights/reduce_subgroup.wgsl");
 const REDUCE_WORKGROUP_WGSL: &str = include_str!("shaders/weights/reduce_workgroup.wgsl");
 
@@ -192,6 +194,10 @@ pub struct GpuWeight {
     pub cols: usize,
     pub format: WeightFormat,
     pub chunks: Vec<WeightChunk>,
+    /// Rows of each weight stacked into this one, in order (`[rows]` for a plain weight; up
+    /// to three for a stacked one, [`GpuContext::upload_stacked`]): a product stores each
+    /// part as its own `[n_tokens, rows_j]` block of `y` (`shaders/weights/store.wgsl`).
+    pub parts: Vec<usize>,
 }
 
 /// Rows `row0 .. row0 + rows` of a weight: `data` the encoded rows, `aux` the scales
@@ -206,6 +212,25 @@ pub struct WeightChunk {
 }
 
 impl GpuWeight {
+    /// A `ternary2` weight as the ternary kernels take it (the same buffers).
+    fn ternary_view(&self) -> GpuTernary {
+        GpuTernary {
+            name: self.name.clone(),
+            rows: self.rows,
+            cols: self.cols,
+            chunks: self
+                .chunks
+                .iter()
+                .map(|c| TernaryChunk {
+                    row0: c.row0,
+                    rows: c.rows,
+                    codes: c.data.clone(),
+                    scales: c.aux.clone(),
+                })
+                .collect(),
+        }
+    }
+
     /// Bytes a full matvec reads from the weight: its encoded rows and their scales or
     /// tables (without the upload's padding).
     pub fn bytes(&self) -> u64 {
@@ -348,15 +373,15 @@ fn source_of(d: Decoder, op: WeightOp, reduction: Reduction) -> String {
                 format!("const ROWS: u32 = {rows}u;\nconst TOK: u32 = {tok}u;\nconst WG: u32 = {WORKGROUP}u;\n"),
                 body,
                 match reduction {
-                    Reduction::Subgroup => REDUCE_SUBGROUP_WGSL,
-                    Reduction::Workgroup => REDUCE_WORKGROUP_WGSL,
+                    Reduction::Subgroup => format!("{STORE_WGSL}\n{REDUCE_SUBGROUP_WGSL}"),
+                    Reduction::Workgroup => format!("{STORE_WGSL}\n{REDUCE_WORKGROUP_WGSL}"),
                 },
             )
         }
         WeightOp::Gather => (
             format!("const WG: u32 = {GATHER_WORKGROUP}u;\n"),
             GATHER_WGSL,
-            "",
+            String::new(),
         ),
     };
     format!(
@@ -405,6 +430,8 @@ pub fn matmul_tolerance(cols: usize, abs_wx: f64) -> f64 {
 pub struct Bound {
     pipeline: wgpu::ComputePipeline,
     parts: Vec<(wgpu::BindGroup, [u32; 3])>,
+    /// `kernel weight`, for profiles.
+    pub label: String,
 }
 
 impl Bound {
@@ -426,6 +453,7 @@ impl Bound {
 impl From<BoundMatvec> for Bound {
     fn from(b: BoundMatvec) -> Bound {
         Bound {
+            label: b.label,
             pipeline: b.pipeline,
             parts: b
                 .parts
@@ -564,6 +592,114 @@ impl GpuContext {
         }
     }
 
+    /// Uploads up to three weights with the same columns and encoding (GGML type; palette
+    /// bits, group size and row bytes) as one, their rows one after another (Q, K and V; gate
+    /// and up), so that one dispatch computes all their products
+    /// ([`GpuWeight::parts`] says where each ends; [`GpuContext::bind_matmul_with`] stores
+    /// each part as its own block). `None` when they cannot be stacked (different encodings
+    /// or columns, a palette part that is not a whole number of groups, more than three).
+    /// The bytes are copied once on the host (one part at a time would be as many uploads).
+    pub fn upload_stacked(
+        &self,
+        bundle: &crate::bundle::reader::Bundle,
+        ws: &[&crate::runtime::model::Weight],
+    ) -> Result<Option<GpuWeight>, GpuError> {
+        use crate::runtime::model::WeightKind;
+        let Some(first) = ws.first() else {
+            return Ok(None);
+        };
+        if ws.len() > 3 || ws.iter().any(|w| w.cols != first.cols) {
+            return Ok(None);
+        }
+        let rows: usize = ws.iter().map(|w| w.rows).sum();
+        let name = ws
+            .iter()
+            .map(|w| w.name.as_str())
+            .collect::<Vec<_>>()
+            .join("+");
+        // The parts' bytes of one kind, one after another.
+        fn cat<'a>(
+            ws: &[&crate::runtime::model::Weight],
+            f: impl Fn(&crate::runtime::model::Weight) -> &'a [u8],
+        ) -> Vec<u8> {
+            let mut v = Vec::new();
+            for w in ws {
+                v.extend_from_slice(f(w));
+            }
+            v
+        }
+        let mut out = match &first.kind {
+            WeightKind::Gguf { ty, .. } => {
+                let ty = *ty;
+                if !ws
+                    .iter()
+                    .all(|w| matches!(w.kind, WeightKind::Gguf { ty: t, .. } if t == ty))
+                {
+                    return Ok(None);
+                }
+                let bytes = cat(ws, |w| match &w.kind {
+                    WeightKind::Gguf { range, .. } => w.bytes(bundle, *range),
+                    _ => &[],
+                });
+                self.upload_gguf(&name, ty, rows, first.cols, &bytes)?
+            }
+            WeightKind::Ternary { .. } => {
+                if !ws
+                    .iter()
+                    .all(|w| matches!(w.kind, WeightKind::Ternary { .. }))
+                {
+                    return Ok(None);
+                }
+                let codes = cat(ws, |w| match &w.kind {
+                    WeightKind::Ternary { codes, .. } => w.bytes(bundle, *codes),
+                    _ => &[],
+                });
+                let scales = cat(ws, |w| match &w.kind {
+                    WeightKind::Ternary { scales, .. } => w.bytes(bundle, *scales),
+                    _ => &[],
+                });
+                self.upload_ternary_weight(&name, rows, first.cols, &codes, &scales)?
+            }
+            WeightKind::Palette {
+                bits,
+                group_size,
+                row_bytes,
+                ..
+            } => {
+                let key = (*bits, *group_size, *row_bytes);
+                let same = ws.iter().all(|w| match &w.kind {
+                    WeightKind::Palette {
+                        bits,
+                        group_size,
+                        row_bytes,
+                        ..
+                    } => {
+                        (*bits, *group_size, *row_bytes) == key
+                            && *group_size > 0
+                            && w.rows.is_multiple_of(*group_size)
+                    }
+                    _ => false,
+                });
+                if !same {
+                    return Ok(None);
+                }
+                let tables = cat(ws, |w| match &w.kind {
+                    WeightKind::Palette { tables, .. } => w.bytes(bundle, *tables),
+                    _ => &[],
+                });
+                let indices = cat(ws, |w| match &w.kind {
+                    WeightKind::Palette { indices, .. } => w.bytes(bundle, *indices),
+                    _ => &[],
+                });
+                self.upload_palette(
+                    &name, rows, first.cols, key.0, key.1, key.2, &tables, &indices,
+                )?
+            }
+        };
+        out.parts = ws.iter().map(|w| w.rows).collect();
+        Ok(Some(out))
+    }
+
     /// Uploads GGML blocks `[rows, cols]` of type `ty` (`bytes`: `rows * cols / block_size *
     /// type_size`, as stored), split into row chunks that fit one binding.
     pub fn upload_gguf(
@@ -637,6 +773,7 @@ impl GpuContext {
             cols,
             format: WeightFormat::Gguf(ty),
             chunks,
+            parts: vec![rows],
         })
     }
 
@@ -668,6 +805,7 @@ impl GpuContext {
                     aux: c.scales,
                 })
                 .collect(),
+            parts: vec![rows],
         })
     }
 
@@ -758,17 +896,31 @@ impl GpuContext {
                 row_bytes: row_bytes as u32,
             },
             chunks,
+            parts: vec![rows],
         })
     }
 
     /// The uniform parameters of one chunk's dispatch (`Params` in common.wgsl).
-    fn weight_params(&self, w: &GpuWeight, c: &WeightChunk, groups_x: u32, n: u32) -> wgpu::Buffer {
+    fn weight_params(
+        &self,
+        w: &GpuWeight,
+        c: &WeightChunk,
+        groups_x: u32,
+        n: u32,
+        epilogue: Epilogue,
+    ) -> wgpu::Buffer {
         let (p0, p1) = match w.format {
             WeightFormat::Palette { group_size, .. } => {
                 (group_size, (c.row0 % group_size as usize) as u32)
             }
             _ => (1, 0),
         };
+        let (seg1, seg2) = match w.parts[..] {
+            [a, _] => (a, w.rows),
+            [a, b, _] => (a, a + b),
+            _ => (w.rows, w.rows),
+        };
+        let (acc, scale) = epilogue.flag_and_scale();
         let params = [
             c.rows as u32,
             w.cols as u32,
@@ -778,10 +930,14 @@ impl GpuContext {
             n,
             p0,
             p1,
+            seg1 as u32,
+            seg2 as u32,
+            acc,
+            scale.to_bits(),
         ];
         let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("weights params"),
-            size: 32,
+            size: 48,
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
@@ -797,7 +953,7 @@ impl GpuContext {
         w: &GpuWeight,
         c: &WeightChunk,
         input: &wgpu::Buffer,
-        output: &wgpu::Buffer,
+        output: &dyn Bindable,
         params: &wgpu::Buffer,
     ) -> wgpu::BindGroup {
         let mut entries = vec![wgpu::BindGroupEntry {
@@ -817,7 +973,7 @@ impl GpuContext {
             },
             wgpu::BindGroupEntry {
                 binding: 3,
-                resource: output.as_entire_binding(),
+                resource: output.binding(),
             },
             wgpu::BindGroupEntry {
                 binding: 4,
@@ -844,10 +1000,25 @@ impl GpuContext {
         y: &wgpu::Buffer,
         n_tokens: u32,
     ) -> Result<Bound, GpuError> {
+        self.bind_matmul_with(w, x, &BufView::whole(y), n_tokens, Epilogue::Store)
+    }
+
+    /// [`GpuContext::bind_matmul`] into a view `y` (from its offset), with the sums stored as
+    /// `epilogue` says. A stacked weight ([`GpuWeight::parts`]) stores each part's
+    /// `[n_tokens, rows_j]` block after the previous one's (for one token, the parts one
+    /// after another).
+    pub fn bind_matmul_with(
+        &self,
+        w: &GpuWeight,
+        x: &wgpu::Buffer,
+        y: &BufView,
+        n_tokens: u32,
+        epilogue: Epilogue,
+    ) -> Result<Bound, GpuError> {
         const OP: &str = "weight matmul";
         let n = n_tokens as u64;
         let (need_x, need_y) = (n * w.cols as u64 * 4, n * w.rows as u64 * 4);
-        if n == 0 || x.size() < need_x || y.size() < need_y {
+        if n == 0 || x.size() < need_x || y.size < need_y {
             return Err(shape_err(
                 OP,
                 &w.name,
@@ -856,29 +1027,15 @@ impl GpuContext {
                 format!(
                     "{n_tokens} tokens need x of {need_x} bytes and y of {need_y} bytes; given {} and {}",
                     x.size(),
-                    y.size()
+                    y.size
                 ),
             ));
         }
         let reduction = self.weight_reduction();
         if w.format == WeightFormat::Ternary && n_tokens == 1 {
-            let t = GpuTernary {
-                name: w.name.clone(),
-                rows: w.rows,
-                cols: w.cols,
-                chunks: w
-                    .chunks
-                    .iter()
-                    .map(|c| TernaryChunk {
-                        row0: c.row0,
-                        rows: c.rows,
-                        codes: c.data.clone(),
-                        scales: c.aux.clone(),
-                    })
-                    .collect(),
-            };
+            let t = w.ternary_view();
             return Ok(self
-                .bind_matvec(&t, x, y, &self.default_matvec_config())?
+                .bind_matvec_with(&t, x, y, &self.default_matvec_config(), epilogue)?
                 .into());
         }
         let (op, rows_per_wg, tok) = if n_tokens == 1 {
@@ -907,7 +1064,8 @@ impl GpuContext {
                 limit: MAX_WORKGROUPS_PER_DIM as u64 * tok as u64,
             });
         }
-        let pipeline = self.pipeline_named(&name_of(Decoder::of(w.format), op, reduction), None)?;
+        let kernel = name_of(Decoder::of(w.format), op, reduction);
+        let pipeline = self.pipeline_named(&kernel, None)?;
         let layout = pipeline.get_bind_group_layout(0);
         let mut parts = Vec::with_capacity(w.chunks.len());
         for c in &w.chunks {
@@ -918,11 +1076,49 @@ impl GpuContext {
                 needed: groups,
                 limit: MAX_WORKGROUPS_PER_DIM as u64 * MAX_WORKGROUPS_PER_DIM as u64,
             })?;
-            let params = self.weight_params(w, c, gx, n_tokens);
+            let params = self.weight_params(w, c, gx, n_tokens, epilogue);
             let bg = self.weight_bind_group(&layout, w, c, x, y, &params);
             parts.push((bg, [gx, gy, gz]));
         }
-        Ok(Bound { pipeline, parts })
+        Ok(Bound {
+            pipeline,
+            parts,
+            label: format!("{kernel} {}", w.name),
+        })
+    }
+
+    /// One token's product with ops folded in ([`Fuse`]), where this weight and adapter have
+    /// such a kernel: a `ternary2` weight, the subgroup-rows decode kernel with x staged
+    /// (the default where subgroups exist and are not forced off), the fused variant among
+    /// the context's sources (a bundle made before it lacks it), and for SwiGLU a stacked
+    /// gate/up weight of two equal parts in one row chunk. `norm` is the RMSNorm's weight
+    /// (`w.cols` f32) and epsilon when `fuse.rms_norm`. `Ok(None)`: no such kernel here (the
+    /// caller dispatches the ops on their own).
+    pub fn bind_matvec_fused(
+        &self,
+        w: &GpuWeight,
+        x: &wgpu::Buffer,
+        y: &BufView,
+        fuse: Fuse,
+        norm: Option<(&wgpu::Buffer, f32)>,
+    ) -> Result<Option<Bound>, GpuError> {
+        let base = self.default_matvec_config();
+        let cfg = base.fused(fuse);
+        let fits = w.format == WeightFormat::Ternary
+            && matches!(base.kernel, MatvecKernel::SubgroupRows { x_tile, .. } if x_tile > 0)
+            && self.check_config(&cfg).is_ok()
+            && self.has_source(&cfg.name())
+            && norm.is_some() == fuse.rms_norm
+            && (!fuse.swiglu
+                || (w.chunks.len() == 1 && w.parts.len() == 2 && w.parts[0] == w.parts[1]));
+        if !fits {
+            return Ok(None);
+        }
+        let t = w.ternary_view();
+        Ok(Some(
+            self.bind_ternary_fused(&t, x, y, &cfg, Epilogue::Store, norm)?
+                .into(),
+        ))
     }
 
     /// `out[t * w.cols + k] = W[ids[t], k]` for `t < n_tokens` (the embedding gather; `ids`
@@ -969,27 +1165,29 @@ impl GpuContext {
             needed: groups,
             limit: MAX_WORKGROUPS_PER_DIM as u64 * MAX_WORKGROUPS_PER_DIM as u64,
         })?;
-        let pipeline = self.pipeline_named(
-            &name_of(
-                Decoder::of(w.format),
-                WeightOp::Gather,
-                Reduction::Workgroup,
-            ),
-            None,
-        )?;
+        let kernel = name_of(
+            Decoder::of(w.format),
+            WeightOp::Gather,
+            Reduction::Workgroup,
+        );
+        let pipeline = self.pipeline_named(&kernel, None)?;
         let layout = pipeline.get_bind_group_layout(0);
         let parts = w
             .chunks
             .iter()
             .map(|c| {
-                let params = self.weight_params(w, c, gx, n_tokens);
+                let params = self.weight_params(w, c, gx, n_tokens, Epilogue::Store);
                 (
                     self.weight_bind_group(&layout, w, c, ids, out, &params),
                     [gx, gy, 1],
                 )
             })
             .collect();
-        Ok(Bound { pipeline, parts })
+        Ok(Bound {
+            pipeline,
+            parts,
+            label: format!("{kernel} {}", w.name),
+        })
     }
 
     /// Runs `bound` in one submission and reads back the first `n` f32 of `out`.

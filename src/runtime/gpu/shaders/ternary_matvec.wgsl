@@ -34,7 +34,14 @@ struct Params {
     cols: u32,
     // Workgroups along x of the dispatch grid (a grid past 65,535 workgroups is 2-D).
     groups_x: u32,
-    _pad: u32,
+    // 1: the residual epilogue, y[i] = y[i] + sum * scale (the residual add folded in);
+    // 0: y[i] = sum.
+    accumulate: u32,
+    scale: f32,
+    // The folded RMSNorm's epsilon (kernels named `_rms`).
+    eps: f32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<storage, read> codes: array<vec4<u32>>;
@@ -42,6 +49,16 @@ struct Params {
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<uniform> params: Params;
+
+// Stores row i's sum: y[i] = sum, or with the residual epilogue y[i] = y[i] + sum * scale
+// (the GPU's op_add and the CPU's residual add, in the same order: the same bits).
+fn store_y(i: u32, sum: f32) {
+    if params.accumulate == 1u {
+        y[i] = y[i] + sum * params.scale;
+    } else {
+        y[i] = sum;
+    }
+}
 
 const MAGIC_BITS = 0x4b000000u; // f32 bit pattern of 2^23
 // Element 4i+j of a word sits at bits 2j..2j+1 of byte i.

@@ -32,6 +32,6 @@ fn main(
         for (var i = 0u; i < nsg; i++) {
             total += part[lid * MAX_SUBGROUPS + i];
         }
-        y[row0 + lid] = total;
+        store_y(row0 + lid, total);
     }
 }

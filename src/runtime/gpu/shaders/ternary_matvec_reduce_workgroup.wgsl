@@ -27,6 +27,6 @@ fn main(
         workgroupBarrier();
     }
     if lid < ROWS && row0 + lid < params.rows {
-        y[row0 + lid] = red[lid * WG];
+        store_y(row0 + lid, red[lid * WG]);
     }
 }

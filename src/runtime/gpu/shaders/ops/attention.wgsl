@@ -6,10 +6,12 @@
 // attention_combine.wgsl merges the splits. A split with no position writes m = -inf, l = 0.
 //
 // Inside a split, positions go in tiles of WG: invocation i scores position tile + i (a dot
-// of head_dim terms, q read from workgroup memory), then every invocation updates the
-// head_dim / WG output dims it owns with the tile's weights (online softmax: the running sum
-// and accumulators are rescaled by exp(m_old - m_new) when the max grows). exp is WGSL's
-// precise exp (no fast-math approximations).
+// of head_dim terms, q read from workgroup memory, the key's words loaded four at a time),
+// the tile's max is reduced in workgroup memory, invocation i turns its score into its
+// weight exp(s - m_new) once, and every invocation then adds the tile's weighted values into
+// the pairs of output dims it owns (one u32 of two f16 per position and pair; online softmax:
+// the running sum and accumulators are rescaled by exp(m_old - m_new) when the max grows).
+// exp is WGSL's precise exp (no fast-math approximations). head_dim is a multiple of 8.
 //
 // q: [tokens, heads, head_dim] f32; caches [kv_heads, n_ctx, head_dim] f16 pairs in u32
 // (kv_store.wgsl); part: [tokens, heads, splits, head_dim + 2] f32 (m, l, acc).
@@ -34,9 +36,13 @@ struct P {
 @group(0) @binding(5) var<uniform> step: Step;
 
 const WG: u32 = 64u;
-// head_dim up to 256: each invocation owns at most 256 / WG output dims.
+// head_dim up to 256: each invocation owns at most 2 pairs of output dims (MAX_HD / 2 / WG).
 const MAX_HD: u32 = 256u;
-const DIMS: u32 = MAX_HD / WG;
+
+// The two f16 of a cache word as f32 (element 2i in the low half), exactly.
+fn pair_f32(w: u32) -> vec2<f32> {
+    return vec2<f32>(f16_bits_to_f32(w & 0xffffu), f16_bits_to_f32(w >> 16u));
+}
 
 var<workgroup> qs: array<f32, MAX_HD>;
 var<workgroup> sc: array<f32, WG>;
@@ -68,7 +74,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     workgroupBarrier();
     var m = -3.4028234663852886e38;
     var l = 0.0;
-    var acc: array<f32, DIMS>;
+    // Output dims 2 (lid + i WG) and 2 (lid + i WG) + 1 for i < PAIRS.
+    var acc0 = vec2<f32>(0.0);
+    var acc1 = vec2<f32>(0.0);
     var any = false;
     // Workgroup-uniform loop bounds (start and end depend only on the workgroup).
     for (var tile = start; tile < end; tile += WG) {
@@ -77,14 +85,19 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         if j < end {
             var dotv = 0.0;
             let row = cbase + j * half;
-            for (var i = 0u; i < half; i++) {
-                let kk = kc[row + i];
-                dotv += qs[2u * i] * f16_bits_to_f32(kk & 0xffffu)
-                    + qs[2u * i + 1u] * f16_bits_to_f32(kk >> 16u);
+            for (var i = 0u; i < half; i += 4u) {
+                let k0 = kc[row + i];
+                let k1 = kc[row + i + 1u];
+                let k2 = kc[row + i + 2u];
+                let k3 = kc[row + i + 3u];
+                let e = 2u * i;
+                dotv += (qs[e] * f16_bits_to_f32(k0 & 0xffffu) + qs[e + 1u] * f16_bits_to_f32(k0 >> 16u))
+                    + (qs[e + 2u] * f16_bits_to_f32(k1 & 0xffffu) + qs[e + 3u] * f16_bits_to_f32(k1 >> 16u));
+                dotv += (qs[e + 4u] * f16_bits_to_f32(k2 & 0xffffu) + qs[e + 5u] * f16_bits_to_f32(k2 >> 16u))
+                    + (qs[e + 6u] * f16_bits_to_f32(k3 & 0xffffu) + qs[e + 7u] * f16_bits_to_f32(k3 >> 16u));
             }
             s = dotv * p.kq_scale;
         }
-        sc[lid] = s;
         red[lid] = s;
         workgroupBarrier();
         for (var k = WG / 2u; k > 0u; k >>= 1u) {
@@ -96,20 +109,44 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         let m_new = max(m, red[0]);
         let corr = exp(m - m_new);
         let n_tile = min(WG, end - tile);
+        // This position's weight, once.
+        sc[lid] = select(0.0, exp(s - m_new), j < end);
+        workgroupBarrier();
         var lt = 0.0;
-        for (var i = 0u; i < DIMS; i++) {
-            acc[i] *= corr;
-        }
         for (var jj = 0u; jj < n_tile; jj++) {
-            let w = exp(sc[jj] - m_new);
-            lt += w;
+            lt += sc[jj];
+        }
+        acc0 *= corr;
+        acc1 *= corr;
+        let pair0 = lid;
+        let pair1 = lid + WG;
+        var jj = 0u;
+        for (; jj + 4u <= n_tile; jj += 4u) {
             let row = cbase + (tile + jj) * half;
-            for (var i = 0u; i < DIMS; i++) {
-                let d = lid + i * WG;
-                if d < hd {
-                    let vv = vc[row + d / 2u];
-                    acc[i] += w * f16_bits_to_f32((vv >> ((d & 1u) * 16u)) & 0xffffu);
-                }
+            let w = vec4<f32>(sc[jj], sc[jj + 1u], sc[jj + 2u], sc[jj + 3u]);
+            if pair0 < half {
+                let v0 = vc[row + pair0];
+                let v1 = vc[row + half + pair0];
+                let v2 = vc[row + 2u * half + pair0];
+                let v3 = vc[row + 3u * half + pair0];
+                acc0 += w.x * pair_f32(v0) + w.y * pair_f32(v1) + w.z * pair_f32(v2) + w.w * pair_f32(v3);
+            }
+            if pair1 < half {
+                let v0 = vc[row + pair1];
+                let v1 = vc[row + half + pair1];
+                let v2 = vc[row + 2u * half + pair1];
+                let v3 = vc[row + 3u * half + pair1];
+                acc1 += w.x * pair_f32(v0) + w.y * pair_f32(v1) + w.z * pair_f32(v2) + w.w * pair_f32(v3);
+            }
+        }
+        for (; jj < n_tile; jj++) {
+            let row = cbase + (tile + jj) * half;
+            let w = sc[jj];
+            if pair0 < half {
+                acc0 += w * pair_f32(vc[row + pair0]);
+            }
+            if pair1 < half {
+                acc1 += w * pair_f32(vc[row + pair1]);
             }
         }
         l = l * corr + lt;
@@ -121,10 +158,12 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         part[out] = select(-3.4028234663852886e38, m, any);
         part[out + 1u] = l;
     }
-    for (var i = 0u; i < DIMS; i++) {
-        let d = lid + i * WG;
-        if d < hd {
-            part[out + 2u + d] = acc[i];
-        }
+    if lid < half {
+        part[out + 2u + 2u * lid] = acc0.x;
+        part[out + 3u + 2u * lid] = acc0.y;
+    }
+    if lid + WG < half {
+        part[out + 2u + 2u * (lid + WG)] = acc1.x;
+        part[out + 3u + 2u * (lid + WG)] = acc1.y;
     }
 }

@@ -14,7 +14,13 @@ struct P {
 @group(0) @binding(2) var<uniform> p: P;
 @group(0) @binding(3) var<uniform> step: Step;
 
-@compute @workgroup_size(64)
+const WG: u32 = 64u;
+// Splits a decode or prefill graph uses, at most (attention_splits in backend.rs).
+const MAX_SPLITS: u32 = 128u;
+var<workgroup> ms: array<f32, MAX_SPLITS>;
+var<workgroup> ws: array<f32, MAX_SPLITS>;
+
+@compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let head = wid.x;
     let t = wid.y;
@@ -23,27 +29,36 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     }
     let hd = p.head_dim;
     let base = (t * p.heads + head) * p.splits;
+    // Each split's m (or -inf-like where it has no position), then M, then its weight
+    // exp(m_s - M), once per split in workgroup memory.
+    for (var s = lid; s < p.splits; s += WG) {
+        let o = (base + s) * (hd + 2u);
+        ms[s] = select(-3.4028234663852886e38, part[o], part[o + 1u] > 0.0);
+    }
+    workgroupBarrier();
     var mx = -3.4028234663852886e38;
     for (var s = 0u; s < p.splits; s++) {
-        let o = (base + s) * (hd + 2u);
-        if part[o + 1u] > 0.0 {
-            mx = max(mx, part[o]);
-        }
+        mx = max(mx, ms[s]);
     }
+    for (var s = lid; s < p.splits; s += WG) {
+        let o = (base + s) * (hd + 2u);
+        ws[s] = select(0.0, exp(ms[s] - mx), part[o + 1u] > 0.0);
+    }
+    workgroupBarrier();
     var l = 0.0;
     for (var s = 0u; s < p.splits; s++) {
         let o = (base + s) * (hd + 2u);
-        if part[o + 1u] > 0.0 {
-            l += exp(part[o] - mx) * part[o + 1u];
+        if ws[s] > 0.0 {
+            l += ws[s] * part[o + 1u];
         }
     }
     let inv = 1.0 / l;
-    for (var d = lid; d < hd; d += 64u) {
+    for (var d = lid; d < hd; d += WG) {
         var a = 0.0;
         for (var s = 0u; s < p.splits; s++) {
-            let o = (base + s) * (hd + 2u);
-            if part[o + 1u] > 0.0 {
-                a += exp(part[o] - mx) * part[o + 2u + d];
+            let w = ws[s];
+            if w > 0.0 {
+                a += w * part[(base + s) * (hd + 2u) + 2u + d];
             }
         }
         out[(t * p.heads + head) * hd + d] = a * inv;

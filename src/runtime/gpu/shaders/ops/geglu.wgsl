@@ -12,7 +12,10 @@ struct P {
 }
 
 @group(0) @binding(0) var<storage, read_write> g: array<f32>;
-@group(0) @binding(1) var<storage, read> u: array<f32>;
+// read_write though only read: the host may bind g and u as the two parts of one buffer (the
+// stacked gate/up product's output), and a dispatch may not use one buffer both read-only
+// and writable.
+@group(0) @binding(1) var<storage, read_write> u: array<f32>;
 @group(0) @binding(2) var<storage, read> table: array<u32>;
 @group(0) @binding(3) var<uniform> p: P;
 

@@ -39,6 +39,13 @@ struct Params {
     p0: u32,
     // Palette: row0 % group_size, the chunk's first row's place in its group.
     p1: u32,
+    // Products: where the parts of a stacked weight end (rows of the whole weight; both
+    // `out_rows` for a plain weight): store.wgsl.
+    seg1: u32,
+    seg2: u32,
+    // Products: 1 for the residual epilogue (y += sum * scale), 0 to store the sum.
+    accumulate: u32,
+    scale: f32,
 }
 
 @group(0) @binding(0) var<storage, read> data: array<u32>;

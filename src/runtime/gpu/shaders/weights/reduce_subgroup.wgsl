@@ -36,7 +36,7 @@ fn main(
             for (var i = 0u; i < nsg; i++) {
                 total += part[lid * MAX_SUBGROUPS + i];
             }
-            y[(t0 + t) * params.out_rows + params.row0 + row0 + r] = total;
+            store_y(t0 + t, params.row0 + row0 + r, total);
         }
     }
 }

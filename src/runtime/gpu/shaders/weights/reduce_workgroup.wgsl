@@ -31,7 +31,7 @@ fn main(
         let r = lid / TOK;
         let t = lid % TOK;
         if row0 + r < params.rows && t0 + t < params.n_tokens {
-            y[(t0 + t) * params.out_rows + params.row0 + row0 + r] = red[lid * WG];
+            store_y(t0 + t, params.row0 + row0 + r, red[lid * WG]);
         }
     }
 }

@@ -1,0 +1,71 @@
+//! Times one GPU decode step op by op, from timestamp queries
+//! (`GpuBackend::profile_decode`): after a prompt of P tokens, S decode steps are each run
+//! once as one compute pass (the step's GPU time) and once with every dispatch-list item in a
+//! pass of its own; the items are grouped by label (kernel and weight, layer numbers as `#`)
+//! and printed by total time, with the dispatches per step. A pass per item adds its start
+//! and end, so the items add up to more than the step: the difference is the cost of the
+//! extra passes, not work the step does.
+//!
+//! Usage: `gpu_decode_profile BUNDLE [PROMPT_TOKENS=512] [STEPS=8]` (built-in kernels; the
+//! adapter needs TIMESTAMP_QUERY).
+use std::collections::BTreeMap;
+
+use lowbit::runtime::gpu::backend::GpuBackend;
+use lowbit::runtime::{self, Backend, LoadOptions};
+
+fn main() -> anyhow::Result<()> {
+    let a: Vec<String> = std::env::args().collect();
+    let Some(path) = a.get(1) else {
+        anyhow::bail!("usage: gpu_decode_profile BUNDLE [PROMPT_TOKENS] [STEPS]");
+    };
+    let prompt: usize = a.get(2).map_or(Ok(512), |s| s.parse())?;
+    let steps: usize = a.get(3).map_or(Ok(8), |s| s.parse())?;
+    let model = runtime::open_model(std::path::Path::new(path))?;
+    let mut be = GpuBackend::new(model, &LoadOptions::default())?;
+    let vocab = be.n_vocab() as u32;
+    let ids: Vec<u32> = (0..prompt as u32)
+        .map(|i| (i * 7919 + 13) % vocab)
+        .collect();
+    runtime::run_prompt(&mut be, &ids, 0)?;
+    let mut step_ns = Vec::new();
+    let mut by_label: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    let mut items_ns = 0.0;
+    for i in 0..steps {
+        let (step, items) = be.profile_decode(ids[i % ids.len()], prompt + i)?;
+        step_ns.push(step);
+        for (label, ns) in items {
+            // The kernel's name as it is, the weight's layer numbers as `#`.
+            let (kernel, weight) = label.split_once(' ').unwrap_or((&label, ""));
+            let weight: String = weight
+                .chars()
+                .map(|c| if c.is_ascii_digit() { '#' } else { c })
+                .collect();
+            let key = format!("{kernel} {weight}").trim_end().to_string();
+            let e = by_label.entry(key).or_default();
+            e.0 += ns / steps as f64;
+            e.1 += 1;
+            items_ns += ns / steps as f64;
+        }
+    }
+    step_ns.sort_by(f64::total_cmp);
+    println!(
+        "device: {}\ndispatches per step: {}\nstep (one pass), median of {steps}: {:.1} us; items in passes of their own add up to {:.1} us",
+        be.info().device.unwrap_or_default(),
+        be.dispatches_per_token(),
+        step_ns[steps / 2] / 1e3,
+        items_ns / 1e3
+    );
+    let mut rows: Vec<_> = by_label.into_iter().collect();
+    rows.sort_by(|x, y| y.1 .0.total_cmp(&x.1 .0));
+    println!("| item (layers as #) | per step | us per step | us each |");
+    println!("|---|---:|---:|---:|");
+    for (label, (ns, count)) in rows {
+        let per = count / steps;
+        println!(
+            "| {label} | {per} | {:.1} | {:.2} |",
+            ns / 1e3,
+            ns / 1e3 / per.max(1) as f64
+        );
+    }
+    Ok(())
+}
