@@ -403,3 +403,46 @@ fn smollm2_recipe_builds_to_its_digests() {
     assert!(o.status.success(), "{}", text(&o));
     eprintln!("{}", String::from_utf8_lossy(&o.stdout));
 }
+
+/// A change that touches only the manifest (`--context`) drifts too (the version-2 digest
+/// covers the manifest), named by its dotted field.
+#[test]
+fn a_manifest_only_change_drifts_by_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = recipe(
+        tmp.path(),
+        "m",
+        "[[step]]\nartifact = \"pack\"\nop = \"pack\"\n",
+    );
+    let o = convert(&[
+        "build",
+        r.to_str().unwrap(),
+        "--update",
+        "-q",
+        "-o",
+        tmp.path().join("o1").to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let body = std::fs::read_to_string(&r).unwrap();
+    std::fs::write(
+        &r,
+        body.replace(
+            "op = \"pack\"\n",
+            "op = \"pack\"\nargs = [\"--context\", \"256\"]\n",
+        ),
+    )
+    .unwrap();
+    let o = convert(&[
+        "build",
+        r.to_str().unwrap(),
+        "-q",
+        "-o",
+        tmp.path().join("o2").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("manifest field model.n_ctx: 512 -> 256"),
+        "{}",
+        text(&o)
+    );
+}
