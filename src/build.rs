@@ -51,11 +51,22 @@ pub struct Recipe {
     pub steps: Vec<Step>,
     #[serde(default, rename = "gate")]
     pub gates: Vec<Gate>,
+    /// Sign every bundle with the Ed25519 key whose file the environment variable `key_env`
+    /// names (the key itself is never in a recipe); `convert build --key` does the same.
+    #[serde(default)]
+    pub sign: Option<SignSpec>,
     /// Artifact name -> expected bundle digest (SHA256 hex).
     #[serde(default)]
     pub expected: BTreeMap<String, String>,
     #[serde(skip)]
     pub path: PathBuf,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignSpec {
+    /// The environment variable holding the private key file's path (`convert keygen`).
+    pub key_env: String,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -404,6 +415,8 @@ pub struct Report {
     /// Published: every step ran, every gate passed, every digest matched (`--check`).
     pub passed: bool,
     pub published: bool,
+    /// Every bundle signed (`signature.json`) before publishing.
+    pub signed: bool,
 }
 
 fn tail(s: &str, n: usize) -> String {
@@ -622,6 +635,7 @@ pub fn build(
     out: &Path,
     mode: Mode,
     threads: Option<usize>,
+    key: Option<&ed25519_dalek::SigningKey>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Report, BuildError> {
     crate::util::refuse_existing(out)?;
@@ -654,6 +668,7 @@ pub fn build(
         digests: Vec::new(),
         passed: false,
         published: false,
+        signed: false,
     };
     let path_of = |name: &str| -> PathBuf {
         if name == "source" {
@@ -774,6 +789,17 @@ pub fn build(
         && report.digests.iter().all(|d| d.matches);
     if !report.passed {
         return Ok(report);
+    }
+    if let Some(k) = key {
+        for d in &report.digests {
+            progress(&format!("signing {}", d.artifact));
+            crate::bundle::sign::sign_bundle(&sp.join(format!("{}.bundle", d.artifact)), k)
+                .map_err(|e| BuildError::Step {
+                    what: format!("signing {}", d.artifact),
+                    detail: e.to_string(),
+                })?;
+        }
+        report.signed = true;
     }
     if mode == Mode::Update {
         update_recipe(recipe, &report.digests)?;

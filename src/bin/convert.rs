@@ -129,6 +129,10 @@ enum Command {
         /// Write the report (every step, gate, digest and drift) as JSON to this path.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Sign every bundle with this Ed25519 private key (`convert keygen`) before publishing
+        /// (a recipe's `[sign] key_env` names one through the environment).
+        #[arg(long)]
+        key: Option<PathBuf>,
         /// No progress lines.
         #[arg(short, long)]
         quiet: bool,
@@ -925,8 +929,9 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             check: _,
             update,
             json,
+            key,
             quiet,
-        } => build_cmd(&recipes, &output, update, json.as_deref(), quiet),
+        } => build_cmd(&recipes, &output, update, json.as_deref(), key.as_deref(), quiet),
         Command::Run(args) => run_cmd(args),
         Command::Bench {
             bundle,
@@ -1235,14 +1240,39 @@ fn build_cmd(
     output: &Path,
     update: bool,
     json: Option<&Path>,
+    key: Option<&Path>,
     quiet: bool,
 ) -> anyhow::Result<ExitCode> {
     use lowbit::build::{self, Mode, Recipe};
+    use lowbit::bundle::sign::read_signing_key;
     // Every recipe and output checked before any work.
     let list = recipes
         .iter()
         .map(|p| Recipe::load(p))
         .collect::<Result<Vec<_>, _>>()?;
+    // Keys read (and their file modes checked) before any work.
+    let cli_key = key
+        .map(|k| read_signing_key(k).with_context(|| format!("--key {}", k.display())))
+        .transpose()?;
+    let mut keys = Vec::new();
+    for r in &list {
+        keys.push(match (&cli_key, &r.sign) {
+            (Some(k), _) => Some(k.clone()),
+            (None, Some(s)) => {
+                let p = std::env::var_os(&s.key_env).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "recipe {}: [sign] key_env = {:?}: that environment variable is not set (or give --key)",
+                        r.path.display(),
+                        s.key_env
+                    )
+                })?;
+                Some(read_signing_key(Path::new(&p)).with_context(|| {
+                    format!("recipe {}: the key ${}", r.path.display(), s.key_env)
+                })?)
+            }
+            (None, None) => None,
+        });
+    }
     let mut names = std::collections::BTreeSet::new();
     for r in &list {
         if !names.insert(r.name.clone()) {
@@ -1261,8 +1291,8 @@ fn build_cmd(
     let threads = Some(rayon::current_num_threads());
     let mode = if update { Mode::Update } else { Mode::Check };
     let mut reports = Vec::new();
-    for r in &list {
-        let rep = build::build(r, &output.join(&r.name), mode, threads, &mut |m| {
+    for (r, key) in list.iter().zip(&keys) {
+        let rep = build::build(r, &output.join(&r.name), mode, threads, key.as_ref(), &mut |m| {
             if !quiet {
                 eprintln!("[{}] {m}", r.name);
             }
