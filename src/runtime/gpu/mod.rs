@@ -47,7 +47,10 @@
 //! after each tile; the layout is XOR-swizzled so that neither the staging nor the reads have
 //! bank conflicts). How many subgroups a workgroup has changes only how many passes each makes
 //! over the workgroup's rows, so nothing depends on the subgroup size at compile time. The
-//! formula and the tolerance are the split kernel's.
+//! formula and the tolerance are the split kernel's. Its variants with x staged can fold ops
+//! into the product ([`Fuse`]: the RMSNorm of x before it, SwiGLU of a stacked gate/up weight
+//! after it; kernels named `..._rms`, `..._swiglu`), and every ternary kernel can add its
+//! sums into y instead of storing them ([`Epilogue`], the residual add).
 //!
 //! # Limits
 //!

@@ -53,6 +53,12 @@
 //!   the 8 tokens' activations, so a weight block is read once per 8 tokens.
 //! - `weights_{enc}_gather_wg64`: one invocation per (token, unit).
 //!
+//! The products store through `shaders/weights/store.wgsl`: a stacked weight
+//! ([`GpuContext::upload_stacked`], Q/K/V or gate/up as one; [`GpuWeight::parts`]) writes each
+//! part as its own `[n_tokens, rows_j]` block, and [`Epilogue::Accumulate`] adds the sum into
+//! `y` (the residual add) instead of storing it. The single-token `ternary2` product can also
+//! fold the RMSNorm before it and SwiGLU after it ([`GpuContext::bind_matvec_fused`]).
+//!
 //! `{enc}` is the GGML type in lower case (`q4_k`), `ternary2`, or `palette_b{bits}`
 //! (`group_size` and `row_bytes` are run-time parameters). `sg` adds a row's partials with
 //! `subgroupAdd` (subgroup size read from the hardware), `wg` with a tree in workgroup
