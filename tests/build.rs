@@ -446,3 +446,62 @@ fn a_manifest_only_change_drifts_by_field() {
         text(&o)
     );
 }
+
+/// `--key` signs every bundle before publishing: `verify --trusted-key` accepts each, another
+/// key is refused; a recipe's `[sign] key_env` without the variable set is an error before any
+/// work.
+#[test]
+fn build_signs_with_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let key = tmp.path().join("k");
+    let o = convert(&["keygen", "-o", key.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let other = tmp.path().join("other");
+    assert!(convert(&["keygen", "-o", other.to_str().unwrap()])
+        .status
+        .success());
+    let r = recipe(
+        tmp.path(),
+        "s",
+        "[[step]]\nartifact = \"pack\"\nop = \"pack\"\n",
+    );
+    let out = tmp.path().join("o");
+    let o = convert(&[
+        "build",
+        r.to_str().unwrap(),
+        "-q",
+        "--key",
+        key.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let b = out.join("s/pack.bundle");
+    let pubk = format!("{}.pub", key.display());
+    let o = convert(&["verify", b.to_str().unwrap(), "--trusted-key", &pubk]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = convert(&[
+        "verify",
+        b.to_str().unwrap(),
+        "--trusted-key",
+        &format!("{}.pub", other.display()),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    // [sign] key_env not set.
+    let body = std::fs::read_to_string(&r).unwrap();
+    std::fs::write(
+        &r,
+        format!("{body}\n[sign]\nkey_env = \"LOWBIT_TEST_NO_SUCH_KEY\"\n"),
+    )
+    .unwrap();
+    let o = convert(&[
+        "build",
+        r.to_str().unwrap(),
+        "-q",
+        "-o",
+        tmp.path().join("o2").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("LOWBIT_TEST_NO_SUCH_KEY"), "{}", text(&o));
+    assert!(!tmp.path().join("o2/s").exists());
+}

@@ -931,7 +931,14 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             json,
             key,
             quiet,
-        } => build_cmd(&recipes, &output, update, json.as_deref(), key.as_deref(), quiet),
+        } => build_cmd(
+            &recipes,
+            &output,
+            update,
+            json.as_deref(),
+            key.as_deref(),
+            quiet,
+        ),
         Command::Run(args) => run_cmd(args),
         Command::Bench {
             bundle,
@@ -1292,11 +1299,18 @@ fn build_cmd(
     let mode = if update { Mode::Update } else { Mode::Check };
     let mut reports = Vec::new();
     for (r, key) in list.iter().zip(&keys) {
-        let rep = build::build(r, &output.join(&r.name), mode, threads, key.as_ref(), &mut |m| {
-            if !quiet {
-                eprintln!("[{}] {m}", r.name);
-            }
-        })?;
+        let rep = build::build(
+            r,
+            &output.join(&r.name),
+            mode,
+            threads,
+            key.as_ref(),
+            &mut |m| {
+                if !quiet {
+                    eprintln!("[{}] {m}", r.name);
+                }
+            },
+        )?;
         for s in rep.steps.iter().chain(&rep.gates) {
             println!(
                 "{} {}: {} ({:.1} s)",
