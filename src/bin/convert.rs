@@ -374,7 +374,7 @@ struct EvalArgs {
     /// the 95% interval of the paired difference: fails when its lower end is above F.
     #[arg(long, value_name = "F")]
     max_accuracy_drop: Option<f64>,
-    /// Gate preset: `8bit` (--max-kld 0.01 --min-same-top 0.93 --max-ppl-ratio 1.01
+    /// Gate preset: `8bit` (--max-kld 0.01 --min-same-top 0.93 --max-ppl-ratio 1.02
     /// --max-accuracy-drop 0.05, from llama.cpp's Q8_0; README). Explicit gate flags override
     /// it; a preset's gate whose inputs are not given (no --task) is left out.
     #[arg(long, value_name = "NAME")]

@@ -81,13 +81,15 @@ pub struct Gates {
 
 /// The "8-bit" preset (`--gate-preset 8bit`): a conversion meant to be as good as 8 bits per
 /// weight. Set from llama.cpp's Q8_0 of SmolLM2-135M against its Q4_1 source on Botchan
-/// (2026-12-02, README): mean KLD 0.0052, same top 96.0%, PPL ratio 1.0026; each threshold
-/// leaves Q8_0 about a 2x margin, and llama.cpp's Q4_K_M of the same weights (KLD 0.050, same
-/// top 86%, PPL ratio 1.042) fails every text gate.
+/// (2026-12-02, README, 1020 scored positions): mean KLD 0.0052, same top 96.0%, PPL ratio
+/// 1.0026; the KLD threshold leaves Q8_0 a 2x margin, and llama.cpp's Q4_K_M of the same
+/// weights (KLD 0.050, same top 86%, PPL ratio 1.042) fails every text gate. The PPL ratio is
+/// a point estimate whose error is about 0.009 on 254 positions and 0.004 on 1020: score at
+/// least about 1000 positions (e.g. `--ctx 512 --chunks 4`) with this preset.
 pub const PRESET_8BIT: Gates = Gates {
     max_kld: Some(0.01),
     min_same_top: Some(0.93),
-    max_ppl_ratio: Some(1.01),
+    max_ppl_ratio: Some(1.02),
     max_accuracy_drop: Some(0.05),
 };
 
