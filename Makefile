@@ -1,6 +1,6 @@
 # lowbit: set-up, the main job, tests, benchmarks.
 #
-#   make demo    fetch SmolLM2 into the cache, build, run the pipeline on it
+#   make demo    fetch SmolLM2 into the cache, build, run the pipeline on it (two recipes)
 #   make test    fetch the test models, run every test (what .ci/run calls)
 #   make bench   benchmarks against the reference tools, in one run
 #
@@ -19,13 +19,18 @@ GEMMA_SHA256 := a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 QWEN := $(MODELS)/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 QWEN_SHA256 := 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
 CONVERT := target/release/convert
+EVAL := $(LOWBIT_CACHE)/eval
+BOTCHAN := $(EVAL)/botchan.txt
+TERNARY := $(LOWBIT_CACHE)/ternary
+SMOLLM2_TQ2 := $(TERNARY)/smollm2-tq2_0-gguf-py.gguf
+SMOLLM2_Q4_0 := $(LOWBIT_CACHE)/requant/smollm2-q4_0-gguf-py.gguf
 OUT ?= $(LOWBIT_CACHE)/out
 
 .DELETE_ON_ERROR:
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all demo test fetch eval-data eval-vectors bench-eval eval-table artifacts venv build hf-checkpoints hf-qwen2 bench bench-ternary bench-runtime bench-dequant bench-palette bench-palette-large bench-gpu refvectors golden llama ternary-real ternary-llama ternary-vectors minicpm8b
+.PHONY: all demo test fetch requant-real eval-data eval-vectors bench-eval eval-table artifacts venv build hf-checkpoints hf-qwen2 bench bench-ternary bench-runtime bench-dequant bench-palette bench-palette-large bench-gpu refvectors golden llama ternary-real ternary-llama ternary-vectors minicpm8b
 
 all: build
 
@@ -75,23 +80,21 @@ $(QWEN):
 	echo "$(QWEN_SHA256)  $@.partial" | sha256sum -c --quiet
 	mv $@.partial $@
 
-# The main job on the default model: inspect SmolLM2, dequantize it, pack it into a bundle,
-# verify the bundle bit for bit against the GGUF, and run it.
-DEMO_PROMPT ?= The capital of France is
-demo: build $(SMOLLM2)
+# The main job, the whole pipeline from recipes (convert build): the committed tiny ternary
+# MiniCPM through gguf-to-ternary (verified --maxerr 0, validated against its pack) and
+# SmolLM2 packed (verified bit for bit) and palettized at 8 and 4 bits (verified, gated by eval
+# on Botchan); every bundle generates and is timed; one summary of digests, gates and tokens/s.
+# The bundles land in $(OUT)/demo, the report in $(OUT)/demo-report.json.
+DEMO_RECIPES ?= manifests/minicpm-tiny.toml manifests/smollm2.toml
+demo: build $(SMOLLM2) $(BOTCHAN)
 	mkdir -p $(OUT)
-	$(CONVERT) inspect $(SMOLLM2) | head -n 45
-	rm -rf $(OUT)/smollm2.safetensors $(OUT)/smollm2.bundle
-	$(CONVERT) dequantize $(SMOLLM2) -o $(OUT)/smollm2.safetensors
-	$(CONVERT) pack $(SMOLLM2) -o $(OUT)/smollm2.bundle
-	$(CONVERT) verify $(OUT)/smollm2.bundle --source $(SMOLLM2) --maxerr 0 | tail -n 1
-	$(CONVERT) run $(OUT)/smollm2.bundle --prompt "$(DEMO_PROMPT)" --max-tokens 32
+	$(CONVERT) inspect $(SMOLLM2) | head -n 24
+	rm -rf $(OUT)/demo
+	$(CONVERT) build $(DEMO_RECIPES) --check -o $(OUT)/demo --json $(OUT)/demo-report.json
 
 # Eval data (issue: quality you can measure): the text Botchan (Project Gutenberg #8868) from
 # the sentencepiece 0.2.3 sdist, and four BIG-bench tasks from the bigbench 1.0.0 sdist (358 MB,
 # kept in the cache; only the files used are extracted). Each file is checked by SHA256.
-EVAL := $(LOWBIT_CACHE)/eval
-BOTCHAN := $(EVAL)/botchan.txt
 BOTCHAN_SHA256 := 464bd5300c24fce16fcc4555d4231a57632caae4d0090ad6aa92854a3b227ba7
 $(BOTCHAN):
 	mkdir -p $(LOWBIT_CACHE)/dl/eval $(EVAL)
@@ -124,7 +127,7 @@ $(BIGBENCH)/.ok:
 eval-data: $(BOTCHAN) $(BIGBENCH)/.ok
 # The references of tests/eval.rs: llama-perplexity's figures (f32 path) on Botchan, and
 # BIG-bench's own prompt formatting and output post-processing.
-eval-vectors: llama fetch $(SMOLLM2_TQ2) eval-data $(VENV)/.ok
+eval-vectors: llama fetch $(SMOLLM2_TQ2) $(SMOLLM2_Q4_0) eval-data $(VENV)/.ok
 	$(VPY) tests/ref/gen_eval_vectors.py --text $(BOTCHAN) --out testdata/eval/llama-perplexity.json
 	$(VPY) tests/ref/gen_bigbench_prompts.py $(BIGBENCH) --out testdata/eval/bigbench-prompts.json
 
@@ -135,12 +138,15 @@ artifacts: build fetch eval-data
 	$(CONVERT) build manifests/*.toml --check -o $(ARTIFACTS) --json $(OUT)/artifacts-report.json
 
 # TQ2_0 made from SmolLM2's real weights by gguf-py's quantizer (tests/ref/make_tq2_from_real.py).
-TERNARY := $(LOWBIT_CACHE)/ternary
-SMOLLM2_TQ2 := $(TERNARY)/smollm2-tq2_0-gguf-py.gguf
 $(SMOLLM2_TQ2): $(SMOLLM2) $(VENV)/.ok tests/ref/make_tq2_from_real.py
 	mkdir -p $(TERNARY)
 	$(VPY) tests/ref/make_tq2_from_real.py $(SMOLLM2) --out $@ --json $(TERNARY)/smollm2-tq2_0-gguf-py.json
 ternary-real: $(SMOLLM2_TQ2)
+# Q4_0 made from SmolLM2's real weights by gguf-py (every linear; the KL anchor of ordinary
+# quantization loss in tests/eval.rs).
+$(SMOLLM2_Q4_0): $(SMOLLM2) $(VENV)/.ok tests/ref/make_tq2_from_real.py
+	$(VPY) tests/ref/make_tq2_from_real.py $(SMOLLM2) --type Q4_0 --out $@
+requant-real: $(SMOLLM2_Q4_0)
 
 # Hugging Face checkpoints written from the GGUFs (tests/ref/make_hf_checkpoint.py, checked
 # there with `tokenizers`/`sentencepiece` and a Hugging Face-style forward pass against
@@ -170,7 +176,7 @@ hf-checkpoints: $(HF_SMOLLM2) $(HF_TINY) $(HF_QWEN)
 
 # Every test, with the real models and a GPU adapter required (a missing model or no adapter
 # fails instead of skipping; .ci/run installs lavapipe, Mesa's CPU Vulkan driver).
-test: fetch $(SMOLLM2_TQ2) hf-checkpoints eval-data
+test: fetch $(SMOLLM2_TQ2) $(SMOLLM2_Q4_0) hf-checkpoints eval-data
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	LOWBIT_REQUIRE_MODELS=1 LOWBIT_REQUIRE_GPU=1 cargo test --release

@@ -3,7 +3,8 @@
 //! A recipe names a pinned source (file, size, SHA256, how to obtain it: the build never
 //! downloads), the steps that make named artifacts from it or from each other (`pack`,
 //! `gguf-to-ternary`, `palettize`, `dequantize`), the gates that must pass (`verify`,
-//! `validate`, `eval`), and each artifact's expected bundle digest. [`Recipe::load`] checks
+//! `validate`, `eval`, and the smoke gates `run` and `bench`: the bundle loads and generates),
+//! and each artifact's expected bundle digest. [`Recipe::load`] checks
 //! everything it can before any work: unknown keys, the format, artifact names (unique, no
 //! step writes two), inputs that exist, no cycle, gate and expectation references, the SHA256
 //! syntax. [`build`] checks the source, runs the steps in dependency order and the gates into
@@ -113,6 +114,12 @@ pub enum GateOp {
     Verify,
     Validate,
     Eval,
+    /// `convert run BUNDLE ARGS`: passes when the bundle loads and generates (exit 0); the
+    /// report keeps the text.
+    Run,
+    /// `convert bench BUNDLE --json ARGS`: passes when it runs; the report keeps the speeds
+    /// (never a timed assertion: speed gates live in the benchmarks).
+    Bench,
 }
 
 /// One gate on an artifact, against the source (`verify --source`) or another artifact
@@ -122,7 +129,8 @@ pub enum GateOp {
 pub struct Gate {
     pub op: GateOp,
     pub artifact: String,
-    /// verify: `source` (compare with the source file); validate/eval: an artifact.
+    /// verify: `source` (compare with the source file); validate/eval: an artifact; run/bench:
+    /// none.
     #[serde(default)]
     pub reference: Option<String>,
     /// Further flags, e.g. `["--maxerr", "0"]` or `["--text", "$LOWBIT_CACHE/eval/botchan.txt",
@@ -246,6 +254,13 @@ impl Recipe {
             }
             match (g.op, g.reference.as_deref()) {
                 (GateOp::Verify, None | Some("source")) => {}
+                (GateOp::Run | GateOp::Bench, None) => {}
+                (GateOp::Run | GateOp::Bench, Some(r)) => {
+                    return Err(bad(
+                        p,
+                        format!("{:?} gate on {:?}: reference {r:?}: it runs one bundle and takes none", g.op, g.artifact),
+                    ))
+                }
                 (GateOp::Verify, Some(r)) => {
                     return Err(bad(
                         p,
@@ -385,6 +400,14 @@ pub struct Ran {
     /// A gate's JSON report, when it writes one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub report: Option<serde_json::Value>,
+    /// A gate's figures in one line (verify: its verdict; validate: agreement and the largest
+    /// probability error; eval: KLD, same-top and perplexity ratio; run: the text; bench:
+    /// tokens/s), empty for a step.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub summary: String,
+    /// Its standard output alone (a run gate's text).
+    #[serde(skip)]
+    pub stdout: String,
 }
 
 /// An artifact's digest against the recipe.
@@ -424,10 +447,17 @@ fn tail(s: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-fn run(what: String, exe: &Path, args: Vec<String>, report: Option<&Path>) -> Ran {
+/// Where a command's JSON report is: a file it writes, or its standard output.
+enum ReportAt<'a> {
+    None,
+    File(&'a Path),
+    Stdout,
+}
+
+fn run(what: String, exe: &Path, args: Vec<String>, report: ReportAt) -> Ran {
     let t = std::time::Instant::now();
     let o = Command::new(exe).args(&args).output();
-    let (passed, out) = match o {
+    let (passed, out, stdout) = match o {
         Ok(o) => (
             o.status.success(),
             format!(
@@ -435,12 +465,20 @@ fn run(what: String, exe: &Path, args: Vec<String>, report: Option<&Path>) -> Ra
                 String::from_utf8_lossy(&o.stdout),
                 String::from_utf8_lossy(&o.stderr)
             ),
+            o.stdout,
         ),
-        Err(e) => (false, format!("cannot run {}: {e}", exe.display())),
+        Err(e) => (
+            false,
+            format!("cannot run {}: {e}", exe.display()),
+            Vec::new(),
+        ),
     };
-    let report = report
-        .and_then(|p| std::fs::read(p).ok())
-        .and_then(|b| serde_json::from_slice(&b).ok());
+    let report = match report {
+        ReportAt::None => None,
+        ReportAt::File(p) => std::fs::read(p).ok(),
+        ReportAt::Stdout => Some(stdout.clone()),
+    }
+    .and_then(|b| serde_json::from_slice(&b).ok());
     let mut command = vec!["convert".to_string()];
     command.extend(args);
     Ran {
@@ -450,6 +488,81 @@ fn run(what: String, exe: &Path, args: Vec<String>, report: Option<&Path>) -> Ra
         seconds: t.elapsed().as_secs_f64(),
         output_tail: tail(&out, 12),
         report,
+        summary: String::new(),
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+    }
+}
+
+/// A gate's figures in one line, from its JSON report or its output (see [`Ran::summary`]).
+fn gate_summary(op: GateOp, r: &Ran) -> String {
+    let j = r.report.as_ref();
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    match (op, j) {
+        (GateOp::Verify, _) => r
+            .output_tail
+            .lines()
+            .rev()
+            .find(|l| l.contains("tensors ("))
+            .unwrap_or("")
+            .trim()
+            .to_string(),
+        (GateOp::Validate, Some(j)) => format!(
+            "argmax agreement {:.4} over {} steps, max |dp| {:.2e}",
+            f(&j["argmax_agreement"]),
+            j["steps"],
+            f(&j["max_prob_err"])
+        ),
+        (GateOp::Eval, Some(j)) => {
+            let mut v = Vec::new();
+            let p = &j["perplexity"];
+            if !p.is_null() {
+                let rf = &p["reference"];
+                v.push(format!(
+                    "ppl {:.3} ({} positions)",
+                    f(&p["ppl"]["value"]),
+                    p["scored"]
+                ));
+                if !rf.is_null() {
+                    v.push(format!(
+                        "KLD {:.5}, same top {:.2}%, ppl ratio {:.4}",
+                        f(&rf["kld"]["value"]),
+                        100.0 * f(&rf["same_top"]["value"]),
+                        f(&rf["ppl_ratio"]["value"])
+                    ));
+                }
+            }
+            if let Some(ts) = j["tasks"].as_array() {
+                for t in ts {
+                    v.push(format!(
+                        "{} accuracy {:.3} ({} examples)",
+                        t["task"].as_str().unwrap_or("?"),
+                        f(&t["acc"]["value"]),
+                        t["examples"]
+                    ));
+                }
+            }
+            v.join("; ")
+        }
+        (GateOp::Bench, Some(j)) => format!(
+            "{} prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s ({}, {} kernel, {} threads)",
+            j["prompt_tokens"],
+            f(&j["prompt_tokens_per_second"]),
+            j["gen_tokens"],
+            f(&j["decode_tokens_per_second"]),
+            j["backend"].as_str().unwrap_or("?"),
+            j["kernel"].as_str().unwrap_or("?"),
+            j["threads"]
+        ),
+        (GateOp::Run, _) => {
+            let t: String = r.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+            let mut c: Vec<char> = t.chars().collect();
+            if c.len() > 80 {
+                c.truncate(80);
+                c.push('…');
+            }
+            format!("{:?}", c.into_iter().collect::<String>())
+        }
+        _ => String::new(),
     }
 }
 
@@ -689,7 +802,7 @@ pub fn build(
         a.push("-o".into());
         a.push(path_of(&s.artifact).to_string_lossy().into_owned());
         a.push(path_of(&s.input).to_string_lossy().into_owned());
-        let r = run(format!("step {}", s.artifact), &exe, a, None);
+        let r = run(format!("step {}", s.artifact), &exe, a, ReportAt::None);
         let ok = r.passed;
         report.steps.push(r);
         if !ok {
@@ -732,14 +845,33 @@ pub fn build(
                     a.push("-q".into());
                 }
             }
+            GateOp::Run => {
+                a.extend([
+                    "run".into(),
+                    path_of(&g.artifact).to_string_lossy().into_owned(),
+                ]);
+            }
+            GateOp::Bench => {
+                a.extend([
+                    "bench".into(),
+                    path_of(&g.artifact).to_string_lossy().into_owned(),
+                    "--json".into(),
+                ]);
+            }
         }
         a.extend(g.args.iter().map(|x| expand_arg(x, &recipe_dir)));
-        let r = run(
+        let at = match g.op {
+            GateOp::Validate | GateOp::Eval => ReportAt::File(&json),
+            GateOp::Bench => ReportAt::Stdout,
+            GateOp::Verify | GateOp::Run => ReportAt::None,
+        };
+        let mut r = run(
             format!("gate {:?} {}", g.op, g.artifact).to_lowercase(),
             &exe,
             a,
-            Some(&json),
+            at,
         );
+        r.summary = gate_summary(g.op, &r);
         let _ = std::fs::remove_file(&json);
         report.gates.push(r);
     }

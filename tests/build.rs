@@ -51,6 +51,7 @@ fn committed_tiny_recipe_builds_to_its_digests_whatever_the_threads_and_isa() {
     let mut trees = Vec::new();
     for (threads, isa) in [("1", ""), ("2", ""), ("2", "portable"), ("2", "avx2")] {
         let out = tmp.path().join(format!("t{threads}{isa}"));
+        let json = tmp.path().join(format!("t{threads}{isa}.json"));
         let o = Command::new(env!("CARGO_BIN_EXE_convert"))
             .env("LOWBIT_ISA", isa)
             .args([
@@ -60,6 +61,8 @@ fn committed_tiny_recipe_builds_to_its_digests_whatever_the_threads_and_isa() {
                 r.to_str().unwrap(),
                 "--check",
                 "-q",
+                "--json",
+                json.to_str().unwrap(),
                 "-o",
                 out.to_str().unwrap(),
             ])
@@ -120,16 +123,29 @@ fn committed_tiny_recipe_builds_to_its_digests_whatever_the_threads_and_isa() {
         prov["predicate"]["buildDefinition"]["resolvedDependencies"][0]["digest"]["sha256"],
         "f0ba90f0d9a84e571fad1896dfa082cde593ca750df3f394945612c9291e72bf"
     );
-    // The ternary artifact is the old golden file's bundle.
-    let golden: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(common::repo().join("manifests/minicpm-tiny-tq2_0.gguf-to-ternary.json"))
-            .unwrap(),
-    )
-    .unwrap();
-    assert_eq!(
-        golden["bundle_digest"].as_str().unwrap(),
-        recipe["expected"]["ternary"].as_str().unwrap()
+    // The smoke gates ran: the text generated and the speeds measured are in the report.
+    let rep: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("t1.json")).unwrap()).unwrap();
+    let gates = rep[0]["gates"].as_array().unwrap();
+    let bench = gates
+        .iter()
+        .find(|g| g["what"] == "gate bench ternary")
+        .unwrap();
+    assert!(
+        bench["report"]["decode_tokens_per_second"]
+            .as_f64()
+            .unwrap()
+            > 0.0
     );
+    assert!(
+        bench["summary"].as_str().unwrap().contains("tok/s"),
+        "{bench}"
+    );
+    let run = gates
+        .iter()
+        .find(|g| g["what"] == "gate run ternary")
+        .unwrap();
+    assert_eq!(run["passed"], true, "{run}");
 }
 
 /// --update writes the expectations and the lock file; a changed step then drifts under
@@ -245,6 +261,10 @@ fn bad_recipes_are_named_errors() {
         (
             recipe(d, "gate", &format!("{pack}[[gate]]\nop = \"eval\"\nartifact = \"a\"\n")),
             "needs a reference artifact",
+        ),
+        (
+            recipe(d, "bench", &format!("{pack}[[gate]]\nop = \"bench\"\nartifact = \"a\"\nreference = \"a\"\n")),
+            "it runs one bundle and takes none",
         ),
         (recipe(d, "expect", &format!("{pack}[expected]\nz = \"00\"\n")), "expected.z: no such artifact"),
         (recipe(d, "output", "[[step]]\nartifact = \"a\"\nop = \"pack\"\nargs = [\"-o\", \"x\"]\n"), "-o is set by the build"),
@@ -372,15 +392,32 @@ fn committed_recipes_match_the_schema() {
             let j = serde_json::to_value(&t).unwrap();
             let errs: Vec<String> = v.iter_errors(&j).map(|e| e.to_string()).collect();
             assert!(errs.is_empty(), "{}: {errs:?}", p.display());
-            lowbit::build::Recipe::load(&p).unwrap();
+            let r = lowbit::build::Recipe::load(&p).unwrap();
+            // The lock file beside it records the same digests, artifact for artifact.
+            let lock: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(lowbit::build::lock_path(&p)).unwrap())
+                    .unwrap();
+            let locked: std::collections::BTreeMap<String, String> = lock
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v["bundle_digest"].as_str().unwrap().to_string()))
+                .collect();
+            assert_eq!(
+                locked,
+                r.expected,
+                "{}: lock and [expected] differ",
+                p.display()
+            );
             n += 1;
         }
     }
-    assert!(n >= 2);
+    assert!(n >= 3);
 }
 
 /// `make test` builds the test models' recipes with --check: SmolLM2 packed (verified against
-/// the GGUF) and palettized at 8 and 4 bits (each gated by eval against the pack).
+/// the GGUF) and palettized at 8 and 4 bits (each verified, gated by eval against the pack,
+/// run and benched).
 #[test]
 fn smollm2_recipe_builds_to_its_digests() {
     let (Some(_), true) = (
@@ -504,4 +541,42 @@ fn build_signs_with_the_key() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("LOWBIT_TEST_NO_SUCH_KEY"), "{}", text(&o));
     assert!(!tmp.path().join("o2/s").exists());
+}
+
+/// `make test` builds the gguf-py TQ2_0 of SmolLM2 (real weights through the ternary path) with
+/// --check: recovered and packed, both verified bit for bit, validated against each other, run
+/// and benched; the closing summary names every artifact and its figures.
+#[test]
+fn smollm2_tq2_recipe_builds_to_its_digests() {
+    let src = common::cache_dir().join("ternary/smollm2-tq2_0-gguf-py.gguf");
+    if !src.exists() {
+        assert!(
+            std::env::var("LOWBIT_REQUIRE_MODELS").as_deref() != Ok("1"),
+            "{} missing (make ternary-real)",
+            src.display()
+        );
+        eprintln!("skipping: {} missing (make ternary-real)", src.display());
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let r = common::repo().join("manifests/smollm2-tq2.toml");
+    let o = convert(&[
+        "build",
+        r.to_str().unwrap(),
+        "--check",
+        "-o",
+        tmp.path().to_str().unwrap(),
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    for want in [
+        "smollm2-tq2/ternary  digest 3ac373cd951f24ad",
+        "smollm2-tq2/pack  digest 8ac57b8e3ee7abb7",
+        "26542080 ternary elements compared, 0 mismatched, max |diff| 0 -> PASSED",
+        "argmax agreement 1.0000",
+        "generated at",
+        "smollm2-tq2: passed, published",
+    ] {
+        assert!(t.contains(want), "expected {want:?} in:\n{t}");
+    }
 }

@@ -121,13 +121,11 @@ fn verify_against_source_passes_with_maxerr_zero() {
         .all(|t| t["compared"] == "bytes" && t["mismatched"] == 0));
 }
 
-/// Same input, same flags: byte-identical bundles whatever the thread count, and the digest
-/// and file list recorded in `manifests/smollm2-135m-instruct-q4_1.pack.json`. The digest
-/// covers the GPU kernels (`kernels/`), so it changes whenever `kernels::all()` or a shader
-/// does; the failure says whether only kernel files changed. Regenerate (both golden files)
-/// with: `LOWBIT_UPDATE_GOLDEN=1 cargo test --release --test bundle_pack --test bundle_ternary golden`
+/// Same input, same flags: byte-identical bundles whatever the thread count, and the bundle
+/// digest recorded for the `pack` artifact of `manifests/smollm2.toml` (its lock file names
+/// what differs when it does not match; see `common::check_lock`).
 #[test]
-fn deterministic_across_thread_counts_and_matches_golden_digest() {
+fn deterministic_across_thread_counts_and_matches_recipe_lock() {
     let Some((b, model)) = packed() else { return };
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("smollm2.bundle");
@@ -139,15 +137,7 @@ fn deterministic_across_thread_counts_and_matches_golden_digest() {
             "{f} differs between thread counts"
         );
     }
-    let golden_path = common::repo().join("manifests/smollm2-135m-instruct-q4_1.pack.json");
-    let m = manifest(b);
-    let got = serde_json::json!({
-        "command": "convert pack SmolLM2-135M-Instruct.Q4_1.gguf -o smollm2.bundle",
-        "source_sha256": m["source"]["sha256"],
-        "bundle_digest": m["bundle_digest"],
-        "files": m["files"],
-    });
-    common::check_golden(&golden_path, &got);
+    common::check_lock("smollm2", "pack", b);
 }
 
 fn tampered(f: impl FnOnce(&Path)) -> Option<(tempfile::TempDir, PathBuf, PathBuf)> {

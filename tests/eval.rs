@@ -76,17 +76,21 @@ fn pack_ctx(src: &Path, ctx: &str) -> (tempfile::TempDir, PathBuf) {
 /// The GGUF a run of llama-perplexity.json names, from the cache.
 fn gguf_of(run: &Value) -> Option<PathBuf> {
     let f = run["gguf"].as_str().unwrap();
-    let p = if f.contains("tq2_0-gguf-py") {
-        let p = common::cache_dir().join("ternary").join(f);
+    let made = if f.contains("tq2_0-gguf-py") {
+        Some(("ternary", "ternary-real"))
+    } else if f.contains("-gguf-py") {
+        Some(("requant", "requant-real"))
+    } else {
+        None
+    };
+    let p = if let Some((dir, target)) = made {
+        let p = common::cache_dir().join(dir).join(f);
         if !p.exists() {
             common::model("SmolLM2-135M-Instruct.Q4_1.gguf")?;
             if std::env::var("LOWBIT_REQUIRE_MODELS").as_deref() == Ok("1") {
-                panic!("{} missing: run `make ternary-real`", p.display());
+                panic!("{} missing: run `make {target}`", p.display());
             }
-            eprintln!(
-                "skipping: {} not found (run `make ternary-real`)",
-                p.display()
-            );
+            eprintln!("skipping: {} not found (run `make {target}`)", p.display());
             return None;
         }
         p
@@ -204,18 +208,30 @@ fn perplexity_equals_llama_perplexity_f32_path() {
 }
 
 /// The KL-divergence statistics equal llama-perplexity --kl-divergence's on the same two
-/// GGUFs (SmolLM2 Q4_1, the base, and gguf-py's TQ2_0 of it). llama.cpp stores the base's
-/// log-probabilities in 16-bit steps of at most 16/65535 nats and drops terms below -16 nats
-/// from the KL sum; lowbit uses them exactly (src/eval/stats.rs), hence the tolerances on the
-/// KL figures. Perplexities and probabilities are held tighter.
+/// GGUFs: SmolLM2 Q4_1, the base, against gguf-py's TQ2_0 of it (a broken model, mean KLD near
+/// 10 nats) and against gguf-py's Q4_0 requantization of its linears (ordinary quantization
+/// loss). llama.cpp stores the base's log-probabilities in 16-bit steps of at most 16/65535
+/// nats and drops terms below -16 nats from the KL sum; lowbit uses them exactly
+/// (src/eval/stats.rs), hence the tolerances on the KL figures. Perplexities and probabilities
+/// are held tighter.
 #[test]
-fn kl_divergence_equals_llama_perplexity() {
+fn kl_divergence_equals_llama_perplexity_on_a_broken_model() {
+    kl_divergence_equals_llama_perplexity("smollm2-tq2_0-gguf-py");
+}
+
+/// As above, on the realistic pair (see there).
+#[test]
+fn kl_divergence_equals_llama_perplexity_on_a_requantized_model() {
+    kl_divergence_equals_llama_perplexity("smollm2-q4_0-gguf-py");
+}
+
+fn kl_divergence_equals_llama_perplexity(name: &str) {
     let Some(botchan) = eval_data("botchan.txt") else {
         return;
     };
     let r = reference();
     let runs = r["runs"].as_object().unwrap();
-    let (base, model) = (&runs["smollm2-q4_1"], &runs["smollm2-tq2_0-gguf-py"]);
+    let (base, model) = (&runs["smollm2-q4_1"], &runs[name]);
     let (Some(a), Some(b)) = (gguf_of(base), gguf_of(model)) else {
         return;
     };

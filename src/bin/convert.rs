@@ -1313,11 +1313,13 @@ fn build_cmd(
         )?;
         for s in rep.steps.iter().chain(&rep.gates) {
             println!(
-                "{} {}: {} ({:.1} s)",
+                "{} {}: {} ({:.1} s){}{}",
                 r.name,
                 s.what,
                 if s.passed { "ok" } else { "FAILED" },
-                s.seconds
+                s.seconds,
+                if s.summary.is_empty() { "" } else { ": " },
+                s.summary
             );
             if !s.passed {
                 println!(
@@ -1368,6 +1370,9 @@ fn build_cmd(
         );
         reports.push(rep);
     }
+    if !quiet {
+        build_summary(&list, &reports);
+    }
     if let Some(p) = json {
         let mut j = serde_json::to_vec_pretty(&reports)?;
         j.push(b'\n');
@@ -1378,6 +1383,57 @@ fn build_cmd(
     } else {
         ExitCode::from(1)
     })
+}
+
+/// The closing table of `convert build`: per artifact, its digest and size, and what each
+/// gate on it found (to stderr, after the per-command lines).
+fn build_summary(list: &[lowbit::build::Recipe], reports: &[lowbit::build::Report]) {
+    eprintln!("\nsummary");
+    for (r, rep) in list.iter().zip(reports) {
+        for d in &rep.digests {
+            let dir = rep.output.join(format!("{}.bundle", d.artifact));
+            let bytes: u64 = std::fs::read_dir(&dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum();
+            let size = if rep.published {
+                format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+            } else {
+                "unpublished".into()
+            };
+            eprintln!(
+                "  {}/{}  digest {}{}  {size}",
+                r.name,
+                d.artifact,
+                &d.digest[..d.digest.len().min(16)],
+                if d.matches { "" } else { " (DRIFT)" }
+            );
+            for (g, ran) in r.gates.iter().zip(&rep.gates) {
+                if g.artifact == d.artifact {
+                    eprintln!(
+                        "      {:<9}{}{}{}",
+                        format!("{:?}", g.op).to_lowercase(),
+                        if ran.passed { "ok" } else { "FAILED" },
+                        if ran.summary.is_empty() { "" } else { "  " },
+                        ran.summary
+                    );
+                }
+            }
+        }
+        eprintln!(
+            "  {}: {}",
+            r.name,
+            if rep.published {
+                "passed, published"
+            } else {
+                "FAILED, nothing published"
+            }
+        );
+    }
 }
 
 fn eval_cmd(a: EvalArgs) -> anyhow::Result<ExitCode> {

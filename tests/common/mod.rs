@@ -182,68 +182,47 @@ pub fn write_rehashed(
     .unwrap();
 }
 
-/// The command that rewrites the golden bundle digests in `manifests/` (run it after a change
-/// that is meant to change bundles, such as a kernel added to `kernels::all()`).
-pub const UPDATE_GOLDEN: &str =
-    "LOWBIT_UPDATE_GOLDEN=1 cargo test --release --test bundle_pack --test bundle_ternary golden";
-
-/// Compares `got` (`command`, `source_sha256`, `bundle_digest`, `files` of a bundle) with the
-/// golden file `path`, or rewrites it under `LOWBIT_UPDATE_GOLDEN=1`. The bundle digest covers
-/// every file, the GPU kernels in `kernels/` included, so a change to a kernel (a module added
-/// to or changed in `kernels::all()`, a shader edited, another naga) changes the digest: the
-/// failure says whether only kernel files differ (then regenerate with [`UPDATE_GOLDEN`]) or
-/// weights or tokenizer bytes do (a change in conversion: find out why first).
-pub fn check_golden(path: &Path, got: &serde_json::Value) {
-    use serde_json::Value;
-    if std::env::var("LOWBIT_UPDATE_GOLDEN").as_deref() == Ok("1") {
-        let mut bytes = serde_json::to_vec_pretty(got).unwrap();
-        bytes.push(b'\n');
-        std::fs::write(path, bytes).unwrap();
-    }
-    let want: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-    if &want == got {
+/// Checks a bundle against its artifact's entry in the lock file of a recipe in `manifests/`
+/// (`RECIPE.lock.json`, written by `convert build manifests/RECIPE.toml --update`): the same
+/// bundle digest, else a failure naming the files, tensors and manifest fields that differ
+/// (the producer's command line, which the digest does not cover, left out). The digest covers
+/// the GPU kernels in `kernels/`, so a kernel change (a module added to `kernels::all()`, a
+/// shader edited, another naga) changes it: the failure says whether only kernel files differ
+/// (then rebuild the recipe with `--update`) or weights or tokenizer bytes do (a change in
+/// conversion: find out why first).
+pub fn check_lock(recipe: &str, artifact: &str, bundle: &Path) {
+    let lock_path = repo().join(format!("manifests/{recipe}.lock.json"));
+    let lock: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&lock_path).unwrap()).unwrap();
+    let want = &lock[artifact];
+    assert!(
+        !want.is_null(),
+        "{}: no artifact {artifact}",
+        lock_path.display()
+    );
+    let got = lowbit::build::lock_entry(bundle).unwrap();
+    if got["bundle_digest"] == want["bundle_digest"] {
         return;
     }
-    let files = |v: &Value| -> std::collections::BTreeMap<String, Value> {
-        v["files"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|f| (f["path"].as_str().unwrap_or("").to_string(), f.clone()))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let (a, b) = (files(got), files(&want));
-    let differing: Vec<&String> = a
-        .keys()
-        .chain(b.keys())
-        .collect::<std::collections::BTreeSet<_>>()
+    let drift: Vec<String> = lowbit::build::drift(want, &got)
         .into_iter()
-        .filter(|p| a.get(*p) != b.get(*p))
+        .filter(|l| !l.contains("producer.") && !l.contains("bundle_digest"))
         .collect();
-    let only_kernels = got["source_sha256"] == want["source_sha256"]
-        && !differing.is_empty()
-        && differing.iter().all(|p| p.starts_with("kernels/"));
-    let why = if only_kernels {
-        format!(
-            "only GPU kernel files differ ({} of them, e.g. {}): the bundle digest covers the kernels, so changing kernels::all() or a shader changes it; if that change is intended, regenerate with: {UPDATE_GOLDEN}",
-            differing.len(),
-            differing[0]
-        )
-    } else {
-        format!(
-            "files other than kernels differ ({:?}) or the source changed: conversion output changed; find out why before regenerating ({UPDATE_GOLDEN})",
-            differing
-                .iter()
-                .filter(|p| !p.starts_with("kernels/"))
-                .collect::<Vec<_>>()
-        )
-    };
+    let only_kernels = !drift.is_empty()
+        && drift
+            .iter()
+            .all(|l| l.starts_with("file kernels/") || l.starts_with("manifest field kernels"));
+    let update = format!("convert build manifests/{recipe}.toml -o $(mktemp -d)/out --update");
     panic!(
-        "golden bundle digest changed: {}: {why}\ngot bundle_digest {}, golden {}",
-        path.display(),
+        "{recipe}/{artifact}: bundle digest {} differs from {} in {}: {}\n  {}",
         got["bundle_digest"],
-        want["bundle_digest"]
+        want["bundle_digest"],
+        lock_path.display(),
+        if only_kernels {
+            format!("only GPU kernel files differ: the bundle digest covers the kernels; if the kernel change is intended, run: {update}")
+        } else {
+            format!("conversion output changed; find out why before running: {update}")
+        },
+        drift.join("\n  ")
     );
 }

@@ -7,13 +7,15 @@ For each model below: the GGUF requantized to F32 by llama-quantize (--allow-req
 every value is gguf-py's dequantization, as tests/ref/gen_llama_vectors.py checks), then
 llama.cpp b11434's llama-perplexity on it with `-fa off -ctk f32 -ctv f32` (its f32 path: F32
 weights quantize no activation, the KV cache is f32), one thread per core, -c CTX --chunks N.
-The first model also saves its log-probabilities (--kl-divergence-base); the second is then
-run with --kl-divergence against them. The JSON records every figure llama-perplexity prints,
+The first model also saves its log-probabilities (--kl-divergence-base); the models in KL
+are then run with --kl-divergence against them: gguf-py's TQ2_0 of it (a broken model, mean
+KLD near 10 nats) and gguf-py's Q4_0 requantization of its linears (ordinary quantization
+loss, KLD of a few hundredths), so the KL statistics are anchored at both magnitudes. The JSON records every figure llama-perplexity prints,
 the token ids it scored (their SHA256 and count, read back from the base file) and the files'
 SHA256, so a test can hold `convert eval` to them on the same GGUFs.
 
 Needs llama.cpp built by tests/ref/build_llama.sh (`make llama`) and the models in
-$LOWBIT_CACHE (`make fetch`, `make ternary-real`).
+$LOWBIT_CACHE (`make fetch`, `make ternary-real`, `make requant-real`).
 """
 
 from __future__ import annotations
@@ -33,13 +35,17 @@ CACHE = Path(os.environ.get("LOWBIT_CACHE", Path.home() / ".cache" / "lowbit"))
 BIN = CACHE / "llama.cpp-11434" / "build" / "bin"
 FLAGS = ["-fa", "off", "-ctk", "f32", "-ctv", "f32"]
 
-# name -> (GGUF, ctx, chunks). The first two are the KL-divergence pair (base, model).
+# name -> (GGUF, ctx, chunks). The first is the KL-divergence base, the models in KL are held
+# to it.
 MODELS = {
     "smollm2-q4_1": (CACHE / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf", 512, 4),
     "smollm2-tq2_0-gguf-py": (CACHE / "ternary" / "smollm2-tq2_0-gguf-py.gguf", 512, 4),
+    "smollm2-q4_0-gguf-py": (CACHE / "requant" / "smollm2-q4_0-gguf-py.gguf", 512, 4),
     "gemma3-270m-q4_k_m": (CACHE / "models" / "gemma-3-270m-q4_k_m.gguf", 512, 2),
     "qwen2.5-0.5b-q4_k_m": (CACHE / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", 512, 2),
 }
+
+KL = {"smollm2-tq2_0-gguf-py", "smollm2-q4_0-gguf-py"}
 
 
 def sha256_file(p: Path) -> str:
@@ -145,7 +151,7 @@ def main() -> None:
             r["tokens"] = {"count": len(toks),
                            "sha256": hashlib.sha256(struct.pack(f"<{len(toks)}I", *toks)).hexdigest(),
                            "first": toks[:16]}
-        if i == 1:
+        if name in KL:
             out = run(common + ["--kl-divergence-base", base_kld, "--kl-divergence"], work / f"{name}.kld.log")
             r["kl_divergence"] = {"base": names[0], **parse_kld(out)}
         result["runs"][name] = r

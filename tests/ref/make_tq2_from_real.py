@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
-"""TQ2_0 from REAL weights with gguf-py's reference quantizer.
+"""TQ2_0 (or Q4_0, Q8_0) from REAL weights with gguf-py's reference quantizer.
 
-    make_tq2_from_real.py [SRC.gguf] [--out OUT.gguf] [--json OUT.json]
+    make_tq2_from_real.py [SRC.gguf] [--type TQ2_0|Q4_0|Q8_0] [--out OUT.gguf] [--json OUT.json]
+
+--type Q4_0 / Q8_0 requantize every 2-D blk.* tensor whose ne[0] is a multiple of 32 instead
+(all linears of SmolLM2): a model of ordinary quantization loss, the realistic side of the
+KL-divergence anchors of tests/eval.rs (tests/ref/gen_eval_vectors.py). Their output defaults
+to $LOWBIT_CACHE/requant/<name>-<type>-gguf-py.gguf with its JSON beside it ("q_sha256" for
+"tq2_sha256", no "n_blocks_d_zero"). What follows describes TQ2_0.
 
 Reads SRC (default $LOWBIT_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf) and
 writes OUT (default $LOWBIT_CACHE/ternary/<name>-tq2_0-gguf-py.gguf), a copy in
@@ -82,7 +88,10 @@ def main() -> int:
     ap.add_argument("--name", help="short name for default output names (default: from SRC)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--type", default="TQ2_0", choices=["TQ2_0", "Q4_0", "Q8_0"])
     a = ap.parse_args()
+    qt = T[a.type]
+    qblock, qbytes = GGML_QUANT_SIZES[qt]
     gv, nv = version("gguf"), version("numpy")
     if gv != PINNED_GGUF or nv != PINNED_NUMPY:
         sys.exit(f"error: need gguf=={PINNED_GGUF} numpy=={PINNED_NUMPY}, have gguf=={gv} numpy=={nv}")
@@ -90,8 +99,13 @@ def main() -> int:
         sys.exit("error: little-endian host required")
     stem = a.src.name.removesuffix(".gguf")
     name = a.name or KNOWN_NAMES.get(stem, stem.lower())
-    out = a.out or CACHE / "ternary" / f"{name}-tq2_0-gguf-py.gguf"
-    js = a.json or Path("testdata/ternary") / f"{name}-tq2_0-gguf-py.json"
+    if qt == T.TQ2_0:
+        out = a.out or CACHE / "ternary" / f"{name}-tq2_0-gguf-py.gguf"
+        js = a.json or Path("testdata/ternary") / f"{name}-tq2_0-gguf-py.json"
+    else:
+        low = a.type.lower()
+        out = a.out or CACHE / "requant" / f"{name}-{low}-gguf-py.gguf"
+        js = a.json or out.with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     js.parent.mkdir(parents=True, exist_ok=True)
 
@@ -112,22 +126,25 @@ def main() -> int:
     info: dict[str, dict] = {}
     for t in r.tensors:
         ne = [int(x) for x in t.shape]
-        if t.name.startswith("blk.") and len(ne) == 2 and ne[0] % 256 == 0:
+        if t.name.startswith("blk.") and len(ne) == 2 and ne[0] % qblock == 0:
             rows = raw_rows(t)
             with np.errstate(all="ignore"):
                 x = dequantize(rows, t.tensor_type).astype(np.float32, copy=False)
             assert x.shape == (ne[1], ne[0]), (t.name, x.shape)
-            q = quantize(x, T.TQ2_0)
-            assert q.shape == (ne[1], ne[0] // 256 * 66)
-            blocks = q.reshape(-1, 66)
+            q = quantize(x, qt)
+            assert q.shape == (ne[1], ne[0] // qblock * qbytes)
+            blocks = q.reshape(-1, qbytes)
             info[t.name] = {
                 "src_type": t.tensor_type.name, "src_type_id": int(t.tensor_type), "ne": ne,
                 "n_blocks": int(blocks.shape[0]),
-                "n_blocks_d_zero": int(np.count_nonzero((blocks[:, 64] == 0) & (blocks[:, 65] == 0))),
                 "f32_sha256": hashlib.sha256(np.ascontiguousarray(x).astype("<f4").tobytes()).hexdigest(),
-                "tq2_sha256": hashlib.sha256(q.tobytes()).hexdigest(),
             }
-            w.add_tensor(t.name, q, raw_dtype=T.TQ2_0)
+            if qt == T.TQ2_0:
+                info[t.name]["n_blocks_d_zero"] = int(np.count_nonzero((blocks[:, 64] == 0) & (blocks[:, 65] == 0)))
+                info[t.name]["tq2_sha256"] = hashlib.sha256(q.tobytes()).hexdigest()
+            else:
+                info[t.name]["q_sha256"] = hashlib.sha256(q.tobytes()).hexdigest()
+            w.add_tensor(t.name, q, raw_dtype=qt)
         else:
             w.add_tensor(t.name, raw_rows(t), raw_dtype=t.tensor_type)
     w.write_header_to_file()
@@ -144,8 +161,9 @@ def main() -> int:
     for ts, to in zip(r.tensors, o.tensors):
         assert list(ts.shape) == list(to.shape), ts.name
         if ts.name in info:
-            assert to.tensor_type == T.TQ2_0
-            assert hashlib.sha256(raw_rows(to).tobytes()).hexdigest() == info[ts.name]["tq2_sha256"]
+            assert to.tensor_type == qt
+            want = info[ts.name]["tq2_sha256" if qt == T.TQ2_0 else "q_sha256"]
+            assert hashlib.sha256(raw_rows(to).tobytes()).hexdigest() == want
         else:
             assert to.tensor_type == ts.tensor_type and np.array_equal(raw_rows(ts), raw_rows(to)), ts.name
 
@@ -156,7 +174,7 @@ def main() -> int:
         "tensors": info,
     }
     js.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    print(f"{a.src.name}: {len(info)} of {len(r.tensors)} tensors -> TQ2_0; wrote {out} "
+    print(f"{a.src.name}: {len(info)} of {len(r.tensors)} tensors -> {a.type}; wrote {out} "
           f"({doc['output']['size']} bytes) and {js}")
     return 0
 
