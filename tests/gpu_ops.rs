@@ -173,7 +173,15 @@ fn kv_store_rounds_to_nearest_even_like_the_cpu() {
 fn rms_norm_matches_the_cpu_and_the_last_row_mode() {
     let Some(ctx) = ctx() else { return };
     let mut seed = 1u64;
-    for (len, rows) in [(576usize, 3usize), (64, 40), (896, 1), (1000, 2)] {
+    // Up to 5000: more values than the 256 invocations take 16 at a time.
+    for (len, rows) in [
+        (576usize, 3usize),
+        (64, 40),
+        (896, 1),
+        (1000, 2),
+        (4096, 2),
+        (5000, 2),
+    ] {
         let x: Vec<f32> = (0..len * rows).map(|_| lcg(&mut seed) * 3.0).collect();
         let w: Vec<f32> = (0..len).map(|_| lcg(&mut seed) + 1.0).collect();
         let mut want = vec![0f32; len * rows];
@@ -481,7 +489,8 @@ fn attention_case(
         &[&qb, &kc, &vc, &part, &p, &st],
         (heads as u32, splits as u32, n as u32),
     );
-    let p2 = params(ctx, &[heads as u32, hd as u32, splits as u32, 0]);
+    // chunk: the combine reads only the splits up to each token's position.
+    let p2 = params(ctx, &[heads as u32, hd as u32, splits as u32, chunk as u32]);
     run(
         ctx,
         "op_attention_combine",

@@ -840,7 +840,7 @@ fn build_graph(
             &[qf, kc, vc, &a.part, &p, &a.step],
             (nh as u32, splits as u32, n_tok),
         )?);
-        let p = u32s(&[nh as u32, hd as u32, splits as u32, 0]);
+        let p = u32s(&[nh as u32, hd as u32, splits as u32, chunk as u32]);
         items.push(op(
             "op_attention_combine",
             &[&a.part, &a.attn, &p, &a.step],
