@@ -24,6 +24,7 @@ BOTCHAN := $(EVAL)/botchan.txt
 TERNARY := $(LOWBIT_CACHE)/ternary
 SMOLLM2_TQ2 := $(TERNARY)/smollm2-tq2_0-gguf-py.gguf
 SMOLLM2_Q4_0 := $(LOWBIT_CACHE)/requant/smollm2-q4_0-gguf-py.gguf
+SMOLLM2_Q8_0 := $(LOWBIT_CACHE)/requant/smollm2-q8_0-gguf-py.gguf
 OUT ?= $(LOWBIT_CACHE)/out
 
 .DELETE_ON_ERROR:
@@ -127,7 +128,7 @@ $(BIGBENCH)/.ok:
 eval-data: $(BOTCHAN) $(BIGBENCH)/.ok
 # The references of tests/eval.rs: llama-perplexity's figures (f32 path) on Botchan, and
 # BIG-bench's own prompt formatting and output post-processing.
-eval-vectors: llama fetch $(SMOLLM2_TQ2) $(SMOLLM2_Q4_0) eval-data $(VENV)/.ok
+eval-vectors: llama fetch $(SMOLLM2_TQ2) $(SMOLLM2_Q4_0) $(SMOLLM2_Q8_0) eval-data $(VENV)/.ok
 	$(VPY) tests/ref/gen_eval_vectors.py --text $(BOTCHAN) --out testdata/eval/llama-perplexity.json
 	$(VPY) tests/ref/gen_bigbench_prompts.py $(BIGBENCH) --out testdata/eval/bigbench-prompts.json
 
@@ -142,11 +143,13 @@ $(SMOLLM2_TQ2): $(SMOLLM2) $(VENV)/.ok tests/ref/make_tq2_from_real.py
 	mkdir -p $(TERNARY)
 	$(VPY) tests/ref/make_tq2_from_real.py $(SMOLLM2) --out $@ --json $(TERNARY)/smollm2-tq2_0-gguf-py.json
 ternary-real: $(SMOLLM2_TQ2)
-# Q4_0 made from SmolLM2's real weights by gguf-py (every linear; the KL anchor of ordinary
-# quantization loss in tests/eval.rs).
+# Q8_0 and Q4_0 made from SmolLM2's real weights by gguf-py (every linear; the KL anchors of
+# ordinary quantization loss in tests/eval.rs, beside the broken TQ2_0).
 $(SMOLLM2_Q4_0): $(SMOLLM2) $(VENV)/.ok tests/ref/make_tq2_from_real.py
 	$(VPY) tests/ref/make_tq2_from_real.py $(SMOLLM2) --type Q4_0 --out $@
-requant-real: $(SMOLLM2_Q4_0)
+$(SMOLLM2_Q8_0): $(SMOLLM2) $(VENV)/.ok tests/ref/make_tq2_from_real.py
+	$(VPY) tests/ref/make_tq2_from_real.py $(SMOLLM2) --type Q8_0 --out $@
+requant-real: $(SMOLLM2_Q4_0) $(SMOLLM2_Q8_0)
 
 # Hugging Face checkpoints written from the GGUFs (tests/ref/make_hf_checkpoint.py, checked
 # there with `tokenizers`/`sentencepiece` and a Hugging Face-style forward pass against
@@ -176,7 +179,7 @@ hf-checkpoints: $(HF_SMOLLM2) $(HF_TINY) $(HF_QWEN)
 
 # Every test, with the real models and a GPU adapter required (a missing model or no adapter
 # fails instead of skipping; .ci/run installs lavapipe, Mesa's CPU Vulkan driver).
-test: fetch $(SMOLLM2_TQ2) $(SMOLLM2_Q4_0) hf-checkpoints eval-data
+test: fetch $(SMOLLM2_TQ2) $(SMOLLM2_Q4_0) $(SMOLLM2_Q8_0) hf-checkpoints eval-data
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	LOWBIT_REQUIRE_MODELS=1 LOWBIT_REQUIRE_GPU=1 cargo test --release

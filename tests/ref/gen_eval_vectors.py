@@ -9,8 +9,9 @@ llama.cpp b11434's llama-perplexity on it with `-fa off -ctk f32 -ctv f32` (its 
 weights quantize no activation, the KV cache is f32), one thread per core, -c CTX --chunks N.
 The first model also saves its log-probabilities (--kl-divergence-base); the models in KL
 are then run with --kl-divergence against them: gguf-py's TQ2_0 of it (a broken model, mean
-KLD near 10 nats) and gguf-py's Q4_0 requantization of its linears (ordinary quantization
-loss, KLD of a few hundredths), so the KL statistics are anchored at both magnitudes. The JSON records every figure llama-perplexity prints,
+KLD near 10 nats) and gguf-py's Q4_0 and Q8_0 requantizations of its linears (ordinary
+quantization loss: mean KLD about 0.3 and 0.005 nats, the latter at the `8bit` gate preset's
+scale), so the KL statistics are anchored at three magnitudes. The JSON records every figure llama-perplexity prints,
 the token ids it scored (their SHA256 and count, read back from the base file) and the files'
 SHA256, so a test can hold `convert eval` to them on the same GGUFs.
 
@@ -41,11 +42,12 @@ MODELS = {
     "smollm2-q4_1": (CACHE / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf", 512, 4),
     "smollm2-tq2_0-gguf-py": (CACHE / "ternary" / "smollm2-tq2_0-gguf-py.gguf", 512, 4),
     "smollm2-q4_0-gguf-py": (CACHE / "requant" / "smollm2-q4_0-gguf-py.gguf", 512, 4),
+    "smollm2-q8_0-gguf-py": (CACHE / "requant" / "smollm2-q8_0-gguf-py.gguf", 512, 4),
     "gemma3-270m-q4_k_m": (CACHE / "models" / "gemma-3-270m-q4_k_m.gguf", 512, 2),
     "qwen2.5-0.5b-q4_k_m": (CACHE / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", 512, 2),
 }
 
-KL = {"smollm2-tq2_0-gguf-py", "smollm2-q4_0-gguf-py"}
+KL = {"smollm2-tq2_0-gguf-py", "smollm2-q4_0-gguf-py", "smollm2-q8_0-gguf-py"}
 
 
 def sha256_file(p: Path) -> str:
