@@ -232,6 +232,15 @@ impl Recipe {
                     format!("step {:?}: {a} is set by the build", s.artifact),
                 ));
             }
+            if let Some(a) = s.args.iter().find(|a| is_info_flag(a)) {
+                return Err(bad(
+                    p,
+                    format!(
+                        "step {:?}: {a} prints and exits without building anything",
+                        s.artifact
+                    ),
+                ));
+            }
         }
         for s in &self.steps {
             if s.input != "source" && !names.contains(&s.input) {
@@ -250,6 +259,39 @@ impl Recipe {
                 return Err(bad(
                     p,
                     format!("gate {:?}: no artifact {:?}", g.op, g.artifact),
+                ));
+            }
+            for a in [Some(&g.artifact), g.reference.as_ref()]
+                .into_iter()
+                .flatten()
+            {
+                if self.step(a).map(|s| s.op) == Some(Op::Dequantize) {
+                    return Err(bad(
+                        p,
+                        format!(
+                            "{:?} gate on {:?}: {a:?} is a dequantize step's safetensors file; gates take bundles",
+                            g.op, g.artifact
+                        ),
+                    ));
+                }
+            }
+            if let Some(a) = g.args.iter().find(|a| {
+                is_info_flag(a)
+                    || (a.as_str() == "--json" || a.starts_with("--json="))
+                        && g.op != GateOp::Verify
+            }) {
+                return Err(bad(
+                    p,
+                    format!(
+                        "{:?} gate on {:?}: {a} {}",
+                        g.op,
+                        g.artifact,
+                        if is_info_flag(a) {
+                            "prints and exits without checking anything"
+                        } else {
+                            "is set by the build"
+                        }
+                    ),
                 ));
             }
             match (g.op, g.reference.as_deref()) {
@@ -372,6 +414,12 @@ impl Recipe {
     }
 }
 
+/// `--help` and `--version` (and their short forms): a command given one prints and exits 0
+/// without doing its work, so a step or gate holding one would pass having done nothing.
+fn is_info_flag(a: &str) -> bool {
+    matches!(a, "-h" | "--help" | "-V" | "--version")
+}
+
 fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && !s.starts_with('.')
@@ -408,6 +456,10 @@ pub struct Ran {
     /// Its standard output alone (a run gate's text).
     #[serde(skip)]
     pub stdout: String,
+    /// A run gate's generated text (its standard output, whole; bytes that are not UTF-8 as
+    /// U+FFFD).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
 }
 
 /// An artifact's digest against the recipe.
@@ -490,11 +542,26 @@ fn run(what: String, exe: &Path, args: Vec<String>, report: ReportAt) -> Ran {
         report,
         summary: String::new(),
         stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        text: None,
     }
 }
 
 /// A gate's figures in one line, from its JSON report or its output (see [`Ran::summary`]).
 fn gate_summary(op: GateOp, r: &Ran) -> String {
+    if !r.passed {
+        // What it failed with: its last line of output (an error, or a gate's verdict).
+        let last = r
+            .output_tail
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no output")
+            .trim()
+            .to_string();
+        if op != GateOp::Eval && op != GateOp::Validate || r.report.is_none() {
+            return last;
+        }
+    }
     let j = r.report.as_ref();
     let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
     match (op, j) {
@@ -563,6 +630,87 @@ fn gate_summary(op: GateOp, r: &Ran) -> String {
             format!("{:?}", c.into_iter().collect::<String>())
         }
         _ => String::new(),
+    }
+}
+
+/// A step's command line after `convert` (and the build's `--threads`).
+fn step_argv(s: &Step, recipe_dir: &Path, output: String, input: String) -> Vec<String> {
+    let mut a = vec![op_name(s.op).to_string()];
+    if s.op != Op::Dequantize {
+        a.push("-q".into());
+    }
+    a.extend(s.args.iter().map(|x| expand_arg(x, recipe_dir)));
+    a.extend(["-o".into(), output, input]);
+    a
+}
+
+/// A gate's command line after `convert` (and the build's `--threads`); `path` gives the file
+/// of `source` or an artifact, `json` where a validate or eval gate writes its report.
+fn gate_argv(
+    g: &Gate,
+    recipe_dir: &Path,
+    path: &dyn Fn(&str) -> String,
+    json: String,
+) -> Vec<String> {
+    let mut a: Vec<String> = Vec::new();
+    match g.op {
+        GateOp::Verify => {
+            a.extend(["verify".into(), path(&g.artifact)]);
+            if g.reference.is_some() {
+                a.extend(["--source".into(), path("source")]);
+            }
+        }
+        GateOp::Validate | GateOp::Eval => {
+            a.push(
+                if g.op == GateOp::Eval {
+                    "eval"
+                } else {
+                    "validate"
+                }
+                .into(),
+            );
+            a.push(path(&g.artifact));
+            a.push("--reference".into());
+            a.push(path(g.reference.as_deref().expect("checked at load")));
+            a.extend(["--json".into(), json]);
+            if g.op == GateOp::Eval {
+                a.push("-q".into());
+            }
+        }
+        GateOp::Run => a.extend(["run".into(), path(&g.artifact)]),
+        GateOp::Bench => a.extend(["bench".into(), path(&g.artifact), "--json".into()]),
+    }
+    a.extend(g.args.iter().map(|x| expand_arg(x, recipe_dir)));
+    a
+}
+
+impl Recipe {
+    /// Every command the build would run, with placeholder paths (`ARTIFACT.bundle`,
+    /// `SOURCE.gguf`, `REPORT.json`): for checking the flags with the command-line parser
+    /// before any work. Each as (what, argv after `convert`).
+    pub fn planned_commands(&self) -> Vec<(String, Vec<String>)> {
+        let dir = self.base();
+        let name = |n: &str| -> String {
+            match self.step(n) {
+                None => "SOURCE.gguf".into(),
+                Some(s) if s.op == Op::Dequantize => format!("{n}.safetensors"),
+                Some(_) => format!("{n}.bundle"),
+            }
+        };
+        let mut v = Vec::new();
+        for s in &self.steps {
+            v.push((
+                format!("step {}", s.artifact),
+                step_argv(s, &dir, name(&s.artifact), name(&s.input)),
+            ));
+        }
+        for g in &self.gates {
+            v.push((
+                format!("gate {:?} {}", g.op, g.artifact).to_lowercase(),
+                gate_argv(g, &dir, &|n: &str| name(n), "REPORT.json".into()),
+            ));
+        }
+        v
     }
 }
 
@@ -794,14 +942,12 @@ pub fn build(
         progress(&format!("step {} ({})", s.artifact, op_name(s.op)));
         let mut a = Vec::new();
         pre(&mut a);
-        a.push(op_name(s.op).into());
-        if s.op != Op::Dequantize {
-            a.push("-q".into());
-        }
-        a.extend(s.args.iter().map(|x| expand_arg(x, &recipe_dir)));
-        a.push("-o".into());
-        a.push(path_of(&s.artifact).to_string_lossy().into_owned());
-        a.push(path_of(&s.input).to_string_lossy().into_owned());
+        a.extend(step_argv(
+            s,
+            &recipe_dir,
+            path_of(&s.artifact).to_string_lossy().into_owned(),
+            path_of(&s.input).to_string_lossy().into_owned(),
+        ));
         let r = run(format!("step {}", s.artifact), &exe, a, ReportAt::None);
         let ok = r.passed;
         report.steps.push(r);
@@ -814,52 +960,12 @@ pub fn build(
         let json = sp.join(format!(".gate-{i}.json"));
         let mut a = Vec::new();
         pre(&mut a);
-        match g.op {
-            GateOp::Verify => {
-                a.extend([
-                    "verify".into(),
-                    path_of(&g.artifact).to_string_lossy().into_owned(),
-                ]);
-                if g.reference.is_some() {
-                    a.extend(["--source".into(), src.to_string_lossy().into_owned()]);
-                }
-            }
-            GateOp::Validate | GateOp::Eval => {
-                a.push(
-                    if g.op == GateOp::Eval {
-                        "eval"
-                    } else {
-                        "validate"
-                    }
-                    .into(),
-                );
-                a.push(path_of(&g.artifact).to_string_lossy().into_owned());
-                a.push("--reference".into());
-                a.push(
-                    path_of(g.reference.as_deref().expect("checked"))
-                        .to_string_lossy()
-                        .into_owned(),
-                );
-                a.extend(["--json".into(), json.to_string_lossy().into_owned()]);
-                if g.op == GateOp::Eval {
-                    a.push("-q".into());
-                }
-            }
-            GateOp::Run => {
-                a.extend([
-                    "run".into(),
-                    path_of(&g.artifact).to_string_lossy().into_owned(),
-                ]);
-            }
-            GateOp::Bench => {
-                a.extend([
-                    "bench".into(),
-                    path_of(&g.artifact).to_string_lossy().into_owned(),
-                    "--json".into(),
-                ]);
-            }
-        }
-        a.extend(g.args.iter().map(|x| expand_arg(x, &recipe_dir)));
+        a.extend(gate_argv(
+            g,
+            &recipe_dir,
+            &|n: &str| path_of(n).to_string_lossy().into_owned(),
+            json.to_string_lossy().into_owned(),
+        ));
         let at = match g.op {
             GateOp::Validate | GateOp::Eval => ReportAt::File(&json),
             GateOp::Bench => ReportAt::Stdout,
@@ -871,6 +977,15 @@ pub fn build(
             a,
             at,
         );
+        if g.op == GateOp::Bench && r.passed && r.report.is_none() {
+            // Exit 0 without a report: it did not bench (the build's own check, beside the
+            // load-time refusal of --help).
+            r.passed = false;
+            r.output_tail.push_str("\nno bench report on stdout");
+        }
+        if g.op == GateOp::Run {
+            r.text = Some(r.stdout.clone());
+        }
         r.summary = gate_summary(g.op, &r);
         let _ = std::fs::remove_file(&json);
         report.gates.push(r);

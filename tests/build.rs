@@ -266,6 +266,26 @@ fn bad_recipes_are_named_errors() {
             recipe(d, "bench", &format!("{pack}[[gate]]\nop = \"bench\"\nartifact = \"a\"\nreference = \"a\"\n")),
             "it runs one bundle and takes none",
         ),
+        (
+            recipe(d, "help", &format!("{pack}[[gate]]\nop = \"run\"\nartifact = \"a\"\nargs = [\"--help\"]\n")),
+            "--help prints and exits without checking anything",
+        ),
+        (
+            recipe(d, "flag", &format!("{pack}[[gate]]\nop = \"run\"\nartifact = \"a\"\nargs = [\"--prompt\", \"Hi\", \"--bogus\"]\n")),
+            "gate run a: its flags do not parse: unexpected argument '--bogus'",
+        ),
+        (
+            recipe(d, "stepflag", "[[step]]\nartifact = \"a\"\nop = \"palettize\"\nargs = [\"--bits\", \"9\", \"--colour\"]\n"),
+            "step a: its flags do not parse",
+        ),
+        (
+            recipe(d, "benchjson", &format!("{pack}[[gate]]\nop = \"bench\"\nartifact = \"a\"\nargs = [\"--json\"]\n")),
+            "--json is set by the build",
+        ),
+        (
+            recipe(d, "deq", &format!("{pack}[[step]]\nartifact = \"f\"\nop = \"dequantize\"\ninput = \"a\"\n[[gate]]\nop = \"bench\"\nartifact = \"f\"\n")),
+            "is a dequantize step's safetensors file; gates take bundles",
+        ),
         (recipe(d, "expect", &format!("{pack}[expected]\nz = \"00\"\n")), "expected.z: no such artifact"),
         (recipe(d, "output", "[[step]]\nartifact = \"a\"\nop = \"pack\"\nargs = [\"-o\", \"x\"]\n"), "-o is set by the build"),
     ];
@@ -285,6 +305,33 @@ fn bad_recipes_are_named_errors() {
             "names the recipe: {}",
             text(&o)
         );
+    }
+    // --json over the recipe itself, or where a recipe publishes: refused before any work,
+    // the recipe untouched.
+    let r = recipe(d, "jsonover", pack);
+    let before = std::fs::read(&r).unwrap();
+    let out = d.join("jout");
+    std::fs::create_dir(&out).unwrap();
+    for (json, want) in [
+        (r.clone(), "is an input of this command"),
+        (
+            out.join("jsonover"),
+            "that is where recipe \"jsonover\" publishes",
+        ),
+    ] {
+        let o = convert(&[
+            "build",
+            r.to_str().unwrap(),
+            "-q",
+            "-o",
+            out.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(text(&o).contains(want), "{}", text(&o));
+        assert_eq!(std::fs::read(&r).unwrap(), before);
+        assert!(!out.join("jsonover").exists());
     }
     // The source: missing, then another file.
     let r = recipe(d, "src", pack);
@@ -578,5 +625,43 @@ fn smollm2_tq2_recipe_builds_to_its_digests() {
         "smollm2-tq2: passed, published",
     ] {
         assert!(t.contains(want), "expected {want:?} in:\n{t}");
+    }
+}
+
+/// `run --max-tokens 0` runs the prompt and generates nothing (regression: the count
+/// underflowed and generation ran on to the end of the context), so a run gate given it
+/// reports what it did: no text.
+#[test]
+fn run_with_max_tokens_zero_generates_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let b = tmp.path().join("t.bundle");
+    let o = convert(&[
+        "gguf-to-ternary",
+        "-q",
+        "-o",
+        b.to_str().unwrap(),
+        tiny().to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    for sampling in [&[][..], &["--temperature", "1", "--ignore-eos"][..]] {
+        let mut a = vec![
+            "run",
+            b.to_str().unwrap(),
+            "--prompt",
+            "Hi",
+            "--max-tokens",
+            "0",
+            "--print-ids",
+        ];
+        a.extend(sampling);
+        let o = convert(&a);
+        assert!(o.status.success(), "{}", text(&o));
+        // (a newline ends the output, as after any generation)
+        assert!(
+            o.stdout.iter().all(|b| b.is_ascii_whitespace()),
+            "{}",
+            text(&o)
+        );
+        assert!(text(&o).contains("generated ids: []"), "{}", text(&o));
     }
 }

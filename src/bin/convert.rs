@@ -1280,6 +1280,23 @@ fn build_cmd(
             (None, None) => None,
         });
     }
+    // Every step's and gate's flags, through the command-line parser, before any work: a
+    // typo or a missing flag is the recipe's error (exit 2), not a gate failure after the
+    // steps ran.
+    for r in &list {
+        for (what, argv) in r.planned_commands() {
+            let full = std::iter::once("convert".to_string()).chain(argv);
+            if let Err(e) = Cli::try_parse_from(full) {
+                let msg = e.to_string();
+                let first = msg.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+                anyhow::bail!(
+                    "recipe {}: {what}: its flags do not parse: {}",
+                    r.path.display(),
+                    first.trim_start_matches("error: ")
+                );
+            }
+        }
+    }
     let mut names = std::collections::BTreeSet::new();
     for r in &list {
         if !names.insert(r.name.clone()) {
@@ -1292,7 +1309,24 @@ fn build_cmd(
         r.check_source()?;
     }
     if let Some(p) = json {
-        lowbit::util::check_report_path(p, &[]).context("--json")?;
+        // Never over a recipe or a source, nor where a recipe's output goes.
+        let sources: Vec<PathBuf> = list.iter().map(|r| r.source_path()).collect();
+        let inputs: Vec<&Path> = list
+            .iter()
+            .map(|r| r.path.as_path())
+            .chain(sources.iter().map(|p| p.as_path()))
+            .collect();
+        lowbit::util::check_report_path(p, &inputs).context("--json")?;
+        for r in &list {
+            lowbit::util::refuse_output_inside(&output.join(&r.name), p).context("--json")?;
+            if p == output.join(&r.name) {
+                anyhow::bail!(
+                    "--json {}: that is where recipe {:?} publishes its artifacts",
+                    p.display(),
+                    r.name
+                );
+            }
+        }
     }
     std::fs::create_dir_all(output).with_context(|| format!("{}", output.display()))?;
     let threads = Some(rayon::current_num_threads());
@@ -1392,14 +1426,20 @@ fn build_summary(list: &[lowbit::build::Recipe], reports: &[lowbit::build::Repor
     for (r, rep) in list.iter().zip(reports) {
         for d in &rep.digests {
             let dir = rep.output.join(format!("{}.bundle", d.artifact));
-            let bytes: u64 = std::fs::read_dir(&dir)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter_map(|e| e.metadata().ok())
-                .filter(|m| m.is_file())
-                .map(|m| m.len())
-                .sum();
+            // Every file of the bundle, kernels/ included.
+            fn tree_bytes(d: &Path) -> u64 {
+                std::fs::read_dir(d)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| match e.metadata() {
+                        Ok(m) if m.is_dir() => tree_bytes(&e.path()),
+                        Ok(m) => m.len(),
+                        Err(_) => 0,
+                    })
+                    .sum()
+            }
+            let bytes = tree_bytes(&dir);
             let size = if rep.published {
                 format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
             } else {
