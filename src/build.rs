@@ -453,9 +453,6 @@ pub struct Ran {
     /// tokens/s), empty for a step.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub summary: String,
-    /// Its standard output alone (a run gate's text).
-    #[serde(skip)]
-    pub stdout: String,
     /// A run gate's generated text (its standard output, whole; bytes that are not UTF-8 as
     /// U+FFFD).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -499,11 +496,13 @@ fn tail(s: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// Where a command's JSON report is: a file it writes, or its standard output.
+/// What the build keeps of a command's output beside its tail: a JSON report in a file it
+/// writes or on its standard output, or its standard output as text (a run gate's).
 enum ReportAt<'a> {
     None,
     File(&'a Path),
     Stdout,
+    Text,
 }
 
 fn run(what: String, exe: &Path, args: Vec<String>, report: ReportAt) -> Ran {
@@ -525,10 +524,12 @@ fn run(what: String, exe: &Path, args: Vec<String>, report: ReportAt) -> Ran {
             Vec::new(),
         ),
     };
+    let text =
+        matches!(report, ReportAt::Text).then(|| String::from_utf8_lossy(&stdout).into_owned());
     let report = match report {
-        ReportAt::None => None,
+        ReportAt::None | ReportAt::Text => None,
         ReportAt::File(p) => std::fs::read(p).ok(),
-        ReportAt::Stdout => Some(stdout.clone()),
+        ReportAt::Stdout => Some(stdout),
     }
     .and_then(|b| serde_json::from_slice(&b).ok());
     let mut command = vec!["convert".to_string()];
@@ -541,8 +542,7 @@ fn run(what: String, exe: &Path, args: Vec<String>, report: ReportAt) -> Ran {
         output_tail: tail(&out, 12),
         report,
         summary: String::new(),
-        stdout: String::from_utf8_lossy(&stdout).into_owned(),
-        text: None,
+        text,
     }
 }
 
@@ -621,7 +621,8 @@ fn gate_summary(op: GateOp, r: &Ran) -> String {
             j["threads"]
         ),
         (GateOp::Run, _) => {
-            let t: String = r.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+            let t = r.text.as_deref().unwrap_or("");
+            let t: String = t.split_whitespace().collect::<Vec<_>>().join(" ");
             let mut c: Vec<char> = t.chars().collect();
             if c.len() > 80 {
                 c.truncate(80);
@@ -969,7 +970,8 @@ pub fn build(
         let at = match g.op {
             GateOp::Validate | GateOp::Eval => ReportAt::File(&json),
             GateOp::Bench => ReportAt::Stdout,
-            GateOp::Verify | GateOp::Run => ReportAt::None,
+            GateOp::Run => ReportAt::Text,
+            GateOp::Verify => ReportAt::None,
         };
         let mut r = run(
             format!("gate {:?} {}", g.op, g.artifact).to_lowercase(),
@@ -982,9 +984,6 @@ pub fn build(
             // load-time refusal of --help).
             r.passed = false;
             r.output_tail.push_str("\nno bench report on stdout");
-        }
-        if g.op == GateOp::Run {
-            r.text = Some(r.stdout.clone());
         }
         r.summary = gate_summary(g.op, &r);
         let _ = std::fs::remove_file(&json);

@@ -467,11 +467,10 @@ fn committed_recipes_match_the_schema() {
 /// run and benched).
 #[test]
 fn smollm2_recipe_builds_to_its_digests() {
-    let (Some(_), true) = (
+    let (Some(_), Some(_)) = (
         common::model("SmolLM2-135M-Instruct.Q4_1.gguf"),
-        common::cache_dir().join("eval/botchan.txt").exists(),
+        common::cache_file("eval/botchan.txt", "eval-data"),
     ) else {
-        eprintln!("skipping: SmolLM2 or Botchan missing (make fetch eval-data)");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -595,14 +594,7 @@ fn build_signs_with_the_key() {
 /// and benched; the closing summary names every artifact and its figures.
 #[test]
 fn smollm2_tq2_recipe_builds_to_its_digests() {
-    let src = common::cache_dir().join("ternary/smollm2-tq2_0-gguf-py.gguf");
-    if !src.exists() {
-        assert!(
-            std::env::var("LOWBIT_REQUIRE_MODELS").as_deref() != Ok("1"),
-            "{} missing (make ternary-real)",
-            src.display()
-        );
-        eprintln!("skipping: {} missing (make ternary-real)", src.display());
+    if common::cache_file("ternary/smollm2-tq2_0-gguf-py.gguf", "ternary-real").is_none() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

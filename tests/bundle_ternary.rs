@@ -305,16 +305,9 @@ fn quantizer_on_real_weights_matches_gguf_py() {
 /// TQ2_0 made from real weights (gguf-py's quantizer, `make ternary-real`) recovers bit-exactly.
 #[test]
 fn real_weight_tq2_0_file_verifies_with_maxerr_zero() {
-    let p = common::cache_dir().join("ternary/smollm2-tq2_0-gguf-py.gguf");
-    if !p.exists() {
-        assert!(
-            std::env::var("LOWBIT_REQUIRE_MODELS").as_deref() != Ok("1"),
-            "{} missing: run `make ternary-real`",
-            p.display()
-        );
-        eprintln!("skipping: {} missing (make ternary-real)", p.display());
+    let Some(p) = common::cache_file("ternary/smollm2-tq2_0-gguf-py.gguf", "ternary-real") else {
         return;
-    }
+    };
     let (_d, b) = to_ternary(&p, &[]);
     let o = run(&["verify", "--json", "--source"], &[&p, &b]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));

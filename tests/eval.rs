@@ -34,18 +34,7 @@ fn json(p: &Path) -> Value {
 /// A file of the eval data (`make eval-data`): skipped when absent, failing under
 /// `LOWBIT_REQUIRE_MODELS=1` as the models do.
 fn eval_data(rel: &str) -> Option<PathBuf> {
-    let p = common::cache_dir().join("eval").join(rel);
-    if p.exists() {
-        return Some(p);
-    }
-    if std::env::var("LOWBIT_REQUIRE_MODELS").as_deref() == Ok("1") {
-        panic!(
-            "{} is missing and LOWBIT_REQUIRE_MODELS=1: run `make eval-data`",
-            p.display()
-        );
-    }
-    eprintln!("skipping: {} not found (run `make eval-data`)", p.display());
-    None
+    common::cache_file(&format!("eval/{rel}"), "eval-data")
 }
 
 fn task(name: &str) -> Option<PathBuf> {
@@ -84,16 +73,11 @@ fn gguf_of(run: &Value) -> Option<PathBuf> {
         None
     };
     let p = if let Some((dir, target)) = made {
-        let p = common::cache_dir().join(dir).join(f);
-        if !p.exists() {
+        // Made from SmolLM2: its absence is named first.
+        if !common::cache_dir().join(dir).join(f).exists() {
             common::model("SmolLM2-135M-Instruct.Q4_1.gguf")?;
-            if std::env::var("LOWBIT_REQUIRE_MODELS").as_deref() == Ok("1") {
-                panic!("{} missing: run `make {target}`", p.display());
-            }
-            eprintln!("skipping: {} not found (run `make {target}`)", p.display());
-            return None;
         }
-        p
+        common::cache_file(&format!("{dir}/{f}"), target)?
     } else {
         common::model(f)?
     };

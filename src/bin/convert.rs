@@ -1317,8 +1317,8 @@ fn build_cmd(
             .chain(sources.iter().map(|p| p.as_path()))
             .collect();
         lowbit::util::check_report_path(p, &inputs).context("--json")?;
+        // (OUT/NAME does not exist yet, checked above: a report inside it has no folder.)
         for r in &list {
-            lowbit::util::refuse_output_inside(&output.join(&r.name), p).context("--json")?;
             if p == output.join(&r.name) {
                 anyhow::bail!(
                     "--json {}: that is where recipe {:?} publishes its artifacts",
@@ -1419,27 +1419,27 @@ fn build_cmd(
     })
 }
 
+/// Bytes of every file under `d` (a bundle's, kernels/ included); 0 for what cannot be read.
+fn tree_bytes(d: &Path) -> u64 {
+    std::fs::read_dir(d)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => tree_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
 /// The closing table of `convert build`: per artifact, its digest and size, and what each
 /// gate on it found (to stderr, after the per-command lines).
 fn build_summary(list: &[lowbit::build::Recipe], reports: &[lowbit::build::Report]) {
     eprintln!("\nsummary");
     for (r, rep) in list.iter().zip(reports) {
         for d in &rep.digests {
-            let dir = rep.output.join(format!("{}.bundle", d.artifact));
-            // Every file of the bundle, kernels/ included.
-            fn tree_bytes(d: &Path) -> u64 {
-                std::fs::read_dir(d)
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .map(|e| match e.metadata() {
-                        Ok(m) if m.is_dir() => tree_bytes(&e.path()),
-                        Ok(m) => m.len(),
-                        Err(_) => 0,
-                    })
-                    .sum()
-            }
-            let bytes = tree_bytes(&dir);
+            let bytes = tree_bytes(&rep.output.join(format!("{}.bundle", d.artifact)));
             let size = if rep.published {
                 format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
             } else {

@@ -687,9 +687,9 @@ fn generate_inner(
     if let Some(f) = after_prompt {
         f(backend.logits()?);
     }
-    stats.prompt_seconds = t0.elapsed().as_secs_f64();
     if max_tokens == 0 {
         // The prompt only (llama.cpp's `-n 0`): nothing generated, nothing picked.
+        stats.prompt_seconds = t0.elapsed().as_secs_f64();
         return Ok((Vec::new(), stats));
     }
     let mut next = pick(backend, sampler, 0, prompt.len() - 1)?;

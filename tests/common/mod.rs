@@ -17,21 +17,27 @@ pub fn cache_dir() -> PathBuf {
     Path::new(&home).join(".cache/lowbit")
 }
 
-/// A real model from the cache. When it is missing the test is skipped with a message, unless
-/// `LOWBIT_REQUIRE_MODELS=1` (set by `make test` and CI), where a missing model fails.
-pub fn model(name: &str) -> Option<PathBuf> {
-    let p = cache_dir().join("models").join(name);
+/// A file `make TARGET` puts at `rel` in the cache. When it is missing the test is skipped
+/// with a message, unless `LOWBIT_REQUIRE_MODELS=1` (set by `make test` and CI), where a
+/// missing file fails.
+pub fn cache_file(rel: &str, target: &str) -> Option<PathBuf> {
+    let p = cache_dir().join(rel);
     if p.exists() {
         return Some(p);
     }
     if std::env::var("LOWBIT_REQUIRE_MODELS").as_deref() == Ok("1") {
         panic!(
-            "{} is missing and LOWBIT_REQUIRE_MODELS=1: run `make fetch`",
+            "{} is missing and LOWBIT_REQUIRE_MODELS=1: run `make {target}`",
             p.display()
         );
     }
-    eprintln!("skipping: {} not found (run `make fetch`)", p.display());
+    eprintln!("skipping: {} not found (run `make {target}`)", p.display());
     None
+}
+
+/// A real model from the cache (`make fetch`); skipped or required as [`cache_file`].
+pub fn model(name: &str) -> Option<PathBuf> {
+    cache_file(&format!("models/{name}"), "fetch")
 }
 
 /// A file of llama.cpp's source tree, which `make llama` (tests/ref/build_llama.sh) unpacks into
@@ -48,23 +54,10 @@ pub fn llama_src_file(rel: &str) -> Option<PathBuf> {
 }
 
 /// A Hugging Face checkpoint directory written by `make hf-checkpoints` into the cache
-/// (`tests/ref/make_hf_checkpoint.py`); skipped or required as [`model`].
+/// (`tests/ref/make_hf_checkpoint.py`); skipped or required as [`cache_file`].
 pub fn hf_checkpoint(name: &str) -> Option<PathBuf> {
-    let p = cache_dir().join("hf").join(name);
-    if p.join("config.json").exists() {
-        return Some(p);
-    }
-    if std::env::var("LOWBIT_REQUIRE_MODELS").as_deref() == Ok("1") {
-        panic!(
-            "{} is missing and LOWBIT_REQUIRE_MODELS=1: run `make hf-checkpoints`",
-            p.display()
-        );
-    }
-    eprintln!(
-        "skipping: {} not found (run `make hf-checkpoints`)",
-        p.display()
-    );
-    None
+    cache_file(&format!("hf/{name}/config.json"), "hf-checkpoints")
+        .map(|c| c.parent().expect("config.json has a folder").to_path_buf())
 }
 
 /// Bitwise equality, except that any NaN equals any NaN.
