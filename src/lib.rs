@@ -9,6 +9,7 @@
 pub mod arch;
 pub mod build;
 pub mod bundle;
+pub mod direct_io;
 pub mod eval;
 pub mod export;
 pub mod ggml;

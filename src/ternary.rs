@@ -186,6 +186,94 @@ fn recover_block_fault(d: f32, byte_codes: &[u8; BLOCK], w: &[f32; BLOCK], max: 
     BlockFault::ScaleMismatch { max, d: d.abs() }
 }
 
+/// Gathers field `s` (bits `2s..2s+1`) of each of the 8 bytes of `x` into 16 bits, byte `j`'s
+/// field at bits `2j..2j+1` (a SWAR transpose; every step is a shift, an OR and a mask).
+#[inline(always)]
+fn gather_field(x: u64, s: u32) -> u32 {
+    let mut t = (x >> (2 * s)) & 0x0303_0303_0303_0303;
+    t = (t | (t >> 6)) & 0x000f_000f_000f_000f;
+    t = (t | (t >> 12)) & 0x0000_00ff_0000_00ff;
+    t = (t | (t >> 24)) & 0xffff;
+    t as u32
+}
+
+/// The inverse of [`gather_field`]: 8 two-bit values (bits `2j..2j+1` of `v`) to the low two
+/// bits of 8 bytes.
+#[inline(always)]
+fn scatter_field(v: u32) -> u64 {
+    let mut t = v as u64 & 0xffff;
+    t = (t | (t << 24)) & 0x0000_00ff_0000_00ff;
+    t = (t | (t << 12)) & 0x000f_000f_000f_000f;
+    (t | (t << 6)) & 0x0303_0303_0303_0303
+}
+
+/// The 64 code bytes of a TQ2_0 block as 8 little-endian u64.
+#[inline(always)]
+fn qs_lanes(qs: &[u8]) -> [u64; 8] {
+    let mut x = [0u64; 8];
+    for (v, c) in x.iter_mut().zip(qs.chunks_exact(8)) {
+        *v = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+    }
+    x
+}
+
+/// Recovers one TQ2_0 block (66 bytes: 64 code bytes `qs`, then `d` as f16) in the code
+/// domain, straight into the packed layout: the block's own `d` bits and its 16 words.
+///
+/// Equivalent to [`recover_block`] on the block's dequantized values (`tests` check it on
+/// random and degenerate blocks): for a finite `d` and codes in {0, 1, 2} the values are
+/// exactly `d * (q - 1)`, so `max|W|` is `|d|` (or 0 when every value is zero), the two routes
+/// agree by construction, and the recovered block is the block's own `d` and codes. What is
+/// left to check is what can fail: a non-finite `d` and code 3.
+///
+/// TQ2_0 keeps element `128h + 32s + l` in bits `2s..2s+1` of `qs[32h + l]`; packed word `w`
+/// holds elements `16w .. 16w+15`, i.e. field `s = (w % 8) / 2` of the 16 bytes
+/// `qs[32 (w / 8) + 16 (w % 2) ..][..16]`.
+#[inline(always)]
+pub fn recover_tq2_0_words(block: &[u8], words: &mut [u32]) -> Result<u16, BlockFault> {
+    let d_bits = u16::from_le_bytes([block[64], block[65]]);
+    if d_bits & 0x7c00 == 0x7c00 {
+        return Err(BlockFault::NonFiniteScale { d_bits });
+    }
+    let x = qs_lanes(&block[..64]);
+    // Code 3 is both bits of a field set.
+    let three = x
+        .iter()
+        .fold(0u64, |a, &v| a | (v & (v >> 1) & 0x5555_5555_5555_5555));
+    if three != 0 {
+        let element = (0..BLOCK)
+            .find(|&e| (block[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3 == 3)
+            .unwrap_or(0);
+        return Err(BlockFault::CodeThree { element });
+    }
+    for (w, out) in words[..WORDS_PER_BLOCK].iter_mut().enumerate() {
+        let (h, s, half) = (w / 8, ((w % 8) / 2) as u32, w % 2);
+        let lo = x[4 * h + 2 * half];
+        let hi = x[4 * h + 2 * half + 1];
+        *out = gather_field(lo, s) | (gather_field(hi, s) << 16);
+    }
+    Ok(d_bits)
+}
+
+/// The inverse of [`recover_tq2_0_words`]: one block's 16 packed words and scale bits back in
+/// the TQ2_0 byte layout (`verify` compares this with the source block, so the two directions
+/// are separate code).
+#[inline(always)]
+pub fn tq2_0_block_from_words(words: &[u32], d_bits: u16) -> [u8; 66] {
+    let mut x = [0u64; 8];
+    for (w, &word) in words[..WORDS_PER_BLOCK].iter().enumerate() {
+        let (h, s, half) = (w / 8, ((w % 8) / 2) as u32, w % 2);
+        x[4 * h + 2 * half] |= scatter_field(word & 0xffff) << (2 * s);
+        x[4 * h + 2 * half + 1] |= scatter_field(word >> 16) << (2 * s);
+    }
+    let mut out = [0u8; 66];
+    for (c, v) in out.chunks_exact_mut(8).zip(x) {
+        c.copy_from_slice(&v.to_le_bytes());
+    }
+    out[64..66].copy_from_slice(&d_bits.to_le_bytes());
+    out
+}
+
 /// Codes and scale bits of one TQ2_0 or TQ1_0 block, decoded from its bytes.
 #[inline(always)]
 pub fn decode_block(ty: GgmlType, bytes: &[u8]) -> Option<(u16, [u8; BLOCK])> {
@@ -345,6 +433,70 @@ mod tests {
             recover_block(0x7c00, &[1u8; BLOCK], &w),
             Err(BlockFault::NonFiniteScale { d_bits: 0x7c00 })
         );
+    }
+
+    /// A small deterministic generator (xorshift64*), so the tests need no crate.
+    fn rng(seed: u64) -> impl FnMut() -> u64 {
+        let mut s = seed | 1;
+        move || {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            s.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+    }
+
+    #[test]
+    fn code_domain_recovery_equals_the_value_route() {
+        use crate::quant::ternary::dequant_tq2_0;
+        let mut next = rng(7);
+        // Random codes in {0, 1, 2} under scales of every kind (positive, negative, +/-0,
+        // subnormal, the largest finite), plus all-ones blocks.
+        let scales = [
+            0x3c00u16, 0xbc00, 0x0000, 0x8000, 0x0001, 0x83ff, 0x7bff, 0x2e66, 0xa8f5,
+        ];
+        for (i, &d_bits) in scales.iter().cycle().take(200).enumerate() {
+            let mut codes = [0u8; BLOCK];
+            for c in codes.iter_mut() {
+                *c = if i % 5 == 4 { 1 } else { (next() % 3) as u8 };
+            }
+            let bytes = tq2_0_bytes(&TernaryBlock { d_bits, codes });
+            let blk: &BlockTQ2_0 = bytemuck::from_bytes(&bytes);
+            let mut w = [0f32; BLOCK];
+            dequant_tq2_0(std::slice::from_ref(blk), &mut w);
+            let by_values = recover_block(d_bits, &tq2_0_codes(blk), &w).unwrap();
+            let mut want = [0u32; WORDS_PER_BLOCK];
+            pack_block(&by_values.codes, &mut want);
+            let mut got = [0u32; WORDS_PER_BLOCK];
+            let d = recover_tq2_0_words(&bytes, &mut got).unwrap();
+            assert_eq!((d, got), (by_values.d_bits, want), "block {i}");
+            assert_eq!(tq2_0_block_from_words(&got, d), bytes, "block {i}");
+        }
+    }
+
+    #[test]
+    fn code_domain_recovery_names_the_faults() {
+        let mut codes = [1u8; BLOCK];
+        codes[200] = 3;
+        let bytes = tq2_0_bytes(&TernaryBlock {
+            d_bits: 0x3c00,
+            codes,
+        });
+        let mut words = [0u32; WORDS_PER_BLOCK];
+        assert_eq!(
+            recover_tq2_0_words(&bytes, &mut words),
+            Err(BlockFault::CodeThree { element: 200 })
+        );
+        for d_bits in [0x7c00u16, 0xfc00, 0x7e00] {
+            let bytes = tq2_0_bytes(&TernaryBlock {
+                d_bits,
+                codes: [1; BLOCK],
+            });
+            assert_eq!(
+                recover_tq2_0_words(&bytes, &mut words),
+                Err(BlockFault::NonFiniteScale { d_bits })
+            );
+        }
     }
 
     #[test]

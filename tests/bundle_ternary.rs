@@ -56,7 +56,7 @@ fn as_tq2_0_bytes(b: &Bundle, name: &str) -> Vec<u8> {
     let t = b.tensor(name).unwrap();
     let (words, scales) = b.ternary_parts(t).unwrap();
     let mut out = Vec::new();
-    for (blk_words, &d_bits) in words.chunks_exact(16).zip(&scales) {
+    for (blk_words, &d_bits) in words.chunks_exact(16).zip(scales.iter()) {
         let mut codes = [0u8; 256];
         for (i, c) in codes.iter_mut().enumerate() {
             *c = ((blk_words[i / 16] >> (2 * (i % 16))) & 3) as u8;
@@ -420,6 +420,54 @@ fn d_zero_blocks_are_legal() {
     let (_d2, b) = to_ternary(&p, &[]);
     let o = run(&["verify", "--source"], &[&p, &b]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+/// `verify` compares recovered TQ2_0 tensors in the code domain and falls back to values
+/// where the bytes differ: a source whose codes differ but whose values are the same bits
+/// (codes 1 and 2 under d = +0) passes that tensor; codes 0 under d = +0 (values -0) do not.
+#[test]
+fn verify_compares_codes_and_falls_back_to_values() {
+    let with = |qs: u8| {
+        corrupt("blk.0.attn_v.weight", 2, move |b| {
+            b[..64].fill(qs);
+            b[64] = 0;
+            b[65] = 0;
+        })
+    };
+    let (_da, a) = with(0x55); // every code 1
+    let (_db, b_src) = with(0xAA); // every code 2: the same +0 values
+    let (_dc, c_src) = with(0x00); // every code 0: -0
+    let (_d, bundle) = to_ternary(&a, &[]);
+    let row = |src: &Path| {
+        let o = run(
+            &["verify", "--json", "--maxerr", "0", "--source"],
+            &[src, &bundle],
+        );
+        let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let t = r["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == "blk.0.attn_v.weight")
+            .unwrap()
+            .clone();
+        (o.status.code(), r, t)
+    };
+    let (code, r, t) = row(&a);
+    assert_eq!(code, Some(0), "{r}");
+    assert_eq!(t["compared"], "codes");
+    let (code, r, t) = row(&b_src);
+    // The file differs (its SHA256), the tensor's values do not.
+    assert_eq!(code, Some(1), "{r}");
+    assert_eq!(
+        (t["passed"].clone(), t["mismatched"].clone()),
+        (Value::Bool(true), 0.into()),
+        "{t}"
+    );
+    let (code, _, t) = row(&c_src);
+    assert_eq!(code, Some(1));
+    assert_eq!(t["passed"], false, "{t}");
+    assert_eq!(t["mismatched"], 256, "{t}");
 }
 
 /// Same input, same flags: byte-identical bundles whatever the thread count, and the bundle

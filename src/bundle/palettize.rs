@@ -25,8 +25,7 @@
 //! on `workers`; memory is the packed indices of one batch plus its f32 rows.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -982,7 +981,7 @@ pub fn palettize(
             pb.set_message(format!("tensor {}/{} {}", i + 1, tensors.len(), t.name));
             let offset = w.align(&wpath)?;
             let mut th = Sha256::new();
-            let mut put = |w: &mut HashingWriter<BufWriter<File>>, b: &[u8]| {
+            let mut put = |w: &mut HashingWriter<crate::direct_io::DirectWriter>, b: &[u8]| {
                 th.update(b);
                 w.write_all(b).map_err(io_err(&wpath))
             };

@@ -1,6 +1,7 @@
 //! Opens bundles: reads and validates the manifest, checks every file and tensor against it,
 //! and gives access to tensors as stored or reconstructed as the runtime defines them.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Component, Path, PathBuf};
@@ -249,49 +250,47 @@ fn list_files(dir: &Path, rel: &str, out: &mut Vec<String>) -> std::io::Result<(
     Ok(())
 }
 
-/// Reads a file once, front to back, hashing the whole file and each of `ranges` (sorted by
-/// offset, not overlapping). A range that runs past the end of the file gets `None`.
-fn hash_file_and_ranges(
-    path: &Path,
-    ranges: &[(u64, u64)],
-) -> std::io::Result<(String, Vec<Option<String>>)> {
+/// Hashes a mapped file once, front to back: the whole file and each of `ranges` (sorted by
+/// offset, not overlapping; a range that runs past the end gets `None`). Each 8 MiB window is
+/// hashed for the file and for its ranges at once on two rayon workers, then dropped from
+/// this process's resident set, so memory stays flat and no byte is copied.
+fn hash_map_and_ranges(map: &Mmap, ranges: &[(u64, u64)]) -> (String, Vec<Option<String>>) {
     use sha2::{Digest, Sha256};
-    use std::io::Read;
-    let mut f = File::open(path)?;
+    const WINDOW: usize = 8 << 20;
     let mut whole = Sha256::new();
     let mut hashers: Vec<Sha256> = ranges.iter().map(|_| Sha256::new()).collect();
-    let mut buf = vec![0u8; 8 << 20];
-    let mut pos = 0u64;
     let mut first = 0usize;
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        let chunk = &buf[..n];
-        whole.update(chunk);
-        let end = pos + n as u64;
+    let len = map.len() as u64;
+    for (wi, chunk) in map.chunks(WINDOW).enumerate() {
+        let pos = (wi * WINDOW) as u64;
+        let end = pos + chunk.len() as u64;
         while first < ranges.len() && ranges[first].0 + ranges[first].1 <= pos {
             first += 1;
         }
-        for (i, &(off, len)) in ranges.iter().enumerate().skip(first) {
-            if off >= end {
-                break;
-            }
-            let a = off.max(pos);
-            let b = (off + len).min(end);
-            if b > a {
-                hashers[i].update(&chunk[(a - pos) as usize..(b - pos) as usize]);
-            }
-        }
-        pos = end;
+        let hashers = &mut hashers;
+        rayon::join(
+            || whole.update(chunk),
+            || {
+                for (i, &(off, rlen)) in ranges.iter().enumerate().skip(first) {
+                    if off >= end {
+                        break;
+                    }
+                    let a = off.max(pos);
+                    let b = (off + rlen).min(end);
+                    if b > a {
+                        hashers[i].update(&chunk[(a - pos) as usize..(b - pos) as usize]);
+                    }
+                }
+            },
+        );
+        crate::gguf::release_range(map, pos, chunk.len() as u64);
     }
     let hashes = ranges
         .iter()
         .zip(hashers)
-        .map(|(&(off, len), h)| (off + len <= pos).then(|| hex::encode(h.finalize())))
+        .map(|(&(off, rlen), h)| (off + rlen <= len).then(|| hex::encode(h.finalize())))
         .collect();
-    Ok((hex::encode(whole.finalize()), hashes))
+    (hex::encode(whole.finalize()), hashes)
 }
 
 /// Checks the bundle against its manifest: every listed file present, regular, of the listed
@@ -362,10 +361,14 @@ pub fn check_integrity(
             ranges.push((t.offset, t.length));
         }
         let overlapping = failures.iter().any(|e| e.contains("overlaps"));
+        let file = File::open(&p).map_err(io)?;
+        // SAFETY: read-only map; bundles must not be modified while open.
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         let (h, tensor_hashes) = if overlapping {
-            (util::sha256_file(&p).map_err(io)?, vec![None; ranges.len()])
+            let (h, _) = hash_map_and_ranges(&map, &[]);
+            (h, vec![None; ranges.len()])
         } else {
-            hash_file_and_ranges(&p, &ranges).map_err(io)?
+            hash_map_and_ranges(&map, &ranges)
         };
         if h != f.sha256 {
             failures.push(format!(
@@ -392,9 +395,6 @@ pub fn check_integrity(
                 }
             }
         }
-        let file = File::open(&p).map_err(io)?;
-        // SAFETY: read-only map; bundles must not be modified while open.
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         maps.insert(f.path.clone(), map);
     }
     let mut present = Vec::new();
@@ -617,9 +617,13 @@ pub fn palette_view<'a>(t: &TensorEntry, bytes: &'a [u8]) -> Option<palette::Pal
     })
 }
 
+/// A ternary tensor's codes (u32 words) and scales (f16 bits), borrowed from the bundle's
+/// bytes where they can be.
+pub type TernaryParts<'a> = (Cow<'a, [u32]>, Cow<'a, [u16]>);
+
 /// A ternary tensor's packed words and f16 scale bits from its stored bytes; `None` for other
 /// encodings or parts that do not fit in `bytes`.
-pub fn ternary_parts(t: &TensorEntry, bytes: &[u8]) -> Option<(Vec<u32>, Vec<u16>)> {
+pub fn ternary_parts<'a>(t: &TensorEntry, bytes: &'a [u8]) -> Option<TernaryParts<'a>> {
     let Encoding::Ternary2 {
         codes_offset,
         codes_length,
@@ -634,16 +638,27 @@ pub fn ternary_parts(t: &TensorEntry, bytes: &[u8]) -> Option<(Vec<u32>, Vec<u16
         bytes.get(*codes_offset as usize..codes_offset.checked_add(*codes_length)? as usize)?;
     let scales =
         bytes.get(*scales_offset as usize..scales_offset.checked_add(*scales_length)? as usize)?;
-    Some((
-        codes
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        scales
-            .chunks_exact(2)
-            .map(|c| u16::from_le_bytes([c[0], c[1]]))
-            .collect(),
-    ))
+    // Read in place where the bytes are aligned and the machine is little-endian (the map of a
+    // bundle, whose tensors start at 64-byte offsets); copied otherwise.
+    let words: Cow<'a, [u32]> = match bytemuck::try_cast_slice(codes) {
+        Ok(w) if cfg!(target_endian = "little") => Cow::Borrowed(w),
+        _ => Cow::Owned(
+            codes
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        ),
+    };
+    let scales: Cow<'a, [u16]> = match bytemuck::try_cast_slice(scales) {
+        Ok(s) if cfg!(target_endian = "little") => Cow::Borrowed(s),
+        _ => Cow::Owned(
+            scales
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect(),
+        ),
+    };
+    Some((words, scales))
 }
 
 /// The first few failures, `; `-separated (`convert verify` lists them all).
@@ -751,7 +766,7 @@ impl Bundle {
     }
 
     /// A ternary tensor's packed words and f16 scale bits.
-    pub fn ternary_parts(&self, t: &TensorEntry) -> Option<(Vec<u32>, Vec<u16>)> {
+    pub fn ternary_parts(&self, t: &TensorEntry) -> Option<TernaryParts<'_>> {
         ternary_parts(t, self.tensor_bytes(t))
     }
 

@@ -56,7 +56,9 @@ pub struct TensorCheck {
     pub name: String,
     pub encoding: String,
     /// `bytes` (carried, compared byte for byte), `values` (ternary, compared element by
-    /// element), `integrity` (no source given: SHA256 and code range only).
+    /// element), `codes` (recovered from TQ2_0: each block's `d` bits and codes compared with
+    /// the source block, by value where they differ; the same verdict as `values`),
+    /// `integrity` (no source given: SHA256 and code range only).
     pub compared: String,
     pub elements: u64,
     /// Elements (or bytes, for `bytes`) whose bits differ.
@@ -171,6 +173,12 @@ fn tokenizer_ref_faults(m: &Manifest, tok: &crate::tokenizer::Tokenizer) -> Vec<
 /// `Ok` with `passed: false`.
 pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, BundleError> {
     let mf = open_manifest(bundle)?;
+    // The source's SHA256 on a thread of its own, beside the bundle's hashes and the
+    // comparisons (plain reads: hashing must not make the whole file resident).
+    let source_hash = opts
+        .source
+        .clone()
+        .map(|p| std::thread::spawn(move || util::sha256_file(&p)));
     let (maps, mut failures) = check_integrity(bundle, &mf)?;
     let integrity_failed = !failures.is_empty();
     let m = mf.manifest.clone();
@@ -243,18 +251,6 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
             }
             Err(e) => failures.push(format!("the source's model configuration: {e}")),
         }
-        let h = util::sha256_file(src.path()).map_err(|e| BundleError::Io {
-            path: src.path().to_path_buf(),
-            source: e,
-        })?;
-        if h != m.source.sha256 {
-            failures.push(format!(
-                "source {} has sha256 {h}, the bundle was made from {} with sha256 {}",
-                src.path().display(),
-                m.source.file_name,
-                m.source.sha256
-            ));
-        }
         for t in &src.tensors {
             if !m.tensors.iter().any(|b| b.name == t.name) {
                 failures.push(format!(
@@ -313,6 +309,25 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
         }
         checks.push(check);
     }
+    // Joined after the comparisons, which ran meanwhile.
+    if let Some(src) = &source {
+        let h = source_hash
+            .expect("started with the source")
+            .join()
+            .expect("source hash thread")
+            .map_err(|e| BundleError::Io {
+                path: src.path().to_path_buf(),
+                source: e,
+            })?;
+        if h != m.source.sha256 {
+            failures.push(format!(
+                "source {} has sha256 {h}, the bundle was made from {} with sha256 {}",
+                src.path().display(),
+                m.source.file_name,
+                m.source.sha256
+            ));
+        }
+    }
     let mut totals = Totals {
         tensors: checks.len(),
         ..Default::default()
@@ -326,7 +341,7 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
         } else {
             totals.carried += 1;
         }
-        if c.compared == "values" {
+        if c.compared == "values" || c.compared == "codes" {
             totals.elements_compared += c.elements;
         }
         totals.mismatched += c.mismatched;
@@ -460,6 +475,38 @@ crate::multiversion! {
     }
 }
 
+crate::multiversion! {
+    /// One row of a tensor recovered from TQ2_0, compared in the code domain: each block of
+    /// the bundle (16 words and a scale) is put back in the TQ2_0 byte layout
+    /// ([`ternary::tq2_0_block_from_words`], the inverse of what `gguf-to-ternary` ran) and
+    /// compared with the source block. Equal bytes mean equal `d` bits and codes, so every
+    /// value `f32(d) * (code - 1)` equals the source's dequantization bit for bit. A block
+    /// whose bytes differ is compared by value, as [`compare_row`] does (values can agree with
+    /// different bytes, e.g. codes 1 and 2 under `d = +0`).
+    fn compare_row_tq2_0(src_row: &[u8], words: &[u32], scales: &[u16], want: &mut [f32], got: &mut [f32]) -> Cmp {
+        const TS: usize = 66;
+        let (mut elements, mut mism, mut maxd) = (0u64, 0u64, 0f64);
+        for (b, block) in src_row.chunks_exact(TS).enumerate() {
+            let wb = &words[b * ternary::WORDS_PER_BLOCK..(b + 1) * ternary::WORDS_PER_BLOCK];
+            elements += ternary::BLOCK as u64;
+            if ternary::tq2_0_block_from_words(wb, scales[b])[..] == block[..] {
+                continue;
+            }
+            let (want, got) = (&mut want[..ternary::BLOCK], &mut got[..ternary::BLOCK]);
+            quant::dequantize_body_checked(GgmlType::TQ2_0, block, want);
+            ternary::row_values(wb, &scales[b..b + 1], got);
+            for (a, w) in got.iter().zip(want.iter()) {
+                if a.to_bits() != w.to_bits() {
+                    mism += 1;
+                    let d = (*a as f64 - *w as f64).abs();
+                    maxd = maxd.max(if d.is_nan() { f64::INFINITY } else { d });
+                }
+            }
+        }
+        (elements, mism, maxd, 0.0)
+    }
+}
+
 fn check_tensor(
     t: &TensorEntry,
     bytes: &[u8],
@@ -488,10 +535,13 @@ fn check_tensor(
     let ternary = super::reader::ternary_parts(t, bytes);
     if let Some((words, _)) = &ternary {
         // Code 3 would make the kernel compute +2d: never valid in a bundle.
-        if let Some(i) = words
-            .iter()
-            .position(|w| (0..16).any(|j| (w >> (2 * j)) & 3 == 3))
-        {
+        // Both bits of a field set, 16 fields per word at once; OR-reduced per 4096 words
+        // (a loop that vectorizes), the word found only when some field is 3.
+        let three = |w: &u32| w & (w >> 1) & 0x5555_5555 != 0;
+        let any = words
+            .chunks(4096)
+            .any(|c| c.iter().fold(0u32, |a, w| a | (w & (w >> 1))) & 0x5555_5555 != 0);
+        if let Some(i) = any.then(|| words.iter().position(three)).flatten() {
             return fail(
                 c,
                 format!("packed word {i} holds code 3, which is not ternary"),
@@ -533,25 +583,27 @@ fn check_tensor(
             c
         }
         (Encoding::Ternary2 { origin, .. }, Some((words, scales))) => {
-            c.compared = "values".into();
             let k = st.row_len() as usize;
             let row_bytes = st.ty.bytes_for(k as u64).unwrap_or(0) as usize;
             let ternarized = origin == "ternarized";
+            let by_codes = !ternarized && st.ty == GgmlType::TQ2_0;
+            c.compared = if by_codes { "codes" } else { "values" }.into();
             let rows = st.n_rows() as usize;
             let cmp: Cmp = (0..rows)
                 .into_par_iter()
                 .map_init(
                     || (vec![0f32; k], vec![0f32; k]),
                     |(want, got), r| {
-                        compare_row(
-                            st.ty,
+                        let (src_row, words, scales) = (
                             &sbytes[r * row_bytes..(r + 1) * row_bytes],
-                            ternarized,
                             &words[r * k / 16..(r + 1) * k / 16],
                             &scales[r * k / 256..(r + 1) * k / 256],
-                            want,
-                            got,
-                        )
+                        );
+                        if by_codes {
+                            compare_row_tq2_0(src_row, words, scales, want, got)
+                        } else {
+                            compare_row(st.ty, src_row, ternarized, words, scales, want, got)
+                        }
                     },
                 )
                 .reduce(

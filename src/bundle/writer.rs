@@ -13,8 +13,7 @@
 //! renamed into place only after the manifest is written; on any failure it is removed.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
@@ -24,6 +23,7 @@ use super::config;
 use super::kernels;
 use super::manifest::*;
 use super::BundleError;
+use crate::direct_io::DirectWriter;
 use crate::ggml::GgmlType;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant;
@@ -116,12 +116,12 @@ pub(crate) struct HashingWriter<W: Write> {
     pub(crate) pos: u64,
 }
 
-impl HashingWriter<BufWriter<File>> {
-    /// Creates `path` (the bundle's weight file) for writing through a 4 MiB buffer.
+impl HashingWriter<DirectWriter> {
+    /// Creates `path` (the bundle's weight file) for writing around the page cache
+    /// ([`DirectWriter`]: 8 MiB direct writes on a thread of their own).
     pub(crate) fn create(path: &Path) -> Result<Self, BundleError> {
-        let f = File::create(path).map_err(io_err(path))?;
         Ok(HashingWriter {
-            inner: BufWriter::with_capacity(1 << 22, f),
+            inner: DirectWriter::create(path).map_err(io_err(path))?,
             hash: Sha256::new(),
             pos: 0,
         })
@@ -135,22 +135,14 @@ impl HashingWriter<BufWriter<File>> {
         Ok(self.pos)
     }
 
-    /// Flushes and syncs the file; returns its [`FileEntry`] as [`WEIGHTS_FILE`].
-    pub(crate) fn finish(mut self, path: &Path) -> Result<FileEntry, BundleError> {
-        self.flush().map_err(io_err(path))?;
+    /// Writes the rest and syncs the file; returns its [`FileEntry`] as [`WEIGHTS_FILE`].
+    pub(crate) fn finish(self, path: &Path) -> Result<FileEntry, BundleError> {
         let entry = FileEntry {
             path: WEIGHTS_FILE.into(),
             size: self.pos,
             sha256: hex::encode(self.hash.finalize()),
         };
-        self.inner
-            .into_inner()
-            .map_err(|e| BundleError::Io {
-                path: path.to_path_buf(),
-                source: e.into_error(),
-            })?
-            .sync_all()
-            .map_err(io_err(path))?;
+        self.inner.finish().map_err(io_err(path))?;
         Ok(entry)
     }
 }
@@ -291,18 +283,38 @@ fn rows_per_chunk(k: u64) -> usize {
     ((1 << 18) / k.max(1)).max(1) as usize
 }
 
-/// A chunk of packed rows, or the (row, block in row, fault) of the first bad block.
-type ChunkResult = Result<(Vec<u32>, Vec<u16>), (u64, u64, ternary::BlockFault)>;
+/// The (row, block in row, fault) of the first bad block of a chunk.
+type ChunkFault = (u64, u64, ternary::BlockFault);
 
 crate::multiversion! {
-    /// Packs rows `r0..r1`: recovers each block (`recover`: TQ2_0/TQ1_0 source) or quantizes
-    /// it with the TQ2_0 rule (`--ternarize`).
-    fn pack_rows(ty: GgmlType, recover: bool, data: &[u8], row_bytes: usize, k: usize, r0: usize, r1: usize) -> ChunkResult {
+    /// Packs rows `r0..r1` into `codes` (their little-endian u32 words) and `scales` (their
+    /// f16 scale bits, little-endian). A TQ2_0 source is recovered in the code domain
+    /// ([`ternary::recover_tq2_0_words`]); a TQ1_0 source is dequantized and recovered from
+    /// both routes ([`ternary::recover_block`]); otherwise (`--ternarize`) each block is
+    /// quantized with the TQ2_0 rule.
+    fn pack_rows(ty: GgmlType, recover: bool, data: &[u8], row_bytes: usize, k: usize, r0: usize, r1: usize, codes: &mut [u8], scales: &mut [u8]) -> Result<(), ChunkFault> {
         let blocks_per_row = k / BLOCK;
-        let mut words = vec![0u32; (r1 - r0) * blocks_per_row * WORDS_PER_BLOCK];
-        let mut scales = vec![0u16; (r1 - r0) * blocks_per_row];
-        let mut row = vec![0f32; k];
         let ts = ty.type_size();
+        let mut words = [0u32; WORDS_PER_BLOCK];
+        let mut put = |i: usize, d_bits: u16, words: &[u32; WORDS_PER_BLOCK]| {
+            scales[2 * i..2 * i + 2].copy_from_slice(&d_bits.to_le_bytes());
+            let out = &mut codes[i * 4 * WORDS_PER_BLOCK..(i + 1) * 4 * WORDS_PER_BLOCK];
+            for (o, w) in out.chunks_exact_mut(4).zip(words) {
+                o.copy_from_slice(&w.to_le_bytes());
+            }
+        };
+        if recover && ty == GgmlType::TQ2_0 {
+            for r in r0..r1 {
+                let src = &data[r * row_bytes..(r + 1) * row_bytes];
+                for (b, block) in src.chunks_exact(ts).enumerate() {
+                    let d_bits = ternary::recover_tq2_0_words(block, &mut words)
+                        .map_err(|f| (r as u64, b as u64, f))?;
+                    put((r - r0) * blocks_per_row + b, d_bits, &words);
+                }
+            }
+            return Ok(());
+        }
+        let mut row = vec![0f32; k];
         for r in r0..r1 {
             let src = &data[r * row_bytes..(r + 1) * row_bytes];
             // Whole blocks of a dequantizable type, checked by the caller.
@@ -318,21 +330,21 @@ crate::multiversion! {
                     ternary::quantize_tq2_0_block(w)
                 }
                 .map_err(|f| (r as u64, b as u64, f))?;
-                let i = (r - r0) * blocks_per_row + b;
-                scales[i] = blk.d_bits;
-                ternary::pack_block(&blk.codes, &mut words[i * WORDS_PER_BLOCK..(i + 1) * WORDS_PER_BLOCK]);
+                ternary::pack_block(&blk.codes, &mut words);
+                put((r - r0) * blocks_per_row + b, blk.d_bits, &words);
             }
         }
-        Ok((words, scales))
+        Ok(())
     }
 }
 
-/// Packs one tensor to the ternary layout. Returns (codes as u32 words, scales as f16 bits).
+/// Packs one tensor to the ternary layout. Returns (codes: the u32 words as little-endian
+/// bytes, scales: the f16 scale bits as little-endian bytes), both row-major.
 fn pack_ternary(
     file: &GgufFile,
     t: &TensorInfo,
     p: Plan,
-) -> Result<(Vec<u32>, Vec<u16>), BundleError> {
+) -> Result<(Vec<u8>, Vec<u8>), BundleError> {
     let k = t.row_len();
     let n = t.n_rows();
     if !k.is_multiple_of(BLOCK as u64) {
@@ -353,10 +365,15 @@ fn pack_ternary(
     let blocks_per_row = (k / BLOCK as u64) as usize;
     let row_bytes = t.ty.bytes_for(k).unwrap_or(0) as usize;
     let chunk_rows = rows_per_chunk(k);
-    let n_chunks = (n as usize).div_ceil(chunk_rows);
-    let results: Vec<ChunkResult> = (0..n_chunks)
-        .into_par_iter()
-        .map(|c| {
+    let n_blocks = n as usize * blocks_per_row;
+    // Every byte is written by exactly one chunk below.
+    let mut codes = vec![0u8; n_blocks * 4 * WORDS_PER_BLOCK];
+    let mut scales = vec![0u8; n_blocks * 2];
+    let faults: Vec<ChunkFault> = codes
+        .par_chunks_mut(chunk_rows * blocks_per_row * 4 * WORDS_PER_BLOCK)
+        .zip(scales.par_chunks_mut(chunk_rows * blocks_per_row * 2))
+        .enumerate()
+        .filter_map(|(c, (codes, scales))| {
             let r0 = c * chunk_rows;
             let r1 = ((c + 1) * chunk_rows).min(n as usize);
             pack_rows(
@@ -367,31 +384,111 @@ fn pack_ternary(
                 k as usize,
                 r0,
                 r1,
+                codes,
+                scales,
             )
+            .err()
         })
         .collect();
-    let mut words = Vec::with_capacity((n as usize) * blocks_per_row * WORDS_PER_BLOCK);
-    let mut scales = Vec::with_capacity((n as usize) * blocks_per_row);
-    for r in results {
-        match r {
-            Ok((w, s)) => {
-                words.extend_from_slice(&w);
-                scales.extend_from_slice(&s);
+    // Chunks come back in row order: the first fault is the lowest row's.
+    if let Some((row, b, fault)) = faults.into_iter().next() {
+        return Err(BundleError::Block {
+            file: file.path().to_path_buf(),
+            tensor: t.name.clone(),
+            block: row * blocks_per_row as u64 + b,
+            row,
+            start: b * BLOCK as u64,
+            end: (b + 1) * BLOCK as u64,
+            fault,
+        });
+    }
+    Ok((codes, scales))
+}
+
+/// What the main thread hands to [`FileSink`]'s thread: a tensor carried from the source map
+/// (released from memory once written), bytes it owns, or a run of zero padding.
+enum Piece<'a> {
+    Source(&'a GgufFile, &'a TensorInfo),
+    Owned(Vec<u8>),
+    Zeros(usize),
+}
+
+/// `weights.bin` written and hashed (its file SHA256) on a thread of its own, so that the
+/// file's hash, each tensor's hash (the caller's) and the source's hash run at once. Pieces
+/// go through a bounded channel (a few tensors' worth at most in flight).
+struct FileSink<'scope, 'a> {
+    tx: Option<std::sync::mpsc::SyncSender<Piece<'a>>>,
+    handle: Option<std::thread::ScopedJoinHandle<'scope, Result<FileEntry, BundleError>>>,
+    pos: u64,
+}
+
+impl<'scope, 'a: 'scope> FileSink<'scope, 'a> {
+    fn spawn<'env>(
+        s: &'scope std::thread::Scope<'scope, 'env>,
+        path: &'scope Path,
+    ) -> Result<Self, BundleError> {
+        let mut w = HashingWriter::create(path)?;
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Piece<'a>>(4);
+        let handle = s.spawn(move || {
+            let zeros = [0u8; ALIGNMENT as usize];
+            for piece in rx {
+                match piece {
+                    Piece::Source(f, t) => w.write_all(f.tensor_data(t)).map(|()| f.release(t)),
+                    Piece::Owned(b) => w.write_all(&b),
+                    Piece::Zeros(n) => w.write_all(&zeros[..n]),
+                }
+                .map_err(io_err(path))?;
             }
-            Err((row, b, fault)) => {
-                return Err(BundleError::Block {
-                    file: file.path().to_path_buf(),
-                    tensor: t.name.clone(),
-                    block: row * blocks_per_row as u64 + b,
-                    row,
-                    start: b * BLOCK as u64,
-                    end: (b + 1) * BLOCK as u64,
-                    fault,
-                })
-            }
+            w.finish(path)
+        });
+        Ok(FileSink {
+            tx: Some(tx),
+            handle: Some(handle),
+            pos: 0,
+        })
+    }
+
+    /// Queues `piece`; on a send failure (the thread stopped on an error) returns that error.
+    fn put(&mut self, piece: Piece<'a>) -> Result<(), BundleError> {
+        let n = match &piece {
+            Piece::Source(f, t) => f.tensor_data(t).len(),
+            Piece::Owned(b) => b.len(),
+            Piece::Zeros(n) => *n,
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        self.pos += n as u64;
+        let sent = self
+            .tx
+            .as_ref()
+            .map(|tx| tx.send(piece).is_ok())
+            .unwrap_or(false);
+        if sent {
+            Ok(())
+        } else {
+            Err(self
+                .join()
+                .err()
+                .unwrap_or(BundleError::Injected(usize::MAX)))
         }
     }
-    Ok((words, scales))
+
+    /// Zero padding up to the next multiple of [`ALIGNMENT`]; returns the new position.
+    fn align(&mut self) -> Result<u64, BundleError> {
+        let pad = (ALIGNMENT - self.pos % ALIGNMENT) % ALIGNMENT;
+        self.put(Piece::Zeros(pad as usize))?;
+        Ok(self.pos)
+    }
+
+    /// Closes the channel and waits for the file to be written, synced and hashed.
+    fn join(&mut self) -> Result<FileEntry, BundleError> {
+        self.tx = None;
+        match self.handle.take() {
+            Some(h) => h.join().expect("weights writer thread"),
+            None => Err(BundleError::Injected(usize::MAX)),
+        }
+    }
 }
 
 pub(crate) fn io_err(path: &Path) -> impl Fn(std::io::Error) -> BundleError + '_ {
@@ -601,6 +698,10 @@ pub fn write_bundle(
 }
 
 /// Writes `weights.bin` into `dir`. Returns the tensor entries and the file entry.
+///
+/// Three streams of SHA256 run at once: the source's (the caller's thread), each tensor's
+/// (this thread, while the next tensor is packed on the rayon pool) and the weight file's
+/// ([`FileSink`], which also writes). Each output byte is made once and handed on by move.
 fn write_contents(
     file: &GgufFile,
     dir: &Path,
@@ -608,11 +709,24 @@ fn write_contents(
     opts: &PackOptions,
 ) -> Result<(Vec<TensorEntry>, FileEntry), BundleError> {
     let wpath = dir.join(WEIGHTS_FILE);
-    let mut w = HashingWriter::create(&wpath)?;
+    std::thread::scope(|s| {
+        let mut sink = FileSink::spawn(s, &wpath)?;
+        let entries = write_tensors(file, plans, opts, &mut sink);
+        let weights = sink.join();
+        // A tensor's error comes first (the sink then only reports the closed channel).
+        Ok((entries?, weights?))
+    })
+}
+
+fn write_tensors<'s, 'a: 's>(
+    file: &'a GgufFile,
+    plans: &[Plan],
+    opts: &PackOptions,
+    w: &mut FileSink<'s, 'a>,
+) -> Result<Vec<TensorEntry>, BundleError> {
     let total: u64 = file.tensors.iter().map(|t| t.n_bytes).sum();
     let pb = util::progress_bar(total, opts.quiet, true);
     let mut entries = Vec::with_capacity(file.tensors.len());
-    let zeros = [0u8; ALIGNMENT as usize];
     for (i, (t, &p)) in file.tensors.iter().zip(plans).enumerate() {
         if opts.fail_after_tensors == Some(i) {
             return Err(BundleError::Injected(i));
@@ -623,13 +737,13 @@ fn write_contents(
             file.tensors.len(),
             t.name
         ));
-        let offset = w.align(&wpath)?;
+        let offset = w.align()?;
         let mut th = Sha256::new();
         let (encoding, length) = match p {
             Plan::Carry => {
                 let bytes = file.tensor_data(t);
                 th.update(bytes);
-                w.write_all(bytes).map_err(io_err(&wpath))?;
+                w.put(Piece::Source(file, t))?;
                 (
                     Encoding::Gguf {
                         ggml_type: t.ty.name().into(),
@@ -641,21 +755,17 @@ fn write_contents(
                 )
             }
             Plan::Recover | Plan::Ternarize => {
-                let (words, scales) = pack_ternary(file, t, p)?;
-                let mut codes = Vec::with_capacity(words.len() * 4);
-                for x in &words {
-                    codes.extend_from_slice(&x.to_le_bytes());
-                }
+                let (codes, sbytes) = pack_ternary(file, t, p)?;
+                file.release(t);
                 let codes_len = codes.len() as u64;
                 let gap = (ALIGNMENT - codes_len % ALIGNMENT) % ALIGNMENT;
-                let mut sbytes = Vec::with_capacity(scales.len() * 2);
-                for s in &scales {
-                    sbytes.extend_from_slice(&s.to_le_bytes());
-                }
-                for part in [&codes[..], &zeros[..gap as usize], &sbytes[..]] {
-                    th.update(part);
-                    w.write_all(part).map_err(io_err(&wpath))?;
-                }
+                let scales_len = sbytes.len() as u64;
+                th.update(&codes);
+                th.update(&[0u8; ALIGNMENT as usize][..gap as usize]);
+                th.update(&sbytes);
+                w.put(Piece::Owned(codes))?;
+                w.put(Piece::Zeros(gap as usize))?;
+                w.put(Piece::Owned(sbytes))?;
                 (
                     Encoding::Ternary2 {
                         block_size: BLOCK as u64,
@@ -668,11 +778,11 @@ fn write_contents(
                         codes_offset: 0,
                         codes_length: codes_len,
                         scales_offset: codes_len + gap,
-                        scales_length: sbytes.len() as u64,
+                        scales_length: scales_len,
                         scale_dtype: "float16".into(),
                         fast_path: ternary::fast_path(t.n_rows(), t.row_len()),
                     },
-                    codes_len + gap + sbytes.len() as u64,
+                    codes_len + gap + scales_len,
                 )
             }
         };
@@ -687,12 +797,10 @@ fn write_contents(
             length,
             sha256: hex::encode(th.finalize()),
         });
-        file.release(t);
         pb.inc(t.n_bytes);
     }
-    let weights = w.finish(&wpath)?;
     pb.finish_and_clear();
-    Ok((entries, weights))
+    Ok(entries)
 }
 
 /// Renames a directory to a path that must not exist, atomically refusing to replace one
