@@ -291,8 +291,11 @@ bench-gpu: build fetch
 	ANCHOR=$(GPU_ANCHOR) SHAPES=$(LOWBIT_CACHE)/bench/shapes CONVERT=$(CONVERT) \
 		OUT=$(LOWBIT_CACHE)/bench/gpu bash benches/gpu/bench.sh
 
-bench-ternary: build $(MINICPM8B)
-	$(VPY) benches/ternary_bench.py --convert $(CONVERT) --json $(LOWBIT_CACHE)/bench/ternary.json $(MINICPM8B)
+# TERNARY_BENCH_MODEL=PATH times another GGUF instead (not regenerated, e.g. the GPU anchor's
+# gen_minicpm8b.py output at the same shapes, which needs no llama.cpp build).
+TERNARY_BENCH_MODEL ?= $(MINICPM8B)
+bench-ternary: build $(VENV)/.ok $(if $(filter $(MINICPM8B),$(TERNARY_BENCH_MODEL)),$(MINICPM8B))
+	$(VPY) benches/ternary_bench.py --convert $(CONVERT) --json $(LOWBIT_CACHE)/bench/ternary.json $(TERNARY_BENCH_MODEL)
 
 # Dequantization throughput (GB/s of f32 output) per type and per real model, lowbit serial and
 # in rayon pools next to gguf-py on the same data; writes $(LOWBIT_CACHE)/bench/dequant.json and
