@@ -250,6 +250,59 @@ fn list_files(dir: &Path, rel: &str, out: &mut Vec<String>) -> std::io::Result<(
     Ok(())
 }
 
+/// Reads a file once, front to back, with direct I/O ([`crate::direct_io::read_windows`]),
+/// hashing the whole file and each of `ranges` (sorted, not overlapping) on two rayon workers
+/// per window, and calls `visit(i, bytes)` with range `i`'s bytes once the read has passed its
+/// end (a range that runs past the end of the file gets `None` and no visit). Memory: the
+/// windows in flight and the ranges in progress (one, as ranges do not overlap).
+fn scan_file(
+    path: &Path,
+    ranges: &[(u64, u64)],
+    visit: &mut dyn FnMut(usize, &[u8]),
+) -> std::io::Result<(String, Vec<Option<String>>)> {
+    use sha2::{Digest, Sha256};
+    let mut whole = Sha256::new();
+    let mut hashers: Vec<Sha256> = ranges.iter().map(|_| Sha256::new()).collect();
+    let mut held: Vec<Vec<u8>> = vec![Vec::new(); ranges.len()];
+    let mut first = 0usize;
+    let len = crate::direct_io::read_windows(path, |pos, chunk| {
+        let end = pos + chunk.len() as u64;
+        let (hashers, held) = (&mut hashers, &mut held);
+        rayon::join(
+            || whole.update(chunk),
+            || {
+                for (i, &(off, rlen)) in ranges.iter().enumerate().skip(first) {
+                    if off >= end {
+                        break;
+                    }
+                    let a = off.max(pos);
+                    let b = (off + rlen).min(end);
+                    if b > a {
+                        let part = &chunk[(a - pos) as usize..(b - pos) as usize];
+                        hashers[i].update(part);
+                        if held[i].is_empty() {
+                            held[i].reserve_exact(rlen as usize);
+                        }
+                        held[i].extend_from_slice(part);
+                    }
+                }
+            },
+        );
+        while first < ranges.len() && ranges[first].0 + ranges[first].1 <= end {
+            let bytes = std::mem::take(&mut held[first]);
+            visit(first, &bytes);
+            first += 1;
+        }
+        Ok(())
+    })?;
+    let hashes = ranges
+        .iter()
+        .zip(hashers)
+        .map(|(&(off, rlen), h)| (off + rlen <= len).then(|| hex::encode(h.finalize())))
+        .collect();
+    Ok((hex::encode(whole.finalize()), hashes))
+}
+
 /// Hashes a mapped file once, front to back: the whole file and each of `ranges` (sorted by
 /// offset, not overlapping; a range that runs past the end gets `None`). Each 8 MiB window is
 /// hashed for the file and for its ranges at once on two rayon workers, then dropped from
@@ -297,9 +350,9 @@ fn hash_map_and_ranges(map: &Mmap, ranges: &[(u64, u64)]) -> (String, Vec<Option
 /// size and SHA256 (the kernel files among them, whose `kernels` entries must agree with the
 /// file list); no unlisted file; the bundle digest; every tensor inside its file, aligned,
 /// consistent with its encoding and shape, not overlapping another, and of the listed SHA256.
-/// Files are read once with plain reads (so checking a multi-GB bundle does not make it
-/// resident) and then memory-mapped for use. Returns the maps and every failure found (empty
-/// when the bundle is intact).
+/// Files are memory-mapped and hashed once through the map, each window dropped from the
+/// resident set after it is hashed (so checking a multi-GB bundle does not make it resident).
+/// Returns the maps and every failure found (empty when the bundle is intact).
 ///
 /// The digests: for version 2, the ones [`open_manifest`] computed from the manifest's content
 /// against `bundle_digest` and `manifest_digest`; for version 1, the SHA256 of
@@ -308,6 +361,23 @@ fn hash_map_and_ranges(map: &Mmap, ranges: &[(u64, u64)]) -> (String, Vec<Option
 pub fn check_integrity(
     dir: &Path,
     mf: &ManifestFile,
+) -> Result<(BTreeMap<String, Mmap>, Vec<String>), BundleError> {
+    check_integrity_visiting(dir, mf, None)
+}
+
+/// A tensor's bytes as [`check_integrity_visiting`] reads them.
+pub type TensorVisitor<'v> = &'v mut dyn FnMut(&TensorEntry, &[u8]);
+
+/// [`check_integrity`], and with `visit`, each tensor's bytes handed to `visit` in file order
+/// as the single read of its file reaches its end (`convert verify` compares it then). A file
+/// holding tensors is then read with direct I/O ([`crate::direct_io::read_windows`]) instead
+/// of through the map, so a bundle that is not in the page cache is read from disk once, at
+/// disk speed, and not again for the comparisons. Tensors of a file whose size is wrong, that
+/// run past its end or that overlap are not visited.
+pub fn check_integrity_visiting(
+    dir: &Path,
+    mf: &ManifestFile,
+    mut visit: Option<TensorVisitor<'_>>,
 ) -> Result<(BTreeMap<String, Mmap>, Vec<String>), BundleError> {
     let m = &mf.manifest;
     let mut failures = super::kernels::integrity_faults(m);
@@ -364,11 +434,15 @@ pub fn check_integrity(
         let file = File::open(&p).map_err(io)?;
         // SAFETY: read-only map; bundles must not be modified while open.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        let (h, tensor_hashes) = if overlapping {
-            let (h, _) = hash_map_and_ranges(&map, &[]);
-            (h, vec![None; ranges.len()])
-        } else {
-            hash_map_and_ranges(&map, &ranges)
+        let (h, tensor_hashes) = match visit.as_mut() {
+            Some(v) if !overlapping && !in_file.is_empty() => {
+                scan_file(&p, &ranges, &mut |i, bytes| v(in_file[i], bytes)).map_err(io)?
+            }
+            _ if overlapping => {
+                let (h, _) = hash_map_and_ranges(&map, &[]);
+                (h, vec![None; ranges.len()])
+            }
+            _ => hash_map_and_ranges(&map, &ranges),
         };
         if h != f.sha256 {
             failures.push(format!(

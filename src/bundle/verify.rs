@@ -17,7 +17,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::manifest::*;
-use super::reader::{check_integrity, open_manifest};
+use super::reader::{check_integrity_visiting, open_manifest};
 use super::sign;
 use super::BundleError;
 use crate::ggml::GgmlType;
@@ -179,7 +179,27 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
         .source
         .clone()
         .map(|p| std::thread::spawn(move || util::sha256_file(&p)));
-    let (maps, mut failures) = check_integrity(bundle, &mf)?;
+    let source = match &opts.source {
+        Some(p) => Some(GgufFile::open(p)?),
+        None => None,
+    };
+    // Each tensor is checked as the integrity pass's single read of its file reaches its end
+    // (see `check_integrity_visiting`); a tensor that pass could not hand over (its file has
+    // the wrong size, it runs past the end, it overlaps another) is checked from the map below.
+    let mut checked: BTreeMap<String, TensorCheck> = BTreeMap::new();
+    let (maps, mut failures) = check_integrity_visiting(
+        bundle,
+        &mf,
+        Some(&mut |t: &TensorEntry, bytes: &[u8]| {
+            checked.insert(
+                t.name.clone(),
+                check_tensor(t, bytes, source.as_ref(), opts.maxerr),
+            );
+            if let Some(st) = source.as_ref().and_then(|s| s.tensor(&t.name)) {
+                source.as_ref().expect("source").release(st);
+            }
+        }),
+    )?;
     let integrity_failed = !failures.is_empty();
     let m = mf.manifest.clone();
     // Integrity failures that name a tensor (its SHA256, its place in the file) fail that
@@ -207,10 +227,6 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
         }
         Err(e) => failures.push(format!("the runtime cannot build the model: {e}")),
     }
-    let source = match &opts.source {
-        Some(p) => Some(GgufFile::open(p)?),
-        None => None,
-    };
     failures.extend(function_table_faults(&m));
     let (kernels, mut notes) =
         super::kernels::check_kernels(&m, bundle, &|path: &str| maps.get(path).map(|map| &map[..]));
@@ -266,8 +282,9 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
             let end = t.offset.checked_add(t.length)?;
             map.get(t.offset as usize..end as usize)
         });
-        let check = match stored {
-            None => TensorCheck {
+        let check = match checked.remove(&t.name).map(Ok).unwrap_or(Err(stored)) {
+            Ok(c) => c,
+            Err(None) => TensorCheck {
                 name: t.name.clone(),
                 encoding: encoding_name(&t.encoding),
                 compared: "none".into(),
@@ -278,7 +295,7 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
                 passed: false,
                 detail: Some(format!("file {} is missing or damaged", t.file)),
             },
-            Some(bytes) => check_tensor(t, bytes, source.as_ref(), opts.maxerr),
+            Err(Some(bytes)) => check_tensor(t, bytes, source.as_ref(), opts.maxerr),
         };
         let check = match bad_integrity.get(&t.name) {
             Some(d) => TensorCheck {
