@@ -260,18 +260,39 @@ pub fn recover_tq2_0_words(block: &[u8], words: &mut [u32]) -> Result<u16, Block
 /// are separate code).
 #[inline(always)]
 pub fn tq2_0_block_from_words(words: &[u32], d_bits: u16) -> [u8; 66] {
-    let mut x = [0u64; 8];
-    for (w, &word) in words[..WORDS_PER_BLOCK].iter().enumerate() {
-        let (h, s, half) = (w / 8, ((w % 8) / 2) as u32, w % 2);
-        x[4 * h + 2 * half] |= scatter_field(word & 0xffff) << (2 * s);
-        x[4 * h + 2 * half + 1] |= scatter_field(word >> 16) << (2 * s);
-    }
+    let x = tq2_0_qs_lanes_from_words(words);
     let mut out = [0u8; 66];
     for (c, v) in out.chunks_exact_mut(8).zip(x) {
         c.copy_from_slice(&v.to_le_bytes());
     }
     out[64..66].copy_from_slice(&d_bits.to_le_bytes());
     out
+}
+
+/// The 64 TQ2_0 code bytes of one block's 16 packed words, as 8 little-endian u64 (bytes
+/// `8l .. 8l+8` in lane `l`). Lane `l` holds `qs[32h + 16half + 8hi ..][..8]` with
+/// `(h, half, hi) = (l / 4, l / 2 % 2, l % 2)`, whose field `s` comes from the `hi` half of
+/// word `8h + 2s + half`; written lane-parallel so the compiler can vectorize the 8 lanes.
+#[inline(always)]
+pub fn tq2_0_qs_lanes_from_words(words: &[u32]) -> [u64; 8] {
+    let w = &words[..WORDS_PER_BLOCK];
+    let mut x = [0u64; 8];
+    for s in 0..4 {
+        let v = [
+            w[2 * s],
+            w[2 * s] >> 16,
+            w[2 * s + 1],
+            w[2 * s + 1] >> 16,
+            w[8 + 2 * s],
+            w[8 + 2 * s] >> 16,
+            w[9 + 2 * s],
+            w[9 + 2 * s] >> 16,
+        ];
+        for (xl, vl) in x.iter_mut().zip(v) {
+            *xl |= scatter_field(vl & 0xffff) << (2 * s);
+        }
+    }
+    x
 }
 
 /// Codes and scale bits of one TQ2_0 or TQ1_0 block, decoded from its bytes.
