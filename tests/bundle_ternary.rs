@@ -470,6 +470,31 @@ fn verify_compares_codes_and_falls_back_to_values() {
     assert_eq!(t["mismatched"], 256, "{t}");
 }
 
+/// A manifest that gives the weight file's last tensor a length far beyond the file (the
+/// digests then fail too) is a failure naming the tensor, not an allocation of that length.
+#[test]
+fn verify_survives_a_huge_tensor_length() {
+    let (_d, b) = to_ternary(&tiny(), &[]);
+    let mpath = b.join("manifest.json");
+    let mut m = json(&mpath);
+    let last = m["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .max_by_key(|(_, t)| t["offset"].as_u64().unwrap())
+        .map(|(i, _)| i)
+        .unwrap();
+    let name = m["tensors"][last]["name"].as_str().unwrap().to_string();
+    for huge in [1u64 << 40, 1 << 63] {
+        m["tensors"][last]["length"] = huge.into();
+        std::fs::write(&mpath, serde_json::to_vec(&m).unwrap()).unwrap();
+        let o = run(&["verify"], &[&b]);
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        assert!(text(&o).contains(&name), "{}", text(&o));
+    }
+}
+
 /// Same input, same flags: byte-identical bundles whatever the thread count, and the bundle
 /// digest recorded for the `ternary` artifact of `manifests/minicpm-tiny.toml` (its lock file
 /// names what differs when it does not match; see `common::check_lock`).

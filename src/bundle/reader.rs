@@ -265,6 +265,9 @@ fn scan_file(
     let mut hashers: Vec<Sha256> = ranges.iter().map(|_| Sha256::new()).collect();
     let mut held: Vec<Vec<u8>> = vec![Vec::new(); ranges.len()];
     let mut first = 0usize;
+    // A range's bytes are reserved at most up to the end of the file: its length comes from
+    // the manifest, which may claim more than the file holds.
+    let size = std::fs::metadata(path)?.len();
     let len = crate::direct_io::read_windows(path, |pos, chunk| {
         let end = pos + chunk.len() as u64;
         let (hashers, held) = (&mut hashers, &mut held);
@@ -281,7 +284,7 @@ fn scan_file(
                         let part = &chunk[(a - pos) as usize..(b - pos) as usize];
                         hashers[i].update(part);
                         if held[i].is_empty() {
-                            held[i].reserve_exact(rlen as usize);
+                            held[i].reserve_exact(rlen.min(size.saturating_sub(off)) as usize);
                         }
                         held[i].extend_from_slice(part);
                     }
