@@ -92,14 +92,31 @@ pub fn dequant_q5_0(blocks: &[BlockQ5_0], out: &mut [f32]) {
     for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK4_0)) {
         let d = f16_to_f32(b.d);
         let qh = u32::from_le_bytes(b.qh);
+        // The 32 high bits spread to byte lanes (bit j to bit 4 of byte j) once per block, so
+        // the element loop is byte arithmetic that vectorizes (no per-lane variable shift).
+        let h = high_bits_to_bytes(qh);
         let (lo, hi) = y.split_at_mut(16);
         for j in 0..16 {
-            let h0 = ((qh >> j) & 1) as u8;
-            let h1 = ((qh >> (j + 16)) & 1) as u8;
-            lo[j] = d * (((b.qs[j] & 0x0F) | (h0 << 4)) as i8 - 16) as f32;
-            hi[j] = d * (((b.qs[j] >> 4) | (h1 << 4)) as i8 - 16) as f32;
+            lo[j] = d * (((b.qs[j] & 0x0F) | h[j]) as i8 - 16) as f32;
+            hi[j] = d * (((b.qs[j] >> 4) | h[j + 16]) as i8 - 16) as f32;
         }
     }
+}
+
+/// Bit `j` of `qh` as bit 4 of byte `j` (0x10 or 0), for the 32 bits of a Q5 block's `qh`.
+#[inline(always)]
+fn high_bits_to_bytes(qh: u32) -> [u8; 32] {
+    let mut h = [0u8; 32];
+    for (k, c) in h.chunks_exact_mut(8).enumerate() {
+        let byte = (qh >> (8 * k)) & 0xff;
+        // Each byte of the product holds the 8 bits; lane i keeps bit i, then moves it to bit 4.
+        let spread = (byte as u64).wrapping_mul(0x0101_0101_0101_0101) & 0x8040_2010_0804_0201;
+        // Lane i is nonzero iff bit i is set: adding 0x7f to each lane's value (at most 0x80)
+        // sets the lane's top bit exactly then, without carrying into the next lane.
+        let top = (spread + 0x7f7f_7f7f_7f7f_7f7f) & 0x8080_8080_8080_8080;
+        c.copy_from_slice(&(top >> 3).to_le_bytes());
+    }
+    h
 }
 
 #[inline(always)]
@@ -109,11 +126,10 @@ pub fn dequant_q5_1(blocks: &[BlockQ5_1], out: &mut [f32]) {
         let m = f16_to_f32(b.m);
         let qh = u32::from_le_bytes(b.qh);
         let (lo, hi) = y.split_at_mut(16);
+        let h = high_bits_to_bytes(qh);
         for j in 0..16 {
-            let h0 = ((qh >> j) & 1) as u8;
-            let h1 = ((qh >> (j + 16)) & 1) as u8;
-            lo[j] = d * ((b.qs[j] & 0x0F) | (h0 << 4)) as f32 + m;
-            hi[j] = d * ((b.qs[j] >> 4) | (h1 << 4)) as f32 + m;
+            lo[j] = d * ((b.qs[j] & 0x0F) | h[j]) as f32 + m;
+            hi[j] = d * ((b.qs[j] >> 4) | h[j + 16]) as f32 + m;
         }
     }
 }
