@@ -50,6 +50,17 @@ fn to_ternary(src: &Path, extra: &[&str]) -> (tempfile::TempDir, PathBuf) {
     (dir, out)
 }
 
+/// The row of tensor `name` in a `verify --json` report.
+fn report_tensor(r: &Value, name: &str) -> Value {
+    r["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == name)
+        .unwrap_or_else(|| panic!("{name} not in the report"))
+        .clone()
+}
+
 /// The bundle's ternary tensor rewritten in TQ2_0 byte layout, to compare with a source or
 /// with gguf-py's quantizer output.
 fn as_tq2_0_bytes(b: &Bundle, name: &str) -> Vec<u8> {
@@ -259,12 +270,7 @@ fn ternarize_matches_gguf_py_quantizer() {
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let r: Value = serde_json::from_slice(&o.stdout).unwrap();
-    let t = r["tensors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["name"] == "blk.0.attn_q.weight")
-        .unwrap();
+    let t = report_tensor(&r, "blk.0.attn_q.weight");
     assert!(t["max_abs_diff_vs_unquantized"].as_f64().unwrap() > 0.0);
 }
 
@@ -444,13 +450,7 @@ fn verify_compares_codes_and_falls_back_to_values() {
             &[src, &bundle],
         );
         let r: Value = serde_json::from_slice(&o.stdout).unwrap();
-        let t = r["tensors"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|t| t["name"] == "blk.0.attn_v.weight")
-            .unwrap()
-            .clone();
+        let t = report_tensor(&r, "blk.0.attn_v.weight");
         (o.status.code(), r, t)
     };
     let (code, r, t) = row(&a);

@@ -8,6 +8,7 @@ use std::path::{Component, Path, PathBuf};
 
 use memmap2::Mmap;
 use serde_json::Value as Json;
+use sha2::{Digest, Sha256};
 
 use super::manifest::*;
 use super::BundleError;
@@ -250,31 +251,50 @@ fn list_files(dir: &Path, rel: &str, out: &mut Vec<String>) -> std::io::Result<(
     Ok(())
 }
 
-/// Reads a file once, front to back, with direct I/O ([`crate::direct_io::read_windows`]),
-/// hashing the whole file and each of `ranges` (sorted, not overlapping) on two rayon workers
-/// per window, and calls `visit(i, bytes)` with range `i`'s bytes once the read has passed its
-/// end (a range that runs past the end of the file gets `None` and no visit). Memory: the
-/// windows in flight and the ranges in progress (one, as ranges do not overlap).
-fn scan_file(
-    path: &Path,
-    ranges: &[(u64, u64)],
-    visit: &mut dyn FnMut(usize, &[u8]),
-) -> std::io::Result<(String, Vec<Option<String>>)> {
-    use sha2::{Digest, Sha256};
-    let mut whole = Sha256::new();
-    let mut hashers: Vec<Sha256> = ranges.iter().map(|_| Sha256::new()).collect();
-    let mut held: Vec<Vec<u8>> = vec![Vec::new(); ranges.len()];
-    let mut first = 0usize;
-    // A range's bytes are reserved at most up to the end of the file: its length comes from
-    // the manifest, which may claim more than the file holds.
-    let size = std::fs::metadata(path)?.len();
-    let len = crate::direct_io::read_windows(path, |pos, chunk| {
+/// A file's hashes, fed its bytes front to back in windows: the whole file's SHA256 and each
+/// of `ranges`' (sorted by offset, not overlapping), both per window at once on two rayon
+/// workers. With `hold`, each range's bytes are also kept until the windows pass its end and
+/// then handed to the caller's visitor.
+struct WindowHasher<'r> {
+    ranges: &'r [(u64, u64)],
+    whole: Sha256,
+    hashers: Vec<Sha256>,
+    /// Each range's bytes so far (`hold`), reserved at most up to `size`: a range's length
+    /// comes from the manifest, which may claim more than the file holds.
+    held: Option<Vec<Vec<u8>>>,
+    size: u64,
+    /// The first range the windows have not passed yet.
+    first: usize,
+}
+
+impl<'r> WindowHasher<'r> {
+    fn new(ranges: &'r [(u64, u64)], size: u64, hold: bool) -> Self {
+        WindowHasher {
+            ranges,
+            whole: Sha256::new(),
+            hashers: ranges.iter().map(|_| Sha256::new()).collect(),
+            held: hold.then(|| vec![Vec::new(); ranges.len()]),
+            size,
+            first: 0,
+        }
+    }
+
+    /// Hashes the window of bytes `pos ..`; calls `visit(i, bytes)` (with `hold`) for each
+    /// range `i` that ends inside it.
+    fn window(&mut self, pos: u64, chunk: &[u8], visit: &mut dyn FnMut(usize, &[u8])) {
         let end = pos + chunk.len() as u64;
-        let (hashers, held) = (&mut hashers, &mut held);
+        let WindowHasher {
+            ranges,
+            whole,
+            hashers,
+            held,
+            size,
+            first,
+        } = self;
         rayon::join(
             || whole.update(chunk),
             || {
-                for (i, &(off, rlen)) in ranges.iter().enumerate().skip(first) {
+                for (i, &(off, rlen)) in ranges.iter().enumerate().skip(*first) {
                     if off >= end {
                         break;
                     }
@@ -283,70 +303,66 @@ fn scan_file(
                     if b > a {
                         let part = &chunk[(a - pos) as usize..(b - pos) as usize];
                         hashers[i].update(part);
-                        if held[i].is_empty() {
-                            held[i].reserve_exact(rlen.min(size.saturating_sub(off)) as usize);
+                        if let Some(held) = held.as_mut() {
+                            if held[i].is_empty() {
+                                held[i].reserve_exact(rlen.min(size.saturating_sub(off)) as usize);
+                            }
+                            held[i].extend_from_slice(part);
                         }
-                        held[i].extend_from_slice(part);
                     }
                 }
             },
         );
-        while first < ranges.len() && ranges[first].0 + ranges[first].1 <= end {
-            let bytes = std::mem::take(&mut held[first]);
-            visit(first, &bytes);
-            first += 1;
+        while *first < ranges.len() && ranges[*first].0 + ranges[*first].1 <= end {
+            if let Some(held) = held.as_mut() {
+                visit(*first, &std::mem::take(&mut held[*first]));
+            }
+            *first += 1;
         }
-        Ok(())
-    })?;
-    let hashes = ranges
-        .iter()
-        .zip(hashers)
-        .map(|(&(off, rlen), h)| (off + rlen <= len).then(|| hex::encode(h.finalize())))
-        .collect();
-    Ok((hex::encode(whole.finalize()), hashes))
+    }
+
+    /// The file's SHA256 and each range's (`None` for a range past `len`, the bytes hashed).
+    fn finish(self, len: u64) -> (String, Vec<Option<String>>) {
+        let hashes = self
+            .ranges
+            .iter()
+            .zip(self.hashers)
+            .map(|(&(off, rlen), h)| (off + rlen <= len).then(|| hex::encode(h.finalize())))
+            .collect();
+        (hex::encode(self.whole.finalize()), hashes)
+    }
 }
 
-/// Hashes a mapped file once, front to back: the whole file and each of `ranges` (sorted by
-/// offset, not overlapping; a range that runs past the end gets `None`). Each 8 MiB window is
-/// hashed for the file and for its ranges at once on two rayon workers, then dropped from
-/// this process's resident set, so memory stays flat and no byte is copied.
+/// Reads a file once, front to back, with direct I/O ([`crate::direct_io::read_windows`]),
+/// hashing it and each of `ranges` ([`WindowHasher`]), and calls `visit(i, bytes)` with range
+/// `i`'s bytes once the read has passed its end (a range that runs past the end of the file
+/// gets `None` and no visit). Memory: the windows in flight and the range in progress.
+fn scan_file(
+    path: &Path,
+    ranges: &[(u64, u64)],
+    visit: &mut dyn FnMut(usize, &[u8]),
+) -> std::io::Result<(String, Vec<Option<String>>)> {
+    let size = std::fs::metadata(path)?.len();
+    let mut h = WindowHasher::new(ranges, size, true);
+    let len = crate::direct_io::read_windows(path, |pos, chunk| {
+        h.window(pos, chunk, visit);
+        Ok(())
+    })?;
+    Ok(h.finish(len))
+}
+
+/// Hashes a mapped file once, front to back, and each of `ranges` ([`WindowHasher`]): each
+/// 8 MiB window is dropped from this process's resident set once hashed, so memory stays flat
+/// and no byte is copied.
 fn hash_map_and_ranges(map: &Mmap, ranges: &[(u64, u64)]) -> (String, Vec<Option<String>>) {
-    use sha2::{Digest, Sha256};
     const WINDOW: usize = 8 << 20;
-    let mut whole = Sha256::new();
-    let mut hashers: Vec<Sha256> = ranges.iter().map(|_| Sha256::new()).collect();
-    let mut first = 0usize;
-    let len = map.len() as u64;
+    let mut h = WindowHasher::new(ranges, map.len() as u64, false);
     for (wi, chunk) in map.chunks(WINDOW).enumerate() {
         let pos = (wi * WINDOW) as u64;
-        let end = pos + chunk.len() as u64;
-        while first < ranges.len() && ranges[first].0 + ranges[first].1 <= pos {
-            first += 1;
-        }
-        let hashers = &mut hashers;
-        rayon::join(
-            || whole.update(chunk),
-            || {
-                for (i, &(off, rlen)) in ranges.iter().enumerate().skip(first) {
-                    if off >= end {
-                        break;
-                    }
-                    let a = off.max(pos);
-                    let b = (off + rlen).min(end);
-                    if b > a {
-                        hashers[i].update(&chunk[(a - pos) as usize..(b - pos) as usize]);
-                    }
-                }
-            },
-        );
+        h.window(pos, chunk, &mut |_, _| {});
         crate::gguf::release_range(map, pos, chunk.len() as u64);
     }
-    let hashes = ranges
-        .iter()
-        .zip(hashers)
-        .map(|(&(off, rlen), h)| (off + rlen <= len).then(|| hex::encode(h.finalize())))
-        .collect();
-    (hex::encode(whole.finalize()), hashes)
+    h.finish(map.len() as u64)
 }
 
 /// Checks the bundle against its manifest: every listed file present, regular, of the listed

@@ -195,8 +195,8 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
                 t.name.clone(),
                 check_tensor(t, bytes, source.as_ref(), opts.maxerr),
             );
-            if let Some(st) = source.as_ref().and_then(|s| s.tensor(&t.name)) {
-                source.as_ref().expect("source").release(st);
+            if let Some((src, st)) = source.as_ref().and_then(|s| Some((s, s.tensor(&t.name)?))) {
+                src.release(st);
             }
         }),
     )?;
@@ -282,9 +282,9 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
             let end = t.offset.checked_add(t.length)?;
             map.get(t.offset as usize..end as usize)
         });
-        let check = match checked.remove(&t.name).map(Ok).unwrap_or(Err(stored)) {
-            Ok(c) => c,
-            Err(None) => TensorCheck {
+        let check = match (checked.remove(&t.name), stored) {
+            (Some(c), _) => c,
+            (None, None) => TensorCheck {
                 name: t.name.clone(),
                 encoding: encoding_name(&t.encoding),
                 compared: "none".into(),
@@ -295,7 +295,7 @@ pub fn verify(bundle: &Path, opts: &VerifyOptions) -> Result<VerifyReport, Bundl
                 passed: false,
                 detail: Some(format!("file {} is missing or damaged", t.file)),
             },
-            Err(Some(bytes)) => check_tensor(t, bytes, source.as_ref(), opts.maxerr),
+            (None, Some(bytes)) => check_tensor(t, bytes, source.as_ref(), opts.maxerr),
         };
         let check = match bad_integrity.get(&t.name) {
             Some(d) => TensorCheck {
@@ -472,30 +472,36 @@ crate::multiversion! {
             }
         }
         ternary::row_values(words, scales, got);
-        // Count bit differences branch-free; find the largest difference only in rows that
-        // have any.
-        let mism = got
-            .iter()
-            .zip(want.iter())
-            .map(|(a, b)| (a.to_bits() != b.to_bits()) as u64)
-            .sum::<u64>();
-        let mut maxd = 0f64;
-        if mism > 0 {
-            for (a, b) in got.iter().zip(want.iter()) {
-                if a.to_bits() != b.to_bits() {
-                    let d = (*a as f64 - *b as f64).abs();
-                    maxd = maxd.max(if d.is_nan() { f64::INFINITY } else { d });
-                }
-            }
-        }
+        let (mism, maxd) = bit_diffs(got, want);
         (k as u64, mism, maxd, vs_unq)
     }
+}
+
+/// Elements whose bits differ, and the largest |difference| among them (infinite where one is
+/// NaN). Counted branch-free; the largest difference is looked for only when there are any.
+#[inline(always)]
+fn bit_diffs(got: &[f32], want: &[f32]) -> (u64, f64) {
+    let mism = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a.to_bits() != b.to_bits()) as u64)
+        .sum::<u64>();
+    let mut maxd = 0f64;
+    if mism > 0 {
+        for (a, b) in got.iter().zip(want) {
+            if a.to_bits() != b.to_bits() {
+                let d = (*a as f64 - *b as f64).abs();
+                maxd = maxd.max(if d.is_nan() { f64::INFINITY } else { d });
+            }
+        }
+    }
+    (mism, maxd)
 }
 
 crate::multiversion! {
     /// One row of a tensor recovered from TQ2_0, compared in the code domain: each block of
     /// the bundle (16 words and a scale) is put back in the TQ2_0 byte layout
-    /// ([`ternary::tq2_0_block_from_words`], the inverse of what `gguf-to-ternary` ran) and
+    /// ([`ternary::tq2_0_qs_lanes_from_words`], the inverse of what `gguf-to-ternary` ran) and
     /// compared with the source block. Equal bytes mean equal `d` bits and codes, so every
     /// value `f32(d) * (code - 1)` equals the source's dequantization bit for bit. A block
     /// whose bytes differ is compared by value, as [`compare_row`] does (values can agree with
@@ -517,13 +523,9 @@ crate::multiversion! {
             let (want, got) = (&mut want[..ternary::BLOCK], &mut got[..ternary::BLOCK]);
             quant::dequantize_body_checked(GgmlType::TQ2_0, block, want);
             ternary::row_values(wb, &scales[b..b + 1], got);
-            for (a, w) in got.iter().zip(want.iter()) {
-                if a.to_bits() != w.to_bits() {
-                    mism += 1;
-                    let d = (*a as f64 - *w as f64).abs();
-                    maxd = maxd.max(if d.is_nan() { f64::INFINITY } else { d });
-                }
-            }
+            let (m, d) = bit_diffs(got, want);
+            mism += m;
+            maxd = maxd.max(d);
         }
         (elements, mism, maxd, 0.0)
     }

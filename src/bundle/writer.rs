@@ -419,6 +419,7 @@ enum Piece<'a> {
 struct FileSink<'scope, 'a> {
     tx: Option<std::sync::mpsc::SyncSender<Piece<'a>>>,
     handle: Option<std::thread::ScopedJoinHandle<'scope, Result<FileEntry, BundleError>>>,
+    path: &'scope Path,
     pos: u64,
 }
 
@@ -444,6 +445,7 @@ impl<'scope, 'a: 'scope> FileSink<'scope, 'a> {
         Ok(FileSink {
             tx: Some(tx),
             handle: Some(handle),
+            path,
             pos: 0,
         })
     }
@@ -467,10 +469,7 @@ impl<'scope, 'a: 'scope> FileSink<'scope, 'a> {
         if sent {
             Ok(())
         } else {
-            Err(self
-                .join()
-                .err()
-                .unwrap_or(BundleError::Injected(usize::MAX)))
+            Err(self.join().err().unwrap_or_else(|| self.stopped()))
         }
     }
 
@@ -486,7 +485,16 @@ impl<'scope, 'a: 'scope> FileSink<'scope, 'a> {
         self.tx = None;
         match self.handle.take() {
             Some(h) => h.join().expect("weights writer thread"),
-            None => Err(BundleError::Injected(usize::MAX)),
+            None => Err(self.stopped()),
+        }
+    }
+
+    /// The error for a sink whose thread was already joined (its own error went to the
+    /// first caller).
+    fn stopped(&self) -> BundleError {
+        BundleError::Io {
+            path: self.path.to_path_buf(),
+            source: std::io::Error::other("the weight file's writer thread has stopped"),
         }
     }
 }
