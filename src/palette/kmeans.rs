@@ -165,6 +165,10 @@ fn simd() -> Simd {
 fn best_start(p: &Prefix, prev: &[f64], i: usize, lo: usize, hi: usize) -> (f64, usize) {
     #[cfg(target_arch = "x86_64")]
     {
+        if hi - lo >= AVX512_MIN_WIDTH && simd() == Simd::Avx512 {
+            // SAFETY: AVX-512F is present; indices are in bounds (the caller's ranges).
+            return unsafe { best_start_avx512(p, prev, i, lo, hi) };
+        }
         if hi - lo >= 8 && simd() >= Simd::Avx2 {
             // SAFETY: AVX2 is present; indices are in bounds (checked by the caller's ranges).
             return unsafe { best_start_avx2(p, prev, i, lo, hi) };
@@ -186,6 +190,67 @@ fn best_start_scalar(p: &Prefix, prev: &[f64], i: usize, lo: usize, hi: usize) -
         best = if lt { v } else { best };
     }
     (best, bj)
+}
+
+/// Windows at least this wide (`hi - lo`) take [`best_start_avx512`].
+const AVX512_MIN_WIDTH: usize = 2;
+
+/// [`best_start_scalar`] eight `j` at a time, the last step masked (no scalar tail): each lane
+/// keeps its first minimum, then the smallest `j` among the lanes holding the minimum value.
+///
+/// # Safety
+/// The CPU must have AVX-512F; `lo <= hi < prev.len()`, `i < p.w.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f")]
+unsafe fn best_start_avx512(
+    p: &Prefix,
+    prev: &[f64],
+    i: usize,
+    lo: usize,
+    hi: usize,
+) -> (f64, usize) {
+    use std::arch::x86_64::*;
+    let (wi, si, qi) = (
+        _mm512_set1_pd(p.w[i]),
+        _mm512_set1_pd(p.s[i]),
+        _mm512_set1_pd(p.q[i]),
+    );
+    let zero = _mm512_setzero_pd();
+    let mut best = _mm512_set1_pd(f64::INFINITY);
+    let mut bj = _mm512_set1_epi64(lo as i64);
+    let mut jv = _mm512_add_epi64(
+        _mm512_set1_epi64(lo as i64),
+        _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7),
+    );
+    let eight = _mm512_set1_epi64(8);
+    let (pw, ps, pq, pv) = (p.w.as_ptr(), p.s.as_ptr(), p.q.as_ptr(), prev.as_ptr());
+    let mut j = lo;
+    while j <= hi {
+        let left = hi + 1 - j;
+        let k: __mmask8 = if left >= 8 { 0xff } else { (1u8 << left) - 1 };
+        // Masked loads do not touch the lanes past `hi` (no fault past the slices' ends).
+        let w = _mm512_sub_pd(wi, _mm512_maskz_loadu_pd(k, pw.add(j)));
+        let s = _mm512_sub_pd(si, _mm512_maskz_loadu_pd(k, ps.add(j)));
+        let q = _mm512_sub_pd(qi, _mm512_maskz_loadu_pd(k, pq.add(j)));
+        let c = _mm512_max_pd(
+            _mm512_sub_pd(q, _mm512_div_pd(_mm512_mul_pd(s, s), w)),
+            zero,
+        );
+        let v = _mm512_add_pd(_mm512_maskz_loadu_pd(k, pv.add(j)), c);
+        let lt = _mm512_mask_cmp_pd_mask::<_CMP_LT_OQ>(k, v, best);
+        best = _mm512_mask_blend_pd(lt, best, v);
+        bj = _mm512_mask_blend_epi64(lt, bj, jv);
+        jv = _mm512_add_epi64(jv, eight);
+        j += 8;
+    }
+    let rv = _mm512_reduce_min_pd(best);
+    let at_min = _mm512_cmp_pd_mask::<_CMP_EQ_OQ>(best, _mm512_set1_pd(rv));
+    let rj = if at_min == 0 {
+        lo // every value infinite (or NaN): the scalar search keeps `lo`
+    } else {
+        _mm512_mask_reduce_min_epi64(at_min, bj) as usize
+    };
+    (rv, rj)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -258,11 +323,44 @@ unsafe fn best_start_avx2(
 /// Rows per group of a Knuth layer (they share one upper bound, see [`knuth_layer`]).
 const GROUP: usize = 8;
 
-/// One Knuth layer: `cur[i], opt_cur[i]` for `i` in `m..=n` from layer `m - 1`, four rows at
-/// a time. Rows `i, i-1, i-2, i-3` share the upper bound `opt_m(i + 1)` (at least each row's
-/// own `opt_m`, which is monotone), each with its own lower bound `max(m - 1, opt_{m-1}(row))`.
-/// The windows are a few columns wide at these layers; four independent rows per step keep the
-/// divider busy instead of waiting for one row's result to know the next row's window.
+/// AVX2 vectors (four rows each) per group.
+const HALVES: usize = GROUP / 4;
+
+/// Independent row ranges of a Knuth layer, swept side by side (see [`knuth_segments`]).
+const SEGMENTS: usize = 3;
+
+/// Layers with fewer rows than this per segment are swept as one range.
+const SEGMENT_MIN_ROWS: usize = 64;
+
+/// The row ranges `(top, bottom)` (inclusive, `top` first) of layer `m`'s rows `m..=n`, top
+/// range first; an unused range has `top < bottom`. Each range's sweep starts with no upper
+/// bound of its own (`opt_m(i) <= i - 1`) and carries its groups' results down, so the ranges
+/// do not wait on one another: the CPU overlaps one range's division and reduction latency
+/// with the other's work (each group of eight rows otherwise waits for the group above it).
+/// The cost is one wider window at the top of each range past the first. The split depends
+/// only on `m` and `n`, so every path (scalar, AVX2, AVX-512) sweeps the same ranges.
+fn knuth_segments(m: usize, n: usize) -> [(usize, usize); SEGMENTS] {
+    let rows = n + 1 - m;
+    let mut out = [(0, 1); SEGMENTS];
+    if rows < SEGMENTS * SEGMENT_MIN_ROWS {
+        out[0] = (n, m);
+        return out;
+    }
+    let len = rows / SEGMENTS / GROUP * GROUP;
+    for (s, seg) in out.iter_mut().enumerate() {
+        let top = n - s * len;
+        *seg = (top, if s + 1 == SEGMENTS { m } else { top + 1 - len });
+    }
+    out
+}
+
+/// One Knuth layer: `cur[i], opt_cur[i]` for `i` in `m..=n` from layer `m - 1`, [`GROUP`]
+/// rows at a time within each range of [`knuth_segments`]. The rows of a group share the
+/// upper bound `opt_m` of the row just above the group (at least each row's own `opt_m`,
+/// which is monotone), each with its own lower bound `max(m - 1, opt_{m-1}(row))`. The
+/// windows are a few columns wide at these layers; independent rows per step keep the
+/// divider busy instead of waiting for one row's result to know the next row's window, and
+/// the ranges' groups, interleaved, hide the wait between groups.
 fn knuth_layer(
     p: &Prefix,
     prev: &[f64],
@@ -328,91 +426,98 @@ unsafe fn knuth_layer_avx2(
             )
         }};
     }
-    let mut upper = n - 1;
-    let mut i = n;
-    while i >= m + GROUP - 1 {
-        let r0 = i - (GROUP - 1);
-        let up = _mm256_set1_epi64x(upper as i64);
-        let mut wi = [zero; 2];
-        let mut si = [zero; 2];
-        let mut qi = [zero; 2];
-        let mut wlo = [up; 2];
-        let mut whi = [up; 2];
-        let (mut j0, mut j1) = (usize::MAX, 0usize);
-        for h in 0..2 {
-            let r = r0 + 4 * h;
-            wi[h] = _mm256_loadu_pd(pw.add(r));
-            si[h] = _mm256_loadu_pd(ps.add(r));
-            qi[h] = _mm256_loadu_pd(pq.add(r));
-            // lo = max(m - 1, opt_prev[row]); hi = min(upper, row - 1); crossed bounds
-            // (rounding in near-ties) search [hi, min(lo, row - 1)].
-            let op =
-                _mm256_cvtepu32_epi64(_mm_loadu_si128(opt_prev.as_ptr().add(r) as *const __m128i));
-            let lo = _mm256_blendv_epi8(op, mmin, _mm256_cmpgt_epi64(mmin, op));
-            let rm1 = _mm256_add_epi64(_mm256_set1_epi64x(r as i64 - 1), lane);
-            let hi = _mm256_blendv_epi8(up, rm1, _mm256_cmpgt_epi64(up, rm1));
-            let crossed = _mm256_cmpgt_epi64(lo, hi);
-            wlo[h] = _mm256_blendv_epi8(lo, hi, crossed);
-            let whi0 = _mm256_blendv_epi8(hi, lo, crossed);
-            whi[h] = _mm256_blendv_epi8(whi0, rm1, _mm256_cmpgt_epi64(whi0, rm1));
-            let mut l = [0i64; 4];
-            let mut hh = [0i64; 4];
-            _mm256_storeu_si256(l.as_mut_ptr() as *mut __m256i, wlo[h]);
-            _mm256_storeu_si256(hh.as_mut_ptr() as *mut __m256i, whi[h]);
-            j0 = j0.min(l[0].min(l[1]).min(l[2]).min(l[3]) as usize);
-            j1 = j1.max(hh[0].max(hh[1]).max(hh[2]).max(hh[3]) as usize);
+    for (top, bottom) in knuth_segments(m, n) {
+        if top < bottom {
+            continue;
         }
-        let mut best = [(inf, wlo[0]), (inf, wlo[1])];
-        let mut j = j0;
-        while j <= j1 {
-            for (h, bh) in best.iter_mut().enumerate() {
-                // Columns j..j+4, those past j1 outside every lane's window (never read).
-                let mut cv = [inf; 4];
-                let mut cj = [_mm256_setzero_si256(); 4];
-                for (u, (cvu, cju)) in cv.iter_mut().zip(cj.iter_mut()).enumerate() {
-                    let jj = j + u;
-                    let jv = _mm256_set1_epi64x(jj as i64);
-                    *cju = jv;
-                    if jj > j1 {
-                        continue;
-                    }
-                    let outside = _mm256_or_si256(
-                        _mm256_cmpgt_epi64(wlo[h], jv),
-                        _mm256_cmpgt_epi64(jv, whi[h]),
-                    );
-                    let w = _mm256_sub_pd(wi[h], _mm256_set1_pd(*pw.add(jj)));
-                    let s = _mm256_sub_pd(si[h], _mm256_set1_pd(*ps.add(jj)));
-                    let q = _mm256_sub_pd(qi[h], _mm256_set1_pd(*pq.add(jj)));
-                    let c = _mm256_max_pd(
-                        _mm256_sub_pd(q, _mm256_div_pd(_mm256_mul_pd(s, s), w)),
-                        zero,
-                    );
-                    let v = _mm256_add_pd(_mm256_set1_pd(*pv.add(jj)), c);
-                    *cvu = _mm256_blendv_pd(v, inf, _mm256_castsi256_pd(outside));
-                }
-                // Tree minimum over the four columns, then into the running best; strict `<`
-                // keeps the earlier (smaller) column on equal values.
-                let c01 = pick!((cv[0], cj[0]), (cv[1], cj[1]));
-                let c23 = pick!((cv[2], cj[2]), (cv[3], cj[3]));
-                *bh = pick!(*bh, pick!(c01, c23));
+        let mut upper = n - 1;
+        let mut i = top;
+        while i >= bottom + GROUP - 1 {
+            let r0 = i - (GROUP - 1);
+            let up = _mm256_set1_epi64x(upper as i64);
+            let mut wi = [zero; HALVES];
+            let mut si = [zero; HALVES];
+            let mut qi = [zero; HALVES];
+            let mut wlo = [up; HALVES];
+            let mut whi = [up; HALVES];
+            let (mut j0, mut j1) = (usize::MAX, 0usize);
+            for h in 0..HALVES {
+                let r = r0 + 4 * h;
+                wi[h] = _mm256_loadu_pd(pw.add(r));
+                si[h] = _mm256_loadu_pd(ps.add(r));
+                qi[h] = _mm256_loadu_pd(pq.add(r));
+                // lo = max(m - 1, opt_prev[row]); hi = min(upper, row - 1); crossed bounds
+                // (rounding in near-ties) search [hi, min(lo, row - 1)].
+                let op = _mm256_cvtepu32_epi64(_mm_loadu_si128(
+                    opt_prev.as_ptr().add(r) as *const __m128i
+                ));
+                let lo = _mm256_blendv_epi8(op, mmin, _mm256_cmpgt_epi64(mmin, op));
+                let rm1 = _mm256_add_epi64(_mm256_set1_epi64x(r as i64 - 1), lane);
+                let hi = _mm256_blendv_epi8(up, rm1, _mm256_cmpgt_epi64(up, rm1));
+                let crossed = _mm256_cmpgt_epi64(lo, hi);
+                wlo[h] = _mm256_blendv_epi8(lo, hi, crossed);
+                let whi0 = _mm256_blendv_epi8(hi, lo, crossed);
+                whi[h] = _mm256_blendv_epi8(whi0, rm1, _mm256_cmpgt_epi64(whi0, rm1));
+                let mut l = [0i64; 4];
+                let mut hh = [0i64; 4];
+                _mm256_storeu_si256(l.as_mut_ptr() as *mut __m256i, wlo[h]);
+                _mm256_storeu_si256(hh.as_mut_ptr() as *mut __m256i, whi[h]);
+                j0 = j0.min(l[0].min(l[1]).min(l[2]).min(l[3]) as usize);
+                j1 = j1.max(hh[0].max(hh[1]).max(hh[2]).max(hh[3]) as usize);
             }
-            j += 4;
+            let mut best: [(__m256d, __m256i); HALVES] = std::array::from_fn(|h| (inf, wlo[h]));
+            let mut j = j0;
+            while j <= j1 {
+                for (h, bh) in best.iter_mut().enumerate() {
+                    // Columns j..j+4, those past j1 outside every lane's window (never read).
+                    let mut cv = [inf; 4];
+                    let mut cj = [_mm256_setzero_si256(); 4];
+                    for (u, (cvu, cju)) in cv.iter_mut().zip(cj.iter_mut()).enumerate() {
+                        let jj = j + u;
+                        let jv = _mm256_set1_epi64x(jj as i64);
+                        *cju = jv;
+                        if jj > j1 {
+                            continue;
+                        }
+                        let outside = _mm256_or_si256(
+                            _mm256_cmpgt_epi64(wlo[h], jv),
+                            _mm256_cmpgt_epi64(jv, whi[h]),
+                        );
+                        let w = _mm256_sub_pd(wi[h], _mm256_set1_pd(*pw.add(jj)));
+                        let s = _mm256_sub_pd(si[h], _mm256_set1_pd(*ps.add(jj)));
+                        let q = _mm256_sub_pd(qi[h], _mm256_set1_pd(*pq.add(jj)));
+                        let c = _mm256_max_pd(
+                            _mm256_sub_pd(q, _mm256_div_pd(_mm256_mul_pd(s, s), w)),
+                            zero,
+                        );
+                        let v = _mm256_add_pd(_mm256_set1_pd(*pv.add(jj)), c);
+                        *cvu = _mm256_blendv_pd(v, inf, _mm256_castsi256_pd(outside));
+                    }
+                    // Tree minimum over the four columns, then into the running best; strict `<`
+                    // keeps the earlier (smaller) column on equal values.
+                    let c01 = pick!((cv[0], cj[0]), (cv[1], cj[1]));
+                    let c23 = pick!((cv[2], cj[2]), (cv[3], cj[3]));
+                    *bh = pick!(*bh, pick!(c01, c23));
+                }
+                j += 4;
+            }
+            for (h, &(b, bj)) in best.iter().enumerate() {
+                let r = r0 + 4 * h;
+                _mm256_storeu_pd(cur.as_mut_ptr().add(r), b);
+                // Low 32 bits of each 64-bit lane (j <= n < 2^32).
+                let packed =
+                    _mm256_permutevar8x32_epi32(bj, _mm256_setr_epi32(0, 2, 4, 6, 0, 0, 0, 0));
+                _mm_storeu_si128(
+                    opt_cur.as_mut_ptr().add(r) as *mut __m128i,
+                    _mm256_castsi256_si128(packed),
+                );
+            }
+            upper = _mm256_cvtsi256_si32(best[0].1) as u32 as usize;
+            i -= GROUP;
         }
-        for (h, &(b, bj)) in best.iter().enumerate() {
-            let r = r0 + 4 * h;
-            _mm256_storeu_pd(cur.as_mut_ptr().add(r), b);
-            // Low 32 bits of each 64-bit lane (j <= n < 2^32).
-            let packed = _mm256_permutevar8x32_epi32(bj, _mm256_setr_epi32(0, 2, 4, 6, 0, 0, 0, 0));
-            _mm_storeu_si128(
-                opt_cur.as_mut_ptr().add(r) as *mut __m128i,
-                _mm256_castsi256_si128(packed),
-            );
+        if i >= bottom {
+            knuth_rows(p, prev, opt_prev, m, bottom, i, upper, cur, opt_cur);
         }
-        upper = _mm256_cvtsi256_si32(best[0].1) as u32 as usize;
-        i -= GROUP;
-    }
-    if i >= m {
-        knuth_rows(p, prev, opt_prev, m, i, upper, cur, opt_cur);
     }
 }
 
@@ -431,66 +536,111 @@ unsafe fn knuth_layer_avx512(
     cur: &mut [f64],
     opt_cur: &mut [u32],
 ) {
-    use std::arch::x86_64::*;
     debug_assert!(
         prev.len() == n + 1
             && opt_prev.len() == n + 1
             && cur.len() == n + 1
             && opt_cur.len() == n + 1
     );
+    let segs = knuth_segments(m, n);
+    let mut i = segs.map(|(top, _)| top);
+    let mut upper = [n - 1; SEGMENTS];
+    loop {
+        // One group of each range per pass: the ranges' dependency chains are independent.
+        let mut any = false;
+        for s in 0..SEGMENTS {
+            if i[s] >= segs[s].1 + GROUP - 1 {
+                upper[s] = knuth_group_avx512(
+                    p,
+                    prev,
+                    opt_prev,
+                    m,
+                    i[s] - (GROUP - 1),
+                    upper[s],
+                    cur,
+                    opt_cur,
+                );
+                i[s] -= GROUP;
+                any = true;
+            }
+        }
+        if !any {
+            break;
+        }
+    }
+    for s in 0..SEGMENTS {
+        if i[s] >= segs[s].1 {
+            knuth_rows(
+                p, prev, opt_prev, m, segs[s].1, i[s], upper[s], cur, opt_cur,
+            );
+        }
+    }
+}
+
+/// Rows `r0..r0 + 8` of a Knuth layer in the lanes of one AVX-512 vector, under the shared
+/// upper bound `upper`; returns row `r0`'s `opt_m`, the next group's upper bound.
+///
+/// # Safety
+/// As [`knuth_layer_avx512`]; `m <= r0` and `r0 + 7 <= n`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn knuth_group_avx512(
+    p: &Prefix,
+    prev: &[f64],
+    opt_prev: &[u32],
+    m: usize,
+    r0: usize,
+    upper: usize,
+    cur: &mut [f64],
+    opt_cur: &mut [u32],
+) -> usize {
+    use std::arch::x86_64::*;
     let (pw, ps, pq, pv) = (p.w.as_ptr(), p.s.as_ptr(), p.q.as_ptr(), prev.as_ptr());
     let zero = _mm512_setzero_pd();
     let inf = _mm512_set1_pd(f64::INFINITY);
     let mmin = _mm512_set1_epi64(m as i64 - 1);
     let lane = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
-    let mut upper = n - 1;
-    let mut i = n;
-    while i >= m + GROUP - 1 {
-        let r0 = i - (GROUP - 1);
-        let wi = _mm512_loadu_pd(pw.add(r0));
-        let si = _mm512_loadu_pd(ps.add(r0));
-        let qi = _mm512_loadu_pd(pq.add(r0));
-        let op = _mm512_cvtepu32_epi64(_mm256_loadu_si256(
-            opt_prev.as_ptr().add(r0) as *const __m256i
-        ));
-        let lo = _mm512_max_epi64(op, mmin);
-        let rm1 = _mm512_add_epi64(_mm512_set1_epi64(r0 as i64 - 1), lane);
-        let hi = _mm512_min_epi64(_mm512_set1_epi64(upper as i64), rm1);
-        let crossed = _mm512_cmpgt_epi64_mask(lo, hi);
-        let wlo = _mm512_mask_blend_epi64(crossed, lo, hi);
-        let whi = _mm512_min_epi64(_mm512_mask_blend_epi64(crossed, hi, lo), rm1);
-        let j0 = _mm512_reduce_min_epi64(wlo) as usize;
-        let j1 = _mm512_reduce_max_epi64(whi) as usize;
-        let mut best = (inf, wlo);
-        for jj in j0..=j1 {
-            let jv = _mm512_set1_epi64(jj as i64);
-            let inside = _mm512_cmple_epi64_mask(wlo, jv) & _mm512_cmple_epi64_mask(jv, whi);
-            let w = _mm512_sub_pd(wi, _mm512_set1_pd(*pw.add(jj)));
-            let s = _mm512_sub_pd(si, _mm512_set1_pd(*ps.add(jj)));
-            let q = _mm512_sub_pd(qi, _mm512_set1_pd(*pq.add(jj)));
-            let c = _mm512_max_pd(
-                _mm512_sub_pd(q, _mm512_div_pd(_mm512_mul_pd(s, s), w)),
-                zero,
-            );
-            let v = _mm512_add_pd(_mm512_set1_pd(*pv.add(jj)), c);
-            // Strict `<` in column order: the smallest j on equal values.
-            let lt = _mm512_mask_cmp_pd_mask::<_CMP_LT_OQ>(inside, v, best.0);
-            best = (
-                _mm512_mask_blend_pd(lt, best.0, v),
-                _mm512_mask_blend_epi64(lt, best.1, jv),
-            );
-        }
-        _mm512_storeu_pd(cur.as_mut_ptr().add(r0), best.0);
-        _mm256_storeu_si256(
-            opt_cur.as_mut_ptr().add(r0) as *mut __m256i,
-            _mm512_cvtepi64_epi32(best.1),
+    let wi = _mm512_loadu_pd(pw.add(r0));
+    let si = _mm512_loadu_pd(ps.add(r0));
+    let qi = _mm512_loadu_pd(pq.add(r0));
+    let op = _mm512_cvtepu32_epi64(_mm256_loadu_si256(
+        opt_prev.as_ptr().add(r0) as *const __m256i
+    ));
+    let lo = _mm512_max_epi64(op, mmin);
+    let rm1 = _mm512_add_epi64(_mm512_set1_epi64(r0 as i64 - 1), lane);
+    let hi = _mm512_min_epi64(_mm512_set1_epi64(upper as i64), rm1);
+    let crossed = _mm512_cmpgt_epi64_mask(lo, hi);
+    let wlo = _mm512_mask_blend_epi64(crossed, lo, hi);
+    let whi = _mm512_min_epi64(_mm512_mask_blend_epi64(crossed, hi, lo), rm1);
+    let j0 = _mm512_reduce_min_epi64(wlo) as usize;
+    let j1 = _mm512_reduce_max_epi64(whi) as usize;
+    let mut best = (inf, wlo);
+    for jj in j0..=j1 {
+        let jv = _mm512_set1_epi64(jj as i64);
+        let inside = _mm512_cmple_epi64_mask(wlo, jv) & _mm512_cmple_epi64_mask(jv, whi);
+        let w = _mm512_sub_pd(wi, _mm512_set1_pd(*pw.add(jj)));
+        let s = _mm512_sub_pd(si, _mm512_set1_pd(*ps.add(jj)));
+        let q = _mm512_sub_pd(qi, _mm512_set1_pd(*pq.add(jj)));
+        let c = _mm512_max_pd(
+            _mm512_sub_pd(q, _mm512_div_pd(_mm512_mul_pd(s, s), w)),
+            zero,
         );
-        upper = _mm_cvtsi128_si64(_mm512_castsi512_si128(best.1)) as usize;
-        i -= GROUP;
+        let v = _mm512_add_pd(_mm512_set1_pd(*pv.add(jj)), c);
+        // Strict `<` in column order: the smallest j on equal values.
+        let lt = _mm512_mask_cmp_pd_mask::<_CMP_LT_OQ>(inside, v, best.0);
+        best = (
+            _mm512_mask_blend_pd(lt, best.0, v),
+            _mm512_mask_blend_epi64(lt, best.1, jv),
+        );
     }
-    if i >= m {
-        knuth_rows(p, prev, opt_prev, m, i, upper, cur, opt_cur);
-    }
+    _mm512_storeu_pd(cur.as_mut_ptr().add(r0), best.0);
+    _mm256_storeu_si256(
+        opt_cur.as_mut_ptr().add(r0) as *mut __m256i,
+        _mm512_cvtepi64_epi32(best.1),
+    );
+    _mm_cvtsi128_si64(_mm512_castsi512_si128(best.1)) as usize
 }
 
 /// The portable Knuth layer ([`knuth_layer`]).
@@ -503,11 +653,15 @@ fn knuth_layer_body(
     cur: &mut [f64],
     opt_cur: &mut [u32],
 ) {
-    knuth_rows(p, prev, opt_prev, m, n, n - 1, cur, opt_cur)
+    for (top, bottom) in knuth_segments(m, n) {
+        if top >= bottom {
+            knuth_rows(p, prev, opt_prev, m, bottom, top, n - 1, cur, opt_cur);
+        }
+    }
 }
 
-/// Rows `top` down to `m` of a Knuth layer in groups of four, the first group's upper bound
-/// `upper` (see [`knuth_layer`]); each row's window `[max(m - 1, opt_{m-1}(row)),
+/// Rows `top` down to `bottom` of a Knuth layer (one range of [`knuth_segments`]) in groups
+/// of [`GROUP`], the first group's upper bound `upper` (see [`knuth_layer`]); each row's window `[max(m - 1, opt_{m-1}(row)),
 /// min(upper, row - 1)]` (crossed bounds: both searched), its minimum the smallest `j`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -516,14 +670,15 @@ fn knuth_rows(
     prev: &[f64],
     opt_prev: &[u32],
     m: usize,
+    bottom: usize,
     top: usize,
     mut upper: usize,
     cur: &mut [f64],
     opt_cur: &mut [u32],
 ) {
     let mut i = top;
-    while i >= m {
-        let rows = GROUP.min(i - m + 1);
+    while i >= bottom {
+        let rows = GROUP.min(i - bottom + 1);
         let mut low_j = 0;
         for t in (0..rows).rev() {
             let r = i - t;
@@ -561,22 +716,40 @@ fn layer(
         // here; independent rows per step keep the divider busy.
         knuth_layer(p, prev, opt_prev, m, n, cur, opt_cur);
     } else {
-        // Divide and conquer over i in m..=n with the monotone argmin.
-        let mut stack = vec![(m, n, m - 1, n - 1)];
-        while let Some((ilo, ihi, jlo, jhi)) = stack.pop() {
-            if ilo > ihi {
-                continue;
+        // Divide and conquer over i in m..=n with the monotone argmin, one level of the
+        // recursion at a time: the intervals of a level are independent (their windows come
+        // from the level above), so the CPU overlaps their searches. An interval
+        // [ilo, ihi]'s window is bounded by the starts found for rows ilo - 1 and ihi + 1
+        // (m - 1 and n - 1 at the ends), as in the depth-first recursion.
+        let mut level = vec![(m, n)];
+        let mut next = Vec::with_capacity(2);
+        while !level.is_empty() {
+            next.clear();
+            for &(ilo, ihi) in &level {
+                let mid = ilo + (ihi - ilo) / 2;
+                let jlo = if ilo > m {
+                    opt_cur[ilo - 1] as usize
+                } else {
+                    m - 1
+                };
+                let jhi = if ihi < n {
+                    opt_cur[ihi + 1] as usize
+                } else {
+                    n - 1
+                };
+                let lo = jlo.max(opt_prev[mid] as usize).max(m - 1);
+                let hi = jhi.min(mid - 1);
+                let (v, j) = best_start(p, prev, mid, lo.min(hi), lo.max(hi).min(mid - 1));
+                cur[mid] = v;
+                opt_cur[mid] = j as u32;
+                if mid > ilo {
+                    next.push((ilo, mid - 1));
+                }
+                if mid < ihi {
+                    next.push((mid + 1, ihi));
+                }
             }
-            let mid = ilo + (ihi - ilo) / 2;
-            let lo = jlo.max(opt_prev[mid] as usize).max(m - 1);
-            let hi = jhi.min(mid - 1);
-            let (v, j) = best_start(p, prev, mid, lo.min(hi), lo.max(hi).min(mid - 1));
-            cur[mid] = v;
-            opt_cur[mid] = j as u32;
-            if mid > ilo {
-                stack.push((ilo, mid - 1, jlo, j));
-            }
-            stack.push((mid + 1, ihi, j, jhi));
+            std::mem::swap(&mut level, &mut next);
         }
     }
 }
@@ -997,6 +1170,55 @@ mod tests {
                     prev = c0;
                     opt_prev = o0;
                 }
+            }
+        }
+    }
+
+    /// Layers long enough to be swept as several ranges ([`knuth_segments`]) reach the
+    /// minimum of the full O(k n^2) search over every start (same cost function).
+    #[test]
+    fn segmented_knuth_layers_reach_the_full_search_minimum() {
+        let mut s = 41u64;
+        for case in 0..6 {
+            let n0 = 300 + case * 150;
+            let mut x: Vec<f64> = (0..n0)
+                .map(|_| {
+                    if case % 2 == 0 {
+                        lcg(&mut s) + lcg(&mut s) + lcg(&mut s)
+                    } else {
+                        (lcg(&mut s) * 90.0).floor() * 0.01 + lcg(&mut s) * 1e-7
+                    }
+                })
+                .collect();
+            x.sort_by(f64::total_cmp);
+            x.dedup();
+            let n = x.len();
+            assert!(n + 1 - knuth_from(n) >= SEGMENTS * SEGMENT_MIN_ROWS);
+            let w: Vec<f64> = x
+                .iter()
+                .map(|_| 1.0 + (lcg(&mut s) * 4.0).floor())
+                .collect();
+            let p = Prefix::new(&x, &w, false).unwrap();
+            for k in [8usize, 33, 64] {
+                let mut d: Vec<f64> = (0..=n)
+                    .map(|i| if i == 0 { f64::INFINITY } else { p.cost(0, i) })
+                    .collect();
+                for m in 2..=k {
+                    let mut e = vec![f64::INFINITY; n + 1];
+                    for (i, ei) in e.iter_mut().enumerate().skip(m) {
+                        for (j, dj) in d.iter().enumerate().take(i).skip(m - 1) {
+                            *ei = ei.min(dj + p.cost(j, i));
+                        }
+                    }
+                    d = e;
+                }
+                let c = optimal_with_limit(&x, &w, k, usize::MAX).unwrap();
+                assert!(
+                    (c.sse - d[n]).abs() <= 1e-9 * (1.0 + d[n]),
+                    "case {case} n {n} k {k}: {} vs full search {}",
+                    c.sse,
+                    d[n]
+                );
             }
         }
     }
