@@ -710,6 +710,38 @@ impl Input {
         }
     }
 
+    /// Drops rows `r0..r1` of a palettized tensor's source pages from the resident set once
+    /// their groups are written, so that a tensor larger than memory (a 128 K-row embedding is
+    /// 1 GB in f16) is not held whole; [`Input::release`] drops the rest at the tensor's end.
+    fn release_rows(&self, t: &InTensor, r0: usize, r1: usize) {
+        let cols = *t.shape.last().unwrap_or(&1);
+        let rb = t.source_type.bytes_for(cols).unwrap_or(0);
+        self.release_part(t, r0 as u64 * rb, (r1 - r0) as u64 * rb);
+    }
+
+    /// Bytes `offset..offset + len` of a tensor's stored data dropped from the resident set
+    /// (GGUF and unpermuted safetensors sources; the others keep their pages until
+    /// [`Input::release`]).
+    fn release_part(&self, t: &InTensor, offset: u64, len: u64) {
+        match (&t.loc, self) {
+            (Loc::Gguf(i), Input::Gguf(f)) => f.release_part(&f.tensors[*i], offset, len),
+            (
+                Loc::Safetensors {
+                    shard,
+                    start,
+                    end,
+                    permute: None,
+                },
+                Input::Safetensors { shards, .. },
+            ) => {
+                let n = (*end - *start) as u64;
+                let len = len.min(n - offset.min(n));
+                crate::gguf::release_range(&shards[*shard].map, *start as u64 + offset, len)
+            }
+            _ => {}
+        }
+    }
+
     /// A tensor carried unchanged: its encoding and bytes (a Hugging Face q/k weight's rows
     /// permuted into GGUF's order).
     fn carry<'a>(&'a self, t: &InTensor) -> (Encoding, std::borrow::Cow<'a, [u8]>) {
@@ -1010,6 +1042,7 @@ pub fn palettize(
                         written += packed.len() as u64;
                     }
                     pb.inc(((batch.g1 - batch.g0) * g * cols) as u64);
+                    inp.release_rows(t, batch.g0 * g, batch.g1 * g);
                     done = batch.g1;
                 }
                 let gap = (ALIGNMENT - written % ALIGNMENT) % ALIGNMENT;
@@ -1038,13 +1071,18 @@ pub fn palettize(
                 let (enc, bytes) = inp.carry(t);
                 let bytes: &[u8] = &bytes;
                 if bytes.len() >= 1 << 20 {
-                    // The tensor's hash on a second thread while the file's is taken in writing.
-                    std::thread::scope(|sc| -> Result<(), BundleError> {
-                        let h = sc.spawn(|| Sha256::new().chain_update(bytes));
-                        w.write_all(bytes).map_err(io_err(&wpath))?;
-                        th = h.join().expect("hashing does not panic");
-                        Ok(())
-                    })?;
+                    // The tensor's hash on a second thread while the file's is taken in
+                    // writing, a chunk at a time, each chunk's source pages dropped after.
+                    const CHUNK: usize = 64 << 20;
+                    for (c, chunk) in bytes.chunks(CHUNK).enumerate() {
+                        let h = std::mem::take(&mut th);
+                        th = std::thread::scope(|sc| -> Result<Sha256, BundleError> {
+                            let h = sc.spawn(move || h.chain_update(chunk));
+                            w.write_all(chunk).map_err(io_err(&wpath))?;
+                            Ok(h.join().expect("hashing does not panic"))
+                        })?;
+                        inp.release_part(t, (c * CHUNK) as u64, chunk.len() as u64);
+                    }
                 } else {
                     put(&mut w, bytes)?;
                 }

@@ -185,6 +185,12 @@ impl GgufFile {
         release_range(&self.map, t.abs_offset, t.n_bytes);
     }
 
+    /// [`GgufFile::release`] for bytes `offset..offset + len` of a tensor's data (clamped to it).
+    pub fn release_part(&self, t: &TensorInfo, offset: u64, len: u64) {
+        let len = len.min(t.n_bytes.saturating_sub(offset));
+        release_range(&self.map, t.abs_offset + offset.min(t.n_bytes), len);
+    }
+
     /// `general.architecture`, if present.
     pub fn architecture(&self) -> Option<String> {
         self.get("general.architecture")
