@@ -31,7 +31,7 @@ OUT ?= $(LOWBIT_CACHE)/out
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all demo test fetch requant-real eval-data eval-vectors bench-eval eval-table artifacts venv build hf-checkpoints hf-qwen2 bench bench-ternary bench-runtime bench-dequant bench-palette bench-palette-large bench-gpu refvectors golden llama ternary-real ternary-llama ternary-vectors minicpm8b
+.PHONY: all demo test fetch requant-real eval-data eval-vectors bench-eval eval-table artifacts venv build hf-checkpoints hf-qwen2 bench bench-ternary bench-runtime bench-dequant bench-palette bench-palette-large bench-palette-8b bench-gpu refvectors golden llama ternary-real ternary-llama ternary-vectors minicpm8b
 
 all: build
 
@@ -216,7 +216,7 @@ $(MINICPM8B): tests/ref/make_minicpm.py | $(VENV)/.ok
 minicpm8b: $(MINICPM8B)
 
 # Every benchmark, in one run; each compares lowbit with a reference tool timed in the same run.
-bench: bench-dequant bench-ternary bench-runtime bench-palette bench-eval
+bench: bench-dequant bench-ternary bench-runtime bench-palette bench-palette-8b bench-eval
 
 # Perplexity speed: convert eval on Botchan with SmolLM2 next to llama-perplexity, same
 # threads, in one run (benches/eval/ppl_bench.sh; EVAL_CHUNKS narrows it).
@@ -274,6 +274,20 @@ bench-palette-large: build $(VENV)/.ok fetch
 	$(VPY) -m pip install -q --disable-pip-version-check -r benches/requirements.txt
 	$(VPY) benches/palette_bench.py --convert $(CONVERT) --threads $(BENCH_THREADS) \
 		--large-shape $(LARGE_SHAPE) --bits 8 --json $(LOWBIT_CACHE)/bench/palette-large.json $(SMOLLM2)
+
+# Issue 15 part 4: a whole 8B-parameter F16 checkpoint (Llama-3-8B shapes, synthetic, written by
+# benches/make_llama3_8b.py: 16.1 GB, never committed) palettized at 8 bits, G = 32, timed with
+# its peak RSS, next to coremltools on PALETTE_8B_TENSORS of it in the same run (per-thread rates,
+# SSE on that subset). About 20 minutes on 2 cores and 25 GB of disk (the model and the bundle).
+LLAMA3_8B := $(LOWBIT_CACHE)/bench/llama3-8b-f16.gguf
+PALETTE_8B_TENSORS ?= blk.0.attn_k.weight blk.0.attn_v.weight
+$(LLAMA3_8B): benches/make_llama3_8b.py | $(VENV)/.ok
+	mkdir -p $(dir $@)
+	$(VPY) benches/make_llama3_8b.py $@
+bench-palette-8b: build $(VENV)/.ok $(LLAMA3_8B)
+	$(VPY) -m pip install -q --disable-pip-version-check -r benches/requirements.txt
+	$(VPY) benches/palette_bench.py --convert $(CONVERT) --threads $(BENCH_THREADS) --whole \
+		--tensors $(PALETTE_8B_TENSORS) --json $(LOWBIT_CACHE)/bench/palette-8b.json $(LLAMA3_8B)
 
 # Ternary conversion and verification of the MiniCPM4-8B-shape model, next to reading and
 # hashing the input once (the anchor), in one run.

@@ -18,10 +18,19 @@ on one F32 matrix of that shape of N(0, 1) values (nearly all distinct: about 45
 --bits with one table per tensor (and with --group-size G for each --large-group-size G),
 reporting wall time and peak RSS; coremltools is not run on it (40-50 GB).
 
+With --whole (issue 15 part 4) the model is a whole F16 checkpoint (benches/make_llama3_8b.py
+writes one at Llama-3-8B shapes): lowbit palettizes all of it (every matrix, 8 bits, G = 32,
+--workers = --threads), timed with its peak RSS; coremltools, in the same run, palettizes only
+the --tensors subset (whole tensors, same settings: it would take about half a day on the whole
+model); the rates are compared per thread (weights per second / threads) and the SSEs on the
+subset (lowbit's from its manifest's per-tensor SSE, both in f64 against the f16 source).
+
 Usage: palette_bench.py --convert target/release/convert SMOLLM2.gguf [--tensors GLOB ...]
        [--bits 8 6 4] [--threads N] [--json OUT]
        palette_bench.py --convert ... SMOLLM2.gguf --large-shape 4096x16384 [--bits 8]
        [--large-group-size 32] [--json OUT]
+       palette_bench.py --convert ... --whole LLAMA3-8B.gguf [--tensors blk.0.attn_k.weight ...]
+       [--threads N] [--json OUT]
 """
 import argparse, fnmatch, json, logging, os, shutil, subprocess, sys, tempfile, time
 
@@ -42,9 +51,14 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--large-shape", help="ROWSxCOLS: lowbit alone on one F32 matrix of this shape")
     ap.add_argument("--large-group-size", nargs="*", type=int, default=[])
+    ap.add_argument("--whole", action="store_true",
+                    help="MODEL is a whole F16 GGUF: lowbit on all of it, coremltools on --tensors")
+    ap.add_argument("--out-dir", help="--whole: where the bundle goes (removed after; default: a temporary directory)")
     a = ap.parse_args()
     if a.large_shape:
         return large_shape(a)
+    if a.whole:
+        return whole(a)
     import coremltools
     from coremltools.optimize.coreml._quantization_passes import palettize_weights as pw
     from safetensors.numpy import load_file
@@ -139,6 +153,78 @@ def large_shape(a):
             json.dump(rep, open(a.json, "w"), indent=2)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def whole(a):
+    """Issue 15 part 4: all of a whole F16 checkpoint through lowbit, a subset through
+    coremltools, one run, same threads."""
+    from coremltools.optimize.coreml._quantization_passes import palettize_weights as pw
+    import coremltools
+    from gguf import GGUFReader
+
+    tensors = a.tensors if a.tensors != ["blk.0.*.weight", "blk.15.*.weight"] else \
+        ["blk.0.attn_k.weight", "blk.0.attn_v.weight"]
+    r = GGUFReader(a.model)
+    mats = [t for t in r.tensors if len(t.shape) == 2]
+    bad = [t.name for t in mats if t.tensor_type.name != "F16"]
+    if bad:
+        sys.exit(f"--whole wants an all-F16 checkpoint; {a.model}: {bad[0]} is not F16")
+    n_all = sum(int(t.n_elements) for t in mats)
+    sub = [t for t in mats if any(fnmatch.fnmatch(t.name, g) for g in tensors)]
+    if not sub:
+        sys.exit(f"--tensors {tensors} match no matrix of {a.model}")
+    n_sub = sum(int(t.n_elements) for t in sub)
+    print(f"{a.model}: {len(mats)} matrices, {n_all / 1e9:.3f} G weights (F16); 8 bits, group size 32, "
+          f"{a.threads} threads; {cpu_name()}")
+
+    # coremltools on the subset (only blockwise_compress is timed).
+    ct_t = ct_sse = 0.0
+    for t in sub:
+        w = np.array(t.data).reshape(int(t.shape[1]), int(t.shape[0])).astype(np.float16)
+        t0 = time.perf_counter()
+        p = pw.blockwise_compress(w, "KMEANS", 8, [32, 0], num_kmeans_workers=a.threads)
+        ct_t += time.perf_counter() - t0
+        rec = pw.decompress(p)
+        ct_sse += float(((rec.astype(np.float64) - w.astype(np.float64)) ** 2).sum())
+        del w, p, rec
+    del r
+    ct_rate = n_sub / ct_t
+    print(f"coremltools {coremltools.__version__}: {[t.name for t in sub]} ({n_sub / 1e6:.2f} M weights) in "
+          f"{ct_t:.1f} s = {ct_rate / 1e6:.3f} M weights/s ({ct_rate / a.threads / 1e6:.3f} per thread), SSE {ct_sse:.10g}")
+
+    work = tempfile.mkdtemp(prefix="lowbit-palbench-whole-", dir=a.out_dir)
+    try:
+        out = os.path.join(work, "whole.bundle")
+        cmd = [a.convert, "palettize", a.model, "-o", out, "--bits", "8", "--group-size", "32",
+               "--workers", str(a.threads), "-q"]
+        rc, lb_t, peak, err = run_with_peak(cmd)
+        if rc != 0:
+            sys.exit(f"convert palettize failed: {cmd}\n{err}")
+        m = json.load(open(os.path.join(out, "manifest.json")))
+        pal = [t for t in m["tensors"] if t["encoding"]["kind"] == "palette"]
+        by_name = {t["name"]: t for t in pal}
+        lb_sse = sum(by_name[t.name]["encoding"]["sse"] for t in sub)
+        n_pal = len(pal)
+        bundle_bytes = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out)
+                           if os.path.isfile(os.path.join(out, f)))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    lb_rate = n_all / lb_t
+    per_thread = (lb_rate / a.threads) / (ct_rate / a.threads)
+    print(f"lowbit: all {n_pal} matrices ({n_all / 1e9:.3f} G weights) in {lb_t:.1f} s = {lb_rate / 1e6:.2f} M weights/s "
+          f"({lb_rate / a.threads / 1e6:.2f} per thread), peak RSS {peak / 2**20:.0f} MB, bundle {bundle_bytes / 1e9:.2f} GB; "
+          f"subset SSE {lb_sse:.10g}")
+    print(f"per thread: lowbit {per_thread:.1f}x coremltools; SSE ratio lowbit/coremltools {lb_sse / ct_sse:.9f}; "
+          f"coremltools on the whole model at its subset rate: {n_all / ct_rate / 3600:.1f} h")
+    rep = {"cpu": cpu_name(), "threads": a.threads, "coremltools": coremltools.__version__,
+           "model": os.path.basename(a.model), "weights": n_all, "matrices": n_pal,
+           "lowbit_s": lb_t, "lowbit_peak_rss_mb": peak / 2**20, "lowbit_weights_per_s": lb_rate,
+           "subset": [t.name for t in sub], "subset_weights": n_sub, "coremltools_subset_s": ct_t,
+           "coremltools_weights_per_s": ct_rate, "per_thread_speedup": per_thread,
+           "coremltools_subset_sse": ct_sse, "lowbit_subset_sse": lb_sse, "sse_ratio": lb_sse / ct_sse}
+    if a.json:
+        os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
+        json.dump(rep, open(a.json, "w"), indent=2)
 
 
 if __name__ == "__main__":
