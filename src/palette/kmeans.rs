@@ -617,9 +617,13 @@ unsafe fn knuth_group_avx512(
     let j0 = _mm512_reduce_min_epi64(wlo) as usize;
     let j1 = _mm512_reduce_max_epi64(whi) as usize;
     let mut best = (inf, wlo);
+    // Column jj is inside a lane's window when jj - wlo <= whi - wlo, unsigned (one compare).
+    let span = _mm512_sub_epi64(whi, wlo);
+    let mut off = _mm512_sub_epi64(_mm512_set1_epi64(j0 as i64), wlo);
+    let one = _mm512_set1_epi64(1);
     for jj in j0..=j1 {
-        let jv = _mm512_set1_epi64(jj as i64);
-        let inside = _mm512_cmple_epi64_mask(wlo, jv) & _mm512_cmple_epi64_mask(jv, whi);
+        let inside = _mm512_cmple_epu64_mask(off, span);
+        off = _mm512_add_epi64(off, one);
         let w = _mm512_sub_pd(wi, _mm512_set1_pd(*pw.add(jj)));
         let s = _mm512_sub_pd(si, _mm512_set1_pd(*ps.add(jj)));
         let q = _mm512_sub_pd(qi, _mm512_set1_pd(*pq.add(jj)));
@@ -632,7 +636,7 @@ unsafe fn knuth_group_avx512(
         let lt = _mm512_mask_cmp_pd_mask::<_CMP_LT_OQ>(inside, v, best.0);
         best = (
             _mm512_mask_blend_pd(lt, best.0, v),
-            _mm512_mask_blend_epi64(lt, best.1, jv),
+            _mm512_mask_blend_epi64(lt, best.1, _mm512_set1_epi64(jj as i64)),
         );
     }
     _mm512_storeu_pd(cur.as_mut_ptr().add(r0), best.0);
