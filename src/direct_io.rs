@@ -94,17 +94,28 @@ fn write_at(f: &mut File, buf: &[u8], offset: u64) -> std::io::Result<()> {
 /// the first `EINVAL` of a direct write it switches to the page cache for good and writes the
 /// same buffer again at the same offset.
 fn io_loop(
+    f: File,
+    direct: bool,
+    full: Receiver<Aligned>,
+    empty: SyncSender<Aligned>,
+) -> std::io::Result<(File, u64)> {
+    io_loop_with(f, direct, full, empty, |f, b, o, _| write_at(f, b, o))
+}
+
+/// [`io_loop`] with the positioned write as a parameter (tests inject `EINVAL`).
+fn io_loop_with(
     mut f: File,
     mut direct: bool,
     full: Receiver<Aligned>,
     empty: SyncSender<Aligned>,
+    mut write: impl FnMut(&mut File, &[u8], u64, bool) -> std::io::Result<()>,
 ) -> std::io::Result<(File, u64)> {
     let mut offset = 0u64;
     for mut buf in full {
-        match write_at(&mut f, buf.filled(), offset) {
+        match write(&mut f, buf.filled(), offset, direct) {
             Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
                 direct = set_direct(&f, false);
-                write_at(&mut f, buf.filled(), offset)?;
+                write(&mut f, buf.filled(), offset, direct)?;
             }
             r => r?,
         }
@@ -344,6 +355,45 @@ mod tests {
         });
         assert_eq!(e.unwrap_err().to_string(), "stop");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A direct write refused with `EINVAL` (a file system that takes O_DIRECT at open but not
+    /// these buffers) is written again through the page cache at the same offset, and every
+    /// later buffer goes through the page cache too.
+    #[test]
+    fn einval_on_a_direct_write_falls_back_to_the_page_cache() {
+        let p = std::env::temp_dir().join(format!("lowbit-direct-einval-{}", std::process::id()));
+        let f = File::create(&p).unwrap();
+        let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<Aligned>(4);
+        let (empty_tx, _empty_rx) = std::sync::mpsc::sync_channel::<Aligned>(4);
+        let mut want = Vec::new();
+        for k in 0..3u8 {
+            let mut b = Aligned::new();
+            let n = CHUNK - 4096 * k as usize;
+            b.spare()[..n].fill(k + 1);
+            b.len = n;
+            want.extend(std::iter::repeat_n(k + 1, n));
+            full_tx.send(b).unwrap();
+        }
+        drop(full_tx);
+        let mut calls = Vec::new();
+        let (f, n) = io_loop_with(f, true, full_rx, empty_tx, |f, b, o, direct| {
+            calls.push((o, direct));
+            if direct {
+                return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            write_at(f, b, o)
+        })
+        .unwrap();
+        drop(f);
+        let c0 = CHUNK as u64;
+        assert_eq!(
+            calls,
+            vec![(0, true), (0, false), (c0, false), (2 * c0 - 4096, false)]
+        );
+        assert_eq!(n as usize, want.len());
+        assert!(std::fs::read(&p).unwrap() == want);
+        std::fs::remove_file(&p).unwrap();
     }
 
     #[test]
