@@ -339,6 +339,88 @@ pub(crate) fn parent_dir(out: &Path) -> PathBuf {
     }
 }
 
+/// `HOST-PID` of this process, part of its staging directories' names
+/// (`.NAME.HOST-PID.XXXXXX.partial`) so that a later run can tell a directory left by a killed
+/// run on this host from one being written now ([`remove_stale_partials`]). Characters other
+/// than ASCII letters, digits and `-` in the host name become `_`.
+fn process_tag() -> String {
+    let mut host = [0u8; 256];
+    #[cfg(unix)]
+    // SAFETY: the buffer is valid for its length; gethostname writes at most that many bytes.
+    let ok = unsafe { libc::gethostname(host.as_mut_ptr().cast(), host.len()) } == 0;
+    #[cfg(not(unix))]
+    let ok = false;
+    let end = host.iter().position(|&b| b == 0).unwrap_or(host.len());
+    let host: String = if ok { &host[..end] } else { &b"host"[..] }
+        .iter()
+        .map(|&b| {
+            if b.is_ascii_alphanumeric() || b == b'-' {
+                b as char
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{host}-{}", std::process::id())
+}
+
+/// Whether process `pid` is gone (`kill(pid, 0)` fails with ESRCH). Unknown: not gone.
+fn process_gone(pid: u32) -> bool {
+    #[cfg(unix)]
+    {
+        let Ok(pid) = libc::pid_t::try_from(pid) else {
+            return false;
+        };
+        // SAFETY: signal 0 sends nothing; it only checks that the process exists.
+        let r = unsafe { libc::kill(pid, 0) };
+        r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        false
+    }
+}
+
+/// Removes the staging directories for output `name` in `parent` that a run on this host left
+/// behind when it was killed (SIGKILL, the OOM killer, a power cut: no handler runs): entries
+/// `.NAME.HOST-PID.XXXXXX.partial` whose host is this one and whose process no longer exists.
+/// Anything else is left alone: another host's (a shared file system), a live process's, and
+/// names in the older form without `HOST-PID`. Best effort: errors are ignored.
+pub(crate) fn remove_stale_partials(parent: &Path, name: &str, tag: &str) {
+    let Some((host, _)) = tag.rsplit_once('-') else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    let prefix = format!(".{name}.{host}-");
+    for e in entries.flatten() {
+        let file_name = e.file_name();
+        let Some(rest) = file_name
+            .to_str()
+            .and_then(|f| f.strip_prefix(&prefix))
+            .and_then(|r| r.strip_suffix(".partial"))
+        else {
+            continue;
+        };
+        // rest = PID.XXXXXX
+        let Some(pid) = rest
+            .split_once('.')
+            .and_then(|(p, _)| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && process_gone(pid) {
+            let path = e.path();
+            let _ = match e.file_type() {
+                Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path),
+                _ => std::fs::remove_file(&path),
+            };
+        }
+    }
+}
+
 /// A `.NAME.XXXXXX.partial` directory beside an output, registered for the signal handler
 /// ([`PartialOutput`]) and removed when dropped, unless [`StagingDir::keep`] says it was
 /// renamed into place.
@@ -356,10 +438,12 @@ impl StagingDir {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
+        let tag = process_tag();
+        remove_stale_partials(&parent, &name, &tag);
         let (dir, partial) = PartialOutput::create(
             || {
                 tempfile::Builder::new()
-                    .prefix(&format!(".{name}."))
+                    .prefix(&format!(".{name}.{tag}."))
                     .suffix(".partial")
                     .tempdir_in(&parent)
             },
@@ -418,4 +502,48 @@ pub fn glob_set_matching<'a>(
         }
     }
     Ok(set)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A staging directory left by a killed run on this host is removed when the next run
+    /// stages the same output; a live process's, another host's and old-style names stay.
+    #[test]
+    fn stale_partials_of_dead_processes_are_removed() {
+        let dir = std::env::temp_dir().join(format!("lowbit-stale-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let tag = process_tag();
+        let host = tag.rsplit_once('-').unwrap().0.to_string();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let name = "out.bundle";
+        let stale = dir.join(format!(".{name}.{host}-{dead}.Ab12Cd.partial"));
+        let stale_file = dir.join(format!(".{name}.{host}-{dead}.Zz99yy.partial"));
+        let live = dir.join(format!(".{name}.{tag}.Ef34Gh.partial"));
+        let other_host = dir.join(format!(".{name}.{host}x-{dead}.Ij56Kl.partial"));
+        let old_style = dir.join(format!(".{name}.Mn78Op.partial"));
+        let other_output = dir.join(format!(".other.{host}-{dead}.Qr90St.partial"));
+        for d in [&stale, &live, &other_host, &old_style, &other_output] {
+            std::fs::create_dir_all(d.join("sub")).unwrap();
+            std::fs::write(d.join("sub/weights.bin"), b"x").unwrap();
+        }
+        std::fs::write(&stale_file, b"x").unwrap();
+        let staging = StagingDir::beside(&dir.join(name)).unwrap();
+        let made = staging
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert!(made.starts_with(&format!(".{name}.{tag}.")) && made.ends_with(".partial"));
+        assert!(!stale.exists() && !stale_file.exists());
+        for d in [&live, &other_host, &old_style, &other_output] {
+            assert!(d.exists(), "{} was removed", d.display());
+        }
+        drop(staging);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
