@@ -63,6 +63,8 @@ pub struct TensorCheck {
     pub elements: u64,
     /// Elements (or bytes, for `bytes`) whose bits differ.
     pub mismatched: u64,
+    /// JSON: a number, or the string `"inf"` / `"nan"` (JSON has no such numbers).
+    #[serde(serialize_with = "number_or_word")]
     pub max_abs_diff: f64,
     /// For `ternarized` tensors: max |bundle - original source value| (quantization error,
     /// informational, not judged).
@@ -79,6 +81,7 @@ pub struct VerifyReport {
     pub passed: bool,
     pub bundle: String,
     pub source: Option<String>,
+    #[serde(serialize_with = "number_or_word")]
     pub maxerr: f64,
     pub format_version: u32,
     pub bundle_digest: String,
@@ -107,7 +110,22 @@ pub struct Totals {
     pub carried: usize,
     pub elements_compared: u64,
     pub mismatched: u64,
+    #[serde(serialize_with = "number_or_word")]
     pub max_abs_diff: f64,
+}
+
+/// A finite `f64` as a JSON number; `inf`, `-inf` and `nan` as those strings (serde_json
+/// would write `null`, which reads as "no difference measured").
+fn number_or_word<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+    if v.is_finite() {
+        s.serialize_f64(*v)
+    } else if v.is_nan() {
+        s.serialize_str("nan")
+    } else if *v > 0.0 {
+        s.serialize_str("inf")
+    } else {
+        s.serialize_str("-inf")
+    }
 }
 
 /// Where the manifest's description of the tokenizer (`tokenizer` object, the model's
@@ -743,4 +761,36 @@ pub fn function_table_faults(m: &super::manifest::Manifest) -> Vec<String> {
         }
     }
     failures
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An infinite or NaN difference reads as such in `--json`, not as `null`.
+    #[test]
+    fn json_reports_infinite_differences_as_words() {
+        let mut c = TensorCheck {
+            name: "t".into(),
+            encoding: "ternary".into(),
+            compared: "values".into(),
+            elements: 4,
+            mismatched: 1,
+            max_abs_diff: f64::INFINITY,
+            max_abs_diff_vs_unquantized: None,
+            passed: false,
+            detail: None,
+        };
+        let j = |c: &TensorCheck| serde_json::to_value(c).unwrap()["max_abs_diff"].clone();
+        assert_eq!(j(&c), serde_json::json!("inf"));
+        c.max_abs_diff = f64::NAN;
+        assert_eq!(j(&c), serde_json::json!("nan"));
+        c.max_abs_diff = 0.5;
+        assert_eq!(j(&c), serde_json::json!(0.5));
+        let t = Totals {
+            max_abs_diff: f64::NEG_INFINITY,
+            ..Totals::default()
+        };
+        assert_eq!(serde_json::to_value(&t).unwrap()["max_abs_diff"], "-inf");
+    }
 }
