@@ -339,6 +339,10 @@ pub(crate) fn parent_dir(out: &Path) -> PathBuf {
     }
 }
 
+/// How long a staging directory must have been left untouched before another run may remove
+/// it ([`remove_stale_partials`]).
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// `HOST-PID` of this process, part of its staging directories' names
 /// (`.NAME.HOST-PID.XXXXXX.partial`) so that a later run can tell a directory left by a killed
 /// run on this host from one being written now ([`remove_stale_partials`]). Characters other
@@ -351,16 +355,21 @@ fn process_tag() -> String {
     #[cfg(not(unix))]
     let ok = false;
     let end = host.iter().position(|&b| b == 0).unwrap_or(host.len());
-    let host: String = if ok { &host[..end] } else { &b"host"[..] }
-        .iter()
-        .map(|&b| {
-            if b.is_ascii_alphanumeric() || b == b'-' {
-                b as char
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    // At most 32 bytes of the host name, so that the staging name stays short.
+    let host: String = if ok {
+        &host[..end.min(32)]
+    } else {
+        &b"host"[..]
+    }
+    .iter()
+    .map(|&b| {
+        if b.is_ascii_alphanumeric() || b == b'-' {
+            b as char
+        } else {
+            '_'
+        }
+    })
+    .collect();
     format!("{host}-{}", std::process::id())
 }
 
@@ -383,10 +392,15 @@ fn process_gone(pid: u32) -> bool {
 }
 
 /// Removes the staging directories for output `name` in `parent` that a run on this host left
-/// behind when it was killed (SIGKILL, the OOM killer, a power cut: no handler runs): entries
-/// `.NAME.HOST-PID.XXXXXX.partial` whose host is this one and whose process no longer exists.
-/// Anything else is left alone: another host's (a shared file system), a live process's, and
-/// names in the older form without `HOST-PID`. Best effort: errors are ignored.
+/// behind when it was killed (SIGKILL, the OOM killer, a power cut: no handler runs). A
+/// directory is removed only if all of these hold: its name is exactly
+/// `.NAME.HOST-PID.XXXXXX.partial` (PID digits, `XXXXXX` six letters or digits, as
+/// [`StagingDir`] makes them) with this host's `HOST`; process `PID` does not exist here; it
+/// was last modified more than a minute ago; and its advisory lock, which a live run holds
+/// for as long as its staging directory exists, can be taken (a run in another PID namespace
+/// of this kernel, a container sharing the host name, still holds it). Anything else is left
+/// alone: another host's (a shared file system), a live run's, names in the older form
+/// without `HOST-PID`, files. Best effort: errors are ignored.
 pub(crate) fn remove_stale_partials(parent: &Path, name: &str, tag: &str) {
     let Some((host, _)) = tag.rsplit_once('-') else {
         return;
@@ -404,19 +418,38 @@ pub(crate) fn remove_stale_partials(parent: &Path, name: &str, tag: &str) {
         else {
             continue;
         };
-        // rest = PID.XXXXXX
-        let Some(pid) = rest
-            .split_once('.')
-            .and_then(|(p, _)| p.parse::<u32>().ok())
-        else {
+        // rest = PID.XXXXXX, nothing else.
+        let Some((pid, random)) = rest.split_once('.') else {
             continue;
         };
-        if pid != std::process::id() && process_gone(pid) {
-            let path = e.path();
-            let _ = match e.file_type() {
-                Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path),
-                _ => std::fs::remove_file(&path),
-            };
+        let exact = !pid.is_empty()
+            && pid.bytes().all(|b| b.is_ascii_digit())
+            && random.len() == 6
+            && random.bytes().all(|b| b.is_ascii_alphanumeric());
+        let Some(pid) = pid.parse::<u32>().ok().filter(|_| exact) else {
+            continue;
+        };
+        if pid == std::process::id() || !process_gone(pid) {
+            continue;
+        }
+        // A directory (not a symlink to one), untouched for a while, whose lock is free.
+        let path = e.path();
+        let Ok(meta) = path.symlink_metadata() else {
+            continue;
+        };
+        let old = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= STALE_AFTER);
+        if !meta.is_dir() || !old {
+            continue;
+        }
+        let Ok(lock) = std::fs::File::open(&path) else {
+            continue;
+        };
+        if lock.try_lock().is_ok() {
+            let _ = std::fs::remove_dir_all(&path);
         }
     }
 }
@@ -428,6 +461,10 @@ pub(crate) struct StagingDir {
     dir: tempfile::TempDir,
     /// Declared after `dir`, so the directory is removed before its registration ends.
     partial: PartialOutput,
+    /// The directory opened and locked (advisory, exclusive) while it exists: another run's
+    /// [`remove_stale_partials`] leaves a locked directory alone. The kernel drops the lock
+    /// when this process ends, however it ends.
+    _lock: Option<std::fs::File>,
 }
 
 impl StagingDir {
@@ -453,7 +490,16 @@ impl StagingDir {
             path: parent.clone(),
             source,
         })?;
-        Ok(StagingDir { dir, partial })
+        // Not every file system locks directories; without the lock the name's host and
+        // process still protect it from other runs on this host.
+        let lock = std::fs::File::open(dir.path())
+            .ok()
+            .filter(|f| f.try_lock().is_ok());
+        Ok(StagingDir {
+            dir,
+            partial,
+            _lock: lock,
+        })
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -509,7 +555,8 @@ mod tests {
     use super::*;
 
     /// A staging directory left by a killed run on this host is removed when the next run
-    /// stages the same output; a live process's, another host's and old-style names stay.
+    /// stages the same output; a live process's, a locked one, a fresh one, another host's,
+    /// another output's, look-alike names, files and old-style names stay.
     #[test]
     fn stale_partials_of_dead_processes_are_removed() {
         let dir = std::env::temp_dir().join(format!("lowbit-stale-{}", std::process::id()));
@@ -519,18 +566,44 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let dead = child.id();
         child.wait().unwrap();
+        let me = std::process::id();
         let name = "out.bundle";
-        let stale = dir.join(format!(".{name}.{host}-{dead}.Ab12Cd.partial"));
-        let stale_file = dir.join(format!(".{name}.{host}-{dead}.Zz99yy.partial"));
-        let live = dir.join(format!(".{name}.{tag}.Ef34Gh.partial"));
-        let other_host = dir.join(format!(".{name}.{host}x-{dead}.Ij56Kl.partial"));
-        let old_style = dir.join(format!(".{name}.Mn78Op.partial"));
-        let other_output = dir.join(format!(".other.{host}-{dead}.Qr90St.partial"));
-        for d in [&stale, &live, &other_host, &old_style, &other_output] {
+        let at = |n: String| dir.join(n);
+        let stale = at(format!(".{name}.{host}-{dead}.Ab12Cd.partial"));
+        let keep = [
+            // a live process's (this one)
+            at(format!(".{name}.{tag}.Ef34Gh.partial")),
+            // another host's
+            at(format!(".{name}.{host}x-{dead}.Ij56Kl.partial")),
+            // old style, no HOST-PID
+            at(format!(".{name}.Mn78Op.partial")),
+            // another output's
+            at(format!(".other.{host}-{dead}.Qr90St.partial")),
+            // output `out.bundle.HOST-DEAD`'s staging directory of a live run: not ours
+            at(format!(".{name}.{host}-{dead}.{host}-{me}.Uv12Wx.partial")),
+            // a look-alike name that is not a staging directory
+            at(format!(".{name}.{host}-{dead}.my notes.partial")),
+            // dead process, but touched just now
+            at(format!(".{name}.{host}-{dead}.Yz34Ab.partial")),
+            // dead process here, but locked (a run in another PID namespace)
+            at(format!(".{name}.{host}-{dead}.Cd56Ef.partial")),
+        ];
+        let old = std::time::SystemTime::now() - 2 * STALE_AFTER;
+        for (i, d) in std::iter::once(&stale).chain(&keep).enumerate() {
             std::fs::create_dir_all(d.join("sub")).unwrap();
             std::fs::write(d.join("sub/weights.bin"), b"x").unwrap();
+            if i != 7 {
+                std::fs::File::open(d).unwrap().set_modified(old).unwrap();
+            }
         }
+        let stale_file = at(format!(".{name}.{host}-{dead}.Zz99yy.partial"));
         std::fs::write(&stale_file, b"x").unwrap();
+        std::fs::File::open(&stale_file)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let held = std::fs::File::open(&keep[7]).unwrap();
+        held.try_lock().unwrap();
         let staging = StagingDir::beside(&dir.join(name)).unwrap();
         let made = staging
             .path()
@@ -539,11 +612,16 @@ mod tests {
             .to_string_lossy()
             .into_owned();
         assert!(made.starts_with(&format!(".{name}.{tag}.")) && made.ends_with(".partial"));
-        assert!(!stale.exists() && !stale_file.exists());
-        for d in [&live, &other_host, &old_style, &other_output] {
+        assert!(!stale.exists());
+        for d in keep.iter().chain([&stale_file]) {
             assert!(d.exists(), "{} was removed", d.display());
         }
-        drop(staging);
+        // The new staging directory is locked while it exists.
+        assert!(std::fs::File::open(staging.path())
+            .unwrap()
+            .try_lock()
+            .is_err());
+        drop((staging, held));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -68,7 +68,10 @@ pub struct TensorCheck {
     pub max_abs_diff: f64,
     /// For `ternarized` tensors: max |bundle - original source value| (quantization error,
     /// informational, not judged).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "opt_number_or_word"
+    )]
     pub max_abs_diff_vs_unquantized: Option<f64>,
     pub passed: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -112,6 +115,14 @@ pub struct Totals {
     pub mismatched: u64,
     #[serde(serialize_with = "number_or_word")]
     pub max_abs_diff: f64,
+}
+
+/// [`number_or_word`] for a present value (absent ones are skipped).
+fn opt_number_or_word<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => number_or_word(v, s),
+        None => s.serialize_none(),
+    }
 }
 
 /// A finite `f64` as a JSON number; `inf`, `-inf` and `nan` as those strings (serde_json
@@ -787,6 +798,9 @@ mod tests {
         assert_eq!(j(&c), serde_json::json!("nan"));
         c.max_abs_diff = 0.5;
         assert_eq!(j(&c), serde_json::json!(0.5));
+        c.max_abs_diff_vs_unquantized = Some(f64::INFINITY);
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["max_abs_diff_vs_unquantized"], "inf");
         let t = Totals {
             max_abs_diff: f64::NEG_INFINITY,
             ..Totals::default()
