@@ -209,6 +209,8 @@ def whole(a):
                            if os.path.isfile(os.path.join(out, f)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if n_pal != len(mats):
+        sys.exit(f"lowbit palettized {n_pal} of the {len(mats)} matrices: the rate would be over the wrong count")
     lb_rate = n_all / lb_t
     per_thread = (lb_rate / a.threads) / (ct_rate / a.threads)
     print(f"lowbit: all {n_pal} matrices ({n_all / 1e9:.3f} G weights) in {lb_t:.1f} s = {lb_rate / 1e6:.2f} M weights/s "
