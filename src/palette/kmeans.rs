@@ -192,6 +192,44 @@ fn best_start_scalar(p: &Prefix, prev: &[f64], i: usize, lo: usize, hi: usize) -
     (best, bj)
 }
 
+/// [`Prefix::cost`] on four cells: `max(q - s * s / w, 0)` lane by lane, the same operations.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn cost256(
+    w: std::arch::x86_64::__m256d,
+    s: std::arch::x86_64::__m256d,
+    q: std::arch::x86_64::__m256d,
+) -> std::arch::x86_64::__m256d {
+    use std::arch::x86_64::*;
+    _mm256_max_pd(
+        _mm256_sub_pd(q, _mm256_div_pd(_mm256_mul_pd(s, s), w)),
+        _mm256_setzero_pd(),
+    )
+}
+
+/// [`cost256`] on eight cells.
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f")]
+#[inline]
+unsafe fn cost512(
+    w: std::arch::x86_64::__m512d,
+    s: std::arch::x86_64::__m512d,
+    q: std::arch::x86_64::__m512d,
+) -> std::arch::x86_64::__m512d {
+    use std::arch::x86_64::*;
+    _mm512_max_pd(
+        _mm512_sub_pd(q, _mm512_div_pd(_mm512_mul_pd(s, s), w)),
+        _mm512_setzero_pd(),
+    )
+}
+
 /// Windows at least this wide (`hi - lo`) take [`best_start_avx512`].
 const AVX512_MIN_WIDTH: usize = 2;
 
@@ -215,7 +253,6 @@ unsafe fn best_start_avx512(
         _mm512_set1_pd(p.s[i]),
         _mm512_set1_pd(p.q[i]),
     );
-    let zero = _mm512_setzero_pd();
     let mut best = _mm512_set1_pd(f64::INFINITY);
     let mut bj = _mm512_set1_epi64(lo as i64);
     let mut jv = _mm512_add_epi64(
@@ -232,10 +269,7 @@ unsafe fn best_start_avx512(
         let w = _mm512_sub_pd(wi, _mm512_maskz_loadu_pd(k, pw.add(j)));
         let s = _mm512_sub_pd(si, _mm512_maskz_loadu_pd(k, ps.add(j)));
         let q = _mm512_sub_pd(qi, _mm512_maskz_loadu_pd(k, pq.add(j)));
-        let c = _mm512_max_pd(
-            _mm512_sub_pd(q, _mm512_div_pd(_mm512_mul_pd(s, s), w)),
-            zero,
-        );
+        let c = cost512(w, s, q);
         let v = _mm512_add_pd(_mm512_maskz_loadu_pd(k, pv.add(j)), c);
         let lt = _mm512_mask_cmp_pd_mask::<_CMP_LT_OQ>(k, v, best);
         best = _mm512_mask_blend_pd(lt, best, v);
@@ -268,7 +302,6 @@ unsafe fn best_start_avx2(
         _mm256_set1_pd(p.s[i]),
         _mm256_set1_pd(p.q[i]),
     );
-    let zero = _mm256_setzero_pd();
     let mut best = _mm256_set1_pd(f64::INFINITY);
     let mut bj = _mm256_set1_epi64x(lo as i64);
     let mut jv = _mm256_setr_epi64x(lo as i64, lo as i64 + 1, lo as i64 + 2, lo as i64 + 3);
@@ -280,10 +313,7 @@ unsafe fn best_start_avx2(
         let w = _mm256_sub_pd(wi, _mm256_loadu_pd(pw.add(j)));
         let s = _mm256_sub_pd(si, _mm256_loadu_pd(ps.add(j)));
         let q = _mm256_sub_pd(qi, _mm256_loadu_pd(pq.add(j)));
-        let c = _mm256_max_pd(
-            _mm256_sub_pd(q, _mm256_div_pd(_mm256_mul_pd(s, s), w)),
-            zero,
-        );
+        let c = cost256(w, s, q);
         let v = _mm256_add_pd(_mm256_loadu_pd(pv.add(j)), c);
         let lt = _mm256_cmp_pd::<_CMP_LT_OQ>(v, best);
         best = _mm256_blendv_pd(best, v, lt);
@@ -486,10 +516,7 @@ unsafe fn knuth_layer_avx2(
                         let w = _mm256_sub_pd(wi[h], _mm256_set1_pd(*pw.add(jj)));
                         let s = _mm256_sub_pd(si[h], _mm256_set1_pd(*ps.add(jj)));
                         let q = _mm256_sub_pd(qi[h], _mm256_set1_pd(*pq.add(jj)));
-                        let c = _mm256_max_pd(
-                            _mm256_sub_pd(q, _mm256_div_pd(_mm256_mul_pd(s, s), w)),
-                            zero,
-                        );
+                        let c = cost256(w, s, q);
                         let v = _mm256_add_pd(_mm256_set1_pd(*pv.add(jj)), c);
                         *cvu = _mm256_blendv_pd(v, inf, _mm256_castsi256_pd(outside));
                     }
@@ -598,7 +625,6 @@ unsafe fn knuth_group_avx512(
 ) -> usize {
     use std::arch::x86_64::*;
     let (pw, ps, pq, pv) = (p.w.as_ptr(), p.s.as_ptr(), p.q.as_ptr(), prev.as_ptr());
-    let zero = _mm512_setzero_pd();
     let inf = _mm512_set1_pd(f64::INFINITY);
     let mmin = _mm512_set1_epi64(m as i64 - 1);
     let lane = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
@@ -627,10 +653,7 @@ unsafe fn knuth_group_avx512(
         let w = _mm512_sub_pd(wi, _mm512_set1_pd(*pw.add(jj)));
         let s = _mm512_sub_pd(si, _mm512_set1_pd(*ps.add(jj)));
         let q = _mm512_sub_pd(qi, _mm512_set1_pd(*pq.add(jj)));
-        let c = _mm512_max_pd(
-            _mm512_sub_pd(q, _mm512_div_pd(_mm512_mul_pd(s, s), w)),
-            zero,
-        );
+        let c = cost512(w, s, q);
         let v = _mm512_add_pd(_mm512_set1_pd(*pv.add(jj)), c);
         // Strict `<` in column order: the smallest j on equal values.
         let lt = _mm512_mask_cmp_pd_mask::<_CMP_LT_OQ>(inside, v, best.0);
