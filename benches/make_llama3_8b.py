@@ -25,7 +25,7 @@ import gguf
 from gguf import GGUFWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "ref"))
-from make_minicpm import build_vocab  # noqa: E402
+from make_minicpm import add_spm_tokenizer, build_vocab  # noqa: E402
 
 N_EMBD, N_FF, N_HEAD, N_HEAD_KV, VOCAB, N_CTX = 4096, 14336, 32, 8, 128256, 8192
 HEAD_DIM = N_EMBD // N_HEAD
@@ -77,15 +77,7 @@ def main() -> int:
     w.add_rope_freq_base(500000.0)
     w.add_rope_dimension_count(HEAD_DIM)
     w.add_vocab_size(VOCAB)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
+    add_spm_tokenizer(w, tokens, scores, types)
 
     tensors = plan(a.layers)
     for name, shape, sigma in tensors:

@@ -256,6 +256,12 @@ def add_kv(w: GGUFWriter, cfg: dict, tokens, scores, types) -> None:
     w.add_embedding_scale(cfg["embedding_scale"])
     w.add_residual_scale(cfg["residual_scale"])
     w.add_logit_scale(cfg["logit_scale"])
+    add_spm_tokenizer(w, tokens, scores, types)
+    w.add_chat_template(cfg["chat_template"])
+
+
+def add_spm_tokenizer(w: GGUFWriter, tokens, scores, types) -> None:
+    """The tokenizer keys of a `build_vocab` vocabulary (<unk> 0, <s> 1, </s> 2; BOS added)."""
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores(scores)
@@ -265,7 +271,6 @@ def add_kv(w: GGUFWriter, cfg: dict, tokens, scores, types) -> None:
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
-    w.add_chat_template(cfg["chat_template"])
 
 
 def linear_shapes(cfg: dict) -> dict[str, tuple[int, int]]:
