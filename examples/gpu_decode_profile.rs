@@ -6,8 +6,8 @@
 //! and end, so the items add up to more than the step: the difference is the cost of the
 //! extra passes, not work the step does.
 //!
-//! Usage: `gpu_decode_profile BUNDLE [PROMPT_TOKENS=512] [STEPS=8]` (built-in kernels; the
-//! adapter needs TIMESTAMP_QUERY).
+//! Usage: `gpu_decode_profile BUNDLE [PROMPT_TOKENS=512] [STEPS=8]` (the bundle's kernels, or
+//! with `LOWBIT_PROFILE_BUILTIN=1` the ones built in; the adapter needs TIMESTAMP_QUERY).
 use std::collections::BTreeMap;
 
 use lowbit::runtime::gpu::backend::GpuBackend;
@@ -21,7 +21,20 @@ fn main() -> anyhow::Result<()> {
     let prompt: usize = a.get(2).map_or(Ok(512), |s| s.parse())?;
     let steps: usize = a.get(3).map_or(Ok(8), |s| s.parse())?;
     let model = runtime::open_model(std::path::Path::new(path))?;
-    let mut be = GpuBackend::new(model, &LoadOptions::default())?;
+    // The bundle's own kernels, as `convert run` compiles them (LOWBIT_PROFILE_BUILTIN=1: the
+    // ones built into this binary).
+    let gpu_sources = if std::env::var_os("LOWBIT_PROFILE_BUILTIN").is_some() {
+        None
+    } else {
+        Some(lowbit::runtime::gpu::kernels::from_bundle(&model.bundle)?)
+    };
+    let mut be = GpuBackend::new(
+        model,
+        &LoadOptions {
+            gpu_sources,
+            ..Default::default()
+        },
+    )?;
     let vocab = be.n_vocab() as u32;
     let ids: Vec<u32> = (0..prompt as u32)
         .map(|i| (i * 7919 + 13) % vocab)

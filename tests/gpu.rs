@@ -658,3 +658,189 @@ fn fused_rms_norm_and_swiglu_match_the_cpu_ops() {
         .unwrap_err();
     assert!(matches!(e, GpuError::Shape { .. }), "{e}");
 }
+
+/// The int8-activation decode kernel (`MatvecKernel::Q8`, `--kernel int8`) against the CPU's
+/// int8 arithmetic: x (or its RMSNorm, `cpu::rms_norm`) quantized per block of 256 by
+/// `q8::quantize`, each row `sum_b d_b * da_b * (sum c*q - sum q)` in f64. Tolerance per row:
+/// f32 rounding of the GPU's unit terms and their sum, `4 * (K/64 + 64) * 2^-24 * S` with
+/// `S = sum_k |d da (c - 1) q|`, plus `|d_b * da_b|` for every element whose `x / da` lies
+/// within `delta` of a rounding tie (the GPU's division may round `1 / da` to a neighbouring
+/// f32, and with the norm folded in its normalized x differs from the CPU's in the last bits,
+/// so such an element may round to the other integer): `delta = 1e-4` without the norm,
+/// `|t| * 4 * K * 2^-24 + 1e-4` with it. SwiGLU and the residual epilogue carry the bounds
+/// through as the f32 kernel's test does. Prints the worst fraction of the tolerance and how many
+/// elements were near a tie.
+#[test]
+fn int8_decode_kernel_matches_the_cpu_int8_arithmetic() {
+    use lowbit::runtime::q8;
+    let Some(ctx) = context_for_tests(&ContextOptions::default()) else {
+        return;
+    };
+    if !ctx.has_subgroups() {
+        eprintln!(
+            "note: {} has no SUBGROUP feature: no int8 kernel",
+            ctx.info.name
+        );
+        return;
+    }
+    let mut seed = 47u64;
+    let eps = 1e-5f32;
+    let registered = gpu::decode_q8_config(4096, 4096, false).unwrap();
+    assert!(gpu::kernels::all()
+        .iter()
+        .any(|k| k.name == registered.name()));
+    for (base, cols) in [
+        (registered, 4096usize),
+        (gpu::decode_q8_config(32768, 1280, true).unwrap(), 1280),
+        (gpu::decode_q8_config(16384, 2048, false).unwrap(), 2048),
+        (MatvecConfig::q8(8, 64, 1, 1, 2048), 256),
+        (MatvecConfig::q8(6, 128, 3, 4, 1536), 1536),
+    ] {
+        for (rms_norm, swiglu, accumulate) in [
+            (false, false, false),
+            (false, false, true),
+            (true, false, false),
+            (false, true, false),
+            (true, true, false),
+        ] {
+            let cfg = base.fused(gpu::Fuse { rms_norm, swiglu });
+            let half = 37usize;
+            let rows = if swiglu { 2 * half } else { half };
+            let (words, scales) = random_weight(rows, cols, &mut seed);
+            let w = ctx
+                .upload_ternary(
+                    "w",
+                    rows,
+                    cols,
+                    bytemuck::cast_slice(&words),
+                    bytemuck::cast_slice(&scales),
+                )
+                .unwrap();
+            // x with an all-zero block, a block of one tiny value and blocks of other scales.
+            let mut x: Vec<f32> = random_x(cols, &mut seed)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v * [3.0, 0.01, 250.0, 1.0][(i / 256) % 4])
+                .collect();
+            if cols >= 1024 {
+                x[256..512].fill(0.0);
+                x[512..768].fill(0.0);
+                x[600] = 1.0e-30;
+            }
+            let nw: Vec<f32> = (0..cols)
+                .map(|i| 0.5 + (lcg(&mut seed) % 1000) as f32 / 1000.0 - (i % 7 == 0) as u8 as f32)
+                .collect();
+            let mut h = x.clone();
+            if rms_norm {
+                lowbit::runtime::cpu::rms_norm(&x, &nw, eps, &mut h);
+            }
+            let qa = q8::quantize(&h, 256);
+            let blocks = cols / 256;
+            let mut near = 0usize;
+            // Row r: the f64 value and the tolerance.
+            let row = |r: usize, near: &mut usize| -> (f64, f64) {
+                let (mut sum, mut s_abs, mut flips) = (0f64, 0f64, 0f64);
+                for b in 0..blocks {
+                    let d = half::f16::from_bits(scales[r * blocks + b]).to_f64() * qa.d[b] as f64;
+                    let mut isum = 0i64;
+                    for k in b * 256..(b + 1) * 256 {
+                        let c = (words[(r * cols + k) / 16] >> (2 * (k % 16))) & 3;
+                        let q = qa.q[k] as i64;
+                        isum += (c as i64 - 1) * q;
+                        s_abs += (d * ((c as i64 - 1) * q) as f64).abs();
+                        if qa.d[b] > 0.0 {
+                            let t = h[k] as f64 / qa.d[b] as f64;
+                            let delta = if rms_norm {
+                                t.abs() * 4.0 * cols as f64 * f32::EPSILON as f64 / 2.0 + 1e-4
+                            } else {
+                                1e-4
+                            };
+                            if ((t.abs().fract()) - 0.5).abs() < delta {
+                                flips += d.abs();
+                                *near += 1;
+                            }
+                        }
+                    }
+                    sum += d * isum as f64;
+                }
+                let tol = 4.0 * (cols / 64 + 64) as f64 * f32::EPSILON as f64 / 2.0 * s_abs
+                    + flips
+                    + 1e-30;
+                (sum, tol)
+            };
+            let xb = ctx.upload_bytes("x", bytemuck::cast_slice(&x)).unwrap();
+            let nb = ctx.upload_bytes("norm", bytemuck::cast_slice(&nw)).unwrap();
+            let out = if swiglu { half } else { rows };
+            let y0: Vec<f32> = (0..out).map(|i| i as f32 * 0.25 - 3.0).collect();
+            let yb = ctx.vector_buffer("y", out);
+            ctx.queue.write_buffer(&yb, 0, bytemuck::cast_slice(&y0));
+            let epilogue = if accumulate {
+                gpu::Epilogue::Accumulate(0.5)
+            } else {
+                gpu::Epilogue::Store
+            };
+            let bound = ctx
+                .bind_ternary_fused(
+                    &w,
+                    &xb,
+                    &gpu::ops::BufView::whole(&yb),
+                    &cfg,
+                    epilogue,
+                    rms_norm.then_some((&nb, eps)),
+                )
+                .unwrap();
+            let got = run_bound(&ctx, &bound, &yb, out);
+            let what = format!("{} K={cols} accumulate={accumulate}", cfg.name());
+            let mut worst = 0f64;
+            for i in 0..out {
+                let (want, tol) = if swiglu {
+                    let ((g, tg), (u, tu)) = (row(i, &mut near), row(i + half, &mut near));
+                    let s = lowbit::runtime::cpu::silu(g as f32) as f64;
+                    let want = s * u;
+                    (
+                        want,
+                        1.1 * tg * (u.abs() + tu)
+                            + s.abs() * tu
+                            + 8.0 * f32::EPSILON as f64 * want.abs()
+                            + 1e-30,
+                    )
+                } else if accumulate {
+                    let (v, t) = row(i, &mut near);
+                    let want = y0[i] as f64 + v * 0.5;
+                    (want, 0.5 * t + 2.0 * f32::EPSILON as f64 * want.abs())
+                } else {
+                    row(i, &mut near)
+                };
+                let g = got[i] as f64;
+                assert!(got[i].is_finite(), "{what}: output {i} is {g}");
+                let ratio = (g - want).abs() / tol;
+                assert!(
+                    ratio <= 1.0,
+                    "{what}: output {i}: gpu {g} want {want}, |diff| {:e} > tolerance {tol:e}",
+                    (g - want).abs()
+                );
+                worst = worst.max(ratio);
+            }
+            eprintln!(
+                "{what}: worst output at {worst:.2e} of the tolerance ({near} elements near a tie)"
+            );
+        }
+    }
+    // K past the kernel's width is refused at bind time.
+    let (words, scales) = random_weight(8, 4096, &mut seed);
+    let w = ctx
+        .upload_ternary(
+            "w",
+            8,
+            4096,
+            bytemuck::cast_slice(&words),
+            bytemuck::cast_slice(&scales),
+        )
+        .unwrap();
+    let xb = ctx.vector_buffer("x", 4096);
+    let yb = ctx.vector_buffer("y", 8);
+    let Err(e) = ctx.bind_matvec(&w, &xb, &yb, &MatvecConfig::q8(8, 64, 1, 1, 2048)) else {
+        panic!("K = 4096 bound to a kernel built for 2048");
+    };
+    assert!(matches!(e, GpuError::Shape { .. }), "{e}");
+}

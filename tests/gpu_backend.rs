@@ -98,8 +98,9 @@ fn check_model(what: &str, b: &Path, prompts: &[Vec<u32>], logit_tol: f32, opts:
     let mut cpu = runtime::load_cpu(b).unwrap();
     let info = gpu.info();
     eprintln!(
-        "{what}: {} ({} dispatches per decode step, buckets {:?})",
+        "{what}: {} ({} kernel, {} dispatches per decode step, buckets {:?})",
         info.device.clone().unwrap_or_default(),
+        info.kernel,
         info.dispatches_per_token.unwrap_or(0),
         info.buckets
     );
@@ -152,6 +153,8 @@ fn check_model(what: &str, b: &Path, prompts: &[Vec<u32>], logit_tol: f32, opts:
 // tolerance is (tests/runtime.rs): its GELU table turns last-bit differences into f16 steps.
 const TOL: f32 = 0.02;
 const GEMMA_TOL: f32 = 0.05;
+// GPU decode with int8 activations in the ternary products against the CPU f32 reference.
+const INT8_TOL: f32 = 0.05;
 
 #[test]
 fn tiny_minicpm_ternary_gpu_equals_cpu() {
@@ -164,6 +167,19 @@ fn tiny_minicpm_ternary_gpu_equals_cpu() {
         &prompts("minicpm-tiny-tq2_0", 4),
         TOL,
         &opts,
+    );
+    // Prompts as single decode steps: the first-step logits then come from the decode graph,
+    // whose ternary products take int8 activations where the adapter has subgroups (the
+    // prefill graph's take f32); held to the CPU's f32 reference within the int8 tolerance.
+    check_model(
+        "minicpm-tiny (decode steps only)",
+        &b,
+        &prompts("minicpm-tiny-tq2_0", 4),
+        INT8_TOL,
+        &LoadOptions {
+            buckets: Some(vec![1]),
+            ..opts.clone()
+        },
     );
     // The workgroup-reduction path (adapters without subgroups) gives the same tokens.
     let opts = LoadOptions {
@@ -285,4 +301,58 @@ fn gpu_refuses_what_the_contract_refuses() {
     assert_eq!(be.logits().unwrap().len(), n_vocab as usize);
     be.reset();
     assert_eq!(be.position(), 0);
+}
+
+/// With the bundle's own kernels (as `convert run` compiles them), every ternary product of a
+/// decode step runs an int8-activation kernel where the adapter has subgroups, the norms and
+/// SwiGLU folded in: a bundle that lacked one of the variants the graph asks for would
+/// silently fall back to the f32 kernels (this happened: the SwiGLU variant's unfused base was
+/// not registered, so only the built-in kernels found it). With `--kernel f32`, none does.
+#[test]
+fn decode_uses_the_bundles_int8_kernels() {
+    let Some(opts) = gpu_options() else { return };
+    let src = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
+    let (_d, b) = make_bundle(&["gguf-to-ternary"], &src);
+    let sources = |b: &Path| {
+        let model = runtime::open_model(b).unwrap();
+        lowbit::runtime::gpu::kernels::from_bundle(&model.bundle).unwrap()
+    };
+    let labels = |kernel: runtime::Kernel| {
+        let be = lowbit::runtime::gpu::backend::GpuBackend::new(
+            runtime::open_model(&b).unwrap(),
+            &LoadOptions {
+                kernel,
+                gpu_sources: Some(sources(&b)),
+                ..opts.clone()
+            },
+        )
+        .unwrap();
+        (be.info().kernel, be.decode_labels())
+    };
+    let (kernel, int8) = labels(runtime::Kernel::Int8);
+    let ternary: Vec<&String> = int8
+        .iter()
+        .filter(|l| l.starts_with("ternary_matvec"))
+        .collect();
+    eprintln!("int8 decode graph's products: {ternary:?}");
+    if kernel != "int8" {
+        eprintln!("note: no int8 kernels on this adapter ({kernel})");
+        return;
+    }
+    // Two layers, four products each (Q/K/V, output, gate/up, down).
+    assert_eq!(ternary.len(), 2 * 4, "{int8:?}");
+    for l in &ternary {
+        assert!(l.starts_with("ternary_matvec_q8_"), "{l}");
+    }
+    assert!(
+        ternary.iter().any(|l| l.contains("_rms_swiglu ")),
+        "{ternary:?}"
+    );
+    assert!(ternary.iter().any(|l| l.contains("_rms ")), "{ternary:?}");
+    let (kernel, f32s) = labels(runtime::Kernel::F32);
+    assert_eq!(kernel, "f32");
+    assert!(
+        f32s.iter().all(|l| !l.starts_with("ternary_matvec_q8_")),
+        "{f32s:?}"
+    );
 }

@@ -192,6 +192,8 @@ pub struct GpuBackend {
     next_pos: usize,
     kv_bytes: u64,
     weight_bytes_device: u64,
+    /// `int8` where the ternary decode products quantize their activations, else `f32`.
+    kernel: &'static str,
 }
 
 fn f32_bytes(v: &[f32]) -> &[u8] {
@@ -213,6 +215,7 @@ impl GpuBackend {
             adapter: opts.gpu_adapter.clone(),
             sources,
             force_workgroup_reduction: opts.gpu_no_subgroups,
+            int8: opts.kernel == crate::runtime::Kernel::Int8,
             ..Default::default()
         })
         .map_err(gpu_err)?;
@@ -425,7 +428,13 @@ impl GpuBackend {
             })
         };
         let ring = [staging(0), staging(1)];
+        let kernel = if ctx.decodes_int8(hp.n_embd) {
+            "int8"
+        } else {
+            "f32"
+        };
         Ok(GpuBackend {
+            kernel,
             ring,
             ctx,
             model,
@@ -449,6 +458,12 @@ impl GpuBackend {
     /// Dispatches one decode step records.
     pub fn dispatches_per_token(&self) -> usize {
         self.graphs[0].dispatches()
+    }
+
+    /// The labels of a decode step's dispatch list, in order (`kernel weight` for a product,
+    /// the op's kernel name otherwise): which kernel each product runs.
+    pub fn decode_labels(&self) -> Vec<String> {
+        self.graphs[0].items.iter().map(|i| i.label()).collect()
     }
 
     /// Times one decode step of `token` at `pos` on the device, for tools
@@ -677,18 +692,22 @@ fn build_graph(
             .collect::<Result<Vec<_>, RuntimeError>>()
     };
     let residual = Epilogue::Accumulate(hp.residual_scale.unwrap_or(1.0));
-    // Which ops decode folds into the ternary products: `LOWBIT_GPU_FOLD` = `glu` (the
-    // default: SwiGLU into gate/up), `all` (also the norms into Q/K/V and gate/up), `norm`
-    // (the norms only) or `none`. A benchmarking knob: the folded and separate forms compute
-    // the same values within the tests' tolerances. The norms are not folded by default: each
-    // workgroup then reads all of x once more, which costs an H200 more than the two
-    // dispatches it saves (BENCHMARKS.md).
+    // Which ops decode folds into the ternary products: `LOWBIT_GPU_FOLD` = `all` (the norms
+    // into Q/K/V and gate/up, SwiGLU into gate/up), `glu` (SwiGLU only), `norm` (the norms
+    // only) or `none`. A benchmarking knob: the folded and separate forms compute the same
+    // values within the tests' tolerances. The default is `all` where the products take int8
+    // activations (every workgroup quantizes all of x anyway, so normalizing it on the way
+    // costs one more read of x and saves a dispatch: 206 -> 241 tok/s on the 8B shape,
+    // BENCHMARKS.md) and `glu` with f32 activations (there each workgroup stages only a
+    // tile of x, and the norm's extra pass over x cost an H200 more than the dispatch).
     let fold = std::env::var("LOWBIT_GPU_FOLD").unwrap_or_default();
+    let int8 = ctx.decodes_int8(e);
     let (fold_norm, fold_glu) = match fold.as_str() {
         "none" => (false, false),
         "norm" => (true, false),
         "all" => (true, true),
-        _ => (false, true),
+        "glu" => (false, true),
+        _ => (int8, true),
     };
     // Decode: the products of the weights into their parts with the RMSNorm of x (`norm`:
     // its weight) and/or SwiGLU (`swiglu`) folded in, where every weight has such a kernel
@@ -1069,7 +1088,7 @@ impl Backend for GpuBackend {
         BackendInfo {
             backend: "gpu",
             architecture: self.model.layout.cfg.architecture.clone(),
-            kernel: "f32",
+            kernel: self.kernel,
             kv_cache: "f16",
             kv_cache_bytes: self.kv_bytes,
             weight_bytes: self.model.weight_bytes(),

@@ -68,6 +68,8 @@ pub fn ternary_matvec_configs() -> Vec<MatvecConfig> {
     for (rms_norm, swiglu) in [(true, false), (false, true), (true, true)] {
         v.push(d.fused(super::Fuse { rms_norm, swiglu }));
     }
+    // The int8-activation decode kernels, for each width of x, plain and fused.
+    v.extend(super::decode_q8_configs());
     v
 }
 

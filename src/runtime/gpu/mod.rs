@@ -75,6 +75,9 @@ const REDUCE_SUBGROUP_WGSL: &str = include_str!("shaders/ternary_matvec_reduce_s
 const REDUCE_WORKGROUP_WGSL: &str = include_str!("shaders/ternary_matvec_reduce_workgroup.wgsl");
 /// The subgroup-rows matvec's helpers; the host prepends the parameters and appends `main`.
 const TERNARY_MATVEC_ROWS_WGSL: &str = include_str!("shaders/ternary_matvec_rows.wgsl");
+/// The int8-activation decode matvec's helpers; the host prepends the parameters and appends
+/// `main`.
+const TERNARY_MATVEC_Q8_WGSL: &str = include_str!("shaders/ternary_matvec_q8.wgsl");
 
 /// Workgroups per grid dimension that every backend accepts (WebGPU's
 /// `maxComputeWorkgroupsPerDimension` default; Vulkan, Metal and DX12 all allow at least it).
@@ -347,7 +350,23 @@ pub enum MatvecKernel {
         /// without bank conflicts; 0: every subgroup reads x from the storage buffer.
         x_tile: u32,
     },
+    /// The subgroup-rows split with int8 activations (`shaders/ternary_matvec_q8.wgsl`; needs
+    /// SUBGROUP): every workgroup quantizes all of x into workgroup memory as the CPU's int8
+    /// kernel does (per block of 256), and each unit's dot product is exact in integers
+    /// (`dot4I8Packed`).
+    Q8 {
+        /// Rows a subgroup computes at once, sharing each unit's activations (1..=8).
+        rows_per_subgroup: u32,
+        /// Units per lane per chunk whose codes are loaded before any is used: 1, 2 or 4.
+        units_in_flight: u32,
+        /// The largest K the kernel takes (a multiple of 256 up to [`MAX_Q8_COLS`]): its
+        /// workgroup memory holds `max_cols + max_cols / 16 + max_cols / 32` bytes.
+        max_cols: u32,
+    },
 }
+
+/// The largest K an int8-activation matvec ([`MatvecKernel::Q8`]) is built for.
+pub const MAX_Q8_COLS: u32 = 32768;
 
 /// The compile-time parameters of the ternary matvec (a pipeline each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -376,6 +395,18 @@ pub struct Fuse {
     /// output row `i` is `silu(gate_i . x) * (up_i . x)` (swiglu.wgsl's operations), each
     /// subgroup pass taking rows `i..` of both halves.
     pub swiglu: bool,
+}
+
+impl Fuse {
+    /// The name suffix: `_rms`, `_swiglu`, both or none.
+    fn suffix(&self) -> &'static str {
+        match (self.rms_norm, self.swiglu) {
+            (false, false) => "",
+            (true, false) => "_rms",
+            (false, true) => "_swiglu",
+            (true, true) => "_rms_swiglu",
+        }
+    }
 }
 
 /// Elements of x a [`MatvecKernel::SubgroupRows`] workgroup stages at a time, at most.
@@ -434,6 +465,40 @@ impl MatvecConfig {
         }
     }
 
+    /// A [`MatvecKernel::Q8`] configuration (int8 activations) for K up to `max_cols`.
+    pub fn q8(
+        rows_per_workgroup: u32,
+        workgroup_size: u32,
+        rows_per_subgroup: u32,
+        units_in_flight: u32,
+        max_cols: u32,
+    ) -> Self {
+        MatvecConfig {
+            rows_per_workgroup,
+            workgroup_size,
+            reduction: Reduction::Subgroup,
+            kernel: MatvecKernel::Q8 {
+                rows_per_subgroup,
+                units_in_flight,
+                max_cols,
+            },
+            fuse: Fuse::default(),
+        }
+    }
+
+    /// Whether this configuration takes a weight of `cols` columns.
+    pub fn takes_cols(&self, cols: usize) -> bool {
+        match self.kernel {
+            MatvecKernel::Q8 { max_cols, .. } => cols <= max_cols as usize,
+            _ => true,
+        }
+    }
+
+    /// Whether this configuration quantizes the activations to int8.
+    pub fn is_int8(&self) -> bool {
+        matches!(self.kernel, MatvecKernel::Q8 { .. })
+    }
+
     /// This configuration with `fuse`.
     pub fn fused(self, fuse: Fuse) -> Self {
         MatvecConfig { fuse, ..self }
@@ -466,13 +531,21 @@ impl MatvecConfig {
                 if x_tile > 0 {
                     n += &format!("_xs{x_tile}");
                 }
-                if self.fuse.rms_norm {
-                    n += "_rms";
-                }
-                if self.fuse.swiglu {
-                    n += "_swiglu";
-                }
-                n
+                n + self.fuse.suffix()
+            }
+            MatvecKernel::Q8 {
+                rows_per_subgroup,
+                units_in_flight,
+                max_cols,
+            } => {
+                format!(
+                    "ternary_matvec_q8_r{}_wg{}_sgrows{}_p{}_k{}",
+                    self.rows_per_workgroup,
+                    self.workgroup_size,
+                    rows_per_subgroup,
+                    units_in_flight,
+                    max_cols
+                ) + self.fuse.suffix()
             }
         }
     }
@@ -481,6 +554,9 @@ impl MatvecConfig {
     /// prefix may be left out): `r4_wg64_sg`, `r16_wg128_sgrows4_p2`.
     pub fn parse(name: &str) -> Option<MatvecConfig> {
         let s = name.strip_prefix("ternary_matvec_").unwrap_or(name);
+        if let Some(q) = s.strip_prefix("q8_") {
+            return Self::parse_q8(q);
+        }
         let mut it = s.split('_');
         let rows = it.next()?.strip_prefix('r')?.parse().ok()?;
         let wg = it.next()?.strip_prefix("wg")?.parse().ok()?;
@@ -515,6 +591,28 @@ impl MatvecConfig {
             }
         };
         it.next().is_none().then_some(cfg)
+    }
+
+    /// `r32_wg256_sgrows2_p2_k16384[_rms][_swiglu]` (after `ternary_matvec_q8_`).
+    fn parse_q8(s: &str) -> Option<MatvecConfig> {
+        let mut it = s.split('_');
+        let rows = it.next()?.strip_prefix('r')?.parse().ok()?;
+        let wg = it.next()?.strip_prefix("wg")?.parse().ok()?;
+        let rs = it.next()?.strip_prefix("sgrows")?.parse().ok()?;
+        let p = it.next()?.strip_prefix('p')?.parse().ok()?;
+        let k = it.next()?.strip_prefix('k')?.parse().ok()?;
+        let mut fuse = Fuse::default();
+        let mut next = it.next();
+        if next == Some("rms") {
+            fuse.rms_norm = true;
+            next = it.next();
+        }
+        if next == Some("swiglu") {
+            fuse.swiglu = true;
+            next = it.next();
+        }
+        next.is_none()
+            .then(|| MatvecConfig::q8(rows, wg, rs, p, k).fused(fuse))
     }
 
     /// The WGSL source of this variant.
@@ -559,6 +657,21 @@ impl MatvecConfig {
                 } else {
                     rows_main(rows_per_subgroup, units_in_flight)
                 }
+            ),
+            MatvecKernel::Q8 {
+                rows_per_subgroup,
+                units_in_flight,
+                max_cols,
+            } => format!(
+                "// {}: parameters prepended and entry point generated by the host (src/runtime/gpu/mod.rs)\nconst ROWS: u32 = {}u;\nconst WG: u32 = {}u;\nconst RS: u32 = {}u;\nconst P: u32 = {}u;\nconst XK: u32 = {}u;\n\n{}\n{}",
+                self.name(),
+                self.rows_per_workgroup,
+                self.workgroup_size,
+                rows_per_subgroup,
+                units_in_flight,
+                max_cols,
+                TERNARY_MATVEC_Q8_WGSL,
+                q8_main(rows_per_subgroup, units_in_flight, self.fuse),
             ),
         }
     }
@@ -786,6 +899,200 @@ fn rows_main_tiled(rs: u32, p: u32, wg: u32, x_tile: u32, fuse: Fuse) -> String 
     m
 }
 
+/// The entry point of the int8-activation kernel (`shaders/ternary_matvec_q8.wgsl`), unrolled
+/// over `rs` rows and `p` units per chunk: the workgroup quantizes x (with `fuse.rms_norm`,
+/// x normalized first, as the `_rms` subgroup-rows kernel does) into workgroup memory, then its
+/// subgroups take the rows `rs` at a time as `rows_main` does. With `fuse.swiglu` each pass
+/// also takes the up rows `row + params.rows` and stores `silu(gate) * up`.
+fn q8_main(rs: u32, p: u32, fuse: Fuse) -> String {
+    use std::fmt::Write;
+    let mut m = String::new();
+    let nr = if fuse.swiglu { 2 * rs } else { rs };
+    let rows = 0..nr;
+    let units = 0..p;
+    // `writeln!` into a String cannot fail.
+    let mut w = |line: String| {
+        let _ = writeln!(m, "{line}");
+    };
+    if fuse.rms_norm {
+        w("// The RMSNorm's weight (binding 5) and the subgroups' sums of squares.".into());
+        w("@group(0) @binding(5) var<storage, read> nw: array<vec4<f32>>;".into());
+        w("var<workgroup> ssq: array<f32, WG / 4u>;".into());
+    }
+    w(String::new());
+    w("@compute @workgroup_size(WG)".into());
+    w("fn main(".into());
+    w("    @builtin(workgroup_id) wid: vec3<u32>,".into());
+    w("    @builtin(local_invocation_index) lid: u32,".into());
+    w("    @builtin(subgroup_id) sg: u32,".into());
+    w("    @builtin(subgroup_invocation_id) lane: u32,".into());
+    w("    @builtin(subgroup_size) sg_size: u32,".into());
+    w("    @builtin(num_subgroups) nsg: u32,".into());
+    w(") {".into());
+    w("    let row_base = (wid.y * params.groups_x + wid.x) * ROWS;".into());
+    w(
+        "    // The same for the whole workgroup: no barrier is skipped by some invocations only."
+            .into(),
+    );
+    w("    if row_base >= params.rows {".into());
+    w("        return;".into());
+    w("    }".into());
+    w("    let s = min(sg_size, WG);".into());
+    w("    let units = params.cols / 64u;".into());
+    w("    let blocks = params.cols / 256u;".into());
+    w("    let groups = params.cols / 16u;".into());
+    w("    let last = params.rows - 1u;".into());
+    if fuse.rms_norm {
+        w("    var sq = 0.0;".into());
+        w("    for (var i = lid; i < params.cols / 4u; i += WG) {".into());
+        w("        let v = x[i];".into());
+        w("        sq += dot(v, v);".into());
+        w("    }".into());
+        w("    sq = subgroupAdd(sq);".into());
+        w("    if lane == 0u {".into());
+        w("        ssq[sg] = sq;".into());
+        w("    }".into());
+        w("    workgroupBarrier();".into());
+        w("    var total = 0.0;".into());
+        w("    for (var i = 0u; i < nsg; i++) {".into());
+        w("        total += ssq[i];".into());
+        w("    }".into());
+        w("    let rinv = 1.0 / sqrt(total / f32(params.cols) + params.eps);".into());
+    }
+    // x's 16-element group g as four vec4s (normalized with the RMSNorm folded in).
+    let load16 = |w: &mut dyn FnMut(String), ind: &str| {
+        for i in 0..4 {
+            if fuse.rms_norm {
+                w(format!(
+                    "{ind}let a{i} = (x[4u * g + {i}u] * rinv) * nw[4u * g + {i}u];"
+                ));
+            } else {
+                w(format!("{ind}let a{i} = x[4u * g + {i}u];"));
+            }
+        }
+    };
+    w("    for (var i = lid; i < blocks; i += WG) {".into());
+    w("        atomicStore(&bmax[i], 0u);".into());
+    w("    }".into());
+    w("    for (var i = lid; i < units; i += WG) {".into());
+    w("        atomicStore(&usum[i], 0);".into());
+    w("    }".into());
+    w("    workgroupBarrier();".into());
+    w("    // Each block's max |x| (16 invocations per block).".into());
+    w("    for (var g = lid; g < groups; g += WG) {".into());
+    load16(&mut w, "        ");
+    w("        let m4 = max(max(abs(a0), abs(a1)), max(abs(a2), abs(a3)));".into());
+    w(
+        "        atomicMax(&bmax[g / 16u], bitcast<u32>(max(max(m4.x, m4.y), max(m4.z, m4.w))));"
+            .into(),
+    );
+    w("    }".into());
+    w("    workgroupBarrier();".into());
+    w("    // q = round(x / da), four words per group, and the unit sums of q.".into());
+    w("    for (var g = lid; g < groups; g += WG) {".into());
+    load16(&mut w, "        ");
+    w("        let amax = bitcast<f32>(atomicLoad(&bmax[g / 16u]));".into());
+    w("        let d = amax / 127.0;".into());
+    w("        let id = select(0.0, 1.0 / d, amax > 0.0);".into());
+    for i in 0..4 {
+        w(format!("        let q{i} = quant4(a{i} * id);"));
+    }
+    w("        xq[xq_index(g)] = vec4<u32>(".into());
+    w("            pack4xI8(vec4<i32>(q0.x, q1.x, q2.x, q3.x)),".into());
+    w("            pack4xI8(vec4<i32>(q0.y, q1.y, q2.y, q3.y)),".into());
+    w("            pack4xI8(vec4<i32>(q0.z, q1.z, q2.z, q3.z)),".into());
+    w("            pack4xI8(vec4<i32>(q0.w, q1.w, q2.w, q3.w)),".into());
+    w("        );".into());
+    w("        let t = (q0 + q1) + (q2 + q3);".into());
+    w("        atomicAdd(&usum[g / 4u], (t.x + t.y) + (t.z + t.w));".into());
+    w("        if (g & 15u) == 0u {".into());
+    w("            bd[g / 16u] = d;".into());
+    w("        }".into());
+    w("    }".into());
+    w("    workgroupBarrier();".into());
+    w(
+        "    // Passes over the workgroup's rows (no barrier below: a subgroup may stop early)."
+            .into(),
+    );
+    w("    for (var g = sg * RS; g < ROWS; g += nsg * RS) {".into());
+    w("        let r0 = row_base + g;".into());
+    w("        if r0 >= params.rows {".into());
+    w("            break;".into());
+    w("        }".into());
+    w("        // Rows past the end read the last row; their sums are never stored.".into());
+    for r in rows.clone() {
+        if r < rs {
+            w(format!("        let row{r} = min(r0 + {r}u, last);"));
+        } else {
+            w(format!("        let row{r} = row{} + params.rows;", r - rs));
+        }
+        w(format!("        var acc{r} = 0.0;"));
+    }
+    w("        for (var c = 0u; c < units; c += s * P) {".into());
+    w("            // Every code and scale load of the chunk before any arithmetic.".into());
+    for j in units.clone() {
+        w(format!("            let u{j} = c + lane + {j}u * s;"));
+        w(format!("            let v{j} = min(u{j}, units - 1u);"));
+    }
+    for j in units.clone() {
+        for r in rows.clone() {
+            w(format!(
+                "            let w{r}_{j} = codes[row{r} * units + v{j}];"
+            ));
+        }
+    }
+    for j in units.clone() {
+        for r in rows.clone() {
+            w(format!(
+                "            let e{r}_{j} = scale_at(row{r} * blocks + v{j} / 4u);"
+            ));
+        }
+    }
+    for j in units.clone() {
+        w(format!("            if u{j} < units {{"));
+        w(format!("                let xi = 4u * u{j};"));
+        w(format!("                let sw = (u{j} >> 1u) & 3u;"));
+        w("                let xa = xq[xi + sw];".into());
+        w("                let xb = xq[xi + (1u ^ sw)];".into());
+        w("                let xc = xq[xi + (2u ^ sw)];".into());
+        w("                let xd = xq[xi + (3u ^ sw)];".into());
+        w(format!("                let sq = atomicLoad(&usum[u{j}]);"));
+        w(format!("                let dx = bd[u{j} / 4u];"));
+        for r in rows.clone() {
+            w(format!(
+                "                acc{r} += (e{r}_{j} * dx) * f32(unit_dot(w{r}_{j}, xa, xb, xc, xd) - sq);"
+            ));
+        }
+        w("            }".into());
+    }
+    w("        }".into());
+    if fuse.swiglu {
+        for r in 0..rs {
+            let u = r + rs;
+            w(format!("        let tg{r} = subgroupAdd(acc{r});"));
+            w(format!("        let tu{r} = subgroupAdd(acc{u});"));
+            w(format!(
+                "        let t{r} = (tg{r} / (1.0 + exp(-tg{r}))) * tu{r};"
+            ));
+        }
+    } else {
+        for r in rows.clone() {
+            w(format!("        let t{r} = subgroupAdd(acc{r});"));
+        }
+    }
+    w("        if lane == 0u {".into());
+    w("            store_y(r0, t0);".into());
+    for r in 1..rs {
+        w(format!("            if r0 + {r}u < params.rows {{"));
+        w(format!("                store_y(r0 + {r}u, t{r});"));
+        w("            }".into());
+    }
+    w("        }".into());
+    w("    }".into());
+    w("}".into());
+    m
+}
+
 /// The entry point of the subgroup-rows kernel, unrolled over `rs` rows and `p` units per
 /// chunk (every per-row and per-unit value a named variable, so none is an indexed array).
 fn rows_main(rs: u32, p: u32) -> String {
@@ -902,6 +1209,73 @@ pub fn decode_matvec_config(reduction: Reduction) -> MatvecConfig {
     }
 }
 
+/// The subgroup-rows split's rules (both kernels): `rs` rows per subgroup pass dividing the
+/// `r` rows per workgroup, `p` units in flight, subgroup reductions.
+fn check_rows_split(r: u32, rs: u32, p: u32, reduction: Reduction) -> Result<(), GpuError> {
+    const OP: &str = "ternary matvec";
+    if rs == 0 || rs > MAX_ROWS_PER_SUBGROUP || !r.is_multiple_of(rs) {
+        return Err(GpuError::Shape {
+            op: OP,
+            detail: format!(
+                "rows per subgroup {rs}: must be 1..={MAX_ROWS_PER_SUBGROUP} and divide the rows per workgroup {r}"
+            ),
+        });
+    }
+    if ![1, 2, 4].contains(&p) {
+        return Err(GpuError::Shape {
+            op: OP,
+            detail: format!("units in flight {p}: must be 1, 2 or 4"),
+        });
+    }
+    if reduction != Reduction::Subgroup {
+        return Err(GpuError::Shape {
+            op: OP,
+            detail: "the subgroup-rows kernels add with subgroups only".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The widths of x the int8 decode kernels are built for ([`MatvecKernel::Q8`]'s `max_cols`;
+/// the workgroup memory a kernel holds grows with it).
+pub const Q8_COLS: [u32; 3] = [4096, 16384, 32768];
+
+/// The int8-activation decode configuration for a product of `rows` weight rows and `cols`
+/// columns (`swiglu`: a stacked gate/up weight whose SwiGLU is folded in), built for the
+/// smallest of [`Q8_COLS`] that holds `cols`; `None` past the largest. From a sweep at the 8B
+/// model's shapes and decode profiles on an NVIDIA H200 (BENCHMARKS.md): 32 rows per
+/// workgroup of 256 invocations, 4 rows per subgroup pass, 1 unit in flight; 64 rows per
+/// workgroup of 512, 2 rows per pass, 2 units in flight, for 16,384 rows or more; SwiGLU 32
+/// output rows per workgroup of 256, 2 per pass (each with its up row), 2 units in flight
+/// (28 us per layer against 33 for the 512-invocation form of the plain kernel's best).
+pub fn decode_q8_config(rows: usize, cols: usize, swiglu: bool) -> Option<MatvecConfig> {
+    let k = *Q8_COLS.iter().find(|&&k| cols <= k as usize)?;
+    Some(if swiglu {
+        MatvecConfig::q8(32, 256, 2, 2, k)
+    } else if rows >= 16384 {
+        MatvecConfig::q8(64, 512, 2, 2, k)
+    } else {
+        MatvecConfig::q8(32, 256, 4, 1, k)
+    })
+}
+
+/// Every int8 decode configuration [`decode_q8_config`] gives, with the fused variants the
+/// decode graph uses (the RMSNorm folded into each; SwiGLU into the gate/up one): the kernel
+/// registry's list.
+pub fn decode_q8_configs() -> Vec<MatvecConfig> {
+    let mut v = Vec::new();
+    for k in Q8_COLS {
+        let k = k as usize;
+        for (rows, swiglu) in [(4096, false), (16384, false), (32768, true)] {
+            let c = decode_q8_config(rows, k, swiglu).expect("a width of Q8_COLS");
+            for rms_norm in [false, true] {
+                v.push(c.fused(Fuse { rms_norm, swiglu }));
+            }
+        }
+    }
+    v
+}
+
 /// How a [`GpuContext`] is set up.
 #[derive(Clone, Debug, Default)]
 pub struct ContextOptions {
@@ -918,6 +1292,10 @@ pub struct ContextOptions {
     /// Use the workgroup-memory reduction in the weight kernels even where the adapter has
     /// subgroups ([`GpuContext::weight_reduction`]; tests run both paths).
     pub force_workgroup_reduction: bool,
+    /// Decode the ternary products with int8 activations ([`MatvecKernel::Q8`], `--kernel
+    /// int8`) where the adapter has subgroups and the sources have the kernel; else (and
+    /// when false) with f32 activations.
+    pub int8: bool,
 }
 
 /// The ternary matvec's bind group layout: codes, scales, x (read-only storage), y (storage),
@@ -973,6 +1351,8 @@ pub struct GpuContext {
     unchecked_shaders: bool,
     /// [`ContextOptions::force_workgroup_reduction`].
     force_workgroup_reduction: bool,
+    /// [`ContextOptions::int8`].
+    int8: bool,
     /// The WGSL modules this context may compile, by name: [`kernels::all`] by default, a
     /// bundle's `kernels/` when the backend loads one ([`ContextOptions::sources`]).
     sources: HashMap<String, String>,
@@ -1035,6 +1415,7 @@ impl GpuContext {
             pipelines: Mutex::new(HashMap::new()),
             unchecked_shaders: opts.unchecked_shaders,
             force_workgroup_reduction: opts.force_workgroup_reduction,
+            int8: opts.int8,
             builtin: opts.sources.is_none(),
             extra: Mutex::new(HashMap::new()),
             sources: match &opts.sources {
@@ -1074,6 +1455,39 @@ impl GpuContext {
         }
     }
 
+    /// The ternary decode configuration for a product of `rows` weight rows and `cols` columns
+    /// with `fuse` folded in (`fuse.swiglu`: a stacked gate/up weight): with
+    /// [`ContextOptions::int8`], [`decode_q8_config`] fused, where this adapter and the
+    /// sources take it; else [`GpuContext::default_matvec_config`] fused, where that is the
+    /// subgroup-rows kernel with x staged and the sources have the fused variant; `None` when
+    /// no kernel here folds `fuse` in (never for `Fuse::default()`). A bundle whose kernels
+    /// predate a variant gets the next one down the list.
+    pub fn decode_config(&self, rows: usize, cols: usize, fuse: Fuse) -> Option<MatvecConfig> {
+        let usable = |c: &MatvecConfig| self.check_config(c).is_ok() && self.has_source(&c.name());
+        if self.int8 && !self.force_workgroup_reduction {
+            if let Some(c) = decode_q8_config(rows, cols, fuse.swiglu) {
+                let c = c.fused(fuse);
+                if usable(&c) {
+                    return Some(c);
+                }
+            }
+        }
+        let d = self.default_matvec_config();
+        if fuse == Fuse::default() {
+            return Some(d);
+        }
+        let staged = matches!(d.kernel, MatvecKernel::SubgroupRows { x_tile, .. } if x_tile > 0);
+        let c = d.fused(fuse);
+        (staged && usable(&c)).then_some(c)
+    }
+
+    /// Whether the ternary decode products quantize their activations to int8 here (for a
+    /// weight of `cols` columns).
+    pub fn decodes_int8(&self, cols: usize) -> bool {
+        self.decode_config(1, cols, Fuse::default())
+            .is_some_and(|c| c.is_int8())
+    }
+
     /// Whether module `name` is among the sources this context compiles from (the built-in
     /// registry also generates variants outside its list).
     pub fn has_source(&self, name: &str) -> bool {
@@ -1086,7 +1500,9 @@ impl GpuContext {
         let (r, wg) = (cfg.rows_per_workgroup, cfg.workgroup_size);
         let max_rows = match cfg.kernel {
             MatvecKernel::Split => MAX_ROWS_PER_WORKGROUP,
-            MatvecKernel::SubgroupRows { .. } => MAX_ROWS_PER_WORKGROUP_SUBGROUP_ROWS,
+            MatvecKernel::SubgroupRows { .. } | MatvecKernel::Q8 { .. } => {
+                MAX_ROWS_PER_WORKGROUP_SUBGROUP_ROWS
+            }
         };
         if r == 0 || r > max_rows {
             return Err(GpuError::Shape {
@@ -1112,6 +1528,22 @@ impl GpuContext {
                 limit: max_wg as u64,
             });
         }
+        if let MatvecKernel::Q8 {
+            rows_per_subgroup: rs,
+            units_in_flight: p,
+            max_cols,
+        } = cfg.kernel
+        {
+            if max_cols == 0 || !max_cols.is_multiple_of(256) || max_cols > MAX_Q8_COLS {
+                return Err(GpuError::Shape {
+                    op: OP,
+                    detail: format!(
+                        "largest K {max_cols}: must be a multiple of 256 up to {MAX_Q8_COLS}"
+                    ),
+                });
+            }
+            check_rows_split(r, rs, p, cfg.reduction)?;
+        }
         if let MatvecKernel::SubgroupRows {
             rows_per_subgroup: rs,
             units_in_flight: p,
@@ -1126,41 +1558,25 @@ impl GpuContext {
                     ),
                 });
             }
-            if rs == 0 || rs > MAX_ROWS_PER_SUBGROUP || !r.is_multiple_of(rs) {
-                return Err(GpuError::Shape {
-                    op: OP,
-                    detail: format!(
-                        "rows per subgroup {rs}: must be 1..={MAX_ROWS_PER_SUBGROUP} and divide the rows per workgroup {r}"
-                    ),
-                });
-            }
-            if ![1, 2, 4].contains(&p) {
-                return Err(GpuError::Shape {
-                    op: OP,
-                    detail: format!("units in flight {p}: must be 1, 2 or 4"),
-                });
-            }
-            if cfg.reduction != Reduction::Subgroup {
-                return Err(GpuError::Shape {
-                    op: OP,
-                    detail: "the subgroup-rows kernel adds with subgroups only".into(),
-                });
-            }
+            check_rows_split(r, rs, p, cfg.reduction)?;
             if cfg.fuse != Fuse::default() && x_tile == 0 {
                 return Err(GpuError::Shape {
                     op: OP,
                     detail: "fused ops need x staged in workgroup memory (x tile > 0)".into(),
                 });
             }
-        } else if cfg.fuse != Fuse::default() {
+        } else if cfg.fuse != Fuse::default() && !cfg.is_int8() {
             return Err(GpuError::Shape {
                 op: OP,
-                detail: "only the subgroup-rows kernel fuses ops".into(),
+                detail: "only the subgroup-rows kernels fuse ops".into(),
             });
         }
+        let norm_sums = if cfg.fuse.rms_norm { wg as u64 } else { 0 };
         let shared = match (cfg.kernel, cfg.reduction) {
-            (MatvecKernel::SubgroupRows { x_tile, .. }, _) => {
-                4 * x_tile as u64 + if cfg.fuse.rms_norm { wg as u64 } else { 0 }
+            (MatvecKernel::SubgroupRows { x_tile, .. }, _) => 4 * x_tile as u64 + norm_sums,
+            (MatvecKernel::Q8 { max_cols, .. }, _) => {
+                let k = max_cols as u64;
+                k + k / 16 + k / 32 + norm_sums
             }
             (_, Reduction::Subgroup) => 4 * r as u64 * (wg as u64 / 4),
             (_, Reduction::Workgroup) => 4 * r as u64 * wg as u64,
@@ -1450,6 +1866,7 @@ impl GpuContext {
         let pipeline = self.pipeline(cfg)?;
         let glu = cfg.fuse.swiglu;
         if norm.is_some() != cfg.fuse.rms_norm
+            || !cfg.takes_cols(w.cols)
             || norm.is_some_and(|(n, _)| n.size() < (w.cols * 4) as u64)
             || (glu && (w.chunks.len() != 1 || !w.rows.is_multiple_of(2)))
         {

@@ -129,7 +129,7 @@
 use super::kernels::KernelSource;
 use super::ops::{Bindable, BufView};
 use super::{
-    grid, BoundMatvec, Epilogue, Fuse, GpuContext, GpuError, GpuTernary, MatvecKernel, Reduction,
+    grid, BoundMatvec, Epilogue, Fuse, GpuContext, GpuError, GpuTernary, MatvecConfig, Reduction,
     TernaryChunk, MAX_WORKGROUPS_PER_DIM,
 };
 use crate::ggml::GgmlType;
@@ -1041,7 +1041,7 @@ impl GpuContext {
         if w.format == WeightFormat::Ternary && n_tokens == 1 {
             let t = w.ternary_view();
             return Ok(self
-                .bind_matvec_with(&t, x, y, &self.default_matvec_config(), epilogue)?
+                .bind_matvec_with(&t, x, y, &self.decode_matvec_plain(w), epilogue)?
                 .into());
         }
         let (op, rows_per_wg, tok) = if n_tokens == 1 {
@@ -1108,23 +1108,27 @@ impl GpuContext {
         fuse: Fuse,
         norm: Option<(&wgpu::Buffer, f32)>,
     ) -> Result<Option<Bound>, GpuError> {
-        let base = self.default_matvec_config();
-        let cfg = base.fused(fuse);
-        let fits = w.format == WeightFormat::Ternary
-            && matches!(base.kernel, MatvecKernel::SubgroupRows { x_tile, .. } if x_tile > 0)
-            && self.check_config(&cfg).is_ok()
-            && self.has_source(&cfg.name())
-            && norm.is_some() == fuse.rms_norm
-            && (!fuse.swiglu
-                || (w.chunks.len() == 1 && w.parts.len() == 2 && w.parts[0] == w.parts[1]));
-        if !fits {
+        if w.format != WeightFormat::Ternary
+            || norm.is_some() != fuse.rms_norm
+            || (fuse.swiglu
+                && !(w.chunks.len() == 1 && w.parts.len() == 2 && w.parts[0] == w.parts[1]))
+        {
             return Ok(None);
         }
+        let Some(cfg) = self.decode_config(w.rows, w.cols, fuse) else {
+            return Ok(None);
+        };
         let t = w.ternary_view();
         Ok(Some(
             self.bind_ternary_fused(&t, x, y, &cfg, Epilogue::Store, norm)?
                 .into(),
         ))
+    }
+
+    /// The decode configuration of `w`'s product without ops folded in.
+    fn decode_matvec_plain(&self, w: &GpuWeight) -> MatvecConfig {
+        self.decode_config(w.rows, w.cols, Fuse::default())
+            .unwrap_or_else(|| self.default_matvec_config())
     }
 
     /// `out[t * w.cols + k] = W[ids[t], k]` for `t < n_tokens` (the embedding gather; `ids`

@@ -1,0 +1,122 @@
+// Ternary matrix-vector product y = W x for decode with int8 activations (`--kernel int8`,
+// the GPU's default where the adapter has subgroups): the subgroup-rows work split of
+// ternary_matvec_rows.wgsl, with x quantized once per workgroup into workgroup memory and each
+// 64-element unit's dot product taken exactly in integers by dot4I8Packed (DP4A where the
+// device has it: SPIR-V OpSDot under VK_KHR_shader_integer_dot_product; naga lowers it to
+// shifts and multiplies elsewhere).
+//
+// Buffers as ternary_matvec.wgsl:
+//   codes   [rows, K/64] vec4<u32>, element 16w+j of a row in bits 2j..2j+1 of word w, code c
+//           in {0, 1, 2} meaning c - 1
+//   scales  [rows, K/256] IEEE f16, two to a u32, flat index row * K/256 + b
+//   x       [K] f32 (as vec4<f32>),  y [rows] f32
+//
+// Activations, as the CPU's int8 kernel quantizes them (src/runtime/q8.rs): per block of 256,
+// da = max|x| / 127, q = round(x / da) (half away from zero, clamped to +-127), da = 0 and q = 0
+// for an all-zero block. In workgroup memory, 16-element group g (elements 16g..16g+15) is
+// one vec4<u32> whose word k holds the int8 q of elements 16g+k, 16g+4+k, 16g+8+k, 16g+12+k
+// (bytes 0..3): then `(w >> 2k) & 0x03030303` of code word w holds the codes of exactly those
+// elements, one per byte, and dot4I8Packed gives their four products. Unit u (groups 4u..4u+3)
+// is stored at 4u + (g ^ ((u >> 1) & 3)): eight lanes reading eight consecutive units hit
+// eight distinct 16-byte bank groups. The sum of q over each unit is kept beside it.
+//
+// Formula per unit of a row (block b): (d_b * da_b) * f32(sum c*q - sum q), c*q summed exactly
+// in integers (|sum| <= 64 * 2 * 127), the units' terms added in f32 per lane and then across
+// the subgroup. The CPU int8 kernel adds the same products per block of 256 in a fixed order:
+// same integers, other f32 rounding of the sum (tolerance in src/runtime/gpu/mod.rs).
+//
+// The host (src/runtime/gpu/mod.rs) prepends
+//   const ROWS: u32   rows per workgroup (a multiple of RS)
+//   const WG: u32     invocations per workgroup (a power of two)
+//   const RS: u32     rows per subgroup pass
+//   const P: u32      units per lane per chunk (1, 2 or 4)
+//   const XK: u32     the largest K the kernel takes (its workgroup memory: XK + XK/16 + XK/32
+//                     bytes)
+// and appends the entry point `main`, unrolled over the RS rows and P units.
+
+struct Params {
+    // Rows of this dispatch (output rows; with SwiGLU the gate rows, the up rows following).
+    rows: u32,
+    // K, a multiple of 256, at most XK.
+    cols: u32,
+    // Workgroups along x of the dispatch grid (a grid past 65,535 workgroups is 2-D).
+    groups_x: u32,
+    // 1: the residual epilogue, y[i] = y[i] + sum * scale; 0: y[i] = sum.
+    accumulate: u32,
+    scale: f32,
+    // The folded RMSNorm's epsilon (kernels named `_rms`).
+    eps: f32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<storage, read> codes: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read> scales: array<u32>;
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<uniform> params: Params;
+
+// x quantized: one vec4<u32> per 16-element group (layout above).
+var<workgroup> xq: array<vec4<u32>, XK / 16u>;
+// Per block of 256: max |x| as f32 bits (non-negative floats order as their bits), then da.
+var<workgroup> bmax: array<atomic<u32>, XK / 256u>;
+var<workgroup> bd: array<f32, XK / 256u>;
+// Per unit of 64: the sum of q.
+var<workgroup> usum: array<atomic<i32>, XK / 64u>;
+
+// Stores row i's sum: y[i] = sum, or with the residual epilogue y[i] = y[i] + sum * scale.
+fn store_y(i: u32, sum: f32) {
+    if params.accumulate == 1u {
+        y[i] = y[i] + sum * params.scale;
+    } else {
+        y[i] = sum;
+    }
+}
+
+// IEEE binary16 bits (low 16 bits of h) to f32, exactly.
+fn f16_bits_to_f32(h: u32) -> f32 {
+    let sign = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    let m = h & 0x3ffu;
+    if e == 0u {
+        return bitcast<f32>(sign | bitcast<u32>(f32(m) * 5.9604644775390625e-8));
+    }
+    if e == 31u {
+        return bitcast<f32>(sign | 0x7f800000u | (m << 13u));
+    }
+    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+}
+
+// The f16 scale at flat index i of the scales array.
+fn scale_at(i: u32) -> f32 {
+    let w = scales[i >> 1u];
+    return f16_bits_to_f32((w >> ((i & 1u) * 16u)) & 0xffffu);
+}
+
+// round(t) half away from zero (Rust's f32::round, the CPU's), clamped to +-127. WGSL's round
+// is half to even; a tie is exactly t - trunc(t) = +-0.5.
+fn quant4(t: vec4<f32>) -> vec4<i32> {
+    let tr = trunc(t);
+    let tie = abs(t - tr) == vec4<f32>(0.5);
+    let r = select(round(t), tr + sign(t), tie);
+    return vec4<i32>(clamp(r, vec4<f32>(-127.0), vec4<f32>(127.0)));
+}
+
+// Where group g is stored.
+fn xq_index(g: u32) -> u32 {
+    let u = g >> 2u;
+    return 4u * u + ((g & 3u) ^ ((u >> 1u) & 3u));
+}
+
+const M2 = 0x03030303u;
+
+// sum c*q over the 16 elements of code word w and activation words xw (layout above).
+fn word_dot(w: u32, xw: vec4<u32>) -> i32 {
+    return (dot4I8Packed(w & M2, xw.x) + dot4I8Packed((w >> 2u) & M2, xw.y))
+        + (dot4I8Packed((w >> 4u) & M2, xw.z) + dot4I8Packed((w >> 6u) & M2, xw.w));
+}
+
+// sum c*q over the 64 elements of unit w (activation groups xa..xd).
+fn unit_dot(w: vec4<u32>, xa: vec4<u32>, xb: vec4<u32>, xc: vec4<u32>, xd: vec4<u32>) -> i32 {
+    return (word_dot(w.x, xa) + word_dot(w.y, xb)) + (word_dot(w.z, xc) + word_dot(w.w, xd));
+}
