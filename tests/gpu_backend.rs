@@ -293,6 +293,33 @@ fn gpu_refuses_what_the_contract_refuses() {
     .err()
     .unwrap();
     assert!(e.to_string().contains("f16 KV cache"), "{e}");
+    // A model that does not fit the device memory given is refused with the bytes, before
+    // anything is uploaded; exactly what it needs loads: its weights, the f16 KV cache
+    // (K and V, per layer n_head_kv * n_ctx * head_dim halves) and one RoPE table (n_ctx *
+    // n_rot f32; one RoPE base here).
+    let m = runtime::open_model(&b).unwrap();
+    let h = &m.layout.hyper;
+    let needed = m.weight_bytes()
+        + (2 * h.n_layer * h.n_head_kv * h.n_ctx * h.head_dim * 2) as u64
+        + (h.n_ctx * h.n_rot * 4) as u64;
+    let fit = |bytes: u64| {
+        runtime::load(
+            BackendKind::Gpu,
+            &b,
+            &LoadOptions {
+                gpu_memory: Some(bytes),
+                ..opts.clone()
+            },
+        )
+    };
+    let e = fit(needed - 1).err().unwrap().to_string();
+    assert!(
+        e.contains(&format!("needs at least {needed} bytes"))
+            && e.contains(&format!("has {} (--gpu-memory)", needed - 1))
+            && e.contains("nothing was uploaded"),
+        "{e}"
+    );
+    fit(needed).unwrap();
     // Prefill then decode, then logits: the position moves as the contract says.
     be.prefill(&[1, 2, 3], 0).unwrap();
     assert_eq!(be.position(), 3);

@@ -605,6 +605,31 @@ fn cli_refuses_too_long_and_bad_ids() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("token id 99999 is outside the vocabulary"));
+    // --gpu-memory takes a byte count with an optional K/M/G/T suffix, refused otherwise
+    // before the bundle is opened (clap's usage error, exit 2).
+    for (bad, why) in [
+        ("2X", "the suffix must be K, M, G or T"),
+        ("0", "must be more than 0"),
+        ("lots", "not a byte count"),
+        ("99999999T", "too large"),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+            .args([
+                "run",
+                "--prompt-ids",
+                "1",
+                "--backend",
+                "gpu",
+                "--gpu-memory",
+                bad,
+            ])
+            .arg(&b)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains(why), "{bad}: {err}");
+    }
 }
 
 /// The int8 kernel (activations quantized as llama.cpp's CPU backend does, with our own

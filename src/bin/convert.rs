@@ -404,6 +404,12 @@ struct RuntimeArgs {
     /// path adapters without them take).
     #[arg(long)]
     gpu_no_subgroups: bool,
+    /// GPU: the device memory the model may take, in bytes or with a K, M, G or T suffix
+    /// (powers of 1024); a model that needs more (weights, KV cache, RoPE tables) is refused
+    /// before anything is uploaded. Default: the adapter's own figure where the driver gives
+    /// one (Vulkan: its largest device-local heap); this replaces it.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    gpu_memory: Option<u64>,
     /// Matrix kernel: int8 activations (the default: exact integer block sums for ternary,
     /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weights, llama.cpp-like rounding of
     /// the activations; other encodings use f32) or f32 activations (the exact reference).
@@ -424,6 +430,34 @@ struct RuntimeArgs {
     trusted_keys: Vec<PathBuf>,
 }
 
+/// `--gpu-memory`: a byte count, optionally with a K, M, G or T suffix (powers of 1024).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, shift) = match t.char_indices().last() {
+        Some((i, c))
+            if c.is_ascii_alphabetic() && i > 0 && t[..i].bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("{s:?}: the suffix must be K, M, G or T")),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: not a byte count (e.g. 24G, 512M, 1000000)"))?;
+    if n == 0 {
+        return Err(format!("{s:?}: must be more than 0"));
+    }
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{s:?}: too large"))
+}
+
 impl RuntimeArgs {
     fn backend(&self) -> anyhow::Result<lowbit::runtime::BackendKind> {
         Ok(self.backend.parse()?)
@@ -433,6 +467,7 @@ impl RuntimeArgs {
         Ok(lowbit::runtime::LoadOptions {
             gpu_adapter: self.gpu_adapter.as_deref().map(str::parse).transpose()?,
             gpu_no_subgroups: self.gpu_no_subgroups,
+            gpu_memory: self.gpu_memory,
             gpu_sources: None,
             kernel: self.kernel.into(),
             kv: self.kv_cache.into(),
@@ -689,6 +724,14 @@ fn gpu_info(json: bool) -> anyhow::Result<ExitCode> {
             out,
             "  subgroup:     {}..{} invocations",
             a.subgroup_min_size, a.subgroup_max_size
+        )?;
+        writeln!(
+            out,
+            "  memory:       {}",
+            a.device_memory_bytes
+                .map_or("not reported by this backend".to_string(), |b| format!(
+                    "{b} bytes (largest device-local heap)"
+                ))
         )?;
         writeln!(
             out,

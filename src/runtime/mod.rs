@@ -128,6 +128,9 @@ pub struct LoadOptions {
     pub gpu_adapter: Option<gpu::AdapterSelector>,
     /// GPU: use the workgroup-memory reductions even where subgroup operations exist.
     pub gpu_no_subgroups: bool,
+    /// GPU: the bytes of device memory the model may take (`--gpu-memory`); `None`: the
+    /// adapter's own figure, where the driver gives one.
+    pub gpu_memory: Option<u64>,
     /// GPU: the WGSL modules to compile. [`load`] fills in the bundle's own when `None`
     /// ([`gpu::kernels::from_bundle`]: a bundle without kernels is refused);
     /// `GpuBackend::new` given `None` compiles the ones built into this binary.

@@ -196,6 +196,42 @@ pub struct GpuBackend {
     kernel: &'static str,
 }
 
+/// Refuses a model that does not fit, before anything is uploaded: the bytes it needs at
+/// least (its weights as stored, the f16 KV cache, the RoPE tables; activations are a few MB
+/// more) against `limit` (`--gpu-memory`), or without one the adapter's own figure where the
+/// driver gives one ([`GpuContext::device_memory`]; a heap size is a driver's hint, which the
+/// user may know better than: lavapipe reports 2 GiB whatever the RAM).
+fn check_memory(ctx: &GpuContext, model: &Model, limit: Option<u64>) -> Result<(), RuntimeError> {
+    let hp = &model.layout.hyper;
+    let weights = model.weight_bytes();
+    let kv = 2 * (hp.n_layer * hp.n_head_kv * hp.n_ctx * hp.head_dim * 2) as u64;
+    let mut keys: Vec<(u32, u32)> = (0..hp.n_layer)
+        .map(|il| {
+            let (base, fscale) = hp.rope_of_layer(il);
+            (base.to_bits(), fscale.to_bits())
+        })
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let tables = (keys.len() * hp.n_ctx * hp.n_rot.max(2) * 4) as u64;
+    let needed = weights + kv + tables;
+    let available = match (limit, ctx.device_memory) {
+        (Some(l), _) => Some((l, "--gpu-memory".to_string())),
+        (None, Some((d, what))) => Some((d, format!("{what}; --gpu-memory overrides"))),
+        (None, None) => None,
+    };
+    match available {
+        Some((avail, what)) if needed > avail => Err(RuntimeError::Backend {
+            name: "gpu".into(),
+            detail: format!(
+                "the model needs at least {needed} bytes of device memory (weights {weights}, f16 KV cache {kv} for {} positions, RoPE tables {tables}) but {} has {avail} ({what}); nothing was uploaded",
+                hp.n_ctx, ctx.info.name
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 fn f32_bytes(v: &[f32]) -> &[u8] {
     bytemuck::cast_slice(v)
 }
@@ -229,6 +265,7 @@ impl GpuBackend {
                 ),
             });
         }
+        check_memory(&ctx, &model, opts.gpu_memory)?;
         let b = &model.bundle;
         let up = |w: &Weight| ctx.upload_model_weight(b, w).map_err(gpu_err);
         let vecbuf = |w: &Weight| {

@@ -261,6 +261,9 @@ pub struct AdapterReport {
     pub subgroup_min_size: u32,
     pub subgroup_max_size: u32,
     pub limits: LimitsReport,
+    /// Bytes of device memory (Vulkan: the largest device-local heap); `None` where the
+    /// backend gives no figure.
+    pub device_memory_bytes: Option<u64>,
     /// Every feature the adapter reports, by wgpu's names, sorted.
     pub features: Vec<String>,
 }
@@ -306,6 +309,7 @@ pub fn adapter_reports() -> Vec<AdapterReport> {
                     max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
                     min_storage_buffer_offset_alignment: l.min_storage_buffer_offset_alignment,
                 },
+                device_memory_bytes: device_local_heap(a),
                 features: feature_names(f),
             }
         })
@@ -1236,6 +1240,27 @@ fn check_rows_split(r: u32, rs: u32, p: u32, reduction: Reduction) -> Result<(),
     Ok(())
 }
 
+/// The size of `adapter`'s largest device-local memory heap on Vulkan
+/// (`vkGetPhysicalDeviceMemoryProperties`, through wgpu-hal); `None` on other backends, which
+/// wgpu gives no memory figure for.
+fn device_local_heap(adapter: &wgpu::Adapter) -> Option<u64> {
+    // VK_MEMORY_HEAP_DEVICE_LOCAL_BIT.
+    const DEVICE_LOCAL: u32 = 0x1;
+    // SAFETY: the adapter's raw Vulkan handles are only read, for the call's duration, while
+    // `adapter` (which owns them) is alive; the query has no other requirement.
+    unsafe {
+        let hal = adapter.as_hal::<wgpu::hal::api::Vulkan>()?;
+        let instance = hal.shared_instance().raw_instance();
+        let props = instance.get_physical_device_memory_properties(hal.raw_physical_device());
+        props
+            .memory_heaps_as_slice()
+            .iter()
+            .filter(|h| h.flags.as_raw() & DEVICE_LOCAL != 0)
+            .map(|h| h.size)
+            .max()
+    }
+}
+
 /// The widths of x the int8 decode kernels are built for ([`MatvecKernel::Q8`]'s `max_cols`;
 /// the workgroup memory a kernel holds grows with it).
 pub const Q8_COLS: [u32; 3] = [4096, 16384, 32768];
@@ -1341,6 +1366,9 @@ pub struct GpuContext {
     pub queue: wgpu::Queue,
     pub features: wgpu::Features,
     pub limits: wgpu::Limits,
+    /// The adapter's device memory in bytes where the driver says (Vulkan: its largest
+    /// device-local heap), with where the figure came from; `None` elsewhere.
+    pub device_memory: Option<(u64, &'static str)>,
     /// Bytes one storage binding may hold here (the adapter's, or the options' smaller cap).
     pub max_binding_bytes: u64,
     ternary_layout: wgpu::BindGroupLayout,
@@ -1368,6 +1396,8 @@ impl GpuContext {
     pub fn new(opts: &ContextOptions) -> Result<GpuContext, GpuError> {
         let adapter = select_adapter(opts.adapter.as_ref())?;
         let info = adapter.get_info();
+        let device_memory =
+            device_local_heap(&adapter).map(|b| (b, "its largest Vulkan device-local memory heap"));
         let wanted = wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
         let features = adapter.features() & wanted;
         let limits = adapter.limits();
@@ -1403,6 +1433,7 @@ impl GpuContext {
             mapped_at_creation: false,
         });
         Ok(GpuContext {
+            device_memory,
             placeholder,
             info,
             device,
