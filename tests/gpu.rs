@@ -826,6 +826,64 @@ fn int8_decode_kernel_matches_the_cpu_int8_arithmetic() {
             );
         }
     }
+    // A NaN in x makes every row it touches NaN (the f32 kernels' behaviour), not a finite
+    // value with the NaN quantized away; an inf makes them non-finite too.
+    let cfg = gpu::decode_q8_config(64, 1024, false).unwrap();
+    let (words, scales) = random_weight(40, 1024, &mut seed);
+    let w = ctx
+        .upload_ternary(
+            "w",
+            40,
+            1024,
+            bytemuck::cast_slice(&words),
+            bytemuck::cast_slice(&scales),
+        )
+        .unwrap();
+    for (k, bad) in [(300usize, f32::NAN), (700, f32::INFINITY)] {
+        let mut x = random_x(1024, &mut seed);
+        x[k] = bad;
+        let y = ctx.matvec(&w, &x, &cfg).unwrap();
+        let b = k / 256;
+        for (r, v) in y.iter().enumerate() {
+            let d = half::f16::from_bits(scales[r * 4 + b]).to_f32();
+            assert!(
+                !v.is_finite() || d == 0.0,
+                "x[{k}] = {bad}: row {r} is {v} (block scale {d})"
+            );
+        }
+    }
+    // Row chunks (several bindings) give the same bits as one binding.
+    let Some(small) = context_for_tests(&ContextOptions {
+        max_binding_bytes: Some(16 * 1024),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let (words, scales) = random_weight(70, 4096, &mut seed);
+    let x = random_x(4096, &mut seed);
+    let up = |c: &GpuContext| {
+        c.upload_ternary(
+            "w",
+            70,
+            4096,
+            bytemuck::cast_slice(&words),
+            bytemuck::cast_slice(&scales),
+        )
+        .unwrap()
+    };
+    let (chunked, whole) = (up(&small), up(&ctx));
+    assert!(chunked.chunks.len() > 1);
+    for cfg in [registered, MatvecConfig::q8(6, 128, 3, 4, 4096)] {
+        let a = small.matvec(&chunked, &x, &cfg).unwrap();
+        let b = ctx.matvec(&whole, &x, &cfg).unwrap();
+        assert_eq!(
+            a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "{} in {} chunks",
+            cfg.name(),
+            chunked.chunks.len()
+        );
+    }
     // K past the kernel's width is refused at bind time.
     let (words, scales) = random_weight(8, 4096, &mut seed);
     let w = ctx

@@ -145,7 +145,9 @@ pub struct LoadOptions {
 pub struct BackendInfo {
     pub backend: &'static str,
     pub architecture: String,
-    /// `f32` (the exact reference) or `int8`.
+    /// `f32` (the exact reference) or `int8`; on the GPU, where only the ternary decode
+    /// products take int8 activations, `int8` when all of them do, `f32` when none does
+    /// (a model without ternary weights included) and `int8+f32` when some fell back.
     pub kernel: &'static str,
     /// `f16` or `f32`.
     pub kv_cache: &'static str,

@@ -465,10 +465,21 @@ impl GpuBackend {
             })
         };
         let ring = [staging(0), staging(1)];
-        let kernel = if ctx.decodes_int8(hp.n_embd) {
-            "int8"
-        } else {
-            "f32"
+        // From the decode graph as bound: `int8` where every ternary product quantizes its
+        // activations, `f32` where none does (no ternary weights, `--kernel f32`, no
+        // subgroups), `int8+f32` where some fell back (a width or a variant this adapter or
+        // the bundle's kernels lack).
+        let kernel = {
+            let labels: Vec<String> = graphs[0].items.iter().map(|i| i.label()).collect();
+            let ternary = labels.iter().filter(|l| l.starts_with("ternary_matvec_"));
+            let (n, q8) = ternary.fold((0, 0), |(n, q), l| {
+                (n + 1, q + l.starts_with("ternary_matvec_q8_") as usize)
+            });
+            match q8 {
+                0 => "f32",
+                q if q == n => "int8",
+                _ => "int8+f32",
+            }
         };
         Ok(GpuBackend {
             kernel,

@@ -986,10 +986,9 @@ fn q8_main(rs: u32, p: u32, fuse: Fuse) -> String {
     w("    for (var g = lid; g < groups; g += WG) {".into());
     load16(&mut w, "        ");
     w("        let m4 = max(max(abs(a0), abs(a1)), max(abs(a2), abs(a3)));".into());
-    w(
-        "        atomicMax(&bmax[g / 16u], bitcast<u32>(max(max(m4.x, m4.y), max(m4.z, m4.w))));"
-            .into(),
-    );
+    w("        let nan = any(nan4(a0) | nan4(a1) | nan4(a2) | nan4(a3));".into());
+    w("        let mb = bitcast<u32>(max(max(m4.x, m4.y), max(m4.z, m4.w)));".into());
+    w("        atomicMax(&bmax[g / 16u], select(mb, 0x7fc00000u, nan));".into());
     w("    }".into());
     w("    workgroupBarrier();".into());
     w("    // q = round(x / da), four words per group, and the unit sums of q.".into());

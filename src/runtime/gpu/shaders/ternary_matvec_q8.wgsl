@@ -58,7 +58,10 @@ struct Params {
 
 // x quantized: one vec4<u32> per 16-element group (layout above).
 var<workgroup> xq: array<vec4<u32>, XK / 16u>;
-// Per block of 256: max |x| as f32 bits (non-negative floats order as their bits), then da.
+// Per block of 256: max |x| as f32 bits (non-negative floats order as their bits; a NaN in
+// the block is stored as the quiet-NaN bits 0x7fc00000, above every other, so that the
+// block's da is NaN and every row the block touches comes out NaN, as the f32 kernels give),
+// then da.
 var<workgroup> bmax: array<atomic<u32>, XK / 256u>;
 var<workgroup> bd: array<f32, XK / 256u>;
 // Per unit of 64: the sum of q.
@@ -93,13 +96,21 @@ fn scale_at(i: u32) -> f32 {
     return f16_bits_to_f32((w >> ((i & 1u) * 16u)) & 0xffffu);
 }
 
-// round(t) half away from zero (Rust's f32::round, the CPU's), clamped to +-127. WGSL's round
-// is half to even; a tie is exactly t - trunc(t) = +-0.5.
+// Whether each lane of v is a NaN, from its bits (WGSL lets an implementation assume that
+// float comparisons never see a NaN).
+fn nan4(v: vec4<f32>) -> vec4<bool> {
+    return (bitcast<vec4<u32>>(v) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
+}
+
+// round(t) half away from zero (Rust's f32::round, the CPU's), clamped to +-127, 0 for a NaN
+// (as Rust's `as i8` gives; the NaN itself reaches the row through its block's scale, below).
+// WGSL's round is half to even; a tie is exactly t - trunc(t) = +-0.5.
 fn quant4(t: vec4<f32>) -> vec4<i32> {
     let tr = trunc(t);
     let tie = abs(t - tr) == vec4<f32>(0.5);
     let r = select(round(t), tr + sign(t), tie);
-    return vec4<i32>(clamp(r, vec4<f32>(-127.0), vec4<f32>(127.0)));
+    let q = clamp(r, vec4<f32>(-127.0), vec4<f32>(127.0));
+    return vec4<i32>(select(q, vec4<f32>(0.0), nan4(t)));
 }
 
 // Where group g is stored.
