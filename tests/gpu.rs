@@ -8,8 +8,8 @@
 mod common;
 
 use lowbit::runtime::gpu::{
-    self, context_for_tests, ContextOptions, GpuContext, GpuError, MatvecConfig, MatvecKernel,
-    Reduction,
+    self, context_for_tests, ContextOptions, GpuContext, GpuError, GpuTernary, MatvecConfig,
+    MatvecKernel, Reduction,
 };
 use lowbit::runtime::matvec::{matvec, WeightData};
 
@@ -47,6 +47,18 @@ fn random_weight(rows: usize, cols: usize, seed: &mut u64) -> (Vec<u32>, Vec<u16
         })
         .collect();
     (words, scales)
+}
+
+/// Uploads a weight of [`random_weight`]'s form as `w`.
+fn upload(ctx: &GpuContext, rows: usize, cols: usize, words: &[u32], scales: &[u16]) -> GpuTernary {
+    ctx.upload_ternary(
+        "w",
+        rows,
+        cols,
+        bytemuck::cast_slice(words),
+        bytemuck::cast_slice(scales),
+    )
+    .unwrap()
 }
 
 fn random_x(cols: usize, seed: &mut u64) -> Vec<f32> {
@@ -188,15 +200,7 @@ fn ternary_matvec_matches_cpu_f32_on_both_reductions() {
         let x = random_x(cols, &mut seed);
         let want = cpu(&words, &scales, cols, &x);
         let sums = abs_dx(&scales, cols, &x);
-        let w = ctx
-            .upload_ternary(
-                "w",
-                rows,
-                cols,
-                bytemuck::cast_slice(&words),
-                bytemuck::cast_slice(&scales),
-            )
-            .unwrap();
+        let w = upload(&ctx, rows, cols, &words, &scales);
         for cfg in configs(&ctx) {
             let y = ctx.matvec(&w, &x, &cfg).unwrap();
             check(
@@ -576,15 +580,7 @@ fn fused_rms_norm_and_swiglu_match_the_cpu_ops() {
             let half = 40usize;
             let rows = if swiglu { 2 * half } else { half };
             let (words, scales) = random_weight(rows, cols, &mut seed);
-            let w = ctx
-                .upload_ternary(
-                    "w",
-                    rows,
-                    cols,
-                    bytemuck::cast_slice(&words),
-                    bytemuck::cast_slice(&scales),
-                )
-                .unwrap();
+            let w = upload(&ctx, rows, cols, &words, &scales);
             let x: Vec<f32> = random_x(cols, &mut seed).iter().map(|v| v * 3.0).collect();
             let nw: Vec<f32> = (0..cols)
                 .map(|i| 0.5 + (lcg(&mut seed) % 1000) as f32 / 1000.0 - (i % 7 == 0) as u8 as f32)
@@ -707,15 +703,7 @@ fn int8_decode_kernel_matches_the_cpu_int8_arithmetic() {
             let half = 37usize;
             let rows = if swiglu { 2 * half } else { half };
             let (words, scales) = random_weight(rows, cols, &mut seed);
-            let w = ctx
-                .upload_ternary(
-                    "w",
-                    rows,
-                    cols,
-                    bytemuck::cast_slice(&words),
-                    bytemuck::cast_slice(&scales),
-                )
-                .unwrap();
+            let w = upload(&ctx, rows, cols, &words, &scales);
             // x with an all-zero block, a block of one tiny value and blocks of other scales.
             let mut x: Vec<f32> = random_x(cols, &mut seed)
                 .iter()
@@ -830,15 +818,7 @@ fn int8_decode_kernel_matches_the_cpu_int8_arithmetic() {
     // value with the NaN quantized away; an inf makes them non-finite too.
     let cfg = gpu::decode_q8_config(64, 1024, false).unwrap();
     let (words, scales) = random_weight(40, 1024, &mut seed);
-    let w = ctx
-        .upload_ternary(
-            "w",
-            40,
-            1024,
-            bytemuck::cast_slice(&words),
-            bytemuck::cast_slice(&scales),
-        )
-        .unwrap();
+    let w = upload(&ctx, 40, 1024, &words, &scales);
     for (k, bad) in [(300usize, f32::NAN), (700, f32::INFINITY)] {
         let mut x = random_x(1024, &mut seed);
         x[k] = bad;
@@ -861,16 +841,7 @@ fn int8_decode_kernel_matches_the_cpu_int8_arithmetic() {
     };
     let (words, scales) = random_weight(70, 4096, &mut seed);
     let x = random_x(4096, &mut seed);
-    let up = |c: &GpuContext| {
-        c.upload_ternary(
-            "w",
-            70,
-            4096,
-            bytemuck::cast_slice(&words),
-            bytemuck::cast_slice(&scales),
-        )
-        .unwrap()
-    };
+    let up = |c: &GpuContext| upload(c, 70, 4096, &words, &scales);
     let (chunked, whole) = (up(&small), up(&ctx));
     assert!(chunked.chunks.len() > 1);
     for cfg in [registered, MatvecConfig::q8(6, 128, 3, 4, 4096)] {
@@ -886,15 +857,7 @@ fn int8_decode_kernel_matches_the_cpu_int8_arithmetic() {
     }
     // K past the kernel's width is refused at bind time.
     let (words, scales) = random_weight(8, 4096, &mut seed);
-    let w = ctx
-        .upload_ternary(
-            "w",
-            8,
-            4096,
-            bytemuck::cast_slice(&words),
-            bytemuck::cast_slice(&scales),
-        )
-        .unwrap();
+    let w = upload(&ctx, 8, 4096, &words, &scales);
     let xb = ctx.vector_buffer("x", 4096);
     let yb = ctx.vector_buffer("y", 8);
     let Err(e) = ctx.bind_matvec(&w, &xb, &yb, &MatvecConfig::q8(8, 64, 1, 1, 2048)) else {

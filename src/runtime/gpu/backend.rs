@@ -196,6 +196,12 @@ pub struct GpuBackend {
     kernel: &'static str,
 }
 
+/// Bytes of one layer's K (or V) cache: `[n_head_kv, n_ctx, head_dim]` f16.
+fn layer_kv_bytes(model: &Model) -> u64 {
+    let hp = &model.layout.hyper;
+    (hp.n_head_kv * hp.n_ctx * hp.head_dim * 2) as u64
+}
+
 /// Refuses a model that does not fit, before anything is uploaded: the bytes it needs at
 /// least (its weights as stored, the f16 KV cache, the RoPE tables; activations are a few MB
 /// more) against `limit` (`--gpu-memory`), or without one the adapter's own figure where the
@@ -204,7 +210,7 @@ pub struct GpuBackend {
 fn check_memory(ctx: &GpuContext, model: &Model, limit: Option<u64>) -> Result<(), RuntimeError> {
     let hp = &model.layout.hyper;
     let weights = model.weight_bytes();
-    let kv = 2 * (hp.n_layer * hp.n_head_kv * hp.n_ctx * hp.head_dim * 2) as u64;
+    let kv = 2 * hp.n_layer as u64 * layer_kv_bytes(model);
     let mut keys: Vec<(u32, u32)> = (0..hp.n_layer)
         .map(|il| {
             let (base, fscale) = hp.rope_of_layer(il);
@@ -372,8 +378,7 @@ impl GpuBackend {
         };
 
         // The KV cache: per layer [n_head_kv, n_ctx, head_dim] f16, K and V.
-        let (nkv, hd) = (hp.n_head_kv, hp.head_dim);
-        let layer_kv_bytes = (nkv * nctx * hd * 2) as u64;
+        let layer_kv_bytes = layer_kv_bytes(&model);
         if layer_kv_bytes > ctx.max_binding_bytes {
             return Err(gpu_err(GpuError::Limit {
                 op: "KV cache",

@@ -681,6 +681,61 @@ impl MatvecConfig {
     }
 }
 
+/// The declarations a subgroup-rows kernel with the RMSNorm folded in adds: the norm's weight
+/// (binding 5) and the subgroups' sums of squares.
+fn rms_decls(w: &mut dyn FnMut(String)) {
+    w("// The RMSNorm's weight (binding 5) and the subgroups' sums of squares.".into());
+    w("@group(0) @binding(5) var<storage, read> nw: array<vec4<f32>>;".into());
+    w("var<workgroup> ssq: array<f32, WG / 4u>;".into());
+}
+
+/// `rinv`, rms_norm.wgsl's scale `1 / sqrt(mean(x^2) + eps)`, computed by every workgroup of a
+/// kernel with the RMSNorm folded in: every subgroup's sum added in the same order by every
+/// invocation.
+fn rms_scale(w: &mut dyn FnMut(String)) {
+    w("    var sq = 0.0;".into());
+    w("    for (var i = lid; i < params.cols / 4u; i += WG) {".into());
+    w("        let v = x[i];".into());
+    w("        sq += dot(v, v);".into());
+    w("    }".into());
+    w("    sq = subgroupAdd(sq);".into());
+    w("    if lane == 0u {".into());
+    w("        ssq[sg] = sq;".into());
+    w("    }".into());
+    w("    workgroupBarrier();".into());
+    w("    var total = 0.0;".into());
+    w("    for (var i = 0u; i < nsg; i++) {".into());
+    w("        total += ssq[i];".into());
+    w("    }".into());
+    w("    let rinv = 1.0 / sqrt(total / f32(params.cols) + params.eps);".into());
+}
+
+/// The end of a subgroup pass over `rs` rows, each line indented by `ind`: each row's sum over
+/// the subgroup (with `swiglu`, `silu(gate) * up` of its gate row and its up row `r + rs`),
+/// stored by lane 0 for the rows inside the dispatch.
+fn rows_store(w: &mut dyn FnMut(String), rs: u32, swiglu: bool, ind: &str) {
+    for r in 0..rs {
+        if swiglu {
+            let u = r + rs;
+            w(format!("{ind}let tg{r} = subgroupAdd(acc{r});"));
+            w(format!("{ind}let tu{r} = subgroupAdd(acc{u});"));
+            w(format!(
+                "{ind}let t{r} = (tg{r} / (1.0 + exp(-tg{r}))) * tu{r};"
+            ));
+        } else {
+            w(format!("{ind}let t{r} = subgroupAdd(acc{r});"));
+        }
+    }
+    w(format!("{ind}if lane == 0u {{"));
+    w(format!("{ind}    store_y(r0, t0);"));
+    for r in 1..rs {
+        w(format!("{ind}    if r0 + {r}u < params.rows {{"));
+        w(format!("{ind}        store_y(r0 + {r}u, t{r});"));
+        w(format!("{ind}    }}"));
+    }
+    w(format!("{ind}}}"));
+}
+
 /// The entry point of the subgroup-rows kernel with x staged in workgroup memory, `XT`
 /// elements (`XT / 64` units) per tile, unrolled over `rs` rows and `p` units per chunk.
 /// Unit `u` of a tile is stored as its 16 `vec4`s at `16 u + (k ^ (u % 16))`: the staging
@@ -707,9 +762,7 @@ fn rows_main_tiled(rs: u32, p: u32, wg: u32, x_tile: u32, fuse: Fuse) -> String 
     w(format!("const STAGE: u32 = {stage}u;"));
     w("var<workgroup> xs: array<vec4<f32>, XT / 4u>;".into());
     if fuse.rms_norm {
-        w("// The RMSNorm's weight (binding 5) and the subgroups' sums of squares.".into());
-        w("@group(0) @binding(5) var<storage, read> nw: array<vec4<f32>>;".into());
-        w("var<workgroup> ssq: array<f32, WG / 4u>;".into());
+        rms_decls(&mut w);
     }
     w(String::new());
     w("@compute @workgroup_size(WG)".into());
@@ -731,23 +784,7 @@ fn rows_main_tiled(rs: u32, p: u32, wg: u32, x_tile: u32, fuse: Fuse) -> String 
     w("    let last = params.rows - 1u;".into());
     w("    let quarter = s / 4u;".into());
     if fuse.rms_norm {
-        // rms_norm.wgsl's scale: 1 / sqrt(mean(x^2) + eps), every subgroup's sum added in
-        // the same order by every invocation.
-        w("    var sq = 0.0;".into());
-        w("    for (var i = lid; i < params.cols / 4u; i += WG) {".into());
-        w("        let v = x[i];".into());
-        w("        sq += dot(v, v);".into());
-        w("    }".into());
-        w("    sq = subgroupAdd(sq);".into());
-        w("    if lane == 0u {".into());
-        w("        ssq[sg] = sq;".into());
-        w("    }".into());
-        w("    workgroupBarrier();".into());
-        w("    var total = 0.0;".into());
-        w("    for (var i = 0u; i < nsg; i++) {".into());
-        w("        total += ssq[i];".into());
-        w("    }".into());
-        w("    let rinv = 1.0 / sqrt(total / f32(params.cols) + params.eps);".into());
+        rms_scale(&mut w);
     }
     w(
         "    // Passes over the workgroup's rows, the same number for every subgroup (barriers)."
@@ -875,28 +912,7 @@ fn rows_main_tiled(rs: u32, p: u32, wg: u32, x_tile: u32, fuse: Fuse) -> String 
     w("            }".into());
     w("        }".into());
     w("        if has_rows {".into());
-    if fuse.swiglu {
-        for r in 0..rs {
-            let u = r + rs;
-            w(format!("            let tg{r} = subgroupAdd(acc{r});"));
-            w(format!("            let tu{r} = subgroupAdd(acc{u});"));
-            w(format!(
-                "            let t{r} = (tg{r} / (1.0 + exp(-tg{r}))) * tu{r};"
-            ));
-        }
-    } else {
-        for r in rows.clone() {
-            w(format!("            let t{r} = subgroupAdd(acc{r});"));
-        }
-    }
-    w("            if lane == 0u {".into());
-    w("                store_y(r0, t0);".into());
-    for r in 1..rs {
-        w(format!("                if r0 + {r}u < params.rows {{"));
-        w(format!("                    store_y(r0 + {r}u, t{r});"));
-        w("                }".into());
-    }
-    w("            }".into());
+    rows_store(&mut w, rs, fuse.swiglu, "            ");
     w("        }".into());
     w("    }".into());
     w("}".into());
@@ -919,9 +935,7 @@ fn q8_main(rs: u32, p: u32, fuse: Fuse) -> String {
         let _ = writeln!(m, "{line}");
     };
     if fuse.rms_norm {
-        w("// The RMSNorm's weight (binding 5) and the subgroups' sums of squares.".into());
-        w("@group(0) @binding(5) var<storage, read> nw: array<vec4<f32>>;".into());
-        w("var<workgroup> ssq: array<f32, WG / 4u>;".into());
+        rms_decls(&mut w);
     }
     w(String::new());
     w("@compute @workgroup_size(WG)".into());
@@ -947,21 +961,7 @@ fn q8_main(rs: u32, p: u32, fuse: Fuse) -> String {
     w("    let groups = params.cols / 16u;".into());
     w("    let last = params.rows - 1u;".into());
     if fuse.rms_norm {
-        w("    var sq = 0.0;".into());
-        w("    for (var i = lid; i < params.cols / 4u; i += WG) {".into());
-        w("        let v = x[i];".into());
-        w("        sq += dot(v, v);".into());
-        w("    }".into());
-        w("    sq = subgroupAdd(sq);".into());
-        w("    if lane == 0u {".into());
-        w("        ssq[sg] = sq;".into());
-        w("    }".into());
-        w("    workgroupBarrier();".into());
-        w("    var total = 0.0;".into());
-        w("    for (var i = 0u; i < nsg; i++) {".into());
-        w("        total += ssq[i];".into());
-        w("    }".into());
-        w("    let rinv = 1.0 / sqrt(total / f32(params.cols) + params.eps);".into());
+        rms_scale(&mut w);
     }
     // x's 16-element group g as four vec4s (normalized with the RMSNorm folded in).
     let load16 = |w: &mut dyn FnMut(String), ind: &str| {
@@ -1069,28 +1069,7 @@ fn q8_main(rs: u32, p: u32, fuse: Fuse) -> String {
         w("            }".into());
     }
     w("        }".into());
-    if fuse.swiglu {
-        for r in 0..rs {
-            let u = r + rs;
-            w(format!("        let tg{r} = subgroupAdd(acc{r});"));
-            w(format!("        let tu{r} = subgroupAdd(acc{u});"));
-            w(format!(
-                "        let t{r} = (tg{r} / (1.0 + exp(-tg{r}))) * tu{r};"
-            ));
-        }
-    } else {
-        for r in rows.clone() {
-            w(format!("        let t{r} = subgroupAdd(acc{r});"));
-        }
-    }
-    w("        if lane == 0u {".into());
-    w("            store_y(r0, t0);".into());
-    for r in 1..rs {
-        w(format!("            if r0 + {r}u < params.rows {{"));
-        w(format!("                store_y(r0 + {r}u, t{r});"));
-        w("            }".into());
-    }
-    w("        }".into());
+    rows_store(&mut w, rs, fuse.swiglu, "        ");
     w("    }".into());
     w("}".into());
     m
@@ -1183,17 +1162,7 @@ fn rows_main(rs: u32, p: u32) -> String {
         w("            }".into());
     }
     w("        }".into());
-    for r in rows.clone() {
-        w(format!("        let t{r} = subgroupAdd(acc{r});"));
-    }
-    w("        if lane == 0u {".into());
-    w("            store_y(r0, t0);".into());
-    for r in 1..rs {
-        w(format!("            if r0 + {r}u < params.rows {{"));
-        w(format!("                store_y(r0 + {r}u, t{r});"));
-        w("            }".into());
-    }
-    w("        }".into());
+    rows_store(&mut w, rs, false, "        ");
     w("    }".into());
     w("}".into());
     m
