@@ -19,7 +19,7 @@
 
 use rayon::prelude::*;
 
-use super::matvec::{self, dot, Kernel, WeightData};
+use super::matvec::{self, Kernel, WeightData};
 use super::model::{Model, Weight, WeightKind};
 use super::RuntimeError;
 use super::{Backend, BackendInfo, LoadOptions};
@@ -52,15 +52,6 @@ crate::multiversion! {
     }
 }
 
-crate::multiversion! {
-    /// `out += p * v` element by element.
-    fn axpy(p: f32, v: &[f32], out: &mut [f32]) {
-        for (o, x) in out.iter_mut().zip(v) {
-            *o += p * x;
-        }
-    }
-}
-
 impl KvElem for u16 {
     #[inline(always)]
     fn store(v: f32) -> u16 {
@@ -87,63 +78,196 @@ enum KvStore {
     F32 { k: Vec<f32>, v: Vec<f32> },
 }
 
-/// Geometry of one layer's attention at one position.
+/// Geometry of one layer's attention over a span of positions.
 struct AttnShape {
     layer_base: usize,
     nctx: usize,
     hd: usize,
+    /// Query heads per KV head.
     group: usize,
-    pos: usize,
-    /// First position attended (`pos + 1 - window` on a sliding-window layer, else 0).
-    lo: usize,
+    /// Position of the span's first token.
+    start: usize,
+    /// Sliding window (a position `pos` attends `pos + 1 - window ..= pos`), or all positions.
+    window: Option<usize>,
     kq_scale: f32,
 }
 
-/// Writes this position's K and V rows, then attends every head over positions `lo..=pos`:
-/// `softmax(q k^T * kq_scale) v`, the max subtracted first, the normalizer summed in f64.
+impl AttnShape {
+    /// First position attended from `pos`.
+    fn lo(&self, pos: usize) -> usize {
+        self.window
+            .map(|w| (pos + 1).saturating_sub(w))
+            .unwrap_or(0)
+    }
+}
+
+crate::multiversion! {
+    /// `scores[p] = dot(q, k_p) * kq_scale` for the positions `p` of `kt` (the keys
+    /// transposed: element `i` of position `p` at `kt[i * stride + p]`), 8 positions at a time,
+    /// each with [`matvec::dot`]'s order: element `i` added to lane `i % 8` (a multiply, then an add),
+    /// then `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`. `scores.len()` positions are
+    /// computed, rounded up to a multiple of 8 (`kt` holds them).
+    fn scores_t(q: &[f32], kt: &[f32], stride: usize, kq_scale: f32, scores: &mut [f32]) {
+        for (p0, out) in (0..).step_by(8).zip(scores.chunks_mut(8)) {
+            let mut acc = [[0f32; 8]; 8];
+            let k8 = |i: usize| -> &[f32; 8] {
+                kt[i * stride + p0..i * stride + p0 + 8].try_into().unwrap()
+            };
+            // Eight elements at a time, so that each lane's accumulator is a register.
+            let n8 = q.len() / 8 * 8;
+            for (c, q8) in q[..n8].chunks_exact(8).enumerate() {
+                for (l, &qi) in q8.iter().enumerate() {
+                    let k = k8(c * 8 + l);
+                    for j in 0..8 {
+                        acc[l][j] += qi * k[j];
+                    }
+                }
+            }
+            for (l, &qi) in q[n8..].iter().enumerate() {
+                let k = k8(n8 + l);
+                for j in 0..8 {
+                    acc[l][j] += qi * k[j];
+                }
+            }
+            for (j, o) in out.iter_mut().enumerate() {
+                let a = |l: usize| acc[l][j];
+                *o = (((a(0) + a(4)) + (a(2) + a(6))) + ((a(1) + a(5)) + (a(3) + a(7)))) * kq_scale;
+            }
+        }
+    }
+}
+
+crate::multiversion! {
+    /// `out = sum_p w[p] * v_p` over the rows of `v` (`out.len()` values each), in position
+    /// order per element (a multiply, then an add, from 0), `out` kept in registers.
+    fn weighted_rows(w: &[f32], v: &[f32], out: &mut [f32]) {
+        let hd = out.len();
+        let mut d = 0;
+        while d + 16 <= hd {
+            let mut acc = [0f32; 16];
+            for (p, &wp) in w.iter().enumerate() {
+                let v16: &[f32; 16] = v[p * hd + d..p * hd + d + 16].try_into().unwrap();
+                for j in 0..16 {
+                    acc[j] += wp * v16[j];
+                }
+            }
+            out[d..d + 16].copy_from_slice(&acc);
+            d += 16;
+        }
+        for (j, o) in out.iter_mut().enumerate().skip(d) {
+            let mut a = 0f32;
+            for (p, &wp) in w.iter().enumerate() {
+                a += wp * v[p * hd + j];
+            }
+            *o = a;
+        }
+    }
+}
+
+/// One head at one position: `softmax(q k^T * kq_scale) v` over the attended positions, the
+/// keys transposed in `kt` (row stride `stride`, positions `0..n`), the values as rows in `v`
+/// (`n` rows), the max subtracted first, the normalizer summed in f64. The one definition for
+/// decode and prefill, so a position's output has the same bits however its tokens were
+/// grouped.
+#[allow(clippy::too_many_arguments)]
+fn attend_head(
+    q: &[f32],
+    kt: &[f32],
+    stride: usize,
+    n: usize,
+    v: &[f32],
+    kq_scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    scores.clear();
+    scores.resize(n, 0.0);
+    scores_t(q, kt, stride, kq_scale, scores);
+    let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f64;
+    for s in scores.iter_mut() {
+        *s = (*s - m).exp();
+        sum += *s as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for s in scores.iter_mut() {
+        *s *= inv;
+    }
+    weighted_rows(scores, v, out);
+}
+
+/// Writes the K and V rows of the positions `start .. start + n` (`k`, `v`: `[n][n_head_kv *
+/// hd]`), then attends every head of every position over `lo(pos)..=pos` ([`attend_head`]);
+/// `q` and `out` are `[n][n_head * hd]`. Each head's keys and values for the whole span are
+/// widened once, not once per position.
+#[allow(clippy::too_many_arguments)]
 fn attend<T: KvElem>(
     kc: &mut [T],
     vc: &mut [T],
+    n: usize,
     q: &[f32],
     k: &[f32],
     v: &[f32],
     out: &mut [f32],
     sh: &AttnShape,
 ) {
-    let (hd, nctx, pos) = (sh.hd, sh.nctx, sh.pos);
-    for kh in 0..k.len() / hd {
-        let at = sh.layer_base + (kh * nctx + pos) * hd;
-        for d in 0..hd {
-            kc[at + d] = T::store(k[kh * hd + d]);
-            vc[at + d] = T::store(v[kh * hd + d]);
+    let (hd, nctx, start) = (sh.hd, sh.nctx, sh.start);
+    let (nq, nk) = (q.len() / n, k.len() / n);
+    for t in 0..n {
+        for kh in 0..nk / hd {
+            let at = sh.layer_base + (kh * nctx + start + t) * hd;
+            for d in 0..hd {
+                kc[at + d] = T::store(k[t * nk + kh * hd + d]);
+                vc[at + d] = T::store(v[t * nk + kh * hd + d]);
+            }
         }
     }
     let (kc, vc) = (&*kc, &*vc);
-    out.par_chunks_mut(hd).enumerate().for_each(|(head, out)| {
-        let kh = head / sh.group;
-        let qh = &q[head * hd..(head + 1) * hd];
-        let base = sh.layer_base + (kh * nctx + sh.lo) * hd;
-        let n = pos + 1 - sh.lo;
-        // This head's keys and values for positions lo..=pos, widened once.
-        let mut rows = vec![0f32; n * hd];
-        T::widen(&kc[base..base + n * hd], &mut rows);
-        let mut scores: Vec<f32> = rows
-            .chunks_exact(hd)
-            .map(|kt| dot(qh, kt) * sh.kq_scale)
-            .collect();
-        let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f64;
-        for s in scores.iter_mut() {
-            *s = (*s - m).exp();
-            sum += *s as f64;
+    let (lo0, end) = (sh.lo(start), start + n);
+    let heads: Vec<Vec<f32>> = (0..nq / hd)
+        .into_par_iter()
+        .map(|head| {
+            let base = sh.layer_base + ((head / sh.group) * nctx + lo0) * hd;
+            let m = end - lo0;
+            // This head's keys (transposed, each element's positions in a row padded to
+            // a multiple of 8) and values for positions lo0..end, widened once.
+            let stride = m.div_ceil(8) * 8 + 8;
+            let mut kr = vec![0f32; m * hd];
+            let mut kt = vec![0f32; hd * stride];
+            let mut vr = vec![0f32; m * hd];
+            T::widen(&kc[base..base + m * hd], &mut kr);
+            for (p, row) in kr.chunks_exact(hd).enumerate() {
+                for (i, &x) in row.iter().enumerate() {
+                    kt[i * stride + p] = x;
+                }
+            }
+            T::widen(&vc[base..base + m * hd], &mut vr);
+            let mut res = vec![0f32; n * hd];
+            let mut scores = Vec::with_capacity(m);
+            for (t, o) in res.chunks_exact_mut(hd).enumerate() {
+                let pos = start + t;
+                let a = sh.lo(pos) - lo0;
+                let qh = &q[t * nq + head * hd..t * nq + (head + 1) * hd];
+                let vt = &vr[a * hd..(pos + 1 - lo0) * hd];
+                attend_head(
+                    qh,
+                    &kt[a..],
+                    stride,
+                    pos + 1 - sh.lo(pos),
+                    vt,
+                    sh.kq_scale,
+                    &mut scores,
+                    o,
+                );
+            }
+            res
+        })
+        .collect();
+    for (head, res) in heads.iter().enumerate() {
+        for (t, o) in res.chunks_exact(hd).enumerate() {
+            out[t * nq + head * hd..t * nq + (head + 1) * hd].copy_from_slice(o);
         }
-        let inv = (1.0 / sum) as f32;
-        out.iter_mut().for_each(|o| *o = 0.0);
-        T::widen(&vc[base..base + n * hd], &mut rows);
-        for (vt, s) in rows.chunks_exact(hd).zip(&scores) {
-            axpy(s * inv, vt, out);
-        }
-    });
+    }
 }
 
 /// ggml's RoPE cache for one position: `cache[2i], cache[2i + 1] = cos, sin` of
@@ -591,23 +715,21 @@ impl CpuBackend {
                 }
                 trace("Qcur_rope", il, qt);
                 trace("Kcur_rope", il, kt);
-                let sh = AttnShape {
-                    layer_base: il * nkv * nctx * hd,
-                    nctx,
-                    hd,
-                    group,
-                    pos,
-                    lo: hp
-                        .window_of_layer(il)
-                        .map(|w| (pos + 1).saturating_sub(w))
-                        .unwrap_or(0),
-                    kq_scale,
-                };
-                let at = &mut attn[t * nq..(t + 1) * nq];
-                match &mut self.kv {
-                    KvStore::F16 { k: kc, v: vc } => attend(kc, vc, qt, kt, vt, at, &sh),
-                    KvStore::F32 { k: kc, v: vc } => attend(kc, vc, qt, kt, vt, at, &sh),
-                }
+            }
+            let sh = AttnShape {
+                layer_base: il * nkv * nctx * hd,
+                nctx,
+                hd,
+                group,
+                start,
+                window: hp.window_of_layer(il),
+                kq_scale,
+            };
+            match &mut self.kv {
+                KvStore::F16 { k: kc, v: vc } => attend(kc, vc, n, &q, &k, &v, &mut attn, &sh),
+                KvStore::F32 { k: kc, v: vc } => attend(kc, vc, n, &q, &k, &v, &mut attn, &sh),
+            }
+            for at in attn.chunks_exact(nq) {
                 trace("kqv_out", il, at);
             }
             self.mm(&layer.wo, &attn, &mut o);
@@ -790,5 +912,87 @@ impl Backend for CpuBackend {
         self.next_pos = pos;
         self.has_logits = false;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A span attended at once has, at every position and head, the bits of the same positions
+    /// attended one at a time (decode), on both KV types, with and without a sliding window
+    /// shorter than the span (so the first positions' windows start at 0 and the last ones'
+    /// later), the span starting after earlier positions.
+    #[test]
+    fn a_span_attends_as_its_positions_one_at_a_time() {
+        fn run<T: KvElem>(window: Option<usize>) {
+            let (hd, nkv, group, nctx) = (8, 2, 3, 64);
+            let (nq, nk) = (nkv * group * hd, nkv * hd);
+            let total = 40;
+            let mut seed = 7u32;
+            let mut rnd = |n: usize| -> Vec<f32> {
+                (0..n)
+                    .map(|_| {
+                        seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                        (seed >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+                    })
+                    .collect()
+            };
+            let (q, k, v) = (rnd(total * nq), rnd(total * nk), rnd(total * nk));
+            let sh = |start| AttnShape {
+                layer_base: nkv * nctx * hd, // the second of two layers
+                nctx,
+                hd,
+                group,
+                start,
+                window,
+                kq_scale: 0.35,
+            };
+            let cache = || {
+                (
+                    vec![T::default(); 2 * nkv * nctx * hd],
+                    vec![T::default(); 2 * nkv * nctx * hd],
+                )
+            };
+            // One at a time.
+            let (mut kc, mut vc) = cache();
+            let mut want = vec![0f32; total * nq];
+            for t in 0..total {
+                let (qs, ks) = (t * nq..(t + 1) * nq, t * nk..(t + 1) * nk);
+                attend(
+                    &mut kc,
+                    &mut vc,
+                    1,
+                    &q[qs.clone()],
+                    &k[ks.clone()],
+                    &v[ks],
+                    &mut want[qs],
+                    &sh(t),
+                );
+            }
+            // Spans of 5 then 35 positions.
+            let (mut kc2, mut vc2) = cache();
+            let mut got = vec![0f32; total * nq];
+            for (a, b) in [(0, 5), (5, total)] {
+                let n = b - a;
+                attend(
+                    &mut kc2,
+                    &mut vc2,
+                    n,
+                    &q[a * nq..b * nq],
+                    &k[a * nk..b * nk],
+                    &v[a * nk..b * nk],
+                    &mut got[a * nq..b * nq],
+                    &sh(a),
+                );
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "window {window:?}");
+            assert!(want.iter().all(|x| x.is_finite()));
+        }
+        for window in [None, Some(7)] {
+            run::<u16>(window);
+            run::<f32>(window);
+        }
     }
 }

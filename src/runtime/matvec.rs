@@ -452,7 +452,7 @@ pub fn matmul_with(kernel: Kernel, w: WeightData, cols: usize, xs: &[f32], ys: &
                 .par_chunks_exact(cols)
                 .map(|x| q8::quantize(x, 256))
                 .collect();
-            let groups = q8::ternary_token_groups(&acts.iter().collect::<Vec<_>>());
+            let groups = q8::token_groups(&acts.iter().collect::<Vec<_>>());
             yt.par_chunks_mut(ROWS_PER_TASK * n)
                 .enumerate()
                 .for_each_init(Vec::new, |buf, (t, out)| {
@@ -467,6 +467,26 @@ pub fn matmul_with(kernel: Kernel, w: WeightData, cols: usize, xs: &[f32], ys: &
                         k,
                         buf,
                     );
+                });
+        }
+        WeightData::Gguf { ty, bytes }
+            if kernel == Kernel::Int8
+                && cols.is_multiple_of(32)
+                && q8::gguf_tokens_available(isa, ty) =>
+        {
+            // The 32-element block types, 16 tokens per vector lane group as above: each
+            // row's weights unpacked once per call. Quantized as [`prepare`] does.
+            let rb = ty.bytes_for(cols as u64).unwrap_or(0) as usize;
+            let acts: Vec<q8::QAct> = xs
+                .par_chunks_exact(cols)
+                .map(|x| q8::quantize(x, 32))
+                .collect();
+            let groups = q8::token_groups(&acts.iter().collect::<Vec<_>>());
+            yt.par_chunks_mut(ROWS_PER_TASK * n)
+                .enumerate()
+                .for_each_init(Vec::new, |buf, (t, out)| {
+                    let k = out.len() / n;
+                    q8::gguf_rows_tokens(ty, bytes, rb, &groups, out, t * ROWS_PER_TASK, k, buf);
                 });
         }
         _ => {
@@ -627,8 +647,15 @@ mod tests {
     #[test]
     fn matmul_gives_each_vectors_matvec_bits_on_every_encoding() {
         // Ternary (the multi-token int8 kernel where the CPU has AVX-512), GGML types, both
-        // kernels; token counts around the 16-token groups; rows not a multiple of 16.
-        let (cols, rows) = (512, 37);
+        // kernels; token counts around the 16-token groups; rows not a multiple of 16; a
+        // row length whose 32-element blocks are no multiple of 8 (SmolLM2's 576).
+        for cols in [512, 576] {
+            matmul_bits_case(cols);
+        }
+    }
+
+    fn matmul_bits_case(cols: usize) {
+        let rows = 37;
         let mut seed = 23u64;
         let words: Vec<u32> = (0..rows * cols / 16).map(|_| lcg(&mut seed)).collect();
         let scales: Vec<u16> = (0..rows * cols / 256)
@@ -637,10 +664,16 @@ mod tests {
         let mut q = vec![];
         for ty in [
             GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
             GgmlType::Q4_K,
             GgmlType::Q5_0,
+            GgmlType::Q5_1,
             GgmlType::F16,
         ] {
+            if !cols.is_multiple_of(ty.block_size()) {
+                continue;
+            }
             let nb = ty.bytes_for((rows * cols) as u64).unwrap() as usize;
             let mut bytes: Vec<u8> = (0..nb).map(|_| lcg(&mut seed) as u8).collect();
             if ty == GgmlType::F16 {
@@ -651,7 +684,9 @@ mod tests {
                 let ts = ty.type_size();
                 let d = half::f16::from_f32(0.01).to_le_bytes();
                 for b in bytes.chunks_exact_mut(ts) {
-                    if ty == GgmlType::Q4_K {
+                    if matches!(ty, GgmlType::Q4_K | GgmlType::Q4_1 | GgmlType::Q5_1) {
+                        // scale and min (random f16 bytes could be NaN, whose payload
+                        // the compiler need not keep)
                         b[0..2].copy_from_slice(&d);
                         b[2..4].copy_from_slice(&d);
                     } else {
@@ -661,10 +696,13 @@ mod tests {
             }
             q.push((ty, bytes));
         }
-        let mut ws = vec![WeightData::Ternary {
-            words: &words,
-            scales: &scales,
-        }];
+        let mut ws = vec![];
+        if cols.is_multiple_of(256) {
+            ws.push(WeightData::Ternary {
+                words: &words,
+                scales: &scales,
+            });
+        }
         ws.extend(
             q.iter()
                 .map(|(ty, b)| WeightData::Gguf { ty: *ty, bytes: b }),
@@ -691,7 +729,13 @@ mod tests {
                             got.iter()
                                 .zip(&want)
                                 .all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{kernel:?} n {n} token {i}"
+                            "{kernel:?} {} cols {cols} n {n} token {i}: {:?} vs {:?}",
+                            match w {
+                                WeightData::Gguf { ty, .. } => ty.name(),
+                                _ => "other",
+                            },
+                            &got[..4],
+                            &want[..4]
                         );
                     }
                 }

@@ -74,10 +74,7 @@ pub fn quantize(x: &[f32], block: usize) -> QAct {
             continue;
         }
         let d = amax / 127.0;
-        let id = 1.0 / d;
-        for (q, v) in a.q[b * block..(b + 1) * block].iter_mut().zip(xb) {
-            *q = (v * id).round().clamp(-127.0, 127.0) as i8;
-        }
+        round_block(xb, 1.0 / d, &mut a.q[b * block..(b + 1) * block]);
         a.d[b] = d;
     }
     for (s, q) in a.sum16.iter_mut().zip(a.q.chunks_exact(16)) {
@@ -88,6 +85,25 @@ pub fn quantize(x: &[f32], block: usize) -> QAct {
         *s = c.iter().sum();
     }
     a
+}
+
+crate::multiversion! {
+    /// `q = round(x * id)` (half away from zero, as `f32::round`), clamped to ±127. The
+    /// rounding is written out so that it vectorizes (`f32::round` is a libm call): `t =
+    /// trunc(y)`, `y - t` is exact, and `|y - t| >= 0.5` moves `t` one away from zero. NaN
+    /// gives 0, as `f32::round` then `as i8` do.
+    fn round_block(x: &[f32], id: f32, q: &mut [i8]) {
+        for (q, v) in q.iter_mut().zip(x) {
+            let y = v * id;
+            let t = y.trunc();
+            let r = if (y - t).abs() >= 0.5 { t + 1f32.copysign(y) } else { t };
+            // NaN to 0, then clamped: an integral value in -127..=127, so the plain
+            // (vectorizing) conversion is exact.
+            let r = if r.is_nan() { 0.0 } else { r.clamp(-127.0, 127.0) };
+            // SAFETY: r is finite and within i32 (checked above).
+            *q = unsafe { r.to_int_unchecked::<i32>() } as i8;
+        }
+    }
 }
 
 /// Weight types the integer kernels take, and the activation block each needs.
@@ -205,16 +221,17 @@ pub fn ternary_rows(
     }
 }
 
-/// Tokens per group of the multi-token ternary kernel ([`ternary_rows_tokens`]): one per i32
-/// lane of a 512-bit vector.
+/// Tokens per group of the multi-token kernels ([`ternary_rows_tokens`],
+/// [`gguf_rows_tokens`]): one per i32 lane of a 512-bit vector.
 pub const TOKENS_PER_GROUP: usize = 16;
 
-/// Up to [`TOKENS_PER_GROUP`] tokens' 256-block activations laid out for
-/// [`ternary_rows_tokens`]: for each group `j` of 4 consecutive elements (`4j .. 4j + 4`, the
-/// elements of a row's code byte `j`), the 16 tokens' 4 activations as unsigned bytes `q + 128`
-/// (`x[j * 64 + t * 4 + u]`); per block and token the scale `da` and the sum of `q`. Missing
-/// tokens are zeros (`q = 0`, `da = 0`).
-pub struct TernaryTokens {
+/// Up to [`TOKENS_PER_GROUP`] tokens' activations laid out for the multi-token kernels: for
+/// each group `j` of 4 consecutive elements (`4j .. 4j + 4`: the elements of a ternary row's
+/// code byte `j`, or one u32 of a GGUF block's unpacked weights), the 16 tokens' 4 activations
+/// as unsigned bytes `q + 128` (`x[j * 64 + t * 4 + u]`); per activation block (the tokens'
+/// [`QAct::block`]) and token the scale `da` and the sum of `q`. Missing tokens are zeros
+/// (`q = 0`, `da = 0`).
+pub struct TokenGroup {
     /// Real tokens in the group.
     pub n: usize,
     x: Vec<u8>,
@@ -222,19 +239,21 @@ pub struct TernaryTokens {
     asum: Vec<i32>,
 }
 
-/// Groups `acts` (256-block activations of one token each) by [`TOKENS_PER_GROUP`].
-pub fn ternary_token_groups(acts: &[&QAct]) -> Vec<TernaryTokens> {
+/// Groups `acts` (activations of one token each, all with the same block) by
+/// [`TOKENS_PER_GROUP`].
+pub fn token_groups(acts: &[&QAct]) -> Vec<TokenGroup> {
     acts.chunks(TOKENS_PER_GROUP)
         .map(|g| {
             let cols = g[0].q.len();
-            let nb = cols / 256;
-            let mut t = TernaryTokens {
+            let nb = cols / g[0].block;
+            let mut t = TokenGroup {
                 n: g.len(),
                 x: vec![128u8; cols * TOKENS_PER_GROUP],
                 da: vec![0f32; nb * TOKENS_PER_GROUP],
                 asum: vec![0i32; nb * TOKENS_PER_GROUP],
             };
             for (k, a) in g.iter().enumerate() {
+                debug_assert_eq!((a.q.len(), a.block), (cols, g[0].block));
                 for (j, q4) in a.q.chunks_exact(4).enumerate() {
                     for (u, &q) in q4.iter().enumerate() {
                         t.x[j * 64 + k * 4 + u] = (q as i16 + 128) as u8;
@@ -283,7 +302,7 @@ pub fn ternary_rows_tokens(
     words: &[u32],
     scales: &[u16],
     cols: usize,
-    groups: &[TernaryTokens],
+    groups: &[TokenGroup],
     ys: &mut [f32],
     r0: usize,
     k: usize,
@@ -299,6 +318,46 @@ pub fn ternary_rows_tokens(
     {
         let _ = (codes, scales, cols, groups, ys, r0, k, buf);
         unreachable!("ternary_tokens_available is false off x86-64");
+    }
+}
+
+/// Whether [`gguf_rows_tokens`] takes `ty` on this CPU: a 32-element block type (Q8_0, Q4_0,
+/// Q4_1, Q5_0, Q5_1) where [`ternary_tokens_available`].
+pub fn gguf_tokens_available(isa: Isa, ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1
+    ) && ternary_tokens_available(isa)
+}
+
+/// Rows `r0 .. r0 + k` of a GGML matrix of a 32-element block type (`rb` bytes per row)
+/// against the tokens of `groups` (32-blocks, [`token_groups`]) at once: `ys[j * n + t]` (`n`
+/// the tokens of all groups) has the bits of [`gguf_rows`] for row `r0 + j` and token `t`.
+/// Each row's weights are unpacked once to bytes in element order (`buf`), with each block's
+/// `sum w`; a block's exact `sum w*q` is `sum w*(q + 128) - 128 sum w`, the 16 tokens in the
+/// lanes of one vector and 4 weights broadcast per `vpdpbusd`, so no horizontal sums; the f32
+/// terms ([`term32`]'s) and their summation order are [`gguf_rows`]'s. Only where
+/// [`gguf_tokens_available`].
+#[allow(clippy::too_many_arguments)]
+pub fn gguf_rows_tokens(
+    ty: GgmlType,
+    bytes: &[u8],
+    rb: usize,
+    groups: &[TokenGroup],
+    ys: &mut [f32],
+    r0: usize,
+    k: usize,
+    buf: &mut Vec<u32>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: callers check gguf_tokens_available (AVX-512 F, BW, VL, VNNI).
+        unsafe { x86::gguf_tokens_vnni(ty, bytes, rb, groups, ys, r0, k, buf) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (ty, bytes, rb, groups, ys, r0, k, buf);
+        unreachable!("gguf_tokens_available is false off x86-64");
     }
 }
 
@@ -525,25 +584,30 @@ mod x86 {
         _mm256_and_si256(set, _mm256_set1_epi8(0x10))
     }
 
+    /// A 32-element block's weights as 32 bytes in element order: Q8_0's signed bytes, the
+    /// unsigned codes of Q4_x (nibbles) and Q5_x (nibbles with their fifth bits,
+    /// [`q5_high_bits`]).
+    #[inline(always)]
+    unsafe fn weights32(ty: GgmlType, blk: &[u8]) -> __m256i {
+        match ty {
+            GgmlType::Q8_0 => load(blk, 2),
+            GgmlType::Q4_0 => q4_weights(blk, 2),
+            GgmlType::Q5_0 => _mm256_or_si256(q4_weights(blk, 6), q5_high_bits(blk, 2)),
+            GgmlType::Q5_1 => _mm256_or_si256(q4_weights(blk, 8), q5_high_bits(blk, 4)),
+            _ => q4_weights(blk, 4),
+        }
+    }
+
     /// Exact integer dot product of a 32-element block with its activations (Q8_0: signed
-    /// weights through the sign trick; Q4_x: unsigned nibbles; Q5_x: unsigned nibbles with
-    /// their fifth bits, [`q5_high_bits`]).
+    /// weights through the sign trick; the others' codes are unsigned, [`weights32`]).
     #[inline(always)]
     unsafe fn block32<const VNNI: bool>(ty: GgmlType, blk: &[u8], a: &QAct, b: usize) -> __m256i {
         let q = load_q(a, b * 32);
-        match ty {
-            GgmlType::Q8_0 => {
-                let w = load(blk, 2);
-                dot::<VNNI>(_mm256_abs_epi8(w), _mm256_sign_epi8(q, w))
-            }
-            GgmlType::Q4_0 => dot::<VNNI>(q4_weights(blk, 2), q),
-            GgmlType::Q5_0 => {
-                dot::<VNNI>(_mm256_or_si256(q4_weights(blk, 6), q5_high_bits(blk, 2)), q)
-            }
-            GgmlType::Q5_1 => {
-                dot::<VNNI>(_mm256_or_si256(q4_weights(blk, 8), q5_high_bits(blk, 4)), q)
-            }
-            _ => dot::<VNNI>(q4_weights(blk, 4), q),
+        let w = weights32(ty, blk);
+        if ty == GgmlType::Q8_0 {
+            dot::<VNNI>(_mm256_abs_epi8(w), _mm256_sign_epi8(q, w))
+        } else {
+            dot::<VNNI>(w, q)
         }
     }
 
@@ -893,7 +957,7 @@ mod x86 {
         csum: &[i32],
         scales: &[u16],
         cols: usize,
-        g: &TernaryTokens,
+        g: &TokenGroup,
         out: &mut [[f32; 16]; 4],
         r: usize,
     ) {
@@ -942,7 +1006,7 @@ mod x86 {
         codes: &[u8],
         scales: &[u16],
         cols: usize,
-        groups: &[TernaryTokens],
+        groups: &[TokenGroup],
         ys: &mut [f32],
         r0: usize,
         k: usize,
@@ -990,6 +1054,179 @@ mod x86 {
                 t0 += g.n;
             }
             j += nr;
+        }
+    }
+
+    /// Row `r`'s weights unpacked for [`tokens32`]: the 32 bytes of each block in element
+    /// order ([`weights32`]) as 8 u32 into `w`, each block's `sum w`, f16 scale and (Q4_1,
+    /// Q5_1) min widened to f32.
+    #[inline(always)]
+    unsafe fn unpack32(
+        ty: GgmlType,
+        row: &[u8],
+        w: &mut [u32],
+        wsum: &mut [i32],
+        dw: &mut [f32],
+        mw: &mut [f32],
+    ) {
+        let ts = ty.type_size();
+        let ones = _mm256_set1_epi8(1);
+        for (b, blk) in row.chunks_exact(ts).enumerate() {
+            let v = weights32(ty, blk);
+            debug_assert!(b * 8 + 8 <= w.len());
+            _mm256_storeu_si256(w.as_mut_ptr().add(b * 8) as *mut __m256i, v);
+            // sum of the 32 signed bytes: |w| <= 128 per byte, so the i16 pairs cannot
+            // saturate.
+            let s16 = _mm256_maddubs_epi16(ones, v);
+            wsum[b] = hsum_i32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+            dw[b] = f16_at(blk, 0);
+            mw[b] = f16_at(blk, 2);
+        }
+    }
+
+    /// `R` rows (unpacked by [`unpack32`]: `nb * 8` words, `nb` sums, scales and mins per
+    /// row) against one group of 16 tokens: per block, 8 `vpdpbusd` (4 weights broadcast,
+    /// the tokens' `q + 128` in the lanes) give each token's exact sum, then [`term32`]'s
+    /// arithmetic lane-wise, added to lane `b % 8` of eight accumulators as [`gguf_rows`]
+    /// does.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+    unsafe fn tokens32<const R: usize>(
+        ty: GgmlType,
+        w: &[u32],
+        wsum: &[i32],
+        dw: &[f32],
+        mw: &[f32],
+        nb: usize,
+        g: &TokenGroup,
+        out: &mut [[f32; 16]; 2],
+    ) {
+        let nw = nb * 8;
+        let mut acc = [[_mm512_setzero_ps(); 8]; R];
+        let mut b8 = 0;
+        while b8 < nb {
+            for j in 0..8 {
+                let b = b8 + j;
+                if b >= nb {
+                    break;
+                }
+                let mut ia = [_mm512_setzero_si512(); R];
+                for gi in b * 8..b * 8 + 8 {
+                    let x = _mm512_loadu_si512(g.x.as_ptr().add(gi * 64) as *const _);
+                    for rr in 0..R {
+                        let wv = _mm512_set1_epi32(*w.get_unchecked(rr * nw + gi) as i32);
+                        ia[rr] = _mm512_dpbusd_epi32(ia[rr], x, wv);
+                    }
+                }
+                let asum = _mm512_loadu_si512(g.asum.as_ptr().add(b * 16) as *const _);
+                let da = _mm512_loadu_ps(g.da.as_ptr().add(b * 16));
+                for rr in 0..R {
+                    let mut isum =
+                        _mm512_sub_epi32(ia[rr], _mm512_set1_epi32(128 * wsum[rr * nb + b]));
+                    if ty == GgmlType::Q4_0 {
+                        isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(asum, 3));
+                    }
+                    if ty == GgmlType::Q5_0 {
+                        isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(asum, 4));
+                    }
+                    let mut t = _mm512_mul_ps(
+                        _mm512_mul_ps(_mm512_set1_ps(dw[rr * nb + b]), da),
+                        _mm512_cvtepi32_ps(isum),
+                    );
+                    if ty == GgmlType::Q4_1 || ty == GgmlType::Q5_1 {
+                        t = _mm512_add_ps(
+                            t,
+                            _mm512_mul_ps(
+                                _mm512_mul_ps(_mm512_set1_ps(mw[rr * nb + b]), da),
+                                _mm512_cvtepi32_ps(asum),
+                            ),
+                        );
+                    }
+                    acc[rr][j] = _mm512_add_ps(acc[rr][j], t);
+                }
+            }
+            b8 += 8;
+        }
+        for rr in 0..R {
+            let l = &acc[rr];
+            let y = _mm512_add_ps(
+                _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
+                _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
+            );
+            _mm512_storeu_ps(out[rr].as_mut_ptr(), y);
+        }
+    }
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gguf_tokens_impl(
+        ty: GgmlType,
+        bytes: &[u8],
+        rb: usize,
+        groups: &[TokenGroup],
+        ys: &mut [f32],
+        r0: usize,
+        k: usize,
+        buf: &mut Vec<u32>,
+    ) {
+        let nb = rb / ty.type_size();
+        let nw = nb * 8;
+        let n: usize = groups.iter().map(|g| g.n).sum();
+        buf.resize(2 * nw, 0);
+        let (mut wsum, mut dw, mut mw) =
+            (vec![0i32; 2 * nb], vec![0f32; 2 * nb], vec![0f32; 2 * nb]);
+        let mut out = [[0f32; 16]; 2];
+        let mut j = 0;
+        while j < k {
+            // Up to two rows unpacked once, then run against every group.
+            let nr = (k - j).min(2);
+            for rr in 0..nr {
+                let r = r0 + j + rr;
+                unpack32(
+                    ty,
+                    &bytes[r * rb..(r + 1) * rb],
+                    &mut buf[rr * nw..(rr + 1) * nw],
+                    &mut wsum[rr * nb..(rr + 1) * nb],
+                    &mut dw[rr * nb..(rr + 1) * nb],
+                    &mut mw[rr * nb..(rr + 1) * nb],
+                );
+            }
+            let mut t0 = 0;
+            for g in groups {
+                if nr == 2 {
+                    tokens32::<2>(ty, buf, &wsum, &dw, &mw, nb, g, &mut out);
+                } else {
+                    tokens32::<1>(ty, buf, &wsum, &dw, &mw, nb, g, &mut out);
+                }
+                for rr in 0..nr {
+                    ys[(j + rr) * n + t0..(j + rr) * n + t0 + g.n].copy_from_slice(&out[rr][..g.n]);
+                }
+                t0 += g.n;
+            }
+            j += nr;
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vl,avx2,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gguf_tokens_vnni(
+        ty: GgmlType,
+        bytes: &[u8],
+        rb: usize,
+        groups: &[TokenGroup],
+        ys: &mut [f32],
+        r0: usize,
+        k: usize,
+        buf: &mut Vec<u32>,
+    ) {
+        // One copy of the kernel per type, the type's branches folded away.
+        match ty {
+            GgmlType::Q8_0 => gguf_tokens_impl(GgmlType::Q8_0, bytes, rb, groups, ys, r0, k, buf),
+            GgmlType::Q4_0 => gguf_tokens_impl(GgmlType::Q4_0, bytes, rb, groups, ys, r0, k, buf),
+            GgmlType::Q4_1 => gguf_tokens_impl(GgmlType::Q4_1, bytes, rb, groups, ys, r0, k, buf),
+            GgmlType::Q5_0 => gguf_tokens_impl(GgmlType::Q5_0, bytes, rb, groups, ys, r0, k, buf),
+            GgmlType::Q5_1 => gguf_tokens_impl(GgmlType::Q5_1, bytes, rb, groups, ys, r0, k, buf),
+            _ => unreachable!("gguf_tokens_available admits only the 32-element types"),
         }
     }
 }
@@ -1401,6 +1638,26 @@ mod tests {
                 .map(|(k, w)| *w as f64 * a.d[k / 256] as f64 * a.q[k] as f64)
                 .sum();
             assert!((*y as f64 - exact).abs() < 1e-4, "row {r}: {y} vs {exact}");
+        }
+    }
+
+    #[test]
+    fn rounding_is_f32_round_on_every_kind_of_value() {
+        // Every 251st f32 bit pattern (both signs, subnormals, NaN, inf), ties and their
+        // neighbours, against `f32::round` then the clamp and cast.
+        let mut x: Vec<f32> = (0..=u32::MAX / 251).map(|i| f32::from_bits(i * 251)).collect();
+        for k in -130..130 {
+            let t = k as f32 + 0.5;
+            x.extend([t, f32::from_bits(t.to_bits() - 1), f32::from_bits(t.to_bits() + 1)]);
+        }
+        x.extend([0.49999997, -0.49999997, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -0.0]);
+        for id in [1.0f32, 127.0 / 3.5] {
+            let mut got = vec![0i8; x.len()];
+            round_block(&x, id, &mut got);
+            for (v, g) in x.iter().zip(&got) {
+                let want = (v * id).round().clamp(-127.0, 127.0) as i8;
+                assert_eq!(*g, want, "{v:e} * {id}");
+            }
         }
     }
 
