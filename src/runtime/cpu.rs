@@ -72,7 +72,8 @@ impl KvElem for f32 {
     }
 }
 
-/// K and V, each `[n_layer][n_head_kv][n_ctx][head_dim]`.
+/// K as `[n_layer][n_head_kv][head_dim][n_ctx]` (transposed: each element's positions in a
+/// row, as [`scores_t`] reads them), V as `[n_layer][n_head_kv][n_ctx][head_dim]`.
 enum KvStore {
     F16 { k: Vec<u16>, v: Vec<u16> },
     F32 { k: Vec<f32>, v: Vec<f32> },
@@ -143,6 +144,19 @@ crate::multiversion! {
     fn weighted_rows(w: &[f32], v: &[f32], out: &mut [f32]) {
         let hd = out.len();
         let mut d = 0;
+        // 64 values at a time (eight 256-bit accumulators), then 16, then one by one: the
+        // same per-element order in each.
+        while d + 64 <= hd {
+            let mut acc = [0f32; 64];
+            for (p, &wp) in w.iter().enumerate() {
+                let v64: &[f32; 64] = v[p * hd + d..p * hd + d + 64].try_into().unwrap();
+                for j in 0..64 {
+                    acc[j] += wp * v64[j];
+                }
+            }
+            out[d..d + 64].copy_from_slice(&acc);
+            d += 64;
+        }
         while d + 16 <= hd {
             let mut acc = [0f32; 16];
             for (p, &wp) in w.iter().enumerate() {
@@ -196,10 +210,10 @@ fn attend_head(
     weighted_rows(scores, v, out);
 }
 
-/// Writes the K and V rows of the positions `start .. start + n` (`k`, `v`: `[n][n_head_kv *
+/// Writes the K and V of the positions `start .. start + n` (`k`, `v`: `[n][n_head_kv *
 /// hd]`), then attends every head of every position over `lo(pos)..=pos` ([`attend_head`]);
-/// `q` and `out` are `[n][n_head * hd]`. Each head's keys and values for the whole span are
-/// widened once, not once per position.
+/// `q` and `out` are `[n][n_head * hd]`. Each KV head's keys and values for the whole span
+/// are widened once (in parallel over KV heads), then the query heads run in parallel.
 #[allow(clippy::too_many_arguments)]
 fn attend<T: KvElem>(
     kc: &mut [T],
@@ -213,35 +227,40 @@ fn attend<T: KvElem>(
 ) {
     let (hd, nctx, start) = (sh.hd, sh.nctx, sh.start);
     let (nq, nk) = (q.len() / n, k.len() / n);
+    let nkv = nk / hd;
     for t in 0..n {
-        for kh in 0..nk / hd {
-            let at = sh.layer_base + (kh * nctx + start + t) * hd;
+        for kh in 0..nkv {
+            let head = sh.layer_base + kh * nctx * hd;
             for d in 0..hd {
-                kc[at + d] = T::store(k[t * nk + kh * hd + d]);
-                vc[at + d] = T::store(v[t * nk + kh * hd + d]);
+                kc[head + d * nctx + start + t] = T::store(k[t * nk + kh * hd + d]);
+                vc[head + (start + t) * hd + d] = T::store(v[t * nk + kh * hd + d]);
             }
         }
     }
     let (kc, vc) = (&*kc, &*vc);
     let (lo0, end) = (sh.lo(start), start + n);
+    let m = end - lo0;
+    // Row stride of the widened keys: positions padded to a multiple of 8, and 8 more, so
+    // that scores_t's 8-position steps from any first position stay inside.
+    let stride = m.div_ceil(8) * 8 + 8;
+    let widened: Vec<(Vec<f32>, Vec<f32>)> = (0..nkv)
+        .into_par_iter()
+        .map(|kh| {
+            let head = sh.layer_base + kh * nctx * hd;
+            let mut kt = vec![0f32; hd * stride];
+            for (d, row) in kt.chunks_exact_mut(stride).enumerate() {
+                let at = head + d * nctx + lo0;
+                T::widen(&kc[at..at + m], &mut row[..m]);
+            }
+            let mut vr = vec![0f32; m * hd];
+            T::widen(&vc[head + lo0 * hd..head + end * hd], &mut vr);
+            (kt, vr)
+        })
+        .collect();
     let heads: Vec<Vec<f32>> = (0..nq / hd)
         .into_par_iter()
         .map(|head| {
-            let base = sh.layer_base + ((head / sh.group) * nctx + lo0) * hd;
-            let m = end - lo0;
-            // This head's keys (transposed, each element's positions in a row padded to
-            // a multiple of 8) and values for positions lo0..end, widened once.
-            let stride = m.div_ceil(8) * 8 + 8;
-            let mut kr = vec![0f32; m * hd];
-            let mut kt = vec![0f32; hd * stride];
-            let mut vr = vec![0f32; m * hd];
-            T::widen(&kc[base..base + m * hd], &mut kr);
-            for (p, row) in kr.chunks_exact(hd).enumerate() {
-                for (i, &x) in row.iter().enumerate() {
-                    kt[i * stride + p] = x;
-                }
-            }
-            T::widen(&vc[base..base + m * hd], &mut vr);
+            let (kt, vr) = &widened[head / sh.group];
             let mut res = vec![0f32; n * hd];
             let mut scores = Vec::with_capacity(m);
             for (t, o) in res.chunks_exact_mut(hd).enumerate() {
@@ -249,16 +268,8 @@ fn attend<T: KvElem>(
                 let a = sh.lo(pos) - lo0;
                 let qh = &q[t * nq + head * hd..t * nq + (head + 1) * hd];
                 let vt = &vr[a * hd..(pos + 1 - lo0) * hd];
-                attend_head(
-                    qh,
-                    &kt[a..],
-                    stride,
-                    pos + 1 - sh.lo(pos),
-                    vt,
-                    sh.kq_scale,
-                    &mut scores,
-                    o,
-                );
+                let len = pos + 1 - sh.lo(pos);
+                attend_head(qh, &kt[a..], stride, len, vt, sh.kq_scale, &mut scores, o);
             }
             res
         })

@@ -362,6 +362,8 @@ fn prepare(kernel: Kernel, w: &WeightData, cols: usize, x: &[f32]) -> Prepared {
 struct Scratch {
     buf: Vec<f32>,
     idx: Vec<u8>,
+    /// Unpacked weights of the multi-token kernels.
+    words: Vec<u32>,
 }
 
 impl Scratch {
@@ -426,21 +428,62 @@ pub fn matvec_with(kernel: Kernel, w: WeightData, cols: usize, x: &[f32], y: &mu
         });
 }
 
+/// One tile of [`matmul_with`]: `(r0, k, tile, scratch)` fills `tile[j * n + i]` with row
+/// `r0 + j` against vector `i`.
+type TileFn<'a> = dyn Fn(usize, usize, &mut [f32], &mut Scratch) + Sync + 'a;
+
+/// `ys`, shared by the tasks of [`matmul_with`], each of which writes only its own rows.
+struct SharedOut(*mut f32);
+// SAFETY: tasks write disjoint elements (their own rows of every token), see `scatter`.
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// Writes a tile (`tile[j * n + i]`, rows `r0 .. r0 + k` of every token `i`) into `ys`
+    /// (`[n, nrows]`).
+    ///
+    /// # Safety
+    /// `ys` has `n * nrows` elements, `r0 + k <= nrows`, and no other task writes these rows.
+    unsafe fn scatter(&self, tile: &[f32], n: usize, nrows: usize, r0: usize, k: usize) {
+        for i in 0..n {
+            let dst = self.0.add(i * nrows + r0);
+            for j in 0..k {
+                *dst.add(j) = tile[j * n + i];
+            }
+        }
+    }
+}
+
 /// `Y = W X` for `n` input vectors at once (prefill): `xs` is `[n, cols]`, `ys` is
 /// `[n, rows]`, both row-major. Each task takes a tile of [`ROWS_PER_TASK`] rows and runs it
 /// against every vector before the next tile, so each weight byte is read from memory once
-/// per call, not once per vector. Each vector is prepared (quantized) once, exactly as
-/// [`matvec_with`] prepares it, and every (row, vector) product goes through the same row
-/// kernel: `ys[i]` has the same bits as `matvec_with(kernel, w, cols, xs[i], ys[i])`.
+/// per call, not once per vector; it writes its rows of every vector into `ys` itself. Each
+/// vector is prepared (quantized) once, exactly as [`matvec_with`] prepares it, and every
+/// (row, vector) product has the bits of the single-vector kernel: `ys[i]` has the same bits
+/// as `matvec_with(kernel, w, cols, xs[i], ys[i])`.
 pub fn matmul_with(kernel: Kernel, w: WeightData, cols: usize, xs: &[f32], ys: &mut [f32]) {
     let n = xs.len() / cols.max(1);
     if n <= 1 {
         return matvec_with(kernel, w, cols, xs, ys);
     }
     let nrows = ys.len() / n;
+    assert_eq!(ys.len(), n * nrows, "ys is [n, rows]");
     let isa = q8::detect();
-    // Row-major by weight row ([nrows, n]) so that each task owns one contiguous tile.
-    let mut yt = vec![0f32; nrows * n];
+    let tasks = nrows.div_ceil(ROWS_PER_TASK);
+    let out = SharedOut(ys.as_mut_ptr());
+    // Runs `f(r0, k, tile, scratch)` for every tile of rows, then scatters the tile.
+    let run = |f: &TileFn| {
+        (0..tasks).into_par_iter().for_each_init(
+            || (Vec::new(), Scratch::default()),
+            |(tile, s): &mut (Vec<f32>, Scratch), t| {
+                let r0 = t * ROWS_PER_TASK;
+                let k = ROWS_PER_TASK.min(nrows - r0);
+                tile.resize(k * n, 0.0);
+                f(r0, k, &mut tile[..k * n], s);
+                // SAFETY: ys is [n, nrows] (asserted), r0 + k <= nrows, tiles are disjoint.
+                unsafe { out.scatter(tile, n, nrows, r0, k) };
+            },
+        )
+    };
     match w {
         WeightData::Ternary { words, scales }
             if kernel == Kernel::Int8 && q8::ternary_tokens_available(isa) =>
@@ -453,65 +496,42 @@ pub fn matmul_with(kernel: Kernel, w: WeightData, cols: usize, xs: &[f32], ys: &
                 .map(|x| q8::quantize(x, 256))
                 .collect();
             let groups = q8::token_groups(&acts.iter().collect::<Vec<_>>());
-            yt.par_chunks_mut(ROWS_PER_TASK * n)
-                .enumerate()
-                .for_each_init(Vec::new, |buf, (t, out)| {
-                    let k = out.len() / n;
-                    q8::ternary_rows_tokens(
-                        words,
-                        scales,
-                        cols,
-                        &groups,
-                        out,
-                        t * ROWS_PER_TASK,
-                        k,
-                        buf,
-                    );
-                });
+            run(&|r0, k, tile, s| {
+                q8::ternary_rows_tokens(words, scales, cols, &groups, tile, r0, k, &mut s.words)
+            });
         }
         WeightData::Gguf { ty, bytes }
             if kernel == Kernel::Int8
-                && cols.is_multiple_of(32)
-                && q8::gguf_tokens_available(isa, ty) =>
+                && q8::gguf_tokens_available(isa, ty)
+                && q8::act_block(ty).is_some_and(|b| cols.is_multiple_of(b)) =>
         {
-            // The 32-element block types, 16 tokens per vector lane group as above: each
-            // row's weights unpacked once per call. Quantized as [`prepare`] does.
+            // The GGML types of the int8 kernels, 16 tokens per vector lane group as above:
+            // each row's weights unpacked once per call. Quantized as [`prepare`] does.
             let rb = ty.bytes_for(cols as u64).unwrap_or(0) as usize;
+            let block = q8::act_block(ty).unwrap_or(32);
             let acts: Vec<q8::QAct> = xs
                 .par_chunks_exact(cols)
-                .map(|x| q8::quantize(x, 32))
+                .map(|x| q8::quantize(x, block))
                 .collect();
             let groups = q8::token_groups(&acts.iter().collect::<Vec<_>>());
-            yt.par_chunks_mut(ROWS_PER_TASK * n)
-                .enumerate()
-                .for_each_init(Vec::new, |buf, (t, out)| {
-                    let k = out.len() / n;
-                    q8::gguf_rows_tokens(ty, bytes, rb, &groups, out, t * ROWS_PER_TASK, k, buf);
-                });
+            run(&|r0, k, tile, s| {
+                q8::gguf_rows_tokens(ty, bytes, rb, &groups, tile, r0, k, &mut s.words)
+            });
         }
         _ => {
             let prepared: Vec<Prepared> = xs
                 .par_chunks_exact(cols)
                 .map(|x| prepare(kernel, &w, cols, x))
                 .collect();
-            yt.par_chunks_mut(ROWS_PER_TASK * n)
-                .enumerate()
-                .for_each_init(Scratch::default, |s, (t, out)| {
-                    let r0 = t * ROWS_PER_TASK;
-                    let k = out.len() / n;
-                    let mut tile = [0f32; ROWS_PER_TASK];
-                    for (i, (x, a)) in xs.chunks_exact(cols).zip(&prepared).enumerate() {
-                        rows(&w, cols, x, a, isa, &mut tile[..k], r0, s);
-                        for (j, v) in tile[..k].iter().enumerate() {
-                            out[j * n + i] = *v;
-                        }
+            run(&|r0, k, tile, s| {
+                let mut col = [0f32; ROWS_PER_TASK];
+                for (i, (x, a)) in xs.chunks_exact(cols).zip(&prepared).enumerate() {
+                    rows(&w, cols, x, a, isa, &mut col[..k], r0, s);
+                    for (j, v) in col[..k].iter().enumerate() {
+                        tile[j * n + i] = *v;
                     }
-                });
-        }
-    }
-    for (i, y) in ys.chunks_exact_mut(nrows).enumerate() {
-        for (r, v) in y.iter_mut().enumerate() {
-            *v = yt[r * n + i];
+                }
+            });
         }
     }
 }
@@ -648,8 +668,9 @@ mod tests {
     fn matmul_gives_each_vectors_matvec_bits_on_every_encoding() {
         // Ternary (the multi-token int8 kernel where the CPU has AVX-512), GGML types, both
         // kernels; token counts around the 16-token groups; rows not a multiple of 16; a
-        // row length whose 32-element blocks are no multiple of 8 (SmolLM2's 576).
-        for cols in [512, 576] {
+        // row length whose 32-element blocks are no multiple of 8 (SmolLM2's 576), one whose
+        // 256-element blocks are more than 8 and no multiple of 8 (2304).
+        for cols in [512, 576, 2304] {
             matmul_bits_case(cols);
         }
     }
@@ -667,6 +688,8 @@ mod tests {
             GgmlType::Q4_0,
             GgmlType::Q4_1,
             GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
             GgmlType::Q5_0,
             GgmlType::Q5_1,
             GgmlType::F16,
@@ -684,11 +707,16 @@ mod tests {
                 let ts = ty.type_size();
                 let d = half::f16::from_f32(0.01).to_le_bytes();
                 for b in bytes.chunks_exact_mut(ts) {
-                    if matches!(ty, GgmlType::Q4_K | GgmlType::Q4_1 | GgmlType::Q5_1) {
+                    if matches!(
+                        ty,
+                        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q4_1 | GgmlType::Q5_1
+                    ) {
                         // scale and min (random f16 bytes could be NaN, whose payload
                         // the compiler need not keep)
                         b[0..2].copy_from_slice(&d);
                         b[2..4].copy_from_slice(&d);
+                    } else if ty == GgmlType::Q6_K {
+                        b[208..210].copy_from_slice(&d);
                     } else {
                         b[0..2].copy_from_slice(&d);
                     }

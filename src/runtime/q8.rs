@@ -237,6 +237,10 @@ pub struct TokenGroup {
     x: Vec<u8>,
     da: Vec<f32>,
     asum: Vec<i32>,
+    /// The sums of `q` over each 16 values, two at a time per token (`s16[p * 32 + t * 2 +
+    /// e] = sum16[2p + e]` of token `t`), as the k-quant kernels' `vpdpwssd` takes them
+    /// (`|sum16| <= 16 * 127` fits i16).
+    s16: Vec<i16>,
 }
 
 /// Groups `acts` (activations of one token each, all with the same block) by
@@ -251,17 +255,23 @@ pub fn token_groups(acts: &[&QAct]) -> Vec<TokenGroup> {
                 x: vec![128u8; cols * TOKENS_PER_GROUP],
                 da: vec![0f32; nb * TOKENS_PER_GROUP],
                 asum: vec![0i32; nb * TOKENS_PER_GROUP],
+                s16: vec![0i16; cols / 16 * TOKENS_PER_GROUP],
             };
             for (k, a) in g.iter().enumerate() {
                 debug_assert_eq!((a.q.len(), a.block), (cols, g[0].block));
                 for (j, q4) in a.q.chunks_exact(4).enumerate() {
-                    for (u, &q) in q4.iter().enumerate() {
-                        t.x[j * 64 + k * 4 + u] = (q as i16 + 128) as u8;
-                    }
+                    // q + 128 as a byte is q ^ 0x80, four at a time.
+                    let w = u32::from_le_bytes(bytemuck::cast([q4[0], q4[1], q4[2], q4[3]]));
+                    t.x[j * 64 + k * 4..j * 64 + k * 4 + 4]
+                        .copy_from_slice(&(w ^ 0x8080_8080).to_le_bytes());
                 }
                 for b in 0..nb {
                     t.da[b * TOKENS_PER_GROUP + k] = a.d[b];
                     t.asum[b * TOKENS_PER_GROUP + k] = a.sum[b];
+                }
+                for (p, s2) in a.sum16.chunks_exact(2).enumerate() {
+                    t.s16[p * 32 + k * 2] = s2[0] as i16;
+                    t.s16[p * 32 + k * 2 + 1] = s2[1] as i16;
                 }
             }
             t
@@ -321,23 +331,22 @@ pub fn ternary_rows_tokens(
     }
 }
 
-/// Whether [`gguf_rows_tokens`] takes `ty` on this CPU: a 32-element block type (Q8_0, Q4_0,
-/// Q4_1, Q5_0, Q5_1) where [`ternary_tokens_available`].
+/// Whether [`gguf_rows_tokens`] takes `ty` on this CPU: every type of [`act_block`] (Q8_0,
+/// Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) where [`ternary_tokens_available`].
 pub fn gguf_tokens_available(isa: Isa, ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1
-    ) && ternary_tokens_available(isa)
+    act_block(ty).is_some() && ternary_tokens_available(isa)
 }
 
-/// Rows `r0 .. r0 + k` of a GGML matrix of a 32-element block type (`rb` bytes per row)
-/// against the tokens of `groups` (32-blocks, [`token_groups`]) at once: `ys[j * n + t]` (`n`
-/// the tokens of all groups) has the bits of [`gguf_rows`] for row `r0 + j` and token `t`.
-/// Each row's weights are unpacked once to bytes in element order (`buf`), with each block's
-/// `sum w`; a block's exact `sum w*q` is `sum w*(q + 128) - 128 sum w`, the 16 tokens in the
-/// lanes of one vector and 4 weights broadcast per `vpdpbusd`, so no horizontal sums; the f32
-/// terms ([`term32`]'s) and their summation order are [`gguf_rows`]'s. Only where
-/// [`gguf_tokens_available`].
+/// Rows `r0 .. r0 + k` of a GGML matrix of type `ty` (`rb` bytes per row) against the tokens
+/// of `groups` (blocks of [`act_block`] of `ty`, [`token_groups`]) at once: `ys[j * n + t]`
+/// (`n` the tokens of all groups) has the bits of [`gguf_rows`] for row `r0 + j` and token
+/// `t`. Each row's weights are unpacked once to bytes in element order (`buf`), with the sum
+/// of `w` over each block or sub-block; a (sub-)block's exact `sum w*q` is `sum w*(q + 128) -
+/// 128 sum w`, the 16 tokens in the lanes of one vector and 4 weights broadcast per
+/// `vpdpbusd`, so no horizontal sums. The k-quants' sub-block scales multiply those exact
+/// sums (`vpmulld`), their mins (Q4_K, Q5_K) and Q6_K's `32 sum q` term take the tokens'
+/// 16-value sums two at a time (`vpdpwssd`). The f32 terms and their summation order are
+/// [`gguf_rows`]'s. Only where [`gguf_tokens_available`].
 #[allow(clippy::too_many_arguments)]
 pub fn gguf_rows_tokens(
     ty: GgmlType,
@@ -1226,7 +1235,285 @@ mod x86 {
             GgmlType::Q4_1 => gguf_tokens_impl(GgmlType::Q4_1, bytes, rb, groups, ys, r0, k, buf),
             GgmlType::Q5_0 => gguf_tokens_impl(GgmlType::Q5_0, bytes, rb, groups, ys, r0, k, buf),
             GgmlType::Q5_1 => gguf_tokens_impl(GgmlType::Q5_1, bytes, rb, groups, ys, r0, k, buf),
-            _ => unreachable!("gguf_tokens_available admits only the 32-element types"),
+            GgmlType::Q4_K => tokens256_impl(GgmlType::Q4_K, bytes, rb, groups, ys, r0, k, buf),
+            GgmlType::Q5_K => tokens256_impl(GgmlType::Q5_K, bytes, rb, groups, ys, r0, k, buf),
+            GgmlType::Q6_K => tokens256_impl(GgmlType::Q6_K, bytes, rb, groups, ys, r0, k, buf),
+            _ => unreachable!("gguf_tokens_available admits only act_block's types"),
+        }
+    }
+
+    /// Sub-blocks of a 256-block whose elements share a scale: 8 of 32 (Q4_K, Q5_K), 16 of 16
+    /// (Q6_K).
+    const fn subs(ty: GgmlType) -> usize {
+        if matches!(ty, GgmlType::Q6_K) {
+            16
+        } else {
+            8
+        }
+    }
+
+    /// One row of a k-quant unpacked for [`tokens256`]: `w` (64 u32 per block) the 256 codes
+    /// in element order (`w` in 0..16, 0..32 or 0..64, unsigned), and per block: `sc` each
+    /// sub-block's scale (Q6_K's signed), `mp` the min pairs `m_j | m_j << 16` (Q4_K, Q5_K)
+    /// or Q6_K's scale pairs `sc_2p | sc_2p+1 << 16` (i16 halves) for `vpdpwssd`, `c` the
+    /// constant `128 sum_j sc_j sum w_j`, `d` and `dmin` widened.
+    struct Unpacked256<'a> {
+        w: &'a mut [u32],
+        sc: &'a mut [i32],
+        mp: &'a mut [i32],
+        c: &'a mut [i32],
+        d: &'a mut [f32],
+        dmin: &'a mut [f32],
+    }
+
+    /// Sum of the unsigned bytes of each 16-byte half of `v`.
+    #[inline(always)]
+    unsafe fn sums16(v: __m256i) -> [i32; 2] {
+        let s = _mm256_sad_epu8(v, _mm256_setzero_si256());
+        let lo = _mm256_extract_epi64(s, 0) + _mm256_extract_epi64(s, 1);
+        let hi = _mm256_extract_epi64(s, 2) + _mm256_extract_epi64(s, 3);
+        [lo as i32, hi as i32]
+    }
+
+    #[inline(always)]
+    unsafe fn unpack256(ty: GgmlType, row: &[u8], u: &mut Unpacked256) {
+        let ts = ty.type_size();
+        let ns = subs(ty);
+        for (b, blk) in row.chunks_exact(ts).enumerate() {
+            let wp = u.w.as_mut_ptr().add(b * 64) as *mut __m256i;
+            // The 256 codes as eight 32-byte vectors in element order, and the sum of each
+            // 16-element half of each.
+            let mut v = [_mm256_setzero_si256(); 8];
+            let (sc, mn): ([i32; 16], [i32; 8]) = if ty == GgmlType::Q6_K {
+                let m4 = _mm256_set1_epi8(0x0F);
+                let m2 = _mm256_set1_epi8(3);
+                for h in 0..2 {
+                    let ql0 = load(blk, h * 64);
+                    let ql1 = load(blk, h * 64 + 32);
+                    let qh = load(blk, 128 + h * 32);
+                    let hb = |sh: i32| -> __m256i {
+                        let x = match sh {
+                            0 => qh,
+                            2 => _mm256_srli_epi16(qh, 2),
+                            4 => _mm256_srli_epi16(qh, 4),
+                            _ => _mm256_srli_epi16(qh, 6),
+                        };
+                        _mm256_slli_epi16(_mm256_and_si256(x, m2), 4)
+                    };
+                    v[h * 4] = _mm256_or_si256(_mm256_and_si256(ql0, m4), hb(0));
+                    v[h * 4 + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), hb(2));
+                    v[h * 4 + 2] =
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), hb(4));
+                    v[h * 4 + 3] =
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), hb(6));
+                }
+                let mut sc = [0i32; 16];
+                for (j, s) in sc.iter_mut().enumerate() {
+                    *s = (blk[192 + j] as i8) as i32;
+                }
+                (sc, [0; 8])
+            } else {
+                let m4 = _mm256_set1_epi8(0x0F);
+                let m1 = _mm256_set1_epi8(1);
+                let q5 = ty == GgmlType::Q5_K;
+                let (qs, qh) = if q5 {
+                    (48, load(blk, 16))
+                } else {
+                    (16, _mm256_setzero_si256())
+                };
+                for c in 0..4 {
+                    let x = load(blk, qs + c * 32);
+                    let mut lo = _mm256_and_si256(x, m4);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+                    if q5 {
+                        let s = _mm_cvtsi32_si128(2 * c as i32);
+                        let s1 = _mm_cvtsi32_si128(2 * c as i32 + 1);
+                        let h1 = _mm256_and_si256(_mm256_srl_epi16(qh, s), m1);
+                        let h2 = _mm256_and_si256(_mm256_srl_epi16(qh, s1), m1);
+                        lo = _mm256_or_si256(lo, _mm256_slli_epi16(h1, 4));
+                        hi = _mm256_or_si256(hi, _mm256_slli_epi16(h2, 4));
+                    }
+                    v[2 * c] = lo;
+                    v[2 * c + 1] = hi;
+                }
+                let scb: &[u8; 12] = blk[4..16].try_into().expect("12 bytes");
+                let (s8, m8) = crate::quant::kquants::get_scale_min_k4(scb);
+                let mut sc = [0i32; 16];
+                let mut mn = [0i32; 8];
+                for j in 0..8 {
+                    sc[j] = s8[j] as i32;
+                    mn[j] = m8[j] as i32;
+                }
+                (sc, mn)
+            };
+            let mut halves = [0i32; 16];
+            for (i, x) in v.iter().enumerate() {
+                _mm256_storeu_si256(wp.add(i), *x);
+                let [a, b2] = sums16(*x);
+                halves[2 * i] = a;
+                halves[2 * i + 1] = b2;
+            }
+            // Sub-block sums of w: 16 halves for Q6_K, pairs of them for 32-element ones.
+            let mut c = 0i32;
+            for j in 0..ns {
+                let wsum = if ns == 16 {
+                    halves[j]
+                } else {
+                    halves[2 * j] + halves[2 * j + 1]
+                };
+                c += 128 * sc[j] * wsum;
+                u.sc[b * 16 + j] = sc[j];
+            }
+            for p in 0..8 {
+                let (a, b2) = if ns == 16 {
+                    (sc[2 * p], sc[2 * p + 1])
+                } else {
+                    (mn[p], mn[p])
+                };
+                u.mp[b * 8 + p] = (a as u16 as u32 | (b2 as u16 as u32) << 16) as i32;
+            }
+            u.c[b] = c;
+            if ty == GgmlType::Q6_K {
+                u.d[b] = f16_at(blk, 208);
+            } else {
+                u.d[b] = f16_at(blk, 0);
+                u.dmin[b] = f16_at(blk, 2);
+            }
+        }
+    }
+
+    /// `R` rows of a k-quant (unpacked by [`unpack256`], `nb` blocks each) against one group
+    /// of 16 tokens: per sub-block 8 (Q4_K, Q5_K) or 4 (Q6_K) `vpdpbusd` give each token's
+    /// `sum w*(q + 128)`, times the sub-block's scale; `- c` makes the scaled sum exact; the
+    /// min (or Q6_K's `32 sum q`) term by 8 `vpdpwssd` on the tokens' 16-value sums; then
+    /// [`gguf_rows`]'s f32 term, added to lane `b % 8`.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+    unsafe fn tokens256<const R: usize>(
+        ty: GgmlType,
+        w: &[u32],
+        sc: &[i32],
+        mp: &[i32],
+        c: &[i32],
+        d: &[f32],
+        dmin: &[f32],
+        nb: usize,
+        g: &TokenGroup,
+        out: &mut [[f32; 16]; 2],
+    ) {
+        let nw = nb * 64;
+        let ns = subs(ty);
+        let wps = 64 / ns; // words per sub-block
+        let mut acc = [[_mm512_setzero_ps(); 8]; R];
+        let mut b8 = 0;
+        while b8 < nb {
+            for l in 0..8 {
+                let b = b8 + l;
+                if b >= nb {
+                    break;
+                }
+                let mut s1 = [_mm512_setzero_si512(); R];
+                for j in 0..ns {
+                    let mut ia = [_mm512_setzero_si512(); R];
+                    for gi in b * 64 + j * wps..b * 64 + (j + 1) * wps {
+                        let x = _mm512_loadu_si512(g.x.as_ptr().add(gi * 64) as *const _);
+                        for rr in 0..R {
+                            let wv = _mm512_set1_epi32(*w.get_unchecked(rr * nw + gi) as i32);
+                            ia[rr] = _mm512_dpbusd_epi32(ia[rr], x, wv);
+                        }
+                    }
+                    for rr in 0..R {
+                        let scv = _mm512_set1_epi32(*sc.get_unchecked(rr * nb * 16 + b * 16 + j));
+                        s1[rr] = _mm512_add_epi32(s1[rr], _mm512_mullo_epi32(ia[rr], scv));
+                    }
+                }
+                let mut s2 = [_mm512_setzero_si512(); R];
+                for p in 0..8 {
+                    let sv = _mm512_loadu_si512(g.s16.as_ptr().add((b * 8 + p) * 32) as *const _);
+                    for rr in 0..R {
+                        let mv = _mm512_set1_epi32(*mp.get_unchecked(rr * nb * 8 + b * 8 + p));
+                        s2[rr] = _mm512_dpwssd_epi32(s2[rr], sv, mv);
+                    }
+                }
+                let da = _mm512_loadu_ps(g.da.as_ptr().add(b * 16));
+                for rr in 0..R {
+                    let s1 = _mm512_sub_epi32(s1[rr], _mm512_set1_epi32(c[rr * nb + b]));
+                    let dv = _mm512_set1_ps(d[rr * nb + b]);
+                    let t = if ty == GgmlType::Q6_K {
+                        let isum = _mm512_sub_epi32(s1, _mm512_slli_epi32(s2[rr], 5));
+                        _mm512_mul_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(isum))
+                    } else {
+                        let mv = _mm512_set1_ps(dmin[rr * nb + b]);
+                        _mm512_sub_ps(
+                            _mm512_mul_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(s1)),
+                            _mm512_mul_ps(_mm512_mul_ps(mv, da), _mm512_cvtepi32_ps(s2[rr])),
+                        )
+                    };
+                    acc[rr][l] = _mm512_add_ps(acc[rr][l], t);
+                }
+            }
+            b8 += 8;
+        }
+        for rr in 0..R {
+            let l = &acc[rr];
+            let y = _mm512_add_ps(
+                _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
+                _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
+            );
+            _mm512_storeu_ps(out[rr].as_mut_ptr(), y);
+        }
+    }
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tokens256_impl(
+        ty: GgmlType,
+        bytes: &[u8],
+        rb: usize,
+        groups: &[TokenGroup],
+        ys: &mut [f32],
+        r0: usize,
+        k: usize,
+        buf: &mut Vec<u32>,
+    ) {
+        let nb = rb / ty.type_size();
+        let nw = nb * 64;
+        let n: usize = groups.iter().map(|g| g.n).sum();
+        buf.resize(2 * nw, 0);
+        let mut sc = vec![0i32; 2 * nb * 16];
+        let mut mp = vec![0i32; 2 * nb * 8];
+        let mut c = vec![0i32; 2 * nb];
+        let mut d = vec![0f32; 2 * nb];
+        let mut dmin = vec![0f32; 2 * nb];
+        let mut out = [[0f32; 16]; 2];
+        let mut j = 0;
+        while j < k {
+            let nr = (k - j).min(2);
+            for rr in 0..nr {
+                let r = r0 + j + rr;
+                let mut u = Unpacked256 {
+                    w: &mut buf[rr * nw..(rr + 1) * nw],
+                    sc: &mut sc[rr * nb * 16..(rr + 1) * nb * 16],
+                    mp: &mut mp[rr * nb * 8..(rr + 1) * nb * 8],
+                    c: &mut c[rr * nb..(rr + 1) * nb],
+                    d: &mut d[rr * nb..(rr + 1) * nb],
+                    dmin: &mut dmin[rr * nb..(rr + 1) * nb],
+                };
+                unpack256(ty, &bytes[r * rb..(r + 1) * rb], &mut u);
+            }
+            let mut t0 = 0;
+            for g in groups {
+                if nr == 2 {
+                    tokens256::<2>(ty, buf, &sc, &mp, &c, &d, &dmin, nb, g, &mut out);
+                } else {
+                    tokens256::<1>(ty, buf, &sc, &mp, &c, &d, &dmin, nb, g, &mut out);
+                }
+                for rr in 0..nr {
+                    ys[(j + rr) * n + t0..(j + rr) * n + t0 + g.n].copy_from_slice(&out[rr][..g.n]);
+                }
+                t0 += g.n;
+            }
+            j += nr;
         }
     }
 }
@@ -1645,12 +1932,25 @@ mod tests {
     fn rounding_is_f32_round_on_every_kind_of_value() {
         // Every 251st f32 bit pattern (both signs, subnormals, NaN, inf), ties and their
         // neighbours, against `f32::round` then the clamp and cast.
-        let mut x: Vec<f32> = (0..=u32::MAX / 251).map(|i| f32::from_bits(i * 251)).collect();
+        let mut x: Vec<f32> = (0..=u32::MAX / 251)
+            .map(|i| f32::from_bits(i * 251))
+            .collect();
         for k in -130..130 {
             let t = k as f32 + 0.5;
-            x.extend([t, f32::from_bits(t.to_bits() - 1), f32::from_bits(t.to_bits() + 1)]);
+            x.extend([
+                t,
+                f32::from_bits(t.to_bits() - 1),
+                f32::from_bits(t.to_bits() + 1),
+            ]);
         }
-        x.extend([0.49999997, -0.49999997, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -0.0]);
+        x.extend([
+            0.49999997,
+            -0.49999997,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -0.0,
+        ]);
         for id in [1.0f32, 127.0 / 3.5] {
             let mut got = vec![0i8; x.len()];
             round_block(&x, id, &mut got);
