@@ -23,6 +23,7 @@ EVAL := $(LOWBIT_CACHE)/eval
 BOTCHAN := $(EVAL)/botchan.txt
 TERNARY := $(LOWBIT_CACHE)/ternary
 SMOLLM2_TQ2 := $(TERNARY)/smollm2-tq2_0-gguf-py.gguf
+QWEN_TQ2 := $(TERNARY)/qwen2.5-0.5b-tq2_0-gguf-py.gguf
 SMOLLM2_Q4_0 := $(LOWBIT_CACHE)/requant/smollm2-q4_0-gguf-py.gguf
 SMOLLM2_Q8_0 := $(LOWBIT_CACHE)/requant/smollm2-q8_0-gguf-py.gguf
 OUT ?= $(LOWBIT_CACHE)/out
@@ -143,6 +144,11 @@ $(SMOLLM2_TQ2): $(SMOLLM2) $(VENV)/.ok tests/ref/make_tq2_from_real.py
 	mkdir -p $(TERNARY)
 	$(VPY) tests/ref/make_tq2_from_real.py $(SMOLLM2) --out $@ --json $(TERNARY)/smollm2-tq2_0-gguf-py.json
 ternary-real: $(SMOLLM2_TQ2)
+# The same for Qwen2.5-0.5B (its 24 ffn_down, K = 4864; the others have K = 896): the
+# ternarized row of the quality table (make eval-table).
+$(QWEN_TQ2): $(QWEN) $(VENV)/.ok tests/ref/make_tq2_from_real.py
+	mkdir -p $(TERNARY)
+	$(VPY) tests/ref/make_tq2_from_real.py $(QWEN) --out $@ --json $(TERNARY)/qwen2.5-0.5b-tq2_0-gguf-py.json
 # Q8_0 and Q4_0 made from SmolLM2's real weights by gguf-py (every linear; the KL anchors of
 # ordinary quantization loss in tests/eval.rs, beside the broken TQ2_0).
 $(SMOLLM2_Q4_0): $(SMOLLM2) $(VENV)/.ok tests/ref/make_tq2_from_real.py
@@ -223,8 +229,8 @@ bench: bench-dequant bench-ternary bench-runtime bench-palette bench-palette-8b 
 EVAL_CHUNKS ?= -1
 # The README's quality table (benches/eval/table.py): SmolLM2 and Qwen2.5-0.5B, each against
 # its `convert pack`, with llama-quantize's Q8_0/Q4_K_M, palettized and ternarized variants.
-EVAL_TABLE_ARGS ?= --models smollm2,qwen --chunks 4 --limit 20
-eval-table: build fetch eval-data
+EVAL_TABLE_ARGS ?= --models smollm2,qwen --chunks 8 --limit 200
+eval-table: build fetch eval-data $(SMOLLM2_TQ2) $(QWEN_TQ2)
 	$(MAKE) llama
 	$(PY) benches/eval/table.py --convert $(CONVERT) --llama-bin $(LOWBIT_CACHE)/llama.cpp-11434/build/bin \
 		--text $(BOTCHAN) --tasks $(BIGBENCH)/benchmark_tasks --out $(OUT)/eval-table \

@@ -34,7 +34,10 @@ MODELS = {
 }
 # Models whose linears cannot all be ternarized (K not a multiple of 256): the ternarized row
 # is made from this GGUF instead (its ternarizable linears as TQ2_0, by gguf-py).
-TERNARY_SOURCE = {"smollm2": CACHE / "ternary" / "smollm2-tq2_0-gguf-py.gguf"}
+TERNARY_SOURCE = {
+    "smollm2": CACHE / "ternary" / "smollm2-tq2_0-gguf-py.gguf",
+    "qwen": CACHE / "ternary" / "qwen2.5-0.5b-tq2_0-gguf-py.gguf",
+}
 TASKS = ["arithmetic/2_digit_addition", "strategyqa", "sports_understanding", "navigate"]
 # name -> how it is made: ("llama", type) | ("palettize", args) | ("ternary", args)
 VARIANTS = [
@@ -125,9 +128,10 @@ def main() -> None:
                 elif kind == "palettize":
                     sh(conv + ["palettize", "-q", "--context", "1024", *spec, "-o", b, src])
                 elif m in TERNARY_SOURCE:
-                    # K = 576 is no multiple of 256: --ternarize cannot take every linear, so
-                    # the ternarized row is gguf-py's TQ2_0 of the linears that can be
-                    # (make ternary-real: the 30 ffn_down), through gguf-to-ternary.
+                    # K = 576 (SmolLM2), 896 (Qwen2.5) is no multiple of 256: --ternarize
+                    # cannot take every linear, so the ternarized row is gguf-py's TQ2_0 of
+                    # the linears that can be (the ffn_down; make ternary-real, make
+                    # eval-table), through gguf-to-ternary.
                     sh(conv + ["gguf-to-ternary", "-q", "--context", "1024", "-o", b, TERNARY_SOURCE[m]])
                 else:
                     sh(conv + ["gguf-to-ternary", "-q", "--context", "1024", *spec, "-o", b, src])

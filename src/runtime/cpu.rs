@@ -14,8 +14,10 @@
 //! - the gated FFN `down(act(gate h) * up h)`.
 //!
 //! A prefill chunk runs each matrix as one matrix-matrix product ([`matvec::matmul_with`]:
-//! each weight read once per chunk) and everything else token by token with the same code
-//! as a decode step, so its logits have the same bits as single steps.
+//! each weight read once per chunk), attention as one pass per head over the chunk's
+//! positions (each KV head's keys and values widened once), and everything else token by
+//! token, all with a decode step's arithmetic, so its logits have the same bits as single
+//! steps.
 
 use rayon::prelude::*;
 
