@@ -8,6 +8,9 @@
 //!
 //! Usage: `gpu_decode_profile BUNDLE [PROMPT_TOKENS=512] [STEPS=8]` (the bundle's kernels, or
 //! with `LOWBIT_PROFILE_BUILTIN=1` the ones built in; the adapter needs TIMESTAMP_QUERY).
+//! With `LOWBIT_PROFILE_PREFILL=N` each "step" is instead a prefill chunk of N tokens (the
+//! smallest bucket that holds them), the chunks one after another from position
+//! PROMPT_TOKENS, so the table is per chunk.
 use std::collections::BTreeMap;
 
 use lowbit::runtime::gpu::backend::GpuBackend;
@@ -43,8 +46,18 @@ fn main() -> anyhow::Result<()> {
     let mut step_ns = Vec::new();
     let mut by_label: BTreeMap<String, (f64, usize)> = BTreeMap::new();
     let mut items_ns = 0.0;
+    let chunk: Option<usize> = std::env::var("LOWBIT_PROFILE_PREFILL")
+        .ok()
+        .map(|s| s.parse())
+        .transpose()?;
     for i in 0..steps {
-        let (step, items) = be.profile_decode(ids[i % ids.len()], prompt + i)?;
+        let (step, items) = match chunk {
+            Some(c) => {
+                let span: Vec<u32> = (0..c).map(|j| ids[(i + j) % ids.len()]).collect();
+                be.profile_span(&span, prompt + i * c)?
+            }
+            None => be.profile_decode(ids[i % ids.len()], prompt + i)?,
+        };
         step_ns.push(step);
         for (label, ns) in items {
             // The kernel's name as it is, the weight's layer numbers as `#`.

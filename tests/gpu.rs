@@ -865,3 +865,186 @@ fn int8_decode_kernel_matches_the_cpu_int8_arithmetic() {
     };
     assert!(matches!(e, GpuError::Shape { .. }), "{e}");
 }
+
+/// The int8 prefill product of a ternary weight (`weights::mmq_name`, x quantized once by
+/// `weights::Q8_QUANTIZE`; what `bind_matmul` binds for two or more tokens with `int8`)
+/// against the CPU's int8 arithmetic, token by token: each token's x quantized per block of
+/// 256 by `q8::quantize`, each row `sum_b d_b * da_b * (sum c*q - sum q)` in f64. Tolerance
+/// per output: f32 rounding of the block terms and their sequential sum,
+/// `4 * (K/256 + 4) * 2^-24 * S` with `S = sum_k |d da (c - 1) q|`, plus `|d_b * da_b|` for
+/// every element whose `x / da` lies within 1e-4 of a rounding tie (the GPU's `1 / da` may
+/// round to a neighbouring f32). Both workgroup shapes (16 and 64 tokens), token counts that
+/// leave a partial workgroup, rows past one workgroup's 128, the residual epilogue, and row
+/// chunks over several bindings (the same bits as one binding). Rows with an inf in x come
+/// out non-finite.
+#[test]
+fn int8_prefill_product_matches_the_cpu_int8_arithmetic() {
+    use lowbit::runtime::gpu::weights;
+    use lowbit::runtime::q8;
+    let int8 = ContextOptions {
+        int8: true,
+        ..Default::default()
+    };
+    let Some(ctx) = context_for_tests(&int8) else {
+        return;
+    };
+    if !ctx.decodes_int8(4096) {
+        eprintln!(
+            "note: {} takes no int8 ternary products (no SUBGROUP feature)",
+            ctx.info.name
+        );
+        return;
+    }
+    let small = context_for_tests(&ContextOptions {
+        max_binding_bytes: Some(16 * 1024),
+        ..int8.clone()
+    })
+    .unwrap();
+    let registered: Vec<String> = gpu::kernels::all().into_iter().map(|k| k.name).collect();
+    for tt in weights::MMQ_TOKENS_PER_INVOCATION {
+        assert!(registered.contains(&weights::mmq_name(tt)));
+    }
+    assert!(registered.iter().any(|n| n == weights::Q8_QUANTIZE));
+    let mut seed = 53u64;
+    for (rows, cols, ns) in [
+        (37usize, 256usize, &[2usize, 17][..]),
+        (300, 1280, &[5, 64, 70][..]),
+        (130, 4096, &[16, 130][..]),
+    ] {
+        let (words, scales) = random_weight(rows, cols, &mut seed);
+        let up = |c: &GpuContext| {
+            c.upload_ternary_weight(
+                "w",
+                rows,
+                cols,
+                bytemuck::cast_slice(&words),
+                bytemuck::cast_slice(&scales),
+            )
+            .unwrap()
+        };
+        let (w, chunked) = (up(&ctx), up(&small));
+        let blocks = cols / 256;
+        for &n in ns {
+            let mut x: Vec<f32> = Vec::with_capacity(n * cols);
+            for t in 0..n {
+                let scale = [3.0f32, 0.01, 250.0, 1.0][t % 4];
+                x.extend(random_x(cols, &mut seed).iter().map(|v| v * scale));
+            }
+            // An all-zero block in one token.
+            x[cols..cols + 256].fill(0.0);
+            let mut near = 0usize;
+            let mut worst = 0f64;
+            let y = ctx.run_matmul(&w, &x, n as u32).unwrap();
+            let yc = small.run_matmul(&chunked, &x, n as u32).unwrap();
+            assert!(chunked.chunks.len() > 1 || rows * cols / 4 <= 16 * 1024);
+            assert_eq!(
+                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                yc.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "[{rows}, {cols}] n={n}: {} chunks against one",
+                chunked.chunks.len()
+            );
+            for t in 0..n {
+                let h = &x[t * cols..(t + 1) * cols];
+                let qa = q8::quantize(h, 256);
+                for r in 0..rows {
+                    let (mut sum, mut s_abs, mut flips) = (0f64, 0f64, 0f64);
+                    for b in 0..blocks {
+                        let d = half::f16::from_bits(scales[r * blocks + b]).to_f64()
+                            * qa.d[b] as f64;
+                        let mut isum = 0i64;
+                        for k in b * 256..(b + 1) * 256 {
+                            let c = (words[(r * cols + k) / 16] >> (2 * (k % 16))) & 3;
+                            let q = qa.q[k] as i64;
+                            isum += (c as i64 - 1) * q;
+                            s_abs += (d * ((c as i64 - 1) * q) as f64).abs();
+                            if qa.d[b] > 0.0 {
+                                let v = h[k] as f64 / qa.d[b] as f64;
+                                if (v.abs().fract() - 0.5).abs() < 1e-4 {
+                                    flips += d.abs();
+                                    near += 1;
+                                }
+                            }
+                        }
+                        sum += d * isum as f64;
+                    }
+                    let tol = 4.0 * (blocks + 4) as f64 * f32::EPSILON as f64 / 2.0 * s_abs
+                        + flips
+                        + 1e-30;
+                    let g = y[t * rows + r] as f64;
+                    let ratio = (g - sum).abs() / tol;
+                    assert!(
+                        ratio <= 1.0,
+                        "[{rows}, {cols}] n={n}: token {t} row {r}: gpu {g} want {sum}, |diff| {:e} > tolerance {tol:e}",
+                        (g - sum).abs()
+                    );
+                    worst = worst.max(ratio);
+                }
+            }
+            eprintln!(
+                "int8 prefill [{rows}, {cols}] n={n}: worst output at {worst:.2e} of the tolerance ({near} elements near a tie)"
+            );
+            // The residual epilogue: y0 + product * 0.5.
+            let xb = ctx.upload_bytes("x", bytemuck::cast_slice(&x)).unwrap();
+            let y0: Vec<f32> = (0..n * rows).map(|i| i as f32 * 0.25 - 3.0).collect();
+            let yb = ctx.vector_buffer("y", n * rows);
+            ctx.queue.write_buffer(&yb, 0, bytemuck::cast_slice(&y0));
+            let bound = ctx
+                .bind_matmul_with(
+                    &w,
+                    &xb,
+                    &gpu::ops::BufView::whole(&yb),
+                    n as u32,
+                    gpu::Epilogue::Accumulate(0.5),
+                )
+                .unwrap();
+            assert_eq!(bound.dispatches(), 2, "the quantization pass and the product");
+            let mut enc = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                bound.encode(&mut pass);
+            }
+            ctx.queue.submit([enc.finish()]);
+            let acc: Vec<f32> =
+                bytemuck::cast_slice(&ctx.read_buffer(&yb, (n * rows * 4) as u64).unwrap())
+                    .to_vec();
+            for i in 0..n * rows {
+                let want = y0[i] + y[i] * 0.5;
+                let fused = y[i].mul_add(0.5, y0[i]);
+                assert!(
+                    acc[i] == want || acc[i] == fused,
+                    "[{rows}, {cols}] n={n}: accumulated y[{i}] = {}, want {want}",
+                    acc[i]
+                );
+            }
+        }
+    }
+    // An inf in one token's x: that token's rows touching the block are non-finite (or the
+    // block's scale is 0), the other tokens' rows finite.
+    let (rows, cols, n) = (40usize, 1024usize, 3usize);
+    let (words, scales) = random_weight(rows, cols, &mut seed);
+    let w = ctx
+        .upload_ternary_weight(
+            "w",
+            rows,
+            cols,
+            bytemuck::cast_slice(&words),
+            bytemuck::cast_slice(&scales),
+        )
+        .unwrap();
+    let mut x = random_x(n * cols, &mut seed);
+    x[cols + 700] = f32::INFINITY;
+    let y = ctx.run_matmul(&w, &x, n as u32).unwrap();
+    for t in 0..n {
+        for r in 0..rows {
+            let v = y[t * rows + r];
+            let d = half::f16::from_bits(scales[r * 4 + 2]).to_f32();
+            if t == 1 {
+                assert!(!v.is_finite() || d == 0.0, "token 1 row {r}: {v}");
+            } else {
+                assert!(v.is_finite(), "token {t} row {r}: {v}");
+            }
+        }
+    }
+}

@@ -161,16 +161,28 @@ fn tiny_minicpm_ternary_gpu_equals_cpu() {
     let Some(opts) = gpu_options() else { return };
     let src = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
     let (_d, b) = make_bundle(&["gguf-to-ternary"], &src);
+    // The default: the ternary products of prefill and decode take int8 activations where
+    // the adapter has subgroups, held to the CPU's f32 reference within the int8 tolerance.
     check_model(
         "minicpm-tiny",
         &b,
         &prompts("minicpm-tiny-tq2_0", 4),
-        TOL,
+        INT8_TOL,
         &opts,
     );
-    // Prompts as single decode steps: the first-step logits then come from the decode graph,
-    // whose ternary products take int8 activations where the adapter has subgroups (the
-    // prefill graph's take f32); held to the CPU's f32 reference within the int8 tolerance.
+    // --kernel f32 with the prompt through the buckets: f32 prefill products, as tight as
+    // the CPU f32 reference's own tolerance.
+    check_model(
+        "minicpm-tiny (--kernel f32)",
+        &b,
+        &prompts("minicpm-tiny-tq2_0", 4),
+        TOL,
+        &LoadOptions {
+            kernel: runtime::Kernel::F32,
+            ..opts.clone()
+        },
+    );
+    // Prompts as single decode steps: the first-step logits then come from the decode graph.
     check_model(
         "minicpm-tiny (decode steps only)",
         &b,
@@ -367,10 +379,10 @@ fn decode_uses_the_bundles_int8_kernels() {
             },
         )
         .unwrap();
-        (be.info().kernel, be.decode_labels())
+        (be.info().kernel, be.decode_labels(), be.prefill_labels())
     };
     let ctx = lowbit::runtime::gpu::context_for_tests(&Default::default()).unwrap();
-    let (kernel, int8) = labels(runtime::Kernel::Int8);
+    let (kernel, int8, prefill) = labels(runtime::Kernel::Int8);
     let ternary: Vec<&String> = int8
         .iter()
         .filter(|l| l.starts_with("ternary_matvec"))
@@ -395,10 +407,22 @@ fn decode_uses_the_bundles_int8_kernels() {
         "{ternary:?}"
     );
     assert!(ternary.iter().any(|l| l.contains("_rms ")), "{ternary:?}");
-    let (kernel, f32s) = labels(runtime::Kernel::F32);
+    // The prefill graph's ternary products: the int8 prefill product, each with its
+    // quantization pass (one item; `mmq` in the label).
+    let mmq: Vec<&String> = prefill.iter().filter(|l| l.contains("_mmq_")).collect();
+    assert_eq!(mmq.len(), 2 * 4, "{prefill:?}");
+    assert!(
+        prefill.iter().all(|l| !l.starts_with("weights_ternary2_matmul")),
+        "{prefill:?}"
+    );
+    let (kernel, f32s, f32_prefill) = labels(runtime::Kernel::F32);
     assert_eq!(kernel, "f32");
     assert!(
         f32s.iter().all(|l| !l.starts_with("ternary_matvec_q8_")),
         "{f32s:?}"
+    );
+    assert!(
+        f32_prefill.iter().all(|l| !l.contains("_mmq_")),
+        "{f32_prefill:?}"
     );
 }

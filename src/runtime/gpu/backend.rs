@@ -519,16 +519,33 @@ impl GpuBackend {
         self.graphs[0].items.iter().map(|i| i.label()).collect()
     }
 
+    /// The labels of the largest prefill bucket's dispatch list, as [`Self::decode_labels`]
+    /// (the decode step's where the only bucket is 1).
+    pub fn prefill_labels(&self) -> Vec<String> {
+        let g = self.graphs.last().expect("the decode graph at least");
+        g.items.iter().map(|i| i.label()).collect()
+    }
+
     /// Times one decode step of `token` at `pos` on the device, for tools
-    /// (`examples/gpu_decode_profile.rs`): first the whole step as one compute pass, then
-    /// each item of its dispatch list (an op, or a product's dispatches) in a pass of its own,
-    /// both from timestamp queries. Returns the step's nanoseconds and `(label, ns)` per item,
-    /// in order (a pass per item adds its own start and end, so the items add up to more
-    /// than the step). Writes the KV cache at `pos`, as a decode step does. Needs the
-    /// adapter's TIMESTAMP_QUERY.
+    /// (`examples/gpu_decode_profile.rs`): [`Self::profile_span`] of one token.
     pub fn profile_decode(
         &mut self,
         token: u32,
+        pos: usize,
+    ) -> Result<(f64, Vec<(String, f64)>), RuntimeError> {
+        self.profile_span(&[token], pos)
+    }
+
+    /// Times the graph that runs `tokens` at `pos` (the decode step for one token, else the
+    /// smallest prefill bucket that holds them) on the device: first the whole graph as one
+    /// compute pass, then each item of its dispatch list (an op, or a product's dispatches) in
+    /// a pass of its own, both from timestamp queries. Returns the graph's nanoseconds and
+    /// `(label, ns)` per item, in order (a pass per item adds its own start and end, so the
+    /// items add up to more than the graph). Writes the KV cache at the span's positions, as
+    /// running it does. Needs the adapter's TIMESTAMP_QUERY.
+    pub fn profile_span(
+        &mut self,
+        tokens: &[u32],
         pos: usize,
     ) -> Result<(f64, Vec<(String, f64)>), RuntimeError> {
         if !self.ctx.has_timestamps() {
@@ -538,14 +555,22 @@ impl GpuBackend {
                 feature: "TIMESTAMP_QUERY",
             }));
         }
-        self.check_span(&[token], pos, 1)?;
-        let g = &self.graphs[0];
+        let max = *self.buckets.last().unwrap_or(&1);
+        self.check_span(tokens, pos, max.max(1))?;
+        let gi = self
+            .graphs
+            .iter()
+            .position(|g| g.acts.s >= tokens.len())
+            .unwrap_or(self.graphs.len() - 1);
+        let g = &self.graphs[gi];
         let n = g.items.len() + 1;
         let q = &self.ctx.queue;
-        q.write_buffer(&g.acts.ids, 0, bytemuck::bytes_of(&token));
+        let mut ids = vec![0u32; g.acts.s];
+        ids[..tokens.len()].copy_from_slice(tokens);
+        q.write_buffer(&g.acts.ids, 0, bytemuck::cast_slice(&ids));
         let step = Step {
             pos0: pos as u32,
-            n: 1,
+            n: tokens.len() as u32,
             _pad: [0; 2],
         };
         q.write_buffer(&g.acts.step, 0, bytemuck::bytes_of(&step));
@@ -597,7 +622,7 @@ impl GpuBackend {
             .chunks_exact(2)
             .map(|p| p[1].saturating_sub(p[0]) as f64 * period)
             .collect();
-        self.next_pos = pos + 1;
+        self.next_pos = pos + tokens.len();
         self.has_logits = true;
         self.host_logits_valid = false;
         Ok((

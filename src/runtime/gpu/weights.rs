@@ -141,6 +141,8 @@ const GATHER_WGSL: &str = include_str!("shaders/weights/gather.wgsl");
 const STORE_WGSL: &str = include_str!("shaders/weights/store.wgsl");
 const REDUCE_SUBGROUP_WGSL: &str = include_str!("shaders/weights/reduce_subgroup.wgsl");
 const REDUCE_WORKGROUP_WGSL: &str = include_str!("shaders/weights/reduce_workgroup.wgsl");
+const Q8_QUANTIZE_WGSL: &str = include_str!("shaders/weights/q8_quantize.wgsl");
+const MMQ_TERNARY2_WGSL: &str = include_str!("shaders/weights/mmq_ternary2.wgsl");
 
 /// Elements of a unit, the 32 consecutive elements of a row each kernel decodes at once; `K`
 /// must be a multiple of it.
@@ -156,6 +158,117 @@ pub const MATMUL_TOKENS: u32 = 8;
 pub const WORKGROUP: u32 = 64;
 /// Invocations per workgroup of the gather.
 pub const GATHER_WORKGROUP: u32 = 64;
+
+/// The int8 prefill product of a `ternary2` weight (`shaders/weights/mmq_ternary2.wgsl`):
+/// rows per invocation (`TR`), invocations along the rows (`WR`) and along the tokens (`WT`).
+const MMQ_TR: u32 = 8;
+const MMQ_WR: u32 = 16;
+const MMQ_WT: u32 = 16;
+/// Tokens per invocation (`TT`) of its variants: 4 (64 tokens per workgroup) for chunks of
+/// 64 tokens and more, 1 (16 tokens) below.
+pub const MMQ_TOKENS_PER_INVOCATION: [u32; 2] = [1, 4];
+/// The quantization pass before it (`shaders/weights/q8_quantize.wgsl`).
+pub const Q8_QUANTIZE: &str = "weights_q8_quantize_wg64";
+
+/// The name of the int8 prefill product with `tt` tokens per invocation:
+/// `weights_ternary2_mmq_r128_t64_wg256` (rows and tokens per workgroup, invocations).
+pub fn mmq_name(tt: u32) -> String {
+    format!(
+        "weights_ternary2_mmq_r{}_t{}_wg{}",
+        MMQ_TR * MMQ_WR,
+        tt * MMQ_WT,
+        MMQ_WR * MMQ_WT
+    )
+}
+
+/// Workgroup memory of the int8 prefill product with `tt` tokens per invocation (bytes):
+/// code words (rows padded to 17 words), activation groups (tokens padded to 17 groups of 16
+/// bytes), the rows' scales and the tokens' `da` and sum q.
+fn mmq_shared_bytes(tt: u32) -> u64 {
+    let (r, t) = ((MMQ_TR * MMQ_WR) as u64, (tt * MMQ_WT) as u64);
+    r * 17 * 4 + t * 17 * 16 + r * 4 + t * 8
+}
+
+/// The entry point of the int8 prefill product, unrolled over its `MMQ_TR` rows and `tt`
+/// tokens per invocation (`shaders/weights/mmq_ternary2.wgsl` describes the work split).
+fn mmq_main(tt: u32) -> String {
+    use std::fmt::Write;
+    let mut m = String::new();
+    let pairs: Vec<(u32, u32)> = (0..MMQ_TR)
+        .flat_map(|i| (0..tt).map(move |j| (i, j)))
+        .collect();
+    // `writeln!` into a String cannot fail.
+    let mut w = |line: String| {
+        let _ = writeln!(m, "{line}");
+    };
+    w("@compute @workgroup_size(WG)".into());
+    w("fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {".into());
+    w("    let row0 = (wid.y * params.groups_x + wid.x) * R;".into());
+    w("    // The same for the whole workgroup: no barrier is skipped by some invocations only.".into());
+    w("    if row0 >= params.rows {".into());
+    w("        return;".into());
+    w("    }".into());
+    w("    let t0 = wid.z * T;".into());
+    w("    let ir = lid % WR;".into());
+    w("    let it = lid / WR;".into());
+    w("    let blocks = params.cols / 256u;".into());
+    for &(i, j) in &pairs {
+        w(format!("    var acc{i}_{j} = 0.0;"));
+    }
+    w("    for (var b = 0u; b < blocks; b++) {".into());
+    w("        stage(lid, b, row0, t0);".into());
+    w("        workgroupBarrier();".into());
+    for &(i, j) in &pairs {
+        w(format!("        var s{i}_{j}: i32 = 0;"));
+    }
+    w("        for (var k = 0u; k < 16u; k++) {".into());
+    for i in 0..MMQ_TR {
+        w(format!("            let c{i} = wc[(ir + {i}u * WR) * CS + k];"));
+    }
+    for j in 0..tt {
+        w(format!("            let x{j} = wx[(it + {j}u * WT) * GS + k];"));
+    }
+    for &(i, j) in &pairs {
+        w(format!("            s{i}_{j} += word_dot(c{i}, x{j});"));
+    }
+    w("        }".into());
+    for i in 0..MMQ_TR {
+        w(format!("        let d{i} = wd[ir + {i}u * WR];"));
+    }
+    for j in 0..tt {
+        w(format!("        let da{j} = wa[it + {j}u * WT];"));
+        w(format!("        let sq{j} = wq[it + {j}u * WT];"));
+    }
+    for &(i, j) in &pairs {
+        w(format!(
+            "        acc{i}_{j} += (d{i} * da{j}) * f32(s{i}_{j} - sq{j});"
+        ));
+    }
+    w("        workgroupBarrier();".into());
+    w("    }".into());
+    for &(i, j) in &pairs {
+        w(format!(
+            "    if row0 + ir + {i}u * WR < params.rows && t0 + it + {j}u * WT < params.n_tokens {{"
+        ));
+        w(format!(
+            "        store_y(t0 + it + {j}u * WT, params.row0 + row0 + ir + {i}u * WR, acc{i}_{j});"
+        ));
+        w("    }".into());
+    }
+    w("}".into());
+    m
+}
+
+/// The complete module of the int8 prefill product with `tt` tokens per invocation.
+fn mmq_source(tt: u32) -> String {
+    format!(
+        "// {}: generated by src/runtime/gpu/weights.rs from shaders/weights/mmq_ternary2.wgsl\nconst TR: u32 = {MMQ_TR}u;\nconst WR: u32 = {MMQ_WR}u;\nconst TT: u32 = {tt}u;\nconst WT: u32 = {MMQ_WT}u;\nconst WG: u32 = {}u;\n\n{COMMON_WGSL}\n{}\n{STORE_WGSL}\n{MMQ_TERNARY2_WGSL}\n{}",
+        mmq_name(tt),
+        MMQ_WR * MMQ_WT,
+        super::Q8_COMMON_WGSL,
+        mmq_main(tt)
+    )
+}
 
 /// The GGML types with kernels here, in ggml id order.
 pub const GGUF_TYPES: [GgmlType; 15] = [
@@ -418,6 +531,19 @@ pub fn sources() -> Vec<KernelSource> {
             wgsl: source_of(d, WeightOp::Gather, Reduction::Workgroup),
         });
     }
+    v.push(KernelSource {
+        name: Q8_QUANTIZE.into(),
+        wgsl: format!(
+            "// {Q8_QUANTIZE}: generated by src/runtime/gpu/weights.rs from shaders/weights/q8_quantize.wgsl\n{}\n{Q8_QUANTIZE_WGSL}",
+            super::Q8_COMMON_WGSL
+        ),
+    });
+    for tt in MMQ_TOKENS_PER_INVOCATION {
+        v.push(KernelSource {
+            name: mmq_name(tt),
+            wgsl: mmq_source(tt),
+        });
+    }
     v
 }
 
@@ -436,13 +562,18 @@ pub fn matmul_tolerance(cols: usize, abs_wx: f64) -> f64 {
 pub struct Bound {
     pipeline: wgpu::ComputePipeline,
     parts: Vec<(wgpu::BindGroup, [u32; 3])>,
+    /// A pass encoded before this one's (the int8 prefill product's quantization of x).
+    pre: Option<Box<Bound>>,
     /// `kernel weight`, for profiles.
     pub label: String,
 }
 
 impl Bound {
-    /// Records the dispatches (one per row chunk) into `pass`.
+    /// Records the dispatches (one per row chunk, after the pre pass's) into `pass`.
     pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+        if let Some(p) = &self.pre {
+            p.encode(pass);
+        }
         pass.set_pipeline(&self.pipeline);
         for (bg, [gx, gy, gz]) in &self.parts {
             pass.set_bind_group(0, bg, &[]);
@@ -450,9 +581,9 @@ impl Bound {
         }
     }
 
-    /// Dispatches per encode (one per row chunk).
+    /// Dispatches per encode (one per row chunk, and the pre pass's).
     pub fn dispatches(&self) -> usize {
-        self.parts.len()
+        self.parts.len() + self.pre.as_ref().map_or(0, |p| p.dispatches())
     }
 }
 
@@ -460,6 +591,7 @@ impl From<BoundMatvec> for Bound {
     fn from(b: BoundMatvec) -> Bound {
         Bound {
             label: b.label,
+            pre: None,
             pipeline: b.pipeline,
             parts: b
                 .parts
@@ -1044,6 +1176,11 @@ impl GpuContext {
                 .bind_matvec_with(&t, x, y, &self.decode_matvec_plain(w), epilogue)?
                 .into());
         }
+        if w.format == WeightFormat::Ternary {
+            if let Some(b) = self.bind_ternary_mmq(w, x, y, n_tokens, epilogue)? {
+                return Ok(b);
+            }
+        }
         let (op, rows_per_wg, tok) = if n_tokens == 1 {
             (WeightOp::Matvec, MATVEC_ROWS, 1)
         } else {
@@ -1089,8 +1226,130 @@ impl GpuContext {
         Ok(Bound {
             pipeline,
             parts,
+            pre: None,
             label: format!("{kernel} {}", w.name),
         })
+    }
+
+    /// The int8 prefill product of a `ternary2` weight over `n_tokens > 1` tokens: x quantized
+    /// once by [`Q8_QUANTIZE`] into this context's scratch for the chunk's shape, then
+    /// [`mmq_name`] (64 tokens per workgroup from 64 tokens on, else 16), each weight block
+    /// read once per workgroup's tokens. `None` where it does not apply, and the f32 product
+    /// serves: one token, the context's ternary decode products are not int8
+    /// ([`GpuContext::decodes_int8`]: `--kernel f32`, no subgroups, K past the int8 kernels),
+    /// the sources lack either kernel (a bundle made before them), or the adapter's workgroup
+    /// memory is too small.
+    fn bind_ternary_mmq(
+        &self,
+        w: &GpuWeight,
+        x: &wgpu::Buffer,
+        y: &BufView,
+        n_tokens: u32,
+        epilogue: Epilogue,
+    ) -> Result<Option<Bound>, GpuError> {
+        const OP: &str = "ternary prefill product";
+        if n_tokens < 2 || !self.decodes_int8(w.cols) {
+            return Ok(None);
+        }
+        let tt = if n_tokens >= 64 { 4 } else { 1 };
+        let name = mmq_name(tt);
+        if !self.has_source(&name)
+            || !self.has_source(Q8_QUANTIZE)
+            || mmq_shared_bytes(tt) > self.limits.max_compute_workgroup_storage_size as u64
+        {
+            return Ok(None);
+        }
+        let gz = n_tokens.div_ceil(tt * MMQ_WT);
+        if n_tokens > MAX_WORKGROUPS_PER_DIM {
+            return Err(GpuError::Limit {
+                op: OP,
+                what: "tokens",
+                needed: n_tokens as u64,
+                limit: MAX_WORKGROUPS_PER_DIM as u64,
+            });
+        }
+        let (xq, xs) = self.q8_scratch(n_tokens, w.cols);
+        let qpipe = self.pipeline_named(Q8_QUANTIZE, None)?;
+        let qparams = self.uniform("q8 quantize params", bytemuck::cast_slice(&[w.cols as u32, n_tokens, 0, 0]));
+        let qbg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(Q8_QUANTIZE),
+            layout: &qpipe.get_bind_group_layout(0),
+            entries: &[
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: x.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: xq.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 2,
+                    resource: xs.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 3,
+                    resource: qparams.as_entire_binding(),
+                },
+            ],
+        });
+        let quantize = Bound {
+            pipeline: qpipe,
+            parts: vec![(qbg, [(w.cols as u32 / 16).div_ceil(64), n_tokens, 1])],
+            pre: None,
+            label: format!("{Q8_QUANTIZE} {}", w.name),
+        };
+        let pipeline = self.pipeline_named(&name, None)?;
+        let layout = pipeline.get_bind_group_layout(0);
+        let rows_per_wg = (MMQ_TR * MMQ_WR) as usize;
+        let mut parts = Vec::with_capacity(w.chunks.len());
+        for c in &w.chunks {
+            let groups = c.rows.div_ceil(rows_per_wg) as u64;
+            let (gx, gy) = grid(groups).ok_or(GpuError::Limit {
+                op: OP,
+                what: "workgroups",
+                needed: groups,
+                limit: MAX_WORKGROUPS_PER_DIM as u64 * MAX_WORKGROUPS_PER_DIM as u64,
+            })?;
+            let params = self.weight_params(w, c, gx, n_tokens, epilogue);
+            let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(&w.name),
+                layout: &layout,
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: c.data.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: c.aux.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 2,
+                        resource: xq.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 3,
+                        resource: y.binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 4,
+                        resource: params.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 5,
+                        resource: xs.as_entire_binding(),
+                    },
+                ],
+            });
+            parts.push((bg, [gx, gy, gz]));
+        }
+        Ok(Some(Bound {
+            pipeline,
+            parts,
+            pre: Some(Box::new(quantize)),
+            label: format!("{name} {}", w.name),
+        }))
     }
 
     /// One token's product with ops folded in ([`Fuse`]), where this weight and adapter have
@@ -1196,6 +1455,7 @@ impl GpuContext {
         Ok(Bound {
             pipeline,
             parts,
+            pre: None,
             label: format!("{kernel} {}", w.name),
         })
     }

@@ -96,35 +96,10 @@ fn scale_at(i: u32) -> f32 {
     return f16_bits_to_f32((w >> ((i & 1u) * 16u)) & 0xffffu);
 }
 
-// Whether each lane of v is a NaN, from its bits (WGSL lets an implementation assume that
-// float comparisons never see a NaN).
-fn nan4(v: vec4<f32>) -> vec4<bool> {
-    return (bitcast<vec4<u32>>(v) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
-}
-
-// round(t) half away from zero (Rust's f32::round, the CPU's), clamped to +-127, 0 for a NaN
-// (as Rust's `as i8` gives; the NaN itself reaches the row through its block's scale, below).
-// WGSL's round is half to even; a tie is exactly t - trunc(t) = +-0.5.
-fn quant4(t: vec4<f32>) -> vec4<i32> {
-    let tr = trunc(t);
-    let tie = abs(t - tr) == vec4<f32>(0.5);
-    let r = select(round(t), tr + sign(t), tie);
-    let q = clamp(r, vec4<f32>(-127.0), vec4<f32>(127.0));
-    return vec4<i32>(select(q, vec4<f32>(0.0), nan4(t)));
-}
-
 // Where group g is stored.
 fn xq_index(g: u32) -> u32 {
     let u = g >> 2u;
     return 4u * u + ((g & 3u) ^ ((u >> 1u) & 3u));
-}
-
-const M2 = 0x03030303u;
-
-// sum c*q over the 16 elements of code word w and activation words xw (layout above).
-fn word_dot(w: u32, xw: vec4<u32>) -> i32 {
-    return (dot4I8Packed(w & M2, xw.x) + dot4I8Packed((w >> 2u) & M2, xw.y))
-        + (dot4I8Packed((w >> 4u) & M2, xw.z) + dot4I8Packed((w >> 6u) & M2, xw.w));
 }
 
 // sum c*q over the 64 elements of unit w (activation groups xa..xd).
