@@ -949,8 +949,8 @@ fn int8_prefill_product_matches_the_cpu_int8_arithmetic() {
                 for r in 0..rows {
                     let (mut sum, mut s_abs, mut flips) = (0f64, 0f64, 0f64);
                     for b in 0..blocks {
-                        let d = half::f16::from_bits(scales[r * blocks + b]).to_f64()
-                            * qa.d[b] as f64;
+                        let d =
+                            half::f16::from_bits(scales[r * blocks + b]).to_f64() * qa.d[b] as f64;
                         let mut isum = 0i64;
                         for k in b * 256..(b + 1) * 256 {
                             let c = (words[(r * cols + k) / 16] >> (2 * (k % 16))) & 3;
@@ -997,7 +997,11 @@ fn int8_prefill_product_matches_the_cpu_int8_arithmetic() {
                     gpu::Epilogue::Accumulate(0.5),
                 )
                 .unwrap();
-            assert_eq!(bound.dispatches(), 2, "the quantization pass and the product");
+            assert_eq!(
+                bound.dispatches(),
+                2,
+                "the quantization pass and the product"
+            );
             let mut enc = ctx
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });

@@ -412,7 +412,9 @@ fn decode_uses_the_bundles_int8_kernels() {
     let mmq: Vec<&String> = prefill.iter().filter(|l| l.contains("_mmq_")).collect();
     assert_eq!(mmq.len(), 2 * 4, "{prefill:?}");
     assert!(
-        prefill.iter().all(|l| !l.starts_with("weights_ternary2_matmul")),
+        prefill
+            .iter()
+            .all(|l| !l.starts_with("weights_ternary2_matmul")),
         "{prefill:?}"
     );
     let (kernel, f32s, f32_prefill) = labels(runtime::Kernel::F32);

@@ -714,8 +714,8 @@ fn run_read(ctx: &GpuContext, bound: &weights::Bound, y: &wgpu::Buffer, n: usize
 /// A stacked weight (Q, K and V of a layer as one, `GpuWeight::parts`) stores each part's
 /// products as its own `[n, rows_j]` block, part after part: bit for bit each part's own
 /// product (a row's sum does not depend on the rows beside it), for one token (the tuned
-/// ternary kernel) and for three (the prefill product), both reductions, one chunk and
-/// several. The residual epilogue (`Epilogue::Accumulate`) into a view at an offset gives
+/// ternary kernel) and for three (the prefill product; for ternary with int8 activations the
+/// int8 prefill product), both reductions, one chunk and several. The residual epilogue (`Epilogue::Accumulate`) into a view at an offset gives
 /// `y0 + product * scale` as the CPU's residual add computes it (bit for bit with scale 1,
 /// within one rounding otherwise: the GPU may fuse the multiply-add) and leaves the rest of
 /// the buffer alone.
@@ -725,8 +725,16 @@ fn stacked_weights_and_the_residual_epilogue_match_the_parts() {
         max_binding_bytes: Some(8192),
         ..Default::default()
     });
+    // With int8 activations (where the adapter takes them) three ternary tokens run the int8
+    // prefill product: each part's outputs bit for bit its own, as with f32.
+    let int8 = context_for_tests(&ContextOptions {
+        int8: true,
+        ..Default::default()
+    })
+    .filter(|c| c.decodes_int8(512));
     let mut ctxs = contexts();
     ctxs.extend(capped.as_ref());
+    ctxs.extend(int8.as_ref());
     for ctx in ctxs {
         let mut seed = 21u64;
         let cases: Vec<Vec<Host>> = vec![

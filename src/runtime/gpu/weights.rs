@@ -204,7 +204,10 @@ fn mmq_main(tt: u32) -> String {
     w("@compute @workgroup_size(WG)".into());
     w("fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {".into());
     w("    let row0 = (wid.y * params.groups_x + wid.x) * R;".into());
-    w("    // The same for the whole workgroup: no barrier is skipped by some invocations only.".into());
+    w(
+        "    // The same for the whole workgroup: no barrier is skipped by some invocations only."
+            .into(),
+    );
     w("    if row0 >= params.rows {".into());
     w("        return;".into());
     w("    }".into());
@@ -223,10 +226,14 @@ fn mmq_main(tt: u32) -> String {
     }
     w("        for (var k = 0u; k < 16u; k++) {".into());
     for i in 0..MMQ_TR {
-        w(format!("            let c{i} = wc[(ir + {i}u * WR) * CS + k];"));
+        w(format!(
+            "            let c{i} = wc[(ir + {i}u * WR) * CS + k];"
+        ));
     }
     for j in 0..tt {
-        w(format!("            let x{j} = wx[(it + {j}u * WT) * GS + k];"));
+        w(format!(
+            "            let x{j} = wx[(it + {j}u * WT) * GS + k];"
+        ));
     }
     for &(i, j) in &pairs {
         w(format!("            s{i}_{j} += word_dot(c{i}, x{j});"));
@@ -1270,7 +1277,10 @@ impl GpuContext {
         }
         let (xq, xs) = self.q8_scratch(n_tokens, w.cols);
         let qpipe = self.pipeline_named(Q8_QUANTIZE, None)?;
-        let qparams = self.uniform("q8 quantize params", bytemuck::cast_slice(&[w.cols as u32, n_tokens, 0, 0]));
+        let qparams = self.uniform(
+            "q8 quantize params",
+            bytemuck::cast_slice(&[w.cols as u32, n_tokens, 0, 0]),
+        );
         let qbg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(Q8_QUANTIZE),
             layout: &qpipe.get_bind_group_layout(0),
