@@ -771,6 +771,10 @@ fn stacked_weights_and_the_residual_epilogue_match_the_parts() {
                 let total = n * host.rows;
                 let yb = ctx.vector_buffer("y", total);
                 let bound = ctx.bind_matmul(&w, &xb, &yb, n as u32).unwrap();
+                if n > 1 && host.key == "ternary2" && ctx.decodes_int8(host.cols) {
+                    assert!(bound.label.contains("_mmq_"), "{what}: {}", bound.label);
+                    assert_eq!(bound.dispatches(), 1 + w.chunks.len(), "{what}");
+                }
                 let y = run_read(ctx, &bound, &yb, total);
                 let mut start = 0;
                 for p in &parts {

@@ -1288,8 +1288,9 @@ pub struct ContextOptions {
     /// Use the workgroup-memory reduction in the weight kernels even where the adapter has
     /// subgroups ([`GpuContext::weight_reduction`]; tests run both paths).
     pub force_workgroup_reduction: bool,
-    /// Decode the ternary products with int8 activations ([`MatvecKernel::Q8`], `--kernel
-    /// int8`) where the adapter has subgroups and the sources have the kernel; else (and
+    /// Run the ternary products with int8 activations (`--kernel int8`): decode with
+    /// [`MatvecKernel::Q8`], prefill chunks with the int8 prefill product
+    /// ([`weights::mmq_name`]), where the adapter has subgroups and the sources have the kernel; else (and
     /// when false) with f32 activations.
     pub int8: bool,
 }

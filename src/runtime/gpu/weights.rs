@@ -52,6 +52,12 @@
 //!   and 8 tokens (grid z = `ceil(n_tokens / 8)`), decodes each unit once and dots it with
 //!   the 8 tokens' activations, so a weight block is read once per 8 tokens.
 //! - `weights_{enc}_gather_wg64`: one invocation per (token, unit).
+//! - `weights_ternary2_mmq_r128_t{64,16}_wg256` after `weights_q8_quantize_wg64`: a prefill
+//!   chunk of a `ternary2` weight with int8 activations ([`super::ContextOptions::int8`],
+//!   where decode is int8 too): the chunk's activations
+//!   quantized once into the context's scratch ([`GpuContext::q8_scratch`]), then 128 rows
+//!   and 64 tokens (16 below 64 tokens) per workgroup with exact integer block sums, each
+//!   weight byte read once per 64 (16) tokens (`shaders/weights/mmq_ternary2.wgsl`).
 //!
 //! The products store through `shaders/weights/store.wgsl`: a stacked weight
 //! ([`GpuContext::upload_stacked`], Q/K/V or gate/up as one; [`GpuWeight::parts`]) writes each
@@ -68,7 +74,8 @@
 //! # Limits
 //!
 //! A weight is split into row chunks whose `data` and `aux` each fit one storage binding
-//! ([`GpuContext::max_binding_bytes`], which tests cap small), one dispatch per chunk; the
+//! ([`GpuContext::max_binding_bytes`], which tests cap small), one dispatch per chunk (and
+//! for the int8 prefill product one quantization pass before them); the
 //! kernels take the chunk's first row as a parameter and never write rows outside it. A
 //! dispatch past 65,535 workgroups is a 2-D grid ([`super::grid`]). `ternary2` chunks are
 //! whole multiples of `min_storage_buffer_offset_alignment / 4` rows (the tuned kernel binds
@@ -105,7 +112,9 @@
 //! `gamma_K * A`. In the form `c * K * 2^-24 * A`, `c = (D + 1) / K`: 0.13 at K = 576,
 //! 0.018 at K = 4096, below 1 for every K >= 96. The single-token `ternary2` product is the ternary kernel's own bound,
 //! [`super::tolerance`] (`4 * K * 2^-24 * sum_k |d_b(k) x_k|`, in terms of the scales, not of
-//! the values). The tests print the worst ratio seen per type.
+//! the values). The int8 prefill product is held to the CPU's int8 arithmetic instead:
+//! `4 (K/256 + 4) 2^-24 S` with `S = sum_k |d da (c - 1) q|`, plus `|d da|` per element at a
+//! rounding tie (`tests/gpu.rs`). The tests print the worst ratio seen per type.
 //!
 //! # Speed (not tuned yet)
 //!
@@ -1137,7 +1146,8 @@ impl GpuContext {
     /// `n_tokens == 1` is the decode matvec (for `ternary2` the ternary kernel of
     /// [`GpuContext::default_matvec_config`]); larger
     /// `n_tokens` the prefill product, which reads each weight block once per
-    /// [`MATMUL_TOKENS`] tokens.
+    /// [`MATMUL_TOKENS`] tokens (a `ternary2` weight with int8 activations: the int8 prefill
+    /// product, once per 64 or 16 tokens).
     pub fn bind_matmul(
         &self,
         w: &GpuWeight,
@@ -1258,14 +1268,23 @@ impl GpuContext {
         if n_tokens < 2 || !self.decodes_int8(w.cols) {
             return Ok(None);
         }
-        let tt = if n_tokens >= 64 { 4 } else { 1 };
-        let name = mmq_name(tt);
-        if !self.has_source(&name)
-            || !self.has_source(Q8_QUANTIZE)
-            || mmq_shared_bytes(tt) > self.limits.max_compute_workgroup_storage_size as u64
-        {
+        // 64 tokens per workgroup from 64 tokens on, else 16; the 16-token kernel also where
+        // the adapter's workgroup memory or the sources do not take the 64-token one.
+        let fits = |tt: u32| {
+            self.has_source(&mmq_name(tt))
+                && mmq_shared_bytes(tt) <= self.limits.max_compute_workgroup_storage_size as u64
+        };
+        let Some(tt) = [4, 1]
+            .into_iter()
+            .filter(|&tt| tt == 1 || n_tokens >= 64)
+            .find(|&tt| fits(tt))
+        else {
+            return Ok(None);
+        };
+        if !self.has_source(Q8_QUANTIZE) {
             return Ok(None);
         }
+        let name = mmq_name(tt);
         let gz = n_tokens.div_ceil(tt * MMQ_WT);
         if n_tokens > MAX_WORKGROUPS_PER_DIM {
             return Err(GpuError::Limit {
@@ -1528,12 +1547,27 @@ mod tests {
     #[test]
     fn every_module_is_complete_and_named_by_its_parameters() {
         let all = sources();
-        // 24 decoders x (2 reductions x 2 products + 1 gather), less ternary2's 2 matvecs.
-        assert_eq!(all.len(), 24 * 5 - 2);
+        // 24 decoders x (2 reductions x 2 products + 1 gather), less ternary2's 2 matvecs,
+        // plus the int8 prefill path: the activation quantizer and one ternary mmq per
+        // tokens-per-invocation shape.
+        let int8: Vec<String> = std::iter::once(Q8_QUANTIZE.to_string())
+            .chain(MMQ_TOKENS_PER_INVOCATION.iter().map(|&t| mmq_name(t)))
+            .collect();
+        assert_eq!(int8.len(), 3);
+        assert_eq!(all.len(), 24 * 5 - 2 + int8.len());
+        let mut names = std::collections::HashSet::new();
         for k in &all {
+            assert!(names.insert(k.name.clone()), "duplicate kernel {}", k.name);
             assert!(k.wgsl.contains("fn main"), "{}", k.name);
-            assert!(k.wgsl.contains("fn unit"), "{}", k.name);
             assert!(k.wgsl.starts_with(&format!("// {}:", k.name)), "{}", k.name);
+            if int8.contains(&k.name) {
+                assert!(k.wgsl.contains("dot4I8Packed"), "{}", k.name);
+            } else {
+                assert!(k.wgsl.contains("fn unit"), "{}", k.name);
+            }
+        }
+        for n in &int8 {
+            assert!(names.contains(n), "{n} is not among the sources");
         }
         assert_eq!(
             kernel_name(

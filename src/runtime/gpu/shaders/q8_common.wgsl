@@ -1,9 +1,12 @@
 // int8 activations, shared by the int8 ternary kernels (ternary_matvec_q8.wgsl for decode,
 // weights/q8_quantize.wgsl and weights/mmq_ternary2.wgsl for prefill; the host prepends it).
 //
-// Quantization, as the CPU's int8 kernel does it (src/runtime/q8.rs): per block of 256,
-// da = max|x| / 127, q = round(x / da) (half away from zero, clamped to +-127), da = 0 and
-// q = 0 for an all-zero block; a NaN in the block makes da NaN.
+// Quantization, the CPU int8 kernel's formula (src/runtime/q8.rs): per block of 256,
+// da = max|x| / 127, q = round(x * (1 / da)) (half away from zero, clamped to +-127), da = 0
+// and q = 0 for an all-zero block. WGSL's division may differ from the CPU's in the last bit
+// (Vulkan allows 2.5 ulp), so da, and q at a rounding tie, may differ from the CPU's. A NaN
+// in the block makes da NaN here, so that every row it touches comes out NaN as with f32
+// activations (the CPU's max skips a NaN: its da stays finite and the NaN's q is 0).
 //
 // Group layout: 16-element group g (elements 16g..16g+15) is one vec4<u32> whose word k
 // holds the int8 q of elements 16g+k, 16g+4+k, 16g+8+k, 16g+12+k (bytes 0..3): then

@@ -12,10 +12,11 @@
 // workgroup memory once per TT tokens and an activation group once per TR rows; each weight
 // byte is read from memory once per T tokens.
 //
-// The block terms are the CPU int8 kernel's and the decode kernel's (same integers; the
-// terms' products rounded once each); the sum over blocks is sequential here, eight lanes
-// on the CPU and per unit on the GPU's decode kernel, so the results differ by f32 rounding
-// of that sum (and by a contracted multiply-add where the compiler forms one).
+// The block term is the CPU int8 kernel's formula, (d * da) * f32(sum c*q - sum q), from the
+// same quantization (q8_common.wgsl: da and a q at a rounding tie may differ from the CPU's
+// in the last bit); the sum over blocks is sequential here, in eight lanes on the CPU, and
+// the decode kernel forms its terms per 64-element unit, so the results differ by f32
+// rounding (and by a contracted multiply-add where the compiler forms one).
 //
 // The host prepends TR, WR, TT, WT, WG = WR * WT, common.wgsl, q8_common.wgsl and
 // store.wgsl, and appends `main` (weights.rs, unrolled over i and j).
