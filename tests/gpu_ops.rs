@@ -3,7 +3,7 @@
 //! `LOWBIT_REQUIRE_GPU=1` (set by `make test`), where they fail.
 
 use lowbit::runtime::cpu;
-use lowbit::runtime::gpu::ops::{Bindable, Step};
+use lowbit::runtime::gpu::ops::{self, Bindable, Step};
 use lowbit::runtime::gpu::{context_for_tests, ContextOptions, GpuContext};
 
 fn lcg(seed: &mut u64) -> f32 {
@@ -483,21 +483,46 @@ fn attention_case(
         ],
     );
     let st = step(ctx, pos0 as u32, n as u32);
-    run(
-        ctx,
-        "op_attention",
-        &[&qb, &kc, &vc, &part, &p, &st],
-        (heads as u32, splits as u32, n as u32),
+    // op_attention and every grouped (prefill) variant whose group divides heads / kv_heads:
+    // each head's result against the reference below (one workgroup takes `g` heads of one
+    // KV head).
+    let per_kv = heads / kv_heads;
+    let groups: Vec<usize> = (1..=ops::MAX_ATTENTION_GROUP)
+        .filter(|&g| per_kv.is_multiple_of(g))
+        .collect();
+    assert_eq!(
+        *groups.last().unwrap(),
+        ops::attention_group(heads, kv_heads)
     );
-    // chunk: the combine reads only the splits up to each token's position.
-    let p2 = params(ctx, &[heads as u32, hd as u32, splits as u32, chunk as u32]);
-    run(
-        ctx,
-        "op_attention_combine",
-        &[&part, &out, &p2, &st],
-        (heads as u32, n as u32, 1),
-    );
-    let got = read(ctx, &out, n * heads * hd);
+    let outs: Vec<(usize, Vec<f32>)> = groups
+        .iter()
+        .map(|&g| {
+            run(
+                ctx,
+                ops::attention_name(g),
+                &[&qb, &kc, &vc, &part, &p, &st],
+                ((heads / g) as u32, splits as u32, n as u32),
+            );
+            // chunk: the combine reads only the splits up to each token's position.
+            let p2 = params(ctx, &[heads as u32, hd as u32, splits as u32, chunk as u32]);
+            run(
+                ctx,
+                "op_attention_combine",
+                &[&part, &out, &p2, &st],
+                (heads as u32, n as u32, 1),
+            );
+            let got = read(ctx, &out, n * heads * hd);
+            // Clear the partials so that a variant that skipped a head cannot pass on the
+            // previous variant's values.
+            let zero = buf(ctx, &vec![f32::NAN; n * heads * splits * (hd + 2)]);
+            let mut enc = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            enc.copy_buffer_to_buffer(&zero, 0, &part, 0, part.size());
+            ctx.queue.submit([enc.finish()]);
+            (g, got)
+        })
+        .collect();
     let r16 = |x: f32| half::f16::from_f32(x).to_f32() as f64;
     let group = heads / kv_heads;
     let mut want = vec![0f32; n * heads * hd];
@@ -541,13 +566,15 @@ fn attention_case(
     // Scores of hd terms, exp, and a weighted sum: relative to the largest |v|, errors of a
     // few hundred ulps at these sizes (the softmax amplifies a score error e by e * |v|).
     let tol = (hd as f32 + (total as f32)) * 4.0 * f32::EPSILON;
-    check(
-        &format!("attention h{heads}/{kv_heads} hd{hd} pos0 {pos0} n {n} splits {splits} window {window}"),
-        &got,
-        &want,
-        &mag,
-        tol,
-    );
+    for (g, got) in &outs {
+        check(
+            &format!("attention group {g} h{heads}/{kv_heads} hd{hd} pos0 {pos0} n {n} splits {splits} window {window}"),
+            got,
+            &want,
+            &mag,
+            tol,
+        );
+    }
 }
 
 #[test]
@@ -555,14 +582,16 @@ fn split_attention_matches_an_f64_softmax() {
     let Some(ctx) = ctx() else { return };
     let mut seed = 3u64;
     // decode over a long range with many splits, GQA
-    attention_case(&ctx, 4, 2, 64, 600, 517, 1, 8, 0, &mut seed);
+    attention_case(&ctx, 16, 2, 64, 600, 517, 1, 8, 0, &mut seed);
     // a prefill chunk with causal masking inside it, one split
     attention_case(&ctx, 2, 1, 128, 64, 0, 20, 1, 0, &mut seed);
     // decode with the decode graph's split count for a 8192-position context (128 splits of
     // 64 positions, as `attention_splits` gives), GQA, head_dim 128 (MiniCPM4)
     attention_case(&ctx, 4, 2, 128, 8192, 700, 1, 128, 0, &mut seed);
     // a sliding window, head_dim 256 (Gemma 3)
-    attention_case(&ctx, 2, 1, 256, 300, 200, 3, 4, 64, &mut seed);
+    attention_case(&ctx, 4, 1, 256, 300, 200, 3, 4, 64, &mut seed);
+    // SmolLM2's 9 query heads over 3 KV heads (groups of 3), a prefill chunk over two splits
+    attention_case(&ctx, 9, 3, 64, 96, 40, 5, 2, 0, &mut seed);
 }
 
 #[test]

@@ -19,7 +19,7 @@
 //! other orders than the CPU's, so logits differ by f32 rounding (bounded per op in
 //! `tests/gpu_ops.rs` and `tests/gpu_backend.rs`).
 
-use super::ops::{grid_1d, Bindable, BufView, OpDispatch, Step, MAX_HEAD_DIM};
+use super::ops::{self, grid_1d, Bindable, BufView, OpDispatch, Step, MAX_HEAD_DIM};
 use super::weights::{Bound, GpuWeight};
 use super::{ContextOptions, Epilogue, Fuse, GpuContext, GpuError};
 use crate::arch::{Activation, RopeMode};
@@ -778,6 +778,24 @@ fn build_graph(
     // costs one more read of x and saves a dispatch: 206 -> 241 tok/s on the 8B shape,
     // BENCHMARKS.md) and `glu` with f32 activations (there each workgroup stages only a
     // tile of x, and the norm's extra pass over x cost an H200 more than the dispatch).
+    // Query heads per attention workgroup in a prefill chunk (grouped-query attention: the
+    // heads of a group share one KV head, whose keys and values the workgroup then reads
+    // once): `ops::attention_group`, or `LOWBIT_GPU_ATTN_GROUP` = N (a benchmarking knob; a
+    // divisor of heads / kv_heads up to 4, else the default); 1 for decode (its few
+    // workgroups are bound by latency: grouped, a decode step's attention ran 2.5x slower on
+    // an H200) and where the kernels lack the variant (a bundle made before them).
+    let group = std::env::var("LOWBIT_GPU_ATTN_GROUP")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&g| {
+            (1..=ops::MAX_ATTENTION_GROUP).contains(&g) && nkv > 0 && (nh / nkv).is_multiple_of(g)
+        })
+        .unwrap_or_else(|| ops::attention_group(nh, nkv));
+    let (group, attention) = match ops::attention_name(group) {
+        _ if s == 1 => (1, ops::attention_name(1)),
+        name if ctx.has_source(name) => (group, name),
+        _ => (1, ops::attention_name(1)),
+    };
     let fold = std::env::var("LOWBIT_GPU_FOLD").unwrap_or_default();
     let int8 = ctx.decodes_int8(e);
     let (fold_norm, fold_glu) = match fold.as_str() {
@@ -933,9 +951,9 @@ fn build_graph(
             kq_scale.to_bits(),
         ]);
         items.push(op(
-            "op_attention",
+            attention,
             &[qf, kc, vc, &a.part, &p, &a.step],
-            (nh as u32, splits as u32, n_tok),
+            ((nh / group) as u32, splits as u32, n_tok),
         )?);
         let p = u32s(&[nh as u32, hd as u32, splits as u32, chunk as u32]);
         items.push(op(

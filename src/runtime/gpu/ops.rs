@@ -35,16 +35,99 @@ const OPS: &[(&str, &str)] = &[
 /// Largest head dimension the attention kernel takes (`MAX_HD` in attention.wgsl).
 pub const MAX_HEAD_DIM: usize = 256;
 
-/// The op modules as complete WGSL sources, named `op_{stem}`.
+/// Most query heads one prefill attention workgroup takes (`QG` of attention_group.wgsl).
+pub const MAX_ATTENTION_GROUP: usize = 4;
+
+/// The grouped prefill attention's template ([`expand_heads`]).
+const ATTENTION_GROUP: &str = include_str!("shaders/ops/attention_group.wgsl");
+
+/// The `QG` line of attention_group.wgsl that each variant replaces.
+const QG_LINE: &str = "const QG: u32 = 0u;";
+
+/// Query heads per prefill attention workgroup for `heads` query heads over `kv_heads` KV
+/// heads: the largest divisor of `heads / kv_heads` up to [`MAX_ATTENTION_GROUP`] (every head
+/// of a workgroup reads the same keys and values). Decode keeps one head per workgroup.
+pub fn attention_group(heads: usize, kv_heads: usize) -> usize {
+    let per_kv = if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+        1
+    } else {
+        heads / kv_heads
+    };
+    (1..=MAX_ATTENTION_GROUP.min(per_kv))
+        .rev()
+        .find(|&g| per_kv.is_multiple_of(g))
+        .unwrap_or(1)
+}
+
+/// The attention kernel's name for `group` (1 to [`MAX_ATTENTION_GROUP`]) query heads per
+/// workgroup: `op_attention` for 1, else `op_attention_g{group}`.
+pub fn attention_name(group: usize) -> &'static str {
+    const NAMES: [&str; MAX_ATTENTION_GROUP] = [
+        "op_attention",
+        "op_attention_g2",
+        "op_attention_g3",
+        "op_attention_g4",
+    ];
+    NAMES[group.clamp(1, MAX_ATTENTION_GROUP) - 1]
+}
+
+/// attention_group.wgsl's template for `group` heads: each block between a `//@each` line and an
+/// `//@end` line repeated once per head, `{g}` replaced by its index.
+fn expand_heads(template: &str, group: usize) -> String {
+    let mut out = String::with_capacity(template.len() * 2);
+    let mut block: Option<Vec<&str>> = None;
+    for line in template.lines() {
+        match (line.trim(), &mut block) {
+            ("//@each", None) => block = Some(Vec::new()),
+            ("//@end", Some(lines)) => {
+                for g in 0..group {
+                    for l in lines.iter() {
+                        out.push_str(&l.replace("{g}", &g.to_string()));
+                        out.push('\n');
+                    }
+                }
+                block = None;
+            }
+            (_, Some(lines)) => lines.push(line),
+            (_, None) => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    assert!(block.is_none(), "an //@each block without //@end");
+    out
+}
+
+/// The op modules as complete WGSL sources, named `op_{stem}`, and the grouped prefill
+/// attention's variants ([`attention_name`], 2 to [`MAX_ATTENTION_GROUP`] query heads per
+/// workgroup).
 pub fn sources() -> Vec<KernelSource> {
-    OPS.iter()
+    let mut v: Vec<KernelSource> = OPS
+        .iter()
         .map(|(stem, body)| KernelSource {
             name: format!("op_{stem}"),
             wgsl: format!(
                 "// op_{stem}: src/runtime/gpu/shaders/ops/common.wgsl + {stem}.wgsl\n{COMMON}\n{body}"
             ),
         })
-        .collect()
+        .collect();
+    assert!(
+        ATTENTION_GROUP.contains(QG_LINE),
+        "attention_group.wgsl declares QG"
+    );
+    for g in 2..=MAX_ATTENTION_GROUP {
+        let name = attention_name(g);
+        let body =
+            expand_heads(ATTENTION_GROUP, g).replace(QG_LINE, &format!("const QG: u32 = {g}u;"));
+        v.push(KernelSource {
+            wgsl: format!(
+                "// {name}: src/runtime/gpu/shaders/ops/common.wgsl + attention_group.wgsl with QG = {g}\n{COMMON}\n{body}"
+            ),
+            name: name.into(),
+        });
+    }
+    v
 }
 
 /// What the host writes before each submission (`Step` in common.wgsl).
