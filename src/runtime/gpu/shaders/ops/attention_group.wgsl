@@ -7,8 +7,8 @@
 // read once per workgroup instead of once per query head. Each head's arithmetic is the
 // same sequence as attention.wgsl's. The backend uses it for prefill chunks only
 // (op_attention_gN, N the largest divisor of heads / kv_heads up to 4): on an H200 it took a
-// 256-token chunk's attention from 2.0 to 1.6 ms per layer of the 8B ternary shape, while a
-// decode step, whose few workgroups are bound by latency, ran 2.5x slower grouped
+// 256-token chunk's attention from 2.0 to 1.4 ms per layer of the 8B ternary shape (N = 4),
+// while a decode step, whose few workgroups are bound by latency, ran 2.5x slower grouped
 // (BENCHMARKS.md).
 //
 // A template: src/runtime/gpu/ops.rs repeats each block between `//@each` and `//@end` once
