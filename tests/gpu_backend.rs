@@ -417,6 +417,18 @@ fn decode_uses_the_bundles_int8_kernels() {
             .all(|l| !l.starts_with("weights_ternary2_matmul")),
         "{prefill:?}"
     );
+    // Attention: one head per workgroup in decode; in prefill the tiny model's 4 query heads
+    // over 2 KV heads in groups of 2.
+    assert!(int8.iter().any(|l| l == "op_attention"), "{int8:?}");
+    assert!(
+        !int8.iter().any(|l| l.starts_with("op_attention_g")),
+        "{int8:?}"
+    );
+    assert!(
+        prefill.iter().any(|l| l == "op_attention_g2"),
+        "{prefill:?}"
+    );
+    assert!(!prefill.iter().any(|l| l == "op_attention"), "{prefill:?}");
     let (kernel, f32s, f32_prefill) = labels(runtime::Kernel::F32);
     assert_eq!(kernel, "f32");
     assert!(

@@ -514,11 +514,11 @@ fn attention_case(
             let got = read(ctx, &out, n * heads * hd);
             // Clear the partials so that a variant that skipped a head cannot pass on the
             // previous variant's values.
-            let zero = buf(ctx, &vec![f32::NAN; n * heads * splits * (hd + 2)]);
+            let nans = buf(ctx, &vec![f32::NAN; n * heads * splits * (hd + 2)]);
             let mut enc = ctx
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-            enc.copy_buffer_to_buffer(&zero, 0, &part, 0, part.size());
+            enc.copy_buffer_to_buffer(&nans, 0, &part, 0, part.size());
             ctx.queue.submit([enc.finish()]);
             (g, got)
         })
@@ -566,6 +566,16 @@ fn attention_case(
     // Scores of hd terms, exp, and a weighted sum: relative to the largest |v|, errors of a
     // few hundred ulps at these sizes (the softmax amplifies a score error e by e * |v|).
     let tol = (hd as f32 + (total as f32)) * 4.0 * f32::EPSILON;
+    // The grouped kernels do each head's arithmetic in the same order as op_attention: print
+    // how far they are from it (0 where the compiler contracts both alike).
+    for (g, got) in &outs[1..] {
+        let d = got
+            .iter()
+            .zip(&outs[0].1)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        eprintln!("attention group {g} against op_attention: max |diff| {d:e}");
+    }
     for (g, got) in &outs {
         check(
             &format!("attention group {g} h{heads}/{kv_heads} hd{hd} pos0 {pos0} n {n} splits {splits} window {window}"),

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Device run (one nvidia-h200, 2026-12-03, later the same day): grouped-query attention
 # (`op_attention_gN`: one workgroup takes N query heads of one KV head and reads each key and
-# value once for all of them; N = 8 on the MiniCPM4-8B shape's 16:1 GQA) against the kernel of
-# one head per workgroup (`LOWBIT_GPU_ATTN_GROUP=1`, the former kernel), beside llama.cpp
+# value once for all of them; N = 8 on the MiniCPM4-8B shape's 16:1 GQA) against one head per
+# workgroup (`LOWBIT_GPU_ATTN_GROUP=1`: this source with one head), beside llama.cpp
 # b11434's Vulkan backend on the same GGUF in the same command. Then prefill (chunks of 256)
 # and decode profiles. Run from the repository root with .gl, .gpubin (stripped convert and
 # gpu_decode_profile of the working tree) and .anchor (../shared/anchors/gpu/prepare.sh) carried.

@@ -770,6 +770,39 @@ fn build_graph(
             .collect::<Result<Vec<_>, RuntimeError>>()
     };
     let residual = Epilogue::Accumulate(hp.residual_scale.unwrap_or(1.0));
+    // Query heads per attention workgroup in a prefill chunk (grouped-query attention: the
+    // heads of a group share one KV head, whose keys and values the workgroup then reads
+    // once): `ops::attention_group`, or `LOWBIT_GPU_ATTN_GROUP` = N (a benchmarking knob; a
+    // divisor of heads / kv_heads up to 4, else the default); 1 for decode (its few
+    // workgroups are bound by latency: in groups of 8, a decode step's attention ran 2.5x
+    // slower on an H200) and where the kernels lack the variant (a bundle made before them).
+    let group = match std::env::var("LOWBIT_GPU_ATTN_GROUP") {
+        Ok(v) => match v.parse::<usize>() {
+            Ok(g)
+                if (1..=ops::MAX_ATTENTION_GROUP).contains(&g)
+                    && nkv > 0
+                    && (nh / nkv).is_multiple_of(g) =>
+            {
+                g
+            }
+            _ => {
+                let g = ops::attention_group(nh, nkv);
+                eprintln!(
+                    "warning: LOWBIT_GPU_ATTN_GROUP={v} is not a divisor of the {} query \
+                     heads per KV head from 1 to {}: using {g}",
+                    nh / nkv.max(1),
+                    ops::MAX_ATTENTION_GROUP
+                );
+                g
+            }
+        },
+        Err(_) => ops::attention_group(nh, nkv),
+    };
+    let (group, attention) = match ops::attention_name(group) {
+        _ if s == 1 => (1, ops::attention_name(1)),
+        name if ctx.has_source(name) => (group, name),
+        _ => (1, ops::attention_name(1)),
+    };
     // Which ops decode folds into the ternary products: `LOWBIT_GPU_FOLD` = `all` (the norms
     // into Q/K/V and gate/up, SwiGLU into gate/up), `glu` (SwiGLU only), `norm` (the norms
     // only) or `none`. A benchmarking knob: the folded and separate forms compute the same
@@ -778,24 +811,6 @@ fn build_graph(
     // costs one more read of x and saves a dispatch: 206 -> 241 tok/s on the 8B shape,
     // BENCHMARKS.md) and `glu` with f32 activations (there each workgroup stages only a
     // tile of x, and the norm's extra pass over x cost an H200 more than the dispatch).
-    // Query heads per attention workgroup in a prefill chunk (grouped-query attention: the
-    // heads of a group share one KV head, whose keys and values the workgroup then reads
-    // once): `ops::attention_group`, or `LOWBIT_GPU_ATTN_GROUP` = N (a benchmarking knob; a
-    // divisor of heads / kv_heads up to 4, else the default); 1 for decode (its few
-    // workgroups are bound by latency: grouped, a decode step's attention ran 2.5x slower on
-    // an H200) and where the kernels lack the variant (a bundle made before them).
-    let group = std::env::var("LOWBIT_GPU_ATTN_GROUP")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|&g| {
-            (1..=ops::MAX_ATTENTION_GROUP).contains(&g) && nkv > 0 && (nh / nkv).is_multiple_of(g)
-        })
-        .unwrap_or_else(|| ops::attention_group(nh, nkv));
-    let (group, attention) = match ops::attention_name(group) {
-        _ if s == 1 => (1, ops::attention_name(1)),
-        name if ctx.has_source(name) => (group, name),
-        _ => (1, ops::attention_name(1)),
-    };
     let fold = std::env::var("LOWBIT_GPU_FOLD").unwrap_or_default();
     let int8 = ctx.decodes_int8(e);
     let (fold_norm, fold_glu) = match fold.as_str() {

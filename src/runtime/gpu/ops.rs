@@ -2,7 +2,8 @@
 //! store (and RoPE with the store fused, `rope_kv`), split attention and its combine, SwiGLU/GeGLU, residual and bias adds, scales and
 //! soft caps, and the greedy argmax. Each is one WGSL module (`shaders/ops/`, with
 //! `common.wgsl` prepended: the [`Step`] uniform and exact f16 conversions), registered in
-//! [`super::kernels::all`] under the name `op_{file}`.
+//! [`super::kernels::all`] under the name `op_{file}`; the grouped prefill attention
+//! (`attention_group.wgsl`, a template) as `op_attention_g{N}` for each group size N.
 //!
 //! Every op's bind group is made once (at load) over fixed buffers; what changes per step
 //! (the chunk's first position and its real token count) is the [`Step`] uniform the host
@@ -44,6 +45,10 @@ const ATTENTION_GROUP: &str = include_str!("shaders/ops/attention_group.wgsl");
 /// The `QG` line of attention_group.wgsl that each variant replaces.
 const QG_LINE: &str = "const QG: u32 = 0u;";
 
+/// The `MAX_HD` line of attention_group.wgsl, replaced by [`MAX_HEAD_DIM`] (attention.wgsl's
+/// `MAX_HD`, which a unit test checks).
+const MAX_HD_LINE: &str = "const MAX_HD: u32 = 0u;";
+
 /// Query heads per prefill attention workgroup for `heads` query heads over `kv_heads` KV
 /// heads: the largest divisor of `heads / kv_heads` up to [`MAX_ATTENTION_GROUP`] (every head
 /// of a workgroup reads the same keys and values). Decode keeps one head per workgroup.
@@ -68,7 +73,11 @@ pub fn attention_name(group: usize) -> &'static str {
         "op_attention_g3",
         "op_attention_g4",
     ];
-    NAMES[group.clamp(1, MAX_ATTENTION_GROUP) - 1]
+    assert!(
+        (1..=MAX_ATTENTION_GROUP).contains(&group),
+        "no attention kernel for {group} heads per workgroup"
+    );
+    NAMES[group - 1]
 }
 
 /// attention_group.wgsl's template for `group` heads: each block between a `//@each` line and an
@@ -96,6 +105,13 @@ fn expand_heads(template: &str, group: usize) -> String {
         }
     }
     assert!(block.is_none(), "an //@each block without //@end");
+    assert!(
+        out.lines().all(|l| {
+            let t = l.trim();
+            t != "//@each" && t != "//@end" && (t.starts_with("//") || !t.contains("{g}"))
+        }),
+        "an //@end without //@each, or {{g}} outside an //@each block"
+    );
     out
 }
 
@@ -116,10 +132,18 @@ pub fn sources() -> Vec<KernelSource> {
         ATTENTION_GROUP.contains(QG_LINE),
         "attention_group.wgsl declares QG"
     );
+    assert!(
+        ATTENTION_GROUP.contains(MAX_HD_LINE),
+        "attention_group.wgsl declares MAX_HD"
+    );
     for g in 2..=MAX_ATTENTION_GROUP {
         let name = attention_name(g);
-        let body =
-            expand_heads(ATTENTION_GROUP, g).replace(QG_LINE, &format!("const QG: u32 = {g}u;"));
+        let body = expand_heads(ATTENTION_GROUP, g)
+            .replace(QG_LINE, &format!("const QG: u32 = {g}u;"))
+            .replace(
+                MAX_HD_LINE,
+                &format!("const MAX_HD: u32 = {MAX_HEAD_DIM}u;"),
+            );
         v.push(KernelSource {
             wgsl: format!(
                 "// {name}: src/runtime/gpu/shaders/ops/common.wgsl + attention_group.wgsl with QG = {g}\n{COMMON}\n{body}"
@@ -285,5 +309,35 @@ impl GpuContext {
             bind,
             grid,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attention_kernels_share_max_hd_and_expand_per_head() {
+        let (_, attention) = OPS.iter().find(|(s, _)| *s == "attention").unwrap();
+        assert!(attention.contains(&format!("const MAX_HD: u32 = {MAX_HEAD_DIM}u;")));
+        let all = sources();
+        for g in 2..=MAX_ATTENTION_GROUP {
+            let k = all.iter().find(|k| k.name == attention_name(g)).unwrap();
+            assert!(k.wgsl.contains(&format!("const QG: u32 = {g}u;")));
+            assert!(k
+                .wgsl
+                .contains(&format!("const MAX_HD: u32 = {MAX_HEAD_DIM}u;")));
+            // One running max per head, named by its index.
+            for h in 0..g {
+                assert!(k.wgsl.contains(&format!("var m{h} = ")), "{} m{h}", k.name);
+            }
+            assert!(!k.wgsl.contains(&format!("var m{g} = ")), "{}", k.name);
+        }
+        assert_eq!(attention_group(32, 2), 4);
+        assert_eq!(attention_group(9, 3), 3);
+        assert_eq!(attention_group(14, 2), 1);
+        assert_eq!(attention_group(4, 1), 4);
+        assert_eq!(attention_group(8, 8), 1);
+        assert_eq!(attention_group(6, 0), 1);
     }
 }

@@ -12,6 +12,8 @@
 // the pairs of output dims it owns (one u32 of two f16 per position and pair; online softmax:
 // the running sum and accumulators are rescaled by exp(m_old - m_new) when the max grows).
 // exp is WGSL's precise exp (no fast-math approximations). head_dim is a multiple of 8.
+// Prefill chunks use attention_group.wgsl instead where query heads share a KV head: the same
+// arithmetic per head, one workgroup for several heads.
 //
 // q: [tokens, heads, head_dim] f32; caches [kv_heads, n_ctx, head_dim] f16 pairs in u32
 // (kv_store.wgsl); part: [tokens, heads, splits, head_dim + 2] f32 (m, l, acc).

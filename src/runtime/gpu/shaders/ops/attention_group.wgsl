@@ -8,13 +8,14 @@
 // same sequence as attention.wgsl's. The backend uses it for prefill chunks only
 // (op_attention_gN, N the largest divisor of heads / kv_heads up to 4): on an H200 it took a
 // 256-token chunk's attention from 2.0 to 1.4 ms per layer of the 8B ternary shape (N = 4),
-// while a decode step, whose few workgroups are bound by latency, ran 2.5x slower grouped
-// (BENCHMARKS.md).
+// while a decode step, whose few workgroups are bound by latency, ran 2.5x slower with
+// groups of 8 (BENCHMARKS.md).
 //
 // A template: src/runtime/gpu/ops.rs repeats each block between `//@each` and `//@end` once
 // per head of the group with `{g}` replaced by the head's index (0 .. QG - 1), so that each
-// head's state is scalars and vectors of its own (kept in registers; private arrays indexed in
-// loops went to local memory on an H200 and ran 3x slower), and substitutes QG.
+// head's state is scalars and vectors of its own (kept in registers; with private arrays
+// indexed in loops the kernel ran about 1.2x slower on an H200), and substitutes QG and
+// MAX_HD (attention.wgsl's).
 //
 // q: [tokens, heads, head_dim] f32; caches [kv_heads, n_ctx, head_dim] f16 pairs in u32
 // (kv_store.wgsl); part: [tokens, heads, splits, head_dim + 2] f32 (m, l, acc).
@@ -40,7 +41,7 @@ struct P {
 
 const WG: u32 = 64u;
 // head_dim up to 256: each invocation owns at most 2 pairs of output dims (MAX_HD / 2 / WG).
-const MAX_HD: u32 = 256u;
+const MAX_HD: u32 = 0u;
 // Query heads per workgroup (substituted per variant by src/runtime/gpu/ops.rs).
 const QG: u32 = 0u;
 
