@@ -156,6 +156,67 @@ const GEMMA_TOL: f32 = 0.05;
 // GPU decode with int8 activations in the ternary products against the CPU f32 reference.
 const INT8_TOL: f32 = 0.05;
 
+/// `prefill_logits` (what `convert eval` scores through): every scored row of the GPU's
+/// against the CPU f32 reference's within `logit_tol`, and against the GPU's own decode
+/// steps over the same tokens within `logit_tol` (the prefill products are not the decode
+/// products, so not bit for bit). `from` rows before the first scored one; spans that take
+/// several chunks of the logits tail's bucket where it is smaller than the span.
+fn check_prefill_logits(
+    what: &str,
+    b: &Path,
+    opts: &LoadOptions,
+    tokens: &[u32],
+    from: usize,
+    logit_tol: f32,
+) {
+    let mut gpu = runtime::load(BackendKind::Gpu, b, opts).unwrap();
+    let mut cpu = runtime::load_cpu(b).unwrap();
+    let nv = gpu.n_vocab();
+    let (mut g, mut c) = (Vec::new(), Vec::new());
+    gpu.prefill_logits(tokens, 0, from, &mut g).unwrap();
+    cpu.prefill_logits(tokens, 0, from, &mut c).unwrap();
+    assert_eq!(g.len(), (tokens.len() - from) * nv, "{what}");
+    assert_eq!(gpu.position(), tokens.len(), "{what}");
+    // The last row is also what logits() gives.
+    assert_eq!(
+        gpu.logits().unwrap(),
+        &g[g.len() - nv..],
+        "{what}: last row"
+    );
+    gpu.reset();
+    if from > 0 {
+        gpu.prefill(&tokens[..from], 0).unwrap();
+    }
+    let mut worst = (0f32, 0f32);
+    for (i, &t) in tokens.iter().enumerate().skip(from) {
+        gpu.decode(t, i).unwrap();
+        let step = gpu.logits().unwrap();
+        let r = (i - from) * nv..(i - from + 1) * nv;
+        let d = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max)
+        };
+        let (dc, ds) = (d(&g[r.clone()], &c[r.clone()]), d(&g[r], step));
+        assert!(
+            dc <= logit_tol,
+            "{what}: row {i}: {dc} from the CPU's (tolerance {logit_tol})"
+        );
+        assert!(
+            ds <= logit_tol,
+            "{what}: row {i}: {ds} from the GPU's decode step (tolerance {logit_tol})"
+        );
+        worst = (worst.0.max(dc), worst.1.max(ds));
+    }
+    eprintln!(
+        "{what}: prefill_logits of {} tokens from row {from}: worst {:.2e} from the CPU, {:.2e} from decode steps",
+        tokens.len(),
+        worst.0,
+        worst.1
+    );
+}
+
 #[test]
 fn tiny_minicpm_ternary_gpu_equals_cpu() {
     let Some(opts) = gpu_options() else { return };
@@ -170,6 +231,9 @@ fn tiny_minicpm_ternary_gpu_equals_cpu() {
         INT8_TOL,
         &opts,
     );
+    let ids: Vec<u32> = (0..40u32).map(|i| (i * 37 + 5) % 200).collect();
+    check_prefill_logits("minicpm-tiny", &b, &opts, &ids, 0, INT8_TOL);
+    check_prefill_logits("minicpm-tiny", &b, &opts, &ids, 23, INT8_TOL);
     // --kernel f32 with the prompt through the buckets: f32 prefill products, as tight as
     // the CPU f32 reference's own tolerance.
     check_model(
@@ -269,6 +333,11 @@ fn qwen2_gpu_equals_cpu() {
         TOL,
         &opts,
     );
+    // Its 151,936-token vocabulary: the logits tail runs in 64-token chunks, so a span of
+    // 100 takes two (the first before the first scored row in the second case).
+    let ids: Vec<u32> = (0..100u32).map(|i| (i * 7919 + 13) % 150000).collect();
+    check_prefill_logits("Qwen2.5-0.5B", &b, &opts, &ids, 10, TOL);
+    check_prefill_logits("Qwen2.5-0.5B", &b, &opts, &ids, 70, TOL);
 }
 
 #[test]
@@ -417,9 +486,15 @@ fn decode_uses_the_bundles_int8_kernels() {
             .all(|l| !l.starts_with("weights_ternary2_matmul")),
         "{prefill:?}"
     );
-    // Attention: one head per workgroup in decode; in prefill the tiny model's 4 query heads
-    // over 2 KV heads in groups of 2.
-    assert!(int8.iter().any(|l| l == "op_attention"), "{int8:?}");
+    // Attention: one head per workgroup in decode (the subgroup kernel where subgroups hold
+    // its clusters of 8); in prefill the tiny model's 4 query heads over 2 KV heads in groups
+    // of 2.
+    let decode_attention = if ctx.subgroup_ops(lowbit::runtime::gpu::ops::DECODE_ATTENTION_LANES) {
+        "op_attention_decode"
+    } else {
+        "op_attention"
+    };
+    assert!(int8.iter().any(|l| l == decode_attention), "{int8:?}");
     assert!(
         !int8.iter().any(|l| l.starts_with("op_attention_g")),
         "{int8:?}"

@@ -13,6 +13,13 @@ fn lcg(seed: &mut u64) -> f32 {
     ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
 }
 
+fn lcg_u32(seed: &mut u64) -> u32 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (*seed >> 32) as u32
+}
+
 fn buf(ctx: &GpuContext, v: &[f32]) -> wgpu::Buffer {
     let b = ctx.vector_buffer("t", v.len());
     ctx.queue.write_buffer(&b, 0, bytemuck::cast_slice(v));
@@ -87,6 +94,10 @@ fn check(what: &str, got: &[f32], want: &[f32], scale: &[f32], tol: f32) {
 fn every_op_module_compiles() {
     let Some(ctx) = ctx() else { return };
     for k in lowbit::runtime::gpu::ops::sources() {
+        if ops::SUBGROUP_OPS.contains(&k.name.as_str()) && !ctx.has_subgroups() {
+            eprintln!("note: {} needs subgroups, which this adapter lacks", k.name);
+            continue;
+        }
         ctx.pipeline_named(&k.name, None)
             .unwrap_or_else(|e| panic!("{}: {e}", k.name));
     }
@@ -431,6 +442,178 @@ fn rope_kv_rotates_q_and_stores_the_rotated_k_and_v_like_the_cpu() {
     }
 }
 
+/// The decode attention with RoPE and the KV store folded in (`op_attention_decode`, what a
+/// decode step runs where subgroups hold its clusters) against what it replaces: op_rope_kv,
+/// then op_attention, each with the combine. RoPE tables with LongRoPE factors, NORM and
+/// NEOX pairs, a partial rotation, Gemma's Q scale; a cache filled for the earlier positions.
+/// The outputs agree within the attention tolerance, and both caches come out bit for bit
+/// the same (the token's key rotated and rounded, its value rounded, every other row as it
+/// was).
+#[test]
+fn decode_attention_folds_rope_and_the_kv_store() {
+    let Some(ctx) = ctx() else { return };
+    if !ctx.subgroup_ops(ops::DECODE_ATTENTION_LANES) {
+        eprintln!("note: no subgroups of 8 or more here: op_attention_decode not run");
+        return;
+    }
+    let mut seed = 21u64;
+    for (neox, heads, kv_heads, hd, n_rot, q_scale, window, pos0) in [
+        (
+            false, 32usize, 2usize, 128usize, 128usize, 1.0f32, 0usize, 150usize,
+        ),
+        (true, 4, 1, 256, 256, 0.0625, 0, 255),
+        (true, 9, 3, 64, 64, 1.0, 0, 0),
+        (false, 4, 2, 64, 48, 0.5, 40, 77),
+    ] {
+        let (n_ctx, splits) = (256usize, 4usize);
+        let chunk = n_ctx.div_ceil(splits);
+        let factors: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.25).collect();
+        let mut table = vec![0f32; n_ctx * n_rot];
+        for (pos, row) in table.chunks_exact_mut(n_rot).enumerate() {
+            cpu::rope_cache(pos, n_rot, 10000.0, 0.5, 1.25, Some(&factors), row);
+        }
+        let tb = buf(&ctx, &table);
+        let (nq, nk) = (heads * hd, kv_heads * hd);
+        // Earlier positions' keys and values, stored as they are.
+        let old_k: Vec<f32> = (0..pos0.max(1) * nk)
+            .map(|_| lcg(&mut seed) * 2.0)
+            .collect();
+        let old_v: Vec<f32> = (0..pos0.max(1) * nk).map(|_| lcg(&mut seed)).collect();
+        let cache = |seed: &mut u64| {
+            let fill: Vec<u32> = (0..kv_heads * n_ctx * hd / 2)
+                .map(|_| 0x3c003c00 ^ (lcg_u32(seed) & 0x03ff03ff))
+                .collect();
+            let (kc, vc) = (u32buf(&ctx, &fill), u32buf(&ctx, &fill));
+            if pos0 > 0 {
+                let p = params(&ctx, &[kv_heads as u32, hd as u32, n_ctx as u32, 0]);
+                let (kb, vb) = (buf(&ctx, &old_k), buf(&ctx, &old_v));
+                run(
+                    &ctx,
+                    "op_kv_store",
+                    &[&kb, &vb, &kc, &vc, &p, &step(&ctx, 0, pos0 as u32)],
+                    ((kv_heads * hd / 2).div_ceil(64) as u32, pos0 as u32, 1),
+                );
+            }
+            (kc, vc)
+        };
+        let mut s1 = seed;
+        let (kc_a, vc_a) = cache(&mut s1);
+        let mut s2 = seed;
+        let (kc_b, vc_b) = cache(&mut s2);
+        seed = s1;
+        let q: Vec<f32> = (0..nq).map(|_| lcg(&mut seed)).collect();
+        let k: Vec<f32> = (0..nk).map(|_| lcg(&mut seed) * 2.0).collect();
+        let v: Vec<f32> = (0..nk).map(|_| lcg(&mut seed)).collect();
+        let st = step(&ctx, pos0 as u32, 1);
+        let kq_scale = 1.0 / (hd as f32).sqrt();
+        let attn_params = |grain: u32| {
+            params(
+                &ctx,
+                &[
+                    heads as u32,
+                    kv_heads as u32,
+                    hd as u32,
+                    n_ctx as u32,
+                    splits as u32,
+                    chunk as u32,
+                    window as u32,
+                    kq_scale.to_bits(),
+                    grain,
+                    n_rot as u32,
+                    neox as u32,
+                    q_scale.to_bits(),
+                ],
+            )
+        };
+        let combine = |part: &wgpu::Buffer, grain: u32| {
+            let out = ctx.vector_buffer("out", nq);
+            let p = params(
+                &ctx,
+                &[
+                    heads as u32,
+                    hd as u32,
+                    splits as u32,
+                    chunk as u32,
+                    grain,
+                    0,
+                    0,
+                    0,
+                ],
+            );
+            run(
+                &ctx,
+                "op_attention_combine",
+                &[part, &out, &p, &st],
+                (heads as u32, 1, 1),
+            );
+            read(&ctx, &out, nq)
+        };
+        // A: op_rope_kv (Q rotated in place, K and V stored), op_attention, the combine.
+        let (qa, ka, va) = (buf(&ctx, &q), buf(&ctx, &k), buf(&ctx, &v));
+        let pr = params(
+            &ctx,
+            &[
+                heads as u32,
+                kv_heads as u32,
+                hd as u32,
+                n_rot as u32,
+                neox as u32,
+                q_scale.to_bits(),
+                n_ctx as u32,
+                0,
+            ],
+        );
+        run(
+            &ctx,
+            "op_rope_kv",
+            &[&qa, &ka, &va, &tb, &kc_a, &vc_a, &pr, &st],
+            (((heads + kv_heads) * hd / 2).div_ceil(64) as u32, 1, 1),
+        );
+        let part_a = ctx.vector_buffer("part", heads * splits * (hd + 2));
+        run(
+            &ctx,
+            "op_attention",
+            &[&qa, &kc_a, &vc_a, &part_a, &attn_params(0), &st],
+            (heads as u32, splits as u32, 1),
+        );
+        let want = combine(&part_a, 0);
+        // B: the folded kernel on the unrotated Q, K and V.
+        let (qb, kb, vb) = (buf(&ctx, &q), buf(&ctx, &k), buf(&ctx, &v));
+        let part_b = ctx.vector_buffer("part", heads * splits * (hd + 2));
+        run(
+            &ctx,
+            "op_attention_decode",
+            &[
+                &qb,
+                &kb,
+                &vb,
+                &tb,
+                &kc_b,
+                &vc_b,
+                &part_b,
+                &attn_params(ops::DECODE_SPLIT_GRAIN),
+                &st,
+            ],
+            (heads as u32, splits as u32, 1),
+        );
+        let got = combine(&part_b, ops::DECODE_SPLIT_GRAIN);
+        let what = format!(
+            "decode attention neox={neox} h{heads}/{kv_heads} hd{hd} n_rot {n_rot} q_scale {q_scale} window {window} pos {pos0}"
+        );
+        let n = kv_heads * n_ctx * hd / 2;
+        assert!(
+            read_u32(&ctx, &kc_a, n) == read_u32(&ctx, &kc_b, n),
+            "{what}: K caches differ"
+        );
+        assert!(
+            read_u32(&ctx, &vc_a, n) == read_u32(&ctx, &vc_b, n),
+            "{what}: V caches differ"
+        );
+        let tol = (hd as f32 + (pos0 + 1) as f32) * 4.0 * f32::EPSILON;
+        check(&what, &got, &want, &vec![1.0; nq], tol);
+    }
+}
+
 /// Attention of `tokens` queries at `pos0..` over a cache filled for positions
 /// `0..pos0 + n`, against an f64 softmax over the same f16-rounded keys and values.
 #[allow(clippy::too_many_arguments)]
@@ -469,19 +652,6 @@ fn attention_case(
     let out = ctx.vector_buffer("out", n * heads * hd);
     let qb = buf(ctx, &q);
     let kq_scale = 1.0 / (hd as f32).sqrt();
-    let p = params(
-        ctx,
-        &[
-            heads as u32,
-            kv_heads as u32,
-            hd as u32,
-            n_ctx as u32,
-            splits as u32,
-            chunk as u32,
-            window as u32,
-            kq_scale.to_bits(),
-        ],
-    );
     let st = step(ctx, pos0 as u32, n as u32);
     // op_attention and every grouped (prefill) variant whose group divides heads / kv_heads:
     // each head's result against the reference below (one workgroup takes `g` heads of one
@@ -494,17 +664,72 @@ fn attention_case(
         *groups.last().unwrap(),
         ops::attention_group(heads, kv_heads)
     );
-    let outs: Vec<(usize, Vec<f32>)> = groups
+    // (kernel, heads per workgroup, split grain): op_attention_decode too where it runs.
+    let mut kernels: Vec<(&'static str, usize, u32)> = groups
         .iter()
-        .map(|&g| {
-            run(
+        .map(|&g| (ops::attention_name(g), g, 0))
+        .collect();
+    // op_attention_decode (one token; RoPE folded in, here an identity table: cos 1, sin 0,
+    // which leaves every value as it is; its own key and value from k and v, the cache row
+    // of its position rewritten with the same bits).
+    if !ctx.subgroup_ops(ops::DECODE_ATTENTION_LANES) {
+        eprintln!("note: no subgroups of 8 or more here: op_attention_decode not run");
+    } else if n == 1 {
+        kernels.push(("op_attention_decode", 1, ops::DECODE_SPLIT_GRAIN));
+    }
+    let fresh = |x: &[f32]| buf(ctx, &x[pos0 * kv_heads * hd..(pos0 + 1) * kv_heads * hd]);
+    let (kf, vf) = (fresh(&kv), fresh(&vv));
+    let identity = buf(ctx, &[1.0, 0.0].repeat(n_ctx * hd / 2));
+    let outs: Vec<(&'static str, Vec<f32>)> = kernels
+        .iter()
+        .map(|&(name, g, grain)| {
+            let p = params(
                 ctx,
-                ops::attention_name(g),
-                &[&qb, &kc, &vc, &part, &p, &st],
-                ((heads / g) as u32, splits as u32, n as u32),
+                &[
+                    heads as u32,
+                    kv_heads as u32,
+                    hd as u32,
+                    n_ctx as u32,
+                    splits as u32,
+                    chunk as u32,
+                    window as u32,
+                    kq_scale.to_bits(),
+                    grain,
+                    hd as u32,
+                    0,
+                    1f32.to_bits(),
+                ],
             );
-            // chunk: the combine reads only the splits up to each token's position.
-            let p2 = params(ctx, &[heads as u32, hd as u32, splits as u32, chunk as u32]);
+            if name == "op_attention_decode" {
+                run(
+                    ctx,
+                    name,
+                    &[&qb, &kf, &vf, &identity, &kc, &vc, &part, &p, &st],
+                    (heads as u32, splits as u32, 1),
+                );
+            } else {
+                run(
+                    ctx,
+                    name,
+                    &[&qb, &kc, &vc, &part, &p, &st],
+                    ((heads / g) as u32, splits as u32, n as u32),
+                );
+            }
+            // chunk: the combine reads only the splits up to each token's position (with a
+            // grain, of the position-dependent size).
+            let p2 = params(
+                ctx,
+                &[
+                    heads as u32,
+                    hd as u32,
+                    splits as u32,
+                    chunk as u32,
+                    grain,
+                    0,
+                    0,
+                    0,
+                ],
+            );
             run(
                 ctx,
                 "op_attention_combine",
@@ -520,7 +745,7 @@ fn attention_case(
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
             enc.copy_buffer_to_buffer(&nans, 0, &part, 0, part.size());
             ctx.queue.submit([enc.finish()]);
-            (g, got)
+            (name, got)
         })
         .collect();
     let r16 = |x: f32| half::f16::from_f32(x).to_f32() as f64;
@@ -568,17 +793,18 @@ fn attention_case(
     let tol = (hd as f32 + (total as f32)) * 4.0 * f32::EPSILON;
     // The grouped kernels do each head's arithmetic in the same order as op_attention: print
     // how far they are from it (0 where the compiler contracts both alike).
-    for (g, got) in &outs[1..] {
+    // (op_attention_decode sums in another order: its distance is printed too.)
+    for (name, got) in &outs[1..] {
         let d = got
             .iter()
             .zip(&outs[0].1)
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
-        eprintln!("attention group {g} against op_attention: max |diff| {d:e}");
+        eprintln!("{name} against op_attention: max |diff| {d:e}");
     }
-    for (g, got) in &outs {
+    for (name, got) in &outs {
         check(
-            &format!("attention group {g} h{heads}/{kv_heads} hd{hd} pos0 {pos0} n {n} splits {splits} window {window}"),
+            &format!("{name} h{heads}/{kv_heads} hd{hd} pos0 {pos0} n {n} splits {splits} window {window}"),
             got,
             &want,
             &mag,
@@ -602,6 +828,15 @@ fn split_attention_matches_an_f64_softmax() {
     attention_case(&ctx, 4, 1, 256, 300, 200, 3, 4, 64, &mut seed);
     // SmolLM2's 9 query heads over 3 KV heads (groups of 3), a prefill chunk over two splits
     attention_case(&ctx, 9, 3, 64, 96, 40, 5, 2, 0, &mut seed);
+    // The decode graph of the 8B shape (64 splits of 64 over 4096 positions): the first
+    // position, one where op_attention_decode's splits hold 16 positions each (not a whole
+    // tile), and the last, where they hold the full 64
+    attention_case(&ctx, 32, 2, 128, 4096, 0, 1, 64, 0, &mut seed);
+    attention_case(&ctx, 32, 2, 128, 4096, 515, 1, 64, 0, &mut seed);
+    attention_case(&ctx, 4, 2, 128, 4096, 4095, 1, 64, 0, &mut seed);
+    // decode with a sliding window that starts inside a split, head_dim 256 and 64
+    attention_case(&ctx, 4, 1, 256, 1024, 700, 1, 16, 100, &mut seed);
+    attention_case(&ctx, 9, 3, 64, 2048, 1500, 1, 32, 0, &mut seed);
 }
 
 #[test]

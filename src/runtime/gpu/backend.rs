@@ -194,6 +194,26 @@ pub struct GpuBackend {
     weight_bytes_device: u64,
     /// `int8` where the ternary decode products quantize their activations, else `f32`.
     kernel: &'static str,
+    /// The output head (the embedding where tied) and the final norm's weight.
+    head: (GpuWeight, wgpu::Buffer),
+    /// The logits of every position of a chunk ([`Backend::prefill_logits`]), bound on first
+    /// use; `Some(None)` where no bucket's logits fit one binding.
+    logits_tail: Option<Option<LogitsTail>>,
+}
+
+/// Most bytes of the every-position logits buffer ([`LogitsTail`]): the largest bucket whose
+/// `s * n_vocab` f32 logits fit is the one scored chunks run in (64 tokens for Qwen2.5's
+/// 151,936-token vocabulary, 256 for SmolLM2's 49,152).
+const LOGITS_TAIL_BYTES: u64 = 64 << 20;
+
+/// What follows a prefill graph to give the logits of all its positions: the final norm of
+/// every row of x, the head over all of them, the logit scale and soft cap.
+struct LogitsTail {
+    /// The graph it follows (its bucket holds `s` tokens).
+    gi: usize,
+    items: Vec<Item>,
+    /// `[s, n_vocab]` f32.
+    logits: wgpu::Buffer,
 }
 
 /// Bytes of one layer's K (or V) cache: `[n_head_kv, n_ctx, head_dim]` f16.
@@ -449,17 +469,9 @@ impl GpuBackend {
             .map_err(gpu_err)?;
         // Keep the weights and tables alive with the bind groups that reference them (wgpu
         // resources are reference counted, so dropping the handles here is enough).
-        drop((
-            tok_embd,
-            output,
-            layers,
-            vecs,
-            tables,
-            kv,
-            gelu,
-            hl,
-            output_norm,
-        ));
+        // (The head and its norm stay: the logits of every position of a chunk are bound
+        // from them on first use, `logits_tail`.)
+        drop((layers, vecs, tables, kv, gelu, hl));
         let n_vocab = hp.n_vocab;
         let staging = |i: usize| {
             ctx.device.create_buffer(&wgpu::BufferDescriptor {
@@ -501,6 +513,8 @@ impl GpuBackend {
             argmax,
             host_logits: vec![0f32; n_vocab],
             host_logits_valid: false,
+            head: (output.unwrap_or(tok_embd), output_norm),
+            logits_tail: None,
             has_logits: false,
             next_pos: 0,
             kv_bytes,
@@ -652,6 +666,65 @@ impl GpuBackend {
         )
     }
 
+    /// Binds [`LogitsTail`] behind the largest prefill graph whose logits fit
+    /// [`LOGITS_TAIL_BYTES`] and one storage binding (else the smallest that fits a binding);
+    /// `None` where none does.
+    fn bind_logits_tail(&self) -> Result<Option<LogitsTail>, RuntimeError> {
+        let hp = &self.model.layout.hyper;
+        let (e, nv) = (hp.n_embd, hp.n_vocab);
+        let bytes = |s: usize| (s * nv * 4) as u64;
+        let fits = |gi: &usize| bytes(self.graphs[*gi].acts.s) <= self.ctx.max_binding_bytes;
+        let prefill = 1..self.graphs.len();
+        let gi = prefill
+            .clone()
+            .filter(fits)
+            .rfind(|&gi| bytes(self.graphs[gi].acts.s) <= LOGITS_TAIL_BYTES)
+            .or_else(|| prefill.clone().find(fits));
+        let Some(gi) = gi else {
+            return Ok(None);
+        };
+        let ctx = &self.ctx;
+        let acts = &self.graphs[gi].acts;
+        let s = acts.s;
+        let h = ctx.vector_buffer("hidden, every position", s * e);
+        let logits = ctx.vector_buffer("logits, every position", s * nv);
+        let u32s = |v: &[u32]| ctx.uniform("params", bytemuck::cast_slice(v));
+        let mut items = Vec::new();
+        let p = u32s(&[e as u32, hp.norm_eps.to_bits(), s as u32, 0]);
+        let (gx, gy) = super::grid(s as u64).ok_or_else(|| {
+            gpu_err(GpuError::Shape {
+                op: "rms_norm",
+                detail: format!("{s} rows"),
+            })
+        })?;
+        items.push(Item::Op(
+            ctx.bind_op(
+                "op_rms_norm",
+                &[&acts.x, &self.head.1, &h, &p, &acts.step],
+                (gx, gy, 1),
+            )
+            .map_err(gpu_err)?,
+        ));
+        items.push(Item::Weight(
+            ctx.bind_matmul(&self.head.0, &h, &logits, s as u32)
+                .map_err(gpu_err)?,
+        ));
+        if hp.logit_mul.is_some() || hp.final_softcap.is_some() {
+            let (gx, gy) = grid_1d(s * nv, 256).map_err(gpu_err)?;
+            let p = u32s(&[
+                (s * nv) as u32,
+                gx,
+                hp.logit_mul.unwrap_or(1.0).to_bits(),
+                hp.final_softcap.unwrap_or(0.0).to_bits(),
+            ]);
+            items.push(Item::Op(
+                ctx.bind_op("op_scale", &[&logits, &p], (gx, gy, 1))
+                    .map_err(gpu_err)?,
+            ));
+        }
+        Ok(Some(LogitsTail { gi, items, logits }))
+    }
+
     /// Runs graph `gi` on `tokens` at `start`: ids and step written, one command buffer.
     fn run(&mut self, gi: usize, tokens: &[u32], start: usize) {
         let g = &self.graphs[gi];
@@ -682,11 +755,16 @@ struct Shared<'a> {
     hl: &'a wgpu::Buffer,
 }
 
-/// Attention splits for `s` tokens over `n_ctx` positions: decode splits long contexts into
-/// up to 128 chunks of at least 64 positions, one tile of the kernel's 64 invocations
-/// (flash-decoding: enough workgroups to fill a GPU when there are few heads, each
-/// workgroup's serial work short); prefill chunks into up to 8. At most `MAX_SPLITS` of
-/// attention_combine.wgsl.
+/// The decode attention with RoPE and the KV store folded in (attention_decode.wgsl; needs
+/// subgroups of at least [`ops::DECODE_ATTENTION_LANES`]).
+const DECODE_ATTENTION: &str = "op_attention_decode";
+
+/// Attention splits for `s` tokens over `n_ctx` positions and the most positions each takes:
+/// decode splits long contexts into up to 128 chunks of at least 64 positions, one tile of
+/// the kernel's 64 invocations (flash-decoding: enough workgroups to fill a GPU when there
+/// are few heads, each workgroup's serial work short; `op_attention_decode` spreads the
+/// positions up to the current one over all of them, [`ops::split_chunk`]); prefill chunks
+/// into up to 8. At most `MAX_SPLITS` of attention_combine.wgsl.
 fn attention_splits(s: usize, n_ctx: usize) -> (usize, usize) {
     let splits = if s == 1 {
         n_ctx.div_ceil(64).clamp(1, 128)
@@ -770,38 +848,71 @@ fn build_graph(
             .collect::<Result<Vec<_>, RuntimeError>>()
     };
     let residual = Epilogue::Accumulate(hp.residual_scale.unwrap_or(1.0));
-    // Query heads per attention workgroup in a prefill chunk (grouped-query attention: the
-    // heads of a group share one KV head, whose keys and values the workgroup then reads
-    // once): `ops::attention_group`, or `LOWBIT_GPU_ATTN_GROUP` = N (a benchmarking knob; a
-    // divisor of heads / kv_heads up to 4, else the default); 1 for decode (its few
-    // workgroups are bound by latency: in groups of 8, a decode step's attention ran 2.5x
-    // slower on an H200) and where the kernels lack the variant (a bundle made before them).
-    let group = match std::env::var("LOWBIT_GPU_ATTN_GROUP") {
-        Ok(v) => match v.parse::<usize>() {
-            Ok(g)
-                if (1..=ops::MAX_ATTENTION_GROUP).contains(&g)
-                    && nkv > 0
-                    && (nh / nkv).is_multiple_of(g) =>
-            {
-                g
-            }
-            _ => {
-                let g = ops::attention_group(nh, nkv);
-                eprintln!(
-                    "warning: LOWBIT_GPU_ATTN_GROUP={v} is not a divisor of the {} query \
-                     heads per KV head from 1 to {}: using {g}",
-                    nh / nkv.max(1),
-                    ops::MAX_ATTENTION_GROUP
-                );
-                g
-            }
-        },
-        Err(_) => ops::attention_group(nh, nkv),
-    };
-    let (group, attention) = match ops::attention_name(group) {
-        _ if s == 1 => (1, ops::attention_name(1)),
-        name if ctx.has_source(name) => (group, name),
-        _ => (1, ops::attention_name(1)),
+    // The attention kernel, its query heads per workgroup and its split grain. Decode:
+    // `op_attention_decode` (one cluster of invocations per score, splits that follow the
+    // position) where the adapter has subgroups of at least its cluster size and the sources
+    // carry it, else `op_attention`; `LOWBIT_GPU_ATTN_DECODE=0` forces `op_attention` (a
+    // benchmarking knob). Prefill chunks: query heads per workgroup (grouped-query
+    // attention: the heads of a group share one KV head, whose keys and values the workgroup
+    // then reads once) `ops::attention_group`, or `LOWBIT_GPU_ATTN_GROUP` = N (a benchmarking
+    // knob; a divisor of heads / kv_heads up to 4, else the default); 1 where the kernels
+    // lack the variant (a bundle made before them). Decode keeps one head per workgroup (its
+    // few workgroups are bound by latency: in groups of 8, a decode step's attention ran
+    // 2.5x slower on an H200).
+    let (attention, group, grain) = if s == 1 {
+        let forced_off = std::env::var("LOWBIT_GPU_ATTN_DECODE").is_ok_and(|v| v == "0");
+        if !forced_off
+            && ctx.subgroup_ops(ops::DECODE_ATTENTION_LANES)
+            && ctx.has_source(DECODE_ATTENTION)
+        {
+            // `LOWBIT_GPU_ATTN_GRAIN` = a multiple of 8 overrides the grain (a benchmarking
+            // knob: fewer, longer splits).
+            let grain = match std::env::var("LOWBIT_GPU_ATTN_GRAIN") {
+                Ok(v) => match v.parse::<u32>() {
+                    Ok(g) if g > 0 && g.is_multiple_of(ops::DECODE_SPLIT_GRAIN) => g,
+                    _ => {
+                        eprintln!(
+                            "warning: LOWBIT_GPU_ATTN_GRAIN={v} is not a positive multiple of {}: \
+                             using {}",
+                            ops::DECODE_SPLIT_GRAIN,
+                            ops::DECODE_SPLIT_GRAIN
+                        );
+                        ops::DECODE_SPLIT_GRAIN
+                    }
+                },
+                Err(_) => ops::DECODE_SPLIT_GRAIN,
+            };
+            (DECODE_ATTENTION, 1, grain)
+        } else {
+            (ops::attention_name(1), 1, 0)
+        }
+    } else {
+        let group = match std::env::var("LOWBIT_GPU_ATTN_GROUP") {
+            Ok(v) => match v.parse::<usize>() {
+                Ok(g)
+                    if (1..=ops::MAX_ATTENTION_GROUP).contains(&g)
+                        && nkv > 0
+                        && (nh / nkv).is_multiple_of(g) =>
+                {
+                    g
+                }
+                _ => {
+                    let g = ops::attention_group(nh, nkv);
+                    eprintln!(
+                        "warning: LOWBIT_GPU_ATTN_GROUP={v} is not a divisor of the {} query \
+                         heads per KV head from 1 to {}: using {g}",
+                        nh / nkv.max(1),
+                        ops::MAX_ATTENTION_GROUP
+                    );
+                    g
+                }
+            },
+            Err(_) => ops::attention_group(nh, nkv),
+        };
+        match ops::attention_name(group) {
+            name if ctx.has_source(name) => (name, group, 0),
+            _ => (ops::attention_name(1), 1, 0),
+        }
     };
     // Which ops decode folds into the ternary products: `LOWBIT_GPU_FOLD` = `all` (the norms
     // into Q/K/V and gate/up, SwiGLU into gate/up), `glu` (SwiGLU only), `norm` (the norms
@@ -935,25 +1046,11 @@ fn build_graph(
             }
             None => &a.k,
         };
-        // RoPE of Q and K and the KV store: one op.
+        // RoPE of Q and K and the KV store: one op, or (decode with op_attention_decode) in
+        // the attention.
         let table = &sh.tables[sh.layer_table[il]].1;
         let (kc, vc) = &sh.kv[il];
-        let p = u32s(&[
-            nh as u32,
-            nkv as u32,
-            hd as u32,
-            hp.n_rot as u32,
-            neox,
-            hp.q_scale.unwrap_or(1.0).to_bits(),
-            hp.n_ctx as u32,
-            0,
-        ]);
-        let gx = ((nh + nkv) * hd / 2).div_ceil(64) as u32;
-        items.push(op(
-            "op_rope_kv",
-            &[qf, kf, &a.v, table, kc, vc, &p, &a.step],
-            (gx, n_tok, 1),
-        )?);
+        let q_scale = hp.q_scale.unwrap_or(1.0).to_bits();
         let window = hp.window_of_layer(il).unwrap_or(0) as u32;
         let p = u32s(&[
             nh as u32,
@@ -964,13 +1061,50 @@ fn build_graph(
             chunk as u32,
             window,
             kq_scale.to_bits(),
+            grain,
+            hp.n_rot as u32,
+            neox,
+            q_scale,
         ]);
-        items.push(op(
-            attention,
-            &[qf, kc, vc, &a.part, &p, &a.step],
-            ((nh / group) as u32, splits as u32, n_tok),
-        )?);
-        let p = u32s(&[nh as u32, hd as u32, splits as u32, chunk as u32]);
+        if attention == DECODE_ATTENTION {
+            items.push(op(
+                attention,
+                &[qf, kf, &a.v, table, kc, vc, &a.part, &p, &a.step],
+                (nh as u32, splits as u32, 1),
+            )?);
+        } else {
+            let pr = u32s(&[
+                nh as u32,
+                nkv as u32,
+                hd as u32,
+                hp.n_rot as u32,
+                neox,
+                q_scale,
+                hp.n_ctx as u32,
+                0,
+            ]);
+            let gx = ((nh + nkv) * hd / 2).div_ceil(64) as u32;
+            items.push(op(
+                "op_rope_kv",
+                &[qf, kf, &a.v, table, kc, vc, &pr, &a.step],
+                (gx, n_tok, 1),
+            )?);
+            items.push(op(
+                attention,
+                &[qf, kc, vc, &a.part, &p, &a.step],
+                ((nh / group) as u32, splits as u32, n_tok),
+            )?);
+        }
+        let p = u32s(&[
+            nh as u32,
+            hd as u32,
+            splits as u32,
+            chunk as u32,
+            grain,
+            0,
+            0,
+            0,
+        ]);
         items.push(op(
             "op_attention_combine",
             &[&a.part, &a.attn, &p, &a.step],
@@ -1060,6 +1194,18 @@ impl GpuBackend {
         n: usize,
         slot: Option<usize>,
     ) -> wgpu::SubmissionIndex {
+        self.submit_graph_with(gi, pos0, n, slot, &[])
+    }
+
+    /// [`GpuBackend::submit_graph`] with `extra` encoded after the graph in the same pass.
+    fn submit_graph_with(
+        &self,
+        gi: usize,
+        pos0: usize,
+        n: usize,
+        slot: Option<usize>,
+        extra: &[Item],
+    ) -> wgpu::SubmissionIndex {
         let g = &self.graphs[gi];
         let step = Step {
             pos0: pos0 as u32,
@@ -1078,7 +1224,7 @@ impl GpuBackend {
                 label: Some("forward"),
                 timestamp_writes: None,
             });
-            for it in &g.items {
+            for it in g.items.iter().chain(extra) {
                 it.encode(&mut pass);
             }
             if slot.is_some() {
@@ -1240,6 +1386,71 @@ impl Backend for GpuBackend {
             .position(|g| g.acts.s >= tokens.len())
             .unwrap_or(self.graphs.len() - 1);
         self.run(gi, tokens, start);
+        Ok(())
+    }
+
+    /// The span in chunks of the logits tail's bucket ([`LogitsTail`]): a chunk before
+    /// `from` as a plain prefill, the others with the tail in the same command buffer and
+    /// their rows from `from` read back. Each row is the logits of its position computed by
+    /// the prefill products, which equal a decode step's within the GPU's tolerances (not bit
+    /// for bit, as on the CPU). Where no bucket's logits fit a binding, one decode step per
+    /// scored position (the trait's default).
+    fn prefill_logits(
+        &mut self,
+        tokens: &[u32],
+        start: usize,
+        from: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<(), RuntimeError> {
+        let max = *self.buckets.last().unwrap_or(&1);
+        self.check_span(tokens, start, max)?;
+        crate::runtime::check_rows(tokens.len(), from)?;
+        if self.logits_tail.is_none() {
+            self.logits_tail = Some(self.bind_logits_tail()?);
+        }
+        let Some(Some(tail)) = &self.logits_tail else {
+            if from > 0 {
+                self.prefill(&tokens[..from], start)?;
+            }
+            for (i, &t) in tokens.iter().enumerate().skip(from) {
+                self.decode(t, start + i)?;
+                out.extend_from_slice(self.logits()?);
+            }
+            return Ok(());
+        };
+        let (gi, s) = (tail.gi, self.graphs[tail.gi].acts.s);
+        let nv = self.model.layout.hyper.n_vocab;
+        let mut off = 0;
+        while off < tokens.len() {
+            let len = s.min(tokens.len() - off);
+            let span = &tokens[off..off + len];
+            if off + len <= from {
+                self.prefill(span, start + off)?;
+                off += len;
+                continue;
+            }
+            let Some(Some(tail)) = &self.logits_tail else {
+                unreachable!("bound above");
+            };
+            let g = &self.graphs[gi];
+            let mut ids = vec![0u32; s];
+            ids[..len].copy_from_slice(span);
+            self.ctx
+                .queue
+                .write_buffer(&g.acts.ids, 0, bytemuck::cast_slice(&ids));
+            self.submit_graph_with(gi, start + off, len, None, &tail.items);
+            let first = from.saturating_sub(off);
+            let bytes = self
+                .ctx
+                .read_buffer(&tail.logits, (len * nv * 4) as u64)
+                .map_err(gpu_err)?;
+            let rows: &[f32] = bytemuck::cast_slice(&bytes);
+            out.extend_from_slice(&rows[first * nv..len * nv]);
+            self.next_pos = start + off + len;
+            self.has_logits = true;
+            self.host_logits_valid = false;
+            off += len;
+        }
         Ok(())
     }
 

@@ -1441,6 +1441,16 @@ impl GpuContext {
         self.features.contains(wgpu::Features::SUBGROUP)
     }
 
+    /// Whether the subgroup op modules ([`ops::SUBGROUP_OPS`]) run here: the adapter has
+    /// subgroups of at least `min_size` invocations and the context does not force the
+    /// workgroup path ([`ContextOptions::force_workgroup_reduction`], which tests use to run
+    /// the path for adapters without subgroups).
+    pub fn subgroup_ops(&self, min_size: u32) -> bool {
+        self.has_subgroups()
+            && !self.force_workgroup_reduction
+            && self.info.subgroup_min_size >= min_size
+    }
+
     /// Whether the device can time passes with timestamp queries.
     pub fn has_timestamps(&self) -> bool {
         self.features.contains(wgpu::Features::TIMESTAMP_QUERY)

@@ -23,6 +23,10 @@ const OPS: &[(&str, &str)] = &[
         "attention_combine",
         include_str!("shaders/ops/attention_combine.wgsl"),
     ),
+    (
+        "attention_decode",
+        include_str!("shaders/ops/attention_decode.wgsl"),
+    ),
     ("bias_add", include_str!("shaders/ops/bias_add.wgsl")),
     ("geglu", include_str!("shaders/ops/geglu.wgsl")),
     ("kv_store", include_str!("shaders/ops/kv_store.wgsl")),
@@ -35,6 +39,29 @@ const OPS: &[(&str, &str)] = &[
 
 /// Largest head dimension the attention kernel takes (`MAX_HD` in attention.wgsl).
 pub const MAX_HEAD_DIM: usize = 256;
+
+/// The op modules that use subgroup operations (compiled only where the adapter has them).
+pub const SUBGROUP_OPS: &[&str] = &["op_attention_decode"];
+
+/// Invocations per score of `op_attention_decode` (`LANES` in attention_decode.wgsl): it runs
+/// only where every subgroup has at least this many.
+pub const DECODE_ATTENTION_LANES: u32 = 8;
+
+/// Positions per split of `op_attention_decode` are a multiple of this (its `grain`
+/// parameter, [`split_chunk`]): one pass of its 8 clusters of 8 invocations.
+pub const DECODE_SPLIT_GRAIN: u32 = 8;
+
+/// Positions per split of the split attention for a token at position `pos` (`split_chunk`
+/// of common.wgsl, which the attention kernels and the combine compute on the GPU): `chunk`
+/// where `grain` is 0; else `ceil((pos + 1) / splits)` rounded up to a multiple of `grain`,
+/// at most `chunk`.
+pub fn split_chunk(pos: u32, splits: u32, chunk: u32, grain: u32) -> u32 {
+    if grain == 0 {
+        return chunk;
+    }
+    let even = pos / splits + 1;
+    chunk.min(even.div_ceil(grain) * grain)
+}
 
 /// Most query heads one prefill attention workgroup takes (`QG` of attention_group.wgsl).
 pub const MAX_ATTENTION_GROUP: usize = 4;
@@ -339,5 +366,34 @@ mod tests {
         assert_eq!(attention_group(4, 1), 4);
         assert_eq!(attention_group(8, 8), 1);
         assert_eq!(attention_group(6, 0), 1);
+    }
+
+    #[test]
+    fn decode_attention_constants_match_its_source_and_splits_cover_every_position() {
+        let (_, decode) = OPS.iter().find(|(s, _)| *s == "attention_decode").unwrap();
+        assert!(decode.contains(&format!("const LANES: u32 = {DECODE_ATTENTION_LANES}u;")));
+        assert!(decode.contains(&format!("const MAX_HD: u32 = {MAX_HEAD_DIM}u;")));
+        assert_eq!(DECODE_SPLIT_GRAIN % DECODE_ATTENTION_LANES, 0);
+        for stem in SUBGROUP_OPS {
+            assert!(sources().iter().any(|k| k.name == *stem), "{stem}");
+        }
+        // Every position of every context lands in a split, none past the last, for the
+        // fixed chunk (grain 0) and the position-dependent one.
+        for (n_ctx, splits) in [(4096u32, 64u32), (600, 8), (8192, 128), (100, 1), (65, 2)] {
+            let chunk = n_ctx.div_ceil(splits);
+            for grain in [0, DECODE_SPLIT_GRAIN] {
+                for pos in 0..n_ctx {
+                    let c = split_chunk(pos, splits, chunk, grain);
+                    assert!(c >= 1 && c <= chunk, "{n_ctx} {splits} {grain} {pos}: {c}");
+                    assert!(c * splits > pos, "{n_ctx} {splits} {grain} {pos}: {c}");
+                    assert!(grain == 0 || c == chunk || c.is_multiple_of(grain));
+                }
+            }
+        }
+        // Early in a long context the splits share the positions: 513 over 64 splits of 16.
+        assert_eq!(split_chunk(512, 64, 64, 8), 16);
+        assert_eq!(split_chunk(0, 64, 64, 8), 8);
+        assert_eq!(split_chunk(4095, 64, 64, 8), 64);
+        assert_eq!(split_chunk(512, 64, 64, 0), 64);
     }
 }

@@ -145,6 +145,9 @@ use crate::ggml::GgmlType;
 
 const COMMON_WGSL: &str = include_str!("shaders/weights/common.wgsl");
 const MATVEC_WGSL: &str = include_str!("shaders/weights/matvec.wgsl");
+/// The single-token body of Q6_K (each byte of a block read once; matvec.wgsl's bindings,
+/// grid and reduction).
+const MATVEC_Q6_K_WGSL: &str = include_str!("shaders/weights/matvec_q6_k.wgsl");
 const MATMUL_WGSL: &str = include_str!("shaders/weights/matmul.wgsl");
 const GATHER_WGSL: &str = include_str!("shaders/weights/gather.wgsl");
 const STORE_WGSL: &str = include_str!("shaders/weights/store.wgsl");
@@ -500,7 +503,11 @@ fn source_of(d: Decoder, op: WeightOp, reduction: Reduction) -> String {
     let (consts, body, reduce) = match op {
         WeightOp::Matvec | WeightOp::Matmul => {
             let (rows, tok, body) = if op == WeightOp::Matvec {
-                (MATVEC_ROWS, 1, MATVEC_WGSL)
+                let body = match d {
+                    Decoder::Gguf(GgmlType::Q6_K) => MATVEC_Q6_K_WGSL,
+                    _ => MATVEC_WGSL,
+                };
+                (MATVEC_ROWS, 1, body)
             } else {
                 (MATMUL_ROWS, MATMUL_TOKENS, MATMUL_WGSL)
             };

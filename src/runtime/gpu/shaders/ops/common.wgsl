@@ -11,6 +11,18 @@ struct Step {
     _pad1: u32,
 }
 
+// Positions per split of the split attention for a token at position pos
+// (attention_decode.wgsl, attention_combine.wgsl): `chunk`, the splits' fixed size, where
+// grain is 0; else ceil((pos + 1) / splits) rounded up to a multiple of grain, at most chunk,
+// so that the pos + 1 positions spread over all the splits (splits * chunk >= n_ctx > pos).
+fn split_chunk(pos: u32, splits: u32, chunk: u32, grain: u32) -> u32 {
+    if grain == 0u {
+        return chunk;
+    }
+    let even = pos / splits + 1u;
+    return min(chunk, (even + grain - 1u) / grain * grain);
+}
+
 // IEEE binary16 bits (low 16 bits of h) to f32, exactly, with integer operations (no
 // SHADER_F16 feature, no denormal flushing).
 fn f16_bits_to_f32(h: u32) -> f32 {
