@@ -177,12 +177,16 @@ fn check_prefill_logits(
     cpu.prefill_logits(tokens, 0, from, &mut c).unwrap();
     assert_eq!(g.len(), (tokens.len() - from) * nv, "{what}");
     assert_eq!(gpu.position(), tokens.len(), "{what}");
-    // The last row is also what logits() gives.
-    assert_eq!(
-        gpu.logits().unwrap(),
-        &g[g.len() - nv..],
-        "{what}: last row"
-    );
+    // The last row is also what logits() gives: the graph's own head product for one token
+    // (a single-token kernel: for Q6_K one that sums in another order than the tail's
+    // product), so within the logit tolerance, not necessarily bit for bit.
+    let last = gpu.logits().unwrap();
+    let dl = last
+        .iter()
+        .zip(&g[g.len() - nv..])
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    assert!(dl <= logit_tol, "{what}: last row {dl} from logits()");
     gpu.reset();
     if from > 0 {
         gpu.prefill(&tokens[..from], 0).unwrap();

@@ -464,8 +464,10 @@ fn decode_attention_folds_rope_and_the_kv_store() {
         (true, 4, 1, 256, 256, 0.0625, 0, 255),
         (true, 9, 3, 64, 64, 1.0, 0, 0),
         (false, 4, 2, 64, 48, 0.5, 40, 77),
+        // one split of 256: its positions in tiles of 64, the token's own in the last
+        (false, 8, 2, 128, 128, 1.0, 0, 200),
     ] {
-        let (n_ctx, splits) = (256usize, 4usize);
+        let (n_ctx, splits) = (256usize, if pos0 == 200 { 1 } else { 4 });
         let chunk = n_ctx.div_ceil(splits);
         let factors: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.25).collect();
         let mut table = vec![0f32; n_ctx * n_rot];
@@ -837,6 +839,9 @@ fn split_attention_matches_an_f64_softmax() {
     // decode with a sliding window that starts inside a split, head_dim 256 and 64
     attention_case(&ctx, 4, 1, 256, 1024, 700, 1, 16, 100, &mut seed);
     attention_case(&ctx, 9, 3, 64, 2048, 1500, 1, 32, 0, &mut seed);
+    // splits of more than one tile of 64 positions (op_attention_decode's are 456 here, as
+    // in a context past 8192 with 128 splits): the online softmax across tiles
+    attention_case(&ctx, 4, 2, 64, 2048, 1800, 1, 4, 0, &mut seed);
 }
 
 #[test]

@@ -860,7 +860,15 @@ fn build_graph(
     // few workgroups are bound by latency: in groups of 8, a decode step's attention ran
     // 2.5x slower on an H200).
     let (attention, group, grain) = if s == 1 {
-        let forced_off = std::env::var("LOWBIT_GPU_ATTN_DECODE").is_ok_and(|v| v == "0");
+        let forced_off = match std::env::var("LOWBIT_GPU_ATTN_DECODE") {
+            Ok(v) if v == "0" => true,
+            Ok(v) if v == "1" => false,
+            Ok(v) => {
+                eprintln!("warning: LOWBIT_GPU_ATTN_DECODE={v} is neither 0 nor 1: using 1");
+                false
+            }
+            Err(_) => false,
+        };
         if !forced_off
             && ctx.subgroup_ops(ops::DECODE_ATTENTION_LANES)
             && ctx.has_source(DECODE_ATTENTION)

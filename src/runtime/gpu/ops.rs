@@ -390,7 +390,8 @@ mod tests {
                 }
             }
         }
-        // Early in a long context the splits share the positions: 513 over 64 splits of 16.
+        // Early in a long context more splits share the positions: 513 go to 33 splits of 16
+        // (9 of 64 with the fixed chunk).
         assert_eq!(split_chunk(512, 64, 64, 8), 16);
         assert_eq!(split_chunk(0, 64, 64, 8), 8);
         assert_eq!(split_chunk(4095, 64, 64, 8), 64);

@@ -145,7 +145,7 @@ use crate::ggml::GgmlType;
 
 const COMMON_WGSL: &str = include_str!("shaders/weights/common.wgsl");
 const MATVEC_WGSL: &str = include_str!("shaders/weights/matvec.wgsl");
-/// The single-token body of Q6_K (each byte of a block read once; matvec.wgsl's bindings,
+/// The single-token body of Q6_K (each `ql` and `qh` byte read once; matvec.wgsl's bindings,
 /// grid and reduction).
 const MATVEC_Q6_K_WGSL: &str = include_str!("shaders/weights/matvec_q6_k.wgsl");
 const MATMUL_WGSL: &str = include_str!("shaders/weights/matmul.wgsl");

@@ -15,11 +15,14 @@
 //   KV head's first query head whose split holds pos stores them into the cache row pos for
 //   later steps (no workgroup of this dispatch reads that row from the cache). One dispatch
 //   less per layer.
-// - Positions per split follow the position (`split_chunk` in common.wgsl): pos + 1
-//   positions spread over all the splits, a multiple of `grain` per split, at most `chunk`;
-//   attention.wgsl gives each split `chunk` positions whatever the position, so early in a
-//   long context a few workgroups did all the work.
-// - Each score is one cluster of LANES invocations: lane c of the cluster takes the key's
+// - Positions per split follow the position (`split_chunk` in common.wgsl, with the host's
+//   grain; grain 0 gives the fixed `chunk`, as the combine reads it): ceil((pos + 1) / splits)
+//   rounded up to a multiple of grain, at most `chunk`; attention.wgsl gives each split
+//   `chunk` positions whatever the position, so early in a long context a few workgroups did
+//   all the work (at position 512 of 64 splits: 33 splits of 16 positions instead of 9 of 64).
+//   A split of more than WG positions (contexts past 8192) takes them in tiles of WG.
+// - Each score is one cluster of LANES invocations (consecutive lanes of one subgroup, by
+//   subgroup_invocation_id: the shuffles exchange by lane): lane c of the cluster takes the key's
 //   words c, c + LANES, ... (adjacent lanes, adjacent words: one coalesced read per key) and
 //   the cluster adds its partial dots with three subgroupShuffleXor steps; WG / LANES
 //   positions per pass. attention.wgsl had each invocation walk a whole key alone.
@@ -43,7 +46,7 @@ struct P {
     // 0: every earlier position
     window: u32,
     kq_scale: f32,
-    // Positions per split are a multiple of this (`split_chunk`; at least 1 here).
+    // Positions per split are a multiple of this (`split_chunk`; 0: the fixed chunk).
     grain: u32,
     // RoPE (rope_kv.wgsl): rotated dims, 1 for NEOX pairs, Q's scale.
     n_rot: u32,
@@ -134,6 +137,7 @@ fn main(
     @builtin(subgroup_id) sg: u32,
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_size) sg_size: u32,
 ) {
     let head = wid.x;
     let split = wid.y;
@@ -144,7 +148,7 @@ fn main(
     if p.window > 0u && pos + 1u > p.window {
         lo = pos + 1u - p.window;
     }
-    let c = split_chunk(pos, p.splits, p.chunk, max(p.grain, 1u));
+    let c = split_chunk(pos, p.splits, p.chunk, p.grain);
     let start = max(lo, split * c);
     let end = min(pos + 1u, (split + 1u) * c);
     let out = (head * p.splits + split) * (hd + 2u);
@@ -167,8 +171,9 @@ fn main(
             vc[cbase + pos * half + i] = vf[i];
         }
     }
-    let cluster = lid / LANES;
-    let cl = lid % LANES;
+    // Clusters by subgroup lane (sg_size is a multiple of LANES here), WG / LANES of them.
+    let cluster = (sg * sg_size + lane) / LANES;
+    let cl = lane % LANES;
     var m = NEG_BIG;
     var l = 0.0;
     var acc0 = vec2<f32>(0.0);

@@ -13,8 +13,10 @@ struct Step {
 
 // Positions per split of the split attention for a token at position pos
 // (attention_decode.wgsl, attention_combine.wgsl): `chunk`, the splits' fixed size, where
-// grain is 0; else ceil((pos + 1) / splits) rounded up to a multiple of grain, at most chunk,
-// so that the pos + 1 positions spread over all the splits (splits * chunk >= n_ctx > pos).
+// grain is 0; else ceil((pos + 1) / splits) rounded up to a multiple of grain, at most chunk
+// (splits * chunk >= n_ctx > pos, so every position has a split): early in a long context the
+// positions go to ceil((pos + 1) / c) splits of c instead of a few splits of `chunk` (at
+// position 512 with 64 splits and grain 8, 33 splits of 16 instead of 9 of 64).
 fn split_chunk(pos: u32, splits: u32, chunk: u32, grain: u32) -> u32 {
     if grain == 0u {
         return chunk;

@@ -1,8 +1,8 @@
 // Body: y = W x for one token (TOK = 1) over GGML Q6_K rows, in place of matvec.wgsl (same
 // bindings, grid, rows per workgroup and reduction). matvec.wgsl decodes each 32-element
 // unit to floats through `unit` (a funnel-shifted word per 4 bytes, twice per element pair);
-// this body reads each byte of a block once, as llama.cpp's Q6_K matvec does, in lane tasks
-// of 16 weights:
+// this body reads each byte of a block's `ql` and `qh` once (each task re-reads its half's
+// two scale words and d), as llama.cpp's Q6_K matvec does, in lane tasks of 16 weights:
 //
 // Block layout (unit_q6_k.wgsl): element h*128 + s*32 + l (h < 2, s < 4, l < 32) is the
 // nibble s/2 of ql[h*64 + (s%2)*32 + l] with bits 2s .. 2s+1 of qh[h*32 + l] as bits 4..5,
