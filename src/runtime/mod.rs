@@ -198,14 +198,7 @@ pub trait Backend {
         out: &mut Vec<f32>,
     ) -> Result<(), RuntimeError> {
         check_rows(tokens.len(), from)?;
-        if from > 0 {
-            self.prefill(&tokens[..from], start)?;
-        }
-        for (i, &t) in tokens.iter().enumerate().skip(from) {
-            self.decode(t, start + i)?;
-            out.extend_from_slice(self.logits()?);
-        }
-        Ok(())
+        prefill_logits_by_steps(self, tokens, start, from, out)
     }
     /// Runs one token at `pos`; keeps its logits.
     fn decode(&mut self, token: u32, pos: usize) -> Result<(), RuntimeError>;
@@ -269,6 +262,26 @@ pub fn greedy_steps<B: Backend + ?Sized>(
 pub fn check_rewind(pos: usize, len: usize) -> Result<(), RuntimeError> {
     if pos > len {
         return Err(RuntimeError::NonContiguous { pos, expected: len });
+    }
+    Ok(())
+}
+
+/// [`Backend::prefill_logits`] the slow way (the trait's default, and the GPU's where no
+/// bucket's logits fit a binding): the first `from` tokens as one prefill, then one decode
+/// step per scored position, its logits appended to `out`.
+pub fn prefill_logits_by_steps<B: Backend + ?Sized>(
+    be: &mut B,
+    tokens: &[u32],
+    start: usize,
+    from: usize,
+    out: &mut Vec<f32>,
+) -> Result<(), RuntimeError> {
+    if from > 0 {
+        be.prefill(&tokens[..from], start)?;
+    }
+    for (i, &t) in tokens.iter().enumerate().skip(from) {
+        be.decode(t, start + i)?;
+        out.extend_from_slice(be.logits()?);
     }
     Ok(())
 }

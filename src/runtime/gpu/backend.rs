@@ -726,14 +726,19 @@ impl GpuBackend {
     }
 
     /// Runs graph `gi` on `tokens` at `start`: ids and step written, one command buffer.
-    fn run(&mut self, gi: usize, tokens: &[u32], start: usize) {
+    /// With `tail`, the bound [`LogitsTail`]'s items follow the graph in the same pass.
+    fn run(&mut self, gi: usize, tokens: &[u32], start: usize, tail: bool) {
         let g = &self.graphs[gi];
         let mut ids = vec![0u32; g.acts.s];
         ids[..tokens.len()].copy_from_slice(tokens);
         self.ctx
             .queue
             .write_buffer(&g.acts.ids, 0, bytemuck::cast_slice(&ids));
-        self.submit_graph(gi, start, tokens.len(), None);
+        let extra: &[Item] = match &self.logits_tail {
+            Some(Some(t)) if tail => &t.items,
+            _ => &[],
+        };
+        self.submit_graph_with(gi, start, tokens.len(), None, extra);
         self.next_pos = start + tokens.len();
         self.has_logits = true;
         self.host_logits_valid = false;
@@ -1393,7 +1398,7 @@ impl Backend for GpuBackend {
             .iter()
             .position(|g| g.acts.s >= tokens.len())
             .unwrap_or(self.graphs.len() - 1);
-        self.run(gi, tokens, start);
+        self.run(gi, tokens, start, false);
         Ok(())
     }
 
@@ -1417,14 +1422,7 @@ impl Backend for GpuBackend {
             self.logits_tail = Some(self.bind_logits_tail()?);
         }
         let Some(Some(tail)) = &self.logits_tail else {
-            if from > 0 {
-                self.prefill(&tokens[..from], start)?;
-            }
-            for (i, &t) in tokens.iter().enumerate().skip(from) {
-                self.decode(t, start + i)?;
-                out.extend_from_slice(self.logits()?);
-            }
-            return Ok(());
+            return crate::runtime::prefill_logits_by_steps(self, tokens, start, from, out);
         };
         let (gi, s) = (tail.gi, self.graphs[tail.gi].acts.s);
         let nv = self.model.layout.hyper.n_vocab;
@@ -1437,16 +1435,10 @@ impl Backend for GpuBackend {
                 off += len;
                 continue;
             }
+            self.run(gi, span, start + off, true);
             let Some(Some(tail)) = &self.logits_tail else {
                 unreachable!("bound above");
             };
-            let g = &self.graphs[gi];
-            let mut ids = vec![0u32; s];
-            ids[..len].copy_from_slice(span);
-            self.ctx
-                .queue
-                .write_buffer(&g.acts.ids, 0, bytemuck::cast_slice(&ids));
-            self.submit_graph_with(gi, start + off, len, None, &tail.items);
             let first = from.saturating_sub(off);
             let bytes = self
                 .ctx
@@ -1454,9 +1446,6 @@ impl Backend for GpuBackend {
                 .map_err(gpu_err)?;
             let rows: &[f32] = bytemuck::cast_slice(&bytes);
             out.extend_from_slice(&rows[first * nv..len * nv]);
-            self.next_pos = start + off + len;
-            self.has_logits = true;
-            self.host_logits_valid = false;
             off += len;
         }
         Ok(())
@@ -1464,7 +1453,7 @@ impl Backend for GpuBackend {
 
     fn decode(&mut self, token: u32, pos: usize) -> Result<(), RuntimeError> {
         self.check_span(&[token], pos, 1)?;
-        self.run(0, &[token], pos);
+        self.run(0, &[token], pos, false);
         Ok(())
     }
 
