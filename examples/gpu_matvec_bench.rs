@@ -10,7 +10,8 @@
 //! target/release/examples/gpu_matvec_bench --configs r16_wg128_sgrows4_p2 --print-source
 //! ```
 //!
-//! `--configs` takes [`MatvecConfig::name`]s without the `ternary_matvec_` prefix (`r4_wg64_sg`
+//! `--configs` takes [`MatvecConfig::name`]s without the `ternary_matvec_` prefix (`q8g_r16_wg128_sgrows4_p1`: x quantized once
+//! by its own dispatch, which the chain figure includes and `product chain` leaves out; `r4_wg64_sg`
 //! split kernel with subgroups, `r4_wg64_wg` with workgroup memory, `r16_wg128_sgrows4_p2`
 //! subgroup rows, `r8_wg128_sgrows2_p2_xs4096` with x staged in workgroup memory); the
 //! default sweeps the former and current decode defaults and their neighbours. Configurations
@@ -188,6 +189,17 @@ fn time_passes(ctx: &GpuContext, bound: &[BoundMatvec], passes: usize) -> Option
 /// ns per matvec of `n` dispatches back to back in one pass: from the pass's timestamps
 /// where present, else host time around the submission.
 fn time_stream(ctx: &GpuContext, bound: &[BoundMatvec], n: usize) -> (f64, &'static str) {
+    time_stream_with(ctx, bound, n, false)
+}
+
+/// [`time_stream`]; `product_only`: without the quantize dispatch of a `q8g` configuration
+/// (x quantized by the first matvec's and left in place).
+fn time_stream_with(
+    ctx: &GpuContext,
+    bound: &[BoundMatvec],
+    n: usize,
+    product_only: bool,
+) -> (f64, &'static str) {
     let qs = ctx.has_timestamps().then(|| {
         ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
             label: Some("stream timestamps"),
@@ -214,7 +226,11 @@ fn time_stream(ctx: &GpuContext, bound: &[BoundMatvec], n: usize) -> (f64, &'sta
             }),
         });
         for i in 0..n {
-            bound[i % bound.len()].encode(&mut pass);
+            if product_only && i > 0 {
+                bound[i % bound.len()].encode_product(&mut pass);
+            } else {
+                bound[i % bound.len()].encode(&mut pass);
+            }
         }
     }
     if let Some(q) = &qs {
@@ -395,9 +411,14 @@ fn main() {
             let kernel = time_passes(&ctx, &bound, passes).map(|mut v| median(&mut v));
             let (chain, how) = time_stream(&ctx, &bound, passes);
             let (overlap, _) = time_stream(&ctx, &bound_own, passes);
+            // q8g: the product alone in a chain (x quantized once), and the quantize kernel's
+            // share of the chain figure.
+            let product = cfg
+                .pre_kernel()
+                .map(|_| time_stream_with(&ctx, &bound, passes, true).0);
             let gbs = |ns: f64| moved as f64 / ns;
             println!(
-                "  {:<36} kernel {:>7} ns {:>6} GB/s | chain {:>7.0} ns {:>6.1} GB/s | overlap {:>7.0} ns {:>6.1} GB/s {:>4.1}% ({how}) | err {:.1e} ({})",
+                "  {:<36} kernel {:>7} ns {:>6} GB/s | chain {:>7.0} ns {:>6.1} GB/s | overlap {:>7.0} ns {:>6.1} GB/s {:>4.1}% ({how}){} | err {:.1e} ({})",
                 cfg.name(),
                 kernel.map(|k| format!("{k:.0}")).unwrap_or("-".into()),
                 kernel.map(|k| format!("{:.1}", gbs(k))).unwrap_or("-".into()),
@@ -406,6 +427,9 @@ fn main() {
                 overlap,
                 gbs(overlap),
                 100.0 * gbs(overlap) / 4800.0,
+                product
+                    .map(|p| format!(" | product chain {p:.0} ns {:.1} GB/s", gbs(p)))
+                    .unwrap_or_default(),
                 worst,
                 if cfg.is_int8() { "rel. to int8 ref" } else { "of f32 tol" }
             );
@@ -415,6 +439,7 @@ fn main() {
                 "kernel_ns": kernel, "kernel_gbs": kernel.map(gbs),
                 "chain_ns": chain, "chain_gbs": gbs(chain),
                 "overlap_ns": overlap, "overlap_gbs": gbs(overlap), "stream_timing": how,
+                "product_chain_ns": product,
                 "max_err_over_tol": worst,
             }));
         }

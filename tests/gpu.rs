@@ -691,6 +691,12 @@ fn int8_decode_kernel_matches_the_cpu_int8_arithmetic() {
         (gpu::decode_q8_config(16384, 2048, false).unwrap(), 2048),
         (MatvecConfig::q8(8, 64, 1, 1, 2048), 256),
         (MatvecConfig::q8(6, 128, 3, 4, 1536), 1536),
+        // x quantized once before the product: the registered defaults, other splits.
+        (gpu::decode_q8_pre_config(4096, false).unwrap(), 4096),
+        (MatvecConfig::q8_pre(16, 128, 2, 2), 1280),
+        (MatvecConfig::q8_pre(8, 64, 1, 1), 256),
+        (MatvecConfig::q8_pre(6, 128, 3, 4), 4352),
+        (MatvecConfig::q8_pre(64, 512, 2, 2), 16384),
     ] {
         for (rms_norm, swiglu, accumulate) in [
             (false, false, false),
@@ -778,7 +784,10 @@ fn int8_decode_kernel_matches_the_cpu_int8_arithmetic() {
                 )
                 .unwrap();
             let got = run_bound(&ctx, &bound, &yb, out);
-            let what = format!("{} K={cols} accumulate={accumulate}", cfg.name());
+            let what = format!(
+                "{} K={cols} rms={rms_norm} accumulate={accumulate}",
+                cfg.name()
+            );
             let mut worst = 0f64;
             for i in 0..out {
                 let (want, tol) = if swiglu {
@@ -816,20 +825,25 @@ fn int8_decode_kernel_matches_the_cpu_int8_arithmetic() {
     }
     // A NaN in x makes every row it touches NaN (the f32 kernels' behaviour), not a finite
     // value with the NaN quantized away; an inf makes them non-finite too.
-    let cfg = gpu::decode_q8_config(64, 1024, false).unwrap();
     let (words, scales) = random_weight(40, 1024, &mut seed);
     let w = upload(&ctx, 40, 1024, &words, &scales);
-    for (k, bad) in [(300usize, f32::NAN), (700, f32::INFINITY)] {
-        let mut x = random_x(1024, &mut seed);
-        x[k] = bad;
-        let y = ctx.matvec(&w, &x, &cfg).unwrap();
-        let b = k / 256;
-        for (r, v) in y.iter().enumerate() {
-            let d = half::f16::from_bits(scales[r * 4 + b]).to_f32();
-            assert!(
-                !v.is_finite() || d == 0.0,
-                "x[{k}] = {bad}: row {r} is {v} (block scale {d})"
-            );
+    for cfg in [
+        gpu::decode_q8_config(64, 1024, false).unwrap(),
+        gpu::decode_q8_pre_config(64, false).unwrap(),
+    ] {
+        for (k, bad) in [(300usize, f32::NAN), (700, f32::INFINITY)] {
+            let mut x = random_x(1024, &mut seed);
+            x[k] = bad;
+            let y = ctx.matvec(&w, &x, &cfg).unwrap();
+            let b = k / 256;
+            for (r, v) in y.iter().enumerate() {
+                let d = half::f16::from_bits(scales[r * 4 + b]).to_f32();
+                assert!(
+                    !v.is_finite() || d == 0.0,
+                    "{}: x[{k}] = {bad}: row {r} is {v} (block scale {d})",
+                    cfg.name()
+                );
+            }
         }
     }
     // Row chunks (several bindings) give the same bits as one binding.
@@ -844,7 +858,11 @@ fn int8_decode_kernel_matches_the_cpu_int8_arithmetic() {
     let up = |c: &GpuContext| upload(c, 70, 4096, &words, &scales);
     let (chunked, whole) = (up(&small), up(&ctx));
     assert!(chunked.chunks.len() > 1);
-    for cfg in [registered, MatvecConfig::q8(6, 128, 3, 4, 4096)] {
+    for cfg in [
+        registered,
+        MatvecConfig::q8(6, 128, 3, 4, 4096),
+        gpu::decode_q8_pre_config(70, false).unwrap(),
+    ] {
         let a = small.matvec(&chunked, &x, &cfg).unwrap();
         let b = ctx.matvec(&whole, &x, &cfg).unwrap();
         assert_eq!(

@@ -472,14 +472,26 @@ fn decode_uses_the_bundles_int8_kernels() {
     assert_eq!(kernel, "int8", "{ternary:?}");
     // Two layers, four products each (Q/K/V, output, gate/up, down).
     assert_eq!(ternary.len(), 2 * 4, "{int8:?}");
+    // Each workgroup quantizing x itself (`q8_`) or x quantized once before the product
+    // (`q8g_`, the quantize kernel named after `+`, the norm in it).
     for l in &ternary {
-        assert!(l.starts_with("ternary_matvec_q8_"), "{l}");
+        assert!(
+            l.starts_with("ternary_matvec_q8_") || l.starts_with("ternary_matvec_q8g_"),
+            "{l}"
+        );
     }
     assert!(
-        ternary.iter().any(|l| l.contains("_rms_swiglu ")),
+        ternary
+            .iter()
+            .any(|l| l.contains("_rms_swiglu ") || l.contains("_swiglu+q8_quantize_rms ")),
         "{ternary:?}"
     );
-    assert!(ternary.iter().any(|l| l.contains("_rms ")), "{ternary:?}");
+    assert!(
+        ternary
+            .iter()
+            .any(|l| l.contains("_rms ") || l.contains("+q8_quantize_rms ")),
+        "{ternary:?}"
+    );
     // The prefill graph's ternary products: the int8 prefill product, each with its
     // quantization pass (one item; `mmq` in the label).
     let mmq: Vec<&String> = prefill.iter().filter(|l| l.contains("_mmq_")).collect();
@@ -517,5 +529,58 @@ fn decode_uses_the_bundles_int8_kernels() {
     assert!(
         f32_prefill.iter().all(|l| !l.contains("_mmq_")),
         "{f32_prefill:?}"
+    );
+}
+
+/// A bundle whose kernels predate the newer decode and prefill kernels (x quantized once per
+/// ternary product: `ternary_q8_quantize*` and `ternary_matvec_q8g_*`; the folded decode
+/// attention `op_attention_decode`; the grouped prefill attention `op_attention_g*`) still
+/// runs on the GPU: each falls back to the kernel before it (the per-workgroup quantization
+/// `ternary_matvec_q8_*`, `op_rope_kv` + `op_attention`, one head per workgroup), as the
+/// labels show, and the output is held to the CPU as the full set's is.
+#[test]
+fn a_bundle_without_the_newer_kernels_falls_back() {
+    let Some(opts) = gpu_options() else { return };
+    let src = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
+    let (_d, b) = make_bundle(&["gguf-to-ternary"], &src);
+    let model = runtime::open_model(&b).unwrap();
+    let mut sources = lowbit::runtime::gpu::kernels::from_bundle(&model.bundle).unwrap();
+    let newer = |n: &str| {
+        n.starts_with("ternary_matvec_q8g_")
+            || n.starts_with("ternary_q8_quantize")
+            || n == "op_attention_decode"
+            || n.starts_with("op_attention_g")
+    };
+    let before = sources.len();
+    sources.retain(|n, _| !newer(n));
+    assert!(
+        sources.len() < before,
+        "the bundle carries the newer kernels"
+    );
+    let older = LoadOptions {
+        gpu_sources: Some(sources),
+        ..opts.clone()
+    };
+    let be = lowbit::runtime::gpu::backend::GpuBackend::new(model, &older).unwrap();
+    let (decode, prefill) = (be.decode_labels(), be.prefill_labels());
+    for l in decode.iter().chain(&prefill) {
+        assert!(!newer(l.split([' ', '+']).next().unwrap()), "{l}");
+    }
+    assert!(decode.iter().any(|l| l == "op_attention"), "{decode:?}");
+    let ctx = lowbit::runtime::gpu::context_for_tests(&Default::default()).unwrap();
+    if ctx.has_subgroups() {
+        let q8 = decode
+            .iter()
+            .filter(|l| l.starts_with("ternary_matvec_q8_"))
+            .count();
+        assert_eq!(q8, 2 * 4, "{decode:?}");
+    }
+    drop(be);
+    check_model(
+        "minicpm-tiny (kernels of an older bundle)",
+        &b,
+        &prompts("minicpm-tiny-tq2_0", 2),
+        INT8_TOL,
+        &older,
     );
 }

@@ -490,7 +490,9 @@ impl GpuBackend {
             let labels: Vec<String> = graphs[0].items.iter().map(|i| i.label()).collect();
             let ternary = labels.iter().filter(|l| l.starts_with("ternary_matvec_"));
             let (n, q8) = ternary.fold((0, 0), |(n, q), l| {
-                (n + 1, q + l.starts_with("ternary_matvec_q8_") as usize)
+                let int8 =
+                    l.starts_with("ternary_matvec_q8_") || l.starts_with("ternary_matvec_q8g_");
+                (n + 1, q + int8 as usize)
             });
             match q8 {
                 0 => "f32",

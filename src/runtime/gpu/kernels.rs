@@ -82,6 +82,12 @@ pub fn all() -> Vec<KernelSource> {
             wgsl: c.source(),
         })
         .collect();
+    for rms in [false, true] {
+        v.push(KernelSource {
+            name: super::q8_quantize_name(rms).to_string(),
+            wgsl: super::q8_quantize_source(rms),
+        });
+    }
     v.extend(super::ops::sources());
     v.extend(super::weights::sources());
     v.sort_by(|a, b| a.name.cmp(&b.name));

@@ -52,6 +52,15 @@
 //! after it; kernels named `..._rms`, `..._swiglu`), and every ternary kernel can add its
 //! sums into y instead of storing them ([`Epilogue`], the residual add).
 //!
+//! With int8 activations (`--kernel int8`, the default) decode takes [`MatvecKernel::Q8Pre`]:
+//! a quantize dispatch ([`q8_quantize_source`], the RMSNorm folded in where one comes before)
+//! writes x as int8 groups with each 64-element unit's `sum q` and its block's `da` into the
+//! context's scratch ([`GpuContext::q8_vec_scratch`]), and the product
+//! (`shaders/ternary_matvec_q8g.wgsl`, the subgroup-rows split) takes each unit's
+//! `sum c*q - sum q` exactly with `dot4I8Packed`. [`MatvecKernel::Q8`] (each workgroup
+//! quantizes all of x into workgroup memory itself) is the fallback for a bundle whose
+//! kernels predate it and `LOWBIT_GPU_Q8_PRE=0`; both give the same int8 values.
+//!
 //! # Limits
 //!
 //! A weight whose codes exceed the adapter's `max_storage_buffer_binding_size` (or
@@ -78,6 +87,10 @@ const TERNARY_MATVEC_ROWS_WGSL: &str = include_str!("shaders/ternary_matvec_rows
 /// The int8-activation decode matvec's helpers; the host prepends the parameters and appends
 /// `main`.
 const TERNARY_MATVEC_Q8_WGSL: &str = include_str!("shaders/ternary_matvec_q8.wgsl");
+/// The int8 decode products' shared part (parameters, bindings but x, epilogue, unit dot).
+const TERNARY_MATVEC_Q8_BODY_WGSL: &str = include_str!("shaders/ternary_matvec_q8_body.wgsl");
+/// The int8 decode product of x quantized once before it ([`MatvecKernel::Q8Pre`]).
+const TERNARY_MATVEC_Q8G_WGSL: &str = include_str!("shaders/ternary_matvec_q8g.wgsl");
 /// The int8 activations' helpers (quantization, `word_dot`), prepended to every int8 kernel.
 pub(crate) const Q8_COMMON_WGSL: &str = include_str!("shaders/q8_common.wgsl");
 
@@ -369,6 +382,19 @@ pub enum MatvecKernel {
         /// workgroup memory holds `max_cols + max_cols / 16 + max_cols / 32` bytes.
         max_cols: u32,
     },
+    /// The int8 product of x quantized once before it: a quantize dispatch
+    /// ([`q8_quantize_name`], with the RMSNorm folded in where `fuse.rms_norm`) writes x's int8
+    /// groups and each 64-element unit's sum q and block `da` to the context's scratch
+    /// ([`GpuContext::q8_vec_scratch`]), then the product (`shaders/ternary_matvec_q8g.wgsl`;
+    /// needs SUBGROUP) reads them from there: no workgroup memory and no barrier, so its
+    /// workgroups can be small and many. The same quantization and per-unit arithmetic as
+    /// [`MatvecKernel::Q8`], so the same values up to the order the driver contracts in.
+    Q8Pre {
+        /// Rows a subgroup computes at once, sharing each unit's activations (1..=8).
+        rows_per_subgroup: u32,
+        /// Units per lane per chunk whose codes are loaded before any is used: 1, 2 or 4.
+        units_in_flight: u32,
+    },
 }
 
 /// The largest K an int8-activation matvec ([`MatvecKernel::Q8`]) is built for.
@@ -492,17 +518,48 @@ impl MatvecConfig {
         }
     }
 
+    /// A [`MatvecKernel::Q8Pre`] configuration (int8 activations quantized once before the
+    /// product).
+    pub fn q8_pre(
+        rows_per_workgroup: u32,
+        workgroup_size: u32,
+        rows_per_subgroup: u32,
+        units_in_flight: u32,
+    ) -> Self {
+        MatvecConfig {
+            rows_per_workgroup,
+            workgroup_size,
+            reduction: Reduction::Subgroup,
+            kernel: MatvecKernel::Q8Pre {
+                rows_per_subgroup,
+                units_in_flight,
+            },
+            fuse: Fuse::default(),
+        }
+    }
+
     /// Whether this configuration takes a weight of `cols` columns.
     pub fn takes_cols(&self, cols: usize) -> bool {
         match self.kernel {
             MatvecKernel::Q8 { max_cols, .. } => cols <= max_cols as usize,
+            MatvecKernel::Q8Pre { .. } => cols <= MAX_Q8_COLS as usize,
             _ => true,
         }
     }
 
     /// Whether this configuration quantizes the activations to int8.
     pub fn is_int8(&self) -> bool {
-        matches!(self.kernel, MatvecKernel::Q8 { .. })
+        matches!(
+            self.kernel,
+            MatvecKernel::Q8 { .. } | MatvecKernel::Q8Pre { .. }
+        )
+    }
+
+    /// The quantize kernel a [`MatvecKernel::Q8Pre`] configuration dispatches before its
+    /// product (with the RMSNorm where `fuse.rms_norm`); `None` for the others.
+    pub fn pre_kernel(&self) -> Option<&'static str> {
+        matches!(self.kernel, MatvecKernel::Q8Pre { .. })
+            .then(|| q8_quantize_name(self.fuse.rms_norm))
     }
 
     /// This configuration with `fuse`.
@@ -553,6 +610,20 @@ impl MatvecConfig {
                     max_cols
                 ) + self.fuse.suffix()
             }
+            MatvecKernel::Q8Pre {
+                rows_per_subgroup,
+                units_in_flight,
+            } => {
+                // The product is the same with or without the norm (the quantize kernel
+                // applies it): its name carries SwiGLU only.
+                format!(
+                    "ternary_matvec_q8g_r{}_wg{}_sgrows{}_p{}",
+                    self.rows_per_workgroup,
+                    self.workgroup_size,
+                    rows_per_subgroup,
+                    units_in_flight
+                ) + if self.fuse.swiglu { "_swiglu" } else { "" }
+            }
         }
     }
 
@@ -562,6 +633,9 @@ impl MatvecConfig {
         let s = name.strip_prefix("ternary_matvec_").unwrap_or(name);
         if let Some(q) = s.strip_prefix("q8_") {
             return Self::parse_q8(q);
+        }
+        if let Some(q) = s.strip_prefix("q8g_") {
+            return Self::parse_q8_pre(q);
         }
         let mut it = s.split('_');
         let rows = it.next()?.strip_prefix('r')?.parse().ok()?;
@@ -621,6 +695,23 @@ impl MatvecConfig {
             .then(|| MatvecConfig::q8(rows, wg, rs, p, k).fused(fuse))
     }
 
+    /// `r8_wg64_sgrows4_p1[_swiglu]` (after `ternary_matvec_q8g_`).
+    fn parse_q8_pre(s: &str) -> Option<MatvecConfig> {
+        let mut it = s.split('_');
+        let rows = it.next()?.strip_prefix('r')?.parse().ok()?;
+        let wg = it.next()?.strip_prefix("wg")?.parse().ok()?;
+        let rs = it.next()?.strip_prefix("sgrows")?.parse().ok()?;
+        let p = it.next()?.strip_prefix('p')?.parse().ok()?;
+        let mut fuse = Fuse::default();
+        let mut next = it.next();
+        if next == Some("swiglu") {
+            fuse.swiglu = true;
+            next = it.next();
+        }
+        next.is_none()
+            .then(|| MatvecConfig::q8_pre(rows, wg, rs, p).fused(fuse))
+    }
+
     /// The WGSL source of this variant.
     pub fn source(&self) -> String {
         match self.kernel {
@@ -669,16 +760,40 @@ impl MatvecConfig {
                 units_in_flight,
                 max_cols,
             } => format!(
-                "// {}: parameters prepended and entry point generated by the host (src/runtime/gpu/mod.rs)\nconst ROWS: u32 = {}u;\nconst WG: u32 = {}u;\nconst RS: u32 = {}u;\nconst P: u32 = {}u;\nconst XK: u32 = {}u;\n\n{}\n{}\n{}",
+                "// {}: parameters prepended and entry point generated by the host (src/runtime/gpu/mod.rs)\nconst ROWS: u32 = {}u;\nconst WG: u32 = {}u;\nconst RS: u32 = {}u;\nconst P: u32 = {}u;\nconst XK: u32 = {}u;\n\n{}\n{}\n{}\n{}",
                 self.name(),
                 self.rows_per_workgroup,
                 self.workgroup_size,
                 rows_per_subgroup,
                 units_in_flight,
                 max_cols,
-                Q8_COMMON_WGSL,
                 TERNARY_MATVEC_Q8_WGSL,
-                q8_main(rows_per_subgroup, units_in_flight, self.fuse),
+                Q8_COMMON_WGSL,
+                TERNARY_MATVEC_Q8_BODY_WGSL,
+                q8_main(rows_per_subgroup, units_in_flight, self.fuse, false),
+            ),
+            MatvecKernel::Q8Pre {
+                rows_per_subgroup,
+                units_in_flight,
+            } => format!(
+                "// {}: parameters prepended and entry point generated by the host (src/runtime/gpu/mod.rs)\nconst ROWS: u32 = {}u;\nconst WG: u32 = {}u;\nconst RS: u32 = {}u;\nconst P: u32 = {}u;\n\n{}\n{}\n{}\n{}",
+                self.name(),
+                self.rows_per_workgroup,
+                self.workgroup_size,
+                rows_per_subgroup,
+                units_in_flight,
+                TERNARY_MATVEC_Q8G_WGSL,
+                Q8_COMMON_WGSL,
+                TERNARY_MATVEC_Q8_BODY_WGSL,
+                q8_main(
+                    rows_per_subgroup,
+                    units_in_flight,
+                    Fuse {
+                        rms_norm: false,
+                        swiglu: self.fuse.swiglu
+                    },
+                    true
+                ),
             ),
         }
     }
@@ -711,6 +826,133 @@ fn rms_scale(w: &mut dyn FnMut(String)) {
     w("        total += ssq[i];".into());
     w("    }".into());
     w("    let rinv = 1.0 / sqrt(total / f32(params.cols) + params.eps);".into());
+}
+
+/// Invocations per workgroup of the decode quantize kernel ([`q8_quantize_name`]): one per
+/// 16-element group, so a workgroup quantizes 4096 activations.
+pub const Q8_QUANTIZE_WG: u32 = 256;
+
+/// The decode quantize kernel of [`MatvecKernel::Q8Pre`]: `ternary_q8_quantize`, or with the
+/// RMSNorm folded in (`rms`) `ternary_q8_quantize_rms`.
+pub fn q8_quantize_name(rms: bool) -> &'static str {
+    if rms {
+        "ternary_q8_quantize_rms"
+    } else {
+        "ternary_q8_quantize"
+    }
+}
+
+/// The WGSL of [`q8_quantize_name`]`(rms)`: x [K] f32 (K a multiple of 256) to the int8 x of
+/// `shaders/ternary_matvec_q8g.wgsl`, quantized as [`MatvecKernel::Q8`] quantizes it in each
+/// workgroup (the same expressions, the norm's sum of squares in the same order for the
+/// same workgroup size: the same int8 values and `da`). Bindings: x (0), the output (1), the
+/// parameters `(K, eps, 0, 0)` (2) and with `rms` the norm's weight (3). Workgroup `i` takes
+/// groups `256 i ..` (blocks `16 i ..`); with `rms` every workgroup adds up `x . x` itself.
+pub fn q8_quantize_source(rms: bool) -> String {
+    use std::fmt::Write;
+    let mut m = String::new();
+    let mut w = |line: String| {
+        let _ = writeln!(m, "{line}");
+    };
+    w(format!(
+        "// {}: generated by the host (src/runtime/gpu/mod.rs, q8_quantize_source)",
+        q8_quantize_name(rms)
+    ));
+    w(format!("const WG: u32 = {Q8_QUANTIZE_WG}u;"));
+    w(Q8_COMMON_WGSL.into());
+    w("struct QParams {".into());
+    w("    cols: u32,".into());
+    w("    eps: f32,".into());
+    w("    _pad0: u32,".into());
+    w("    _pad1: u32,".into());
+    w("}".into());
+    w("@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;".into());
+    w("@group(0) @binding(1) var<storage, read_write> xq: array<vec4<u32>>;".into());
+    w("@group(0) @binding(2) var<uniform> params: QParams;".into());
+    if rms {
+        w("@group(0) @binding(3) var<storage, read> nw: array<vec4<f32>>;".into());
+        w("var<workgroup> ssq: array<f32, WG / 4u>;".into());
+    }
+    w(
+        "// Per block of the workgroup: max |x| as f32 bits (a NaN as 0x7fc00000, above every"
+            .into(),
+    );
+    w("// other); per unit: sum q.".into());
+    w("var<workgroup> bmax: array<atomic<u32>, WG / 16u>;".into());
+    w("var<workgroup> usum: array<atomic<i32>, WG / 4u>;".into());
+    w(String::new());
+    w("@compute @workgroup_size(WG)".into());
+    w("fn main(".into());
+    w("    @builtin(workgroup_id) wid: vec3<u32>,".into());
+    w("    @builtin(local_invocation_index) lid: u32,".into());
+    w("    @builtin(subgroup_id) sg: u32,".into());
+    w("    @builtin(subgroup_invocation_id) lane: u32,".into());
+    w("    @builtin(num_subgroups) nsg: u32,".into());
+    w(") {".into());
+    w("    let groups = params.cols / 16u;".into());
+    if rms {
+        rms_scale(&mut w);
+    }
+    w("    if lid < WG / 16u {".into());
+    w("        atomicStore(&bmax[lid], 0u);".into());
+    w("    }".into());
+    w("    if lid < WG / 4u {".into());
+    w("        atomicStore(&usum[lid], 0);".into());
+    w("    }".into());
+    w("    workgroupBarrier();".into());
+    w(
+        "    // Every invocation reaches every barrier: those past the last group load it again"
+            .into(),
+    );
+    w("    // and store nothing.".into());
+    w("    let g0 = wid.x * WG + lid;".into());
+    w("    let live = g0 < groups;".into());
+    w("    let g = min(g0, groups - 1u);".into());
+    for i in 0..4 {
+        if rms {
+            w(format!(
+                "    let a{i} = (x[4u * g + {i}u] * rinv) * nw[4u * g + {i}u];"
+            ));
+        } else {
+            w(format!("    let a{i} = x[4u * g + {i}u];"));
+        }
+    }
+    w("    if live {".into());
+    w("        let m4 = max(max(abs(a0), abs(a1)), max(abs(a2), abs(a3)));".into());
+    w("        let nan = any(nan4(a0) | nan4(a1) | nan4(a2) | nan4(a3));".into());
+    w("        let mb = bitcast<u32>(max(max(m4.x, m4.y), max(m4.z, m4.w)));".into());
+    w("        atomicMax(&bmax[lid / 16u], select(mb, 0x7fc00000u, nan));".into());
+    w("    }".into());
+    w("    workgroupBarrier();".into());
+    w("    let amax = bitcast<f32>(atomicLoad(&bmax[lid / 16u]));".into());
+    w("    let d = amax / 127.0;".into());
+    w("    let id = select(0.0, 1.0 / d, amax > 0.0);".into());
+    for i in 0..4 {
+        w(format!("    let q{i} = quant4(a{i} * id);"));
+    }
+    w("    if live {".into());
+    w("        xq[g] = vec4<u32>(".into());
+    w("            pack4xI8(vec4<i32>(q0.x, q1.x, q2.x, q3.x)),".into());
+    w("            pack4xI8(vec4<i32>(q0.y, q1.y, q2.y, q3.y)),".into());
+    w("            pack4xI8(vec4<i32>(q0.z, q1.z, q2.z, q3.z)),".into());
+    w("            pack4xI8(vec4<i32>(q0.w, q1.w, q2.w, q3.w)),".into());
+    w("        );".into());
+    w("        let t = (q0 + q1) + (q2 + q3);".into());
+    w("        atomicAdd(&usum[lid / 4u], (t.x + t.y) + (t.z + t.w));".into());
+    w("    }".into());
+    w("    workgroupBarrier();".into());
+    w("    // Units 2i and 2i + 1 (one block: the same da) in one vec4 after the groups.".into());
+    w("    if live && (lid & 7u) == 0u {".into());
+    w("        let u = lid / 4u;".into());
+    w("        xq[groups + g / 8u] = vec4<u32>(".into());
+    w("            bitcast<u32>(atomicLoad(&usum[u])),".into());
+    w("            bitcast<u32>(d),".into());
+    w("            bitcast<u32>(atomicLoad(&usum[u + 1u])),".into());
+    w("            bitcast<u32>(d),".into());
+    w("        );".into());
+    w("    }".into());
+    w("}".into());
+    m
 }
 
 /// The end of a subgroup pass over `rs` rows, each line indented by `ind`: each row's sum over
@@ -926,13 +1168,12 @@ fn rows_main_tiled(rs: u32, p: u32, wg: u32, x_tile: u32, fuse: Fuse) -> String 
 /// over `rs` rows and `p` units per chunk: the workgroup quantizes x (with `fuse.rms_norm`,
 /// x normalized first, as the `_rms` subgroup-rows kernel does) into workgroup memory, then its
 /// subgroups take the rows `rs` at a time as `rows_main` does. With `fuse.swiglu` each pass
-/// also takes the up rows `row + params.rows` and stores `silu(gate) * up`.
-fn q8_main(rs: u32, p: u32, fuse: Fuse) -> String {
+/// also takes the up rows `row + params.rows` and stores `silu(gate) * up`. With `pre`, the
+/// [`MatvecKernel::Q8Pre`] product: no quantization (x is already int8 in the layout of
+/// `shaders/ternary_matvec_q8g.wgsl`, read from binding 2), the same passes and unit terms.
+fn q8_main(rs: u32, p: u32, fuse: Fuse, pre: bool) -> String {
     use std::fmt::Write;
     let mut m = String::new();
-    let nr = if fuse.swiglu { 2 * rs } else { rs };
-    let rows = 0..nr;
-    let units = 0..p;
     // `writeln!` into a String cannot fail.
     let mut w = |line: String| {
         let _ = writeln!(m, "{line}");
@@ -966,10 +1207,25 @@ fn q8_main(rs: u32, p: u32, fuse: Fuse) -> String {
     if fuse.rms_norm {
         rms_scale(&mut w);
     }
+    if !pre {
+        q8_stage(&mut w, fuse.rms_norm);
+    }
+    w(
+        "    // Passes over the workgroup's rows (no barrier below: a subgroup may stop early)."
+            .into(),
+    );
+    q8_passes(&mut w, rs, p, fuse, pre);
+    w("}".into());
+    m
+}
+
+/// The per-workgroup quantization of x into workgroup memory ([`MatvecKernel::Q8`]), ending
+/// with a barrier.
+fn q8_stage(w: &mut dyn FnMut(String), rms: bool) {
     // x's 16-element group g as four vec4s (normalized with the RMSNorm folded in).
     let load16 = |w: &mut dyn FnMut(String), ind: &str| {
         for i in 0..4 {
-            if fuse.rms_norm {
+            if rms {
                 w(format!(
                     "{ind}let a{i} = (x[4u * g + {i}u] * rinv) * nw[4u * g + {i}u];"
                 ));
@@ -987,7 +1243,7 @@ fn q8_main(rs: u32, p: u32, fuse: Fuse) -> String {
     w("    workgroupBarrier();".into());
     w("    // Each block's max |x| (16 invocations per block).".into());
     w("    for (var g = lid; g < groups; g += WG) {".into());
-    load16(&mut w, "        ");
+    load16(w, "        ");
     w("        let m4 = max(max(abs(a0), abs(a1)), max(abs(a2), abs(a3)));".into());
     w("        let nan = any(nan4(a0) | nan4(a1) | nan4(a2) | nan4(a3));".into());
     w("        let mb = bitcast<u32>(max(max(m4.x, m4.y), max(m4.z, m4.w)));".into());
@@ -996,7 +1252,7 @@ fn q8_main(rs: u32, p: u32, fuse: Fuse) -> String {
     w("    workgroupBarrier();".into());
     w("    // q = round(x / da), four words per group, and the unit sums of q.".into());
     w("    for (var g = lid; g < groups; g += WG) {".into());
-    load16(&mut w, "        ");
+    load16(w, "        ");
     w("        let amax = bitcast<f32>(atomicLoad(&bmax[g / 16u]));".into());
     w("        let d = amax / 127.0;".into());
     w("        let id = select(0.0, 1.0 / d, amax > 0.0);".into());
@@ -1016,10 +1272,14 @@ fn q8_main(rs: u32, p: u32, fuse: Fuse) -> String {
     w("        }".into());
     w("    }".into());
     w("    workgroupBarrier();".into());
-    w(
-        "    // Passes over the workgroup's rows (no barrier below: a subgroup may stop early)."
-            .into(),
-    );
+}
+
+/// The subgroup passes over the workgroup's rows of the int8 decode products, each unit's x
+/// from workgroup memory or (`pre`) from binding 2.
+fn q8_passes(w: &mut dyn FnMut(String), rs: u32, p: u32, fuse: Fuse, pre: bool) {
+    let nr = if fuse.swiglu { 2 * rs } else { rs };
+    let rows = 0..nr;
+    let units = 0..p;
     w("    for (var g = sg * RS; g < ROWS; g += nsg * RS) {".into());
     w("        let r0 = row_base + g;".into());
     w("        if r0 >= params.rows {".into());
@@ -1057,13 +1317,25 @@ fn q8_main(rs: u32, p: u32, fuse: Fuse) -> String {
     for j in units.clone() {
         w(format!("            if u{j} < units {{"));
         w(format!("                let xi = 4u * u{j};"));
-        w(format!("                let sw = (u{j} >> 1u) & 3u;"));
-        w("                let xa = xq[xi + sw];".into());
-        w("                let xb = xq[xi + (1u ^ sw)];".into());
-        w("                let xc = xq[xi + (2u ^ sw)];".into());
-        w("                let xd = xq[xi + (3u ^ sw)];".into());
-        w(format!("                let sq = atomicLoad(&usum[u{j}]);"));
-        w(format!("                let dx = bd[u{j} / 4u];"));
+        if pre {
+            w("                let xa = x[xi];".into());
+            w("                let xb = x[xi + 1u];".into());
+            w("                let xc = x[xi + 2u];".into());
+            w("                let xd = x[xi + 3u];".into());
+            w(format!("                let m = x[groups + u{j} / 2u];"));
+            w(format!(
+                "                let sq = bitcast<i32>(select(m.x, m.z, (u{j} & 1u) == 1u));"
+            ));
+            w("                let dx = bitcast<f32>(m.y);".into());
+        } else {
+            w(format!("                let sw = (u{j} >> 1u) & 3u;"));
+            w("                let xa = xq[xi + sw];".into());
+            w("                let xb = xq[xi + (1u ^ sw)];".into());
+            w("                let xc = xq[xi + (2u ^ sw)];".into());
+            w("                let xd = xq[xi + (3u ^ sw)];".into());
+            w(format!("                let sq = atomicLoad(&usum[u{j}]);"));
+            w(format!("                let dx = bd[u{j} / 4u];"));
+        }
         for r in rows.clone() {
             w(format!(
                 "                acc{r} += (e{r}_{j} * dx) * f32(unit_dot(w{r}_{j}, xa, xb, xc, xd) - sq);"
@@ -1072,10 +1344,8 @@ fn q8_main(rs: u32, p: u32, fuse: Fuse) -> String {
         w("            }".into());
     }
     w("        }".into());
-    rows_store(&mut w, rs, fuse.swiglu, "        ");
+    rows_store(w, rs, fuse.swiglu, "        ");
     w("    }".into());
-    w("}".into());
-    m
 }
 
 /// The entry point of the subgroup-rows kernel, unrolled over `rs` rows and `p` units per
@@ -1255,6 +1525,48 @@ pub fn decode_q8_config(rows: usize, cols: usize, swiglu: bool) -> Option<Matvec
     })
 }
 
+/// The [`MatvecKernel::Q8Pre`] decode configuration for a product of `rows` weight rows and
+/// any K up to [`MAX_Q8_COLS`] (`swiglu`: a stacked gate/up weight whose SwiGLU is folded
+/// in), or `None` where the per-workgroup quantization ([`decode_q8_config`]) is to be used:
+/// 8 (output) rows per workgroup of 128 invocations, 2 per subgroup pass, 2 units in flight,
+/// for every product. From run 1 and 2 of benches/gpu/results-2026-12-03d on an NVIDIA H200
+/// (BENCHMARKS.md): with its quantize dispatch, a chain of these took 9.5, 9.3 and 17.6 us
+/// for Q/K/V, output and down against 10.0, 12.3 and 20.8 us with the per-workgroup
+/// quantization (gate/up with SwiGLU 19.6 against 19.3 us), and the 8B model's decode step
+/// 3071 us with it in all four products, 3114 us without it in gate/up, 3288 us without it.
+/// `LOWBIT_GPU_Q8G` = `PLAIN[,SWIGLU]` ([`MatvecConfig::name`]s after
+/// `ternary_matvec_q8g_`, without `_swiglu`; `none` for either) overrides both (a
+/// benchmarking knob: with built-in kernels, which generate any variant; a bundle's kernels
+/// refuse one they lack).
+pub fn decode_q8_pre_config(rows: usize, swiglu: bool) -> Option<MatvecConfig> {
+    let _ = rows;
+    if let Ok(v) = std::env::var("LOWBIT_GPU_Q8G") {
+        let picked: Vec<Option<MatvecConfig>> = v
+            .split(',')
+            .map(|n| match n.trim() {
+                "none" => Some(None),
+                n => MatvecConfig::parse(&format!("q8g_{n}")).map(Some),
+            })
+            .collect::<Option<Vec<_>>>()
+            .unwrap_or_default();
+        match picked[..] {
+            [plain] if !swiglu => return plain,
+            [_] => return None,
+            [plain, glu] => return if swiglu { glu } else { plain },
+            _ => eprintln!(
+                "warning: LOWBIT_GPU_Q8G={v} is not one or two q8g configurations: using the default"
+            ),
+        }
+    }
+    default_q8_pre_config(swiglu)
+}
+
+/// [`decode_q8_pre_config`] without the knob: the registry's.
+fn default_q8_pre_config(swiglu: bool) -> Option<MatvecConfig> {
+    let _ = swiglu;
+    Some(MatvecConfig::q8_pre(8, 128, 2, 2))
+}
+
 /// Every int8 decode configuration [`decode_q8_config`] gives, with the fused variants the
 /// decode graph uses (the RMSNorm folded into each; SwiGLU into the gate/up one): the kernel
 /// registry's list.
@@ -1267,6 +1579,15 @@ pub fn decode_q8_configs() -> Vec<MatvecConfig> {
             for rms_norm in [false, true] {
                 v.push(c.fused(Fuse { rms_norm, swiglu }));
             }
+        }
+    }
+    // The pre-quantized products (the norm is the quantize kernel's: one name each).
+    for swiglu in [false, true] {
+        if let Some(c) = default_q8_pre_config(swiglu) {
+            v.push(c.fused(Fuse {
+                rms_norm: false,
+                swiglu,
+            }));
         }
     }
     v
@@ -1364,6 +1685,8 @@ pub struct GpuContext {
     /// `shaders/weights/q8_quantize.wgsl`, shared by every product of that shape (each
     /// product's quantization pass runs just before it, in order).
     q8_scratch: Mutex<HashMap<(u32, usize), (wgpu::Buffer, wgpu::Buffer)>>,
+    /// [`GpuContext::q8_vec_scratch`]'s buffers, by K.
+    q8_vec: Mutex<HashMap<usize, wgpu::Buffer>>,
 }
 
 impl GpuContext {
@@ -1426,6 +1749,7 @@ impl GpuContext {
             builtin: opts.sources.is_none(),
             extra: Mutex::new(HashMap::new()),
             q8_scratch: Mutex::new(HashMap::new()),
+            q8_vec: Mutex::new(HashMap::new()),
             sources: match &opts.sources {
                 Some(s) => s.clone(),
                 None => kernels::all()
@@ -1481,8 +1805,23 @@ impl GpuContext {
     /// no kernel here folds `fuse` in (never for `Fuse::default()`). A bundle whose kernels
     /// predate a variant gets the next one down the list.
     pub fn decode_config(&self, rows: usize, cols: usize, fuse: Fuse) -> Option<MatvecConfig> {
-        let usable = |c: &MatvecConfig| self.check_config(c).is_ok() && self.has_source(&c.name());
+        let usable = |c: &MatvecConfig| {
+            self.check_config(c).is_ok()
+                && self.has_source(&c.name())
+                && c.pre_kernel().is_none_or(|q| self.has_source(q))
+        };
         if self.int8 && !self.force_workgroup_reduction {
+            // x quantized once per product unless `LOWBIT_GPU_Q8_PRE=0` (a benchmarking
+            // knob: each workgroup quantizes x itself, the former default).
+            let pre = std::env::var("LOWBIT_GPU_Q8_PRE").map_or(true, |v| v != "0");
+            if pre && cols <= MAX_Q8_COLS as usize && cols.is_multiple_of(256) {
+                if let Some(c) = decode_q8_pre_config(rows, fuse.swiglu) {
+                    let c = c.fused(fuse);
+                    if usable(&c) {
+                        return Some(c);
+                    }
+                }
+            }
             if let Some(c) = decode_q8_config(rows, cols, fuse.swiglu) {
                 let c = c.fused(fuse);
                 if usable(&c) {
@@ -1518,9 +1857,9 @@ impl GpuContext {
         let (r, wg) = (cfg.rows_per_workgroup, cfg.workgroup_size);
         let max_rows = match cfg.kernel {
             MatvecKernel::Split => MAX_ROWS_PER_WORKGROUP,
-            MatvecKernel::SubgroupRows { .. } | MatvecKernel::Q8 { .. } => {
-                MAX_ROWS_PER_WORKGROUP_SUBGROUP_ROWS
-            }
+            MatvecKernel::SubgroupRows { .. }
+            | MatvecKernel::Q8 { .. }
+            | MatvecKernel::Q8Pre { .. } => MAX_ROWS_PER_WORKGROUP_SUBGROUP_ROWS,
         };
         if r == 0 || r > max_rows {
             return Err(GpuError::Shape {
@@ -1562,6 +1901,13 @@ impl GpuContext {
             }
             check_rows_split(r, rs, p, cfg.reduction)?;
         }
+        if let MatvecKernel::Q8Pre {
+            rows_per_subgroup: rs,
+            units_in_flight: p,
+        } = cfg.kernel
+        {
+            check_rows_split(r, rs, p, cfg.reduction)?;
+        }
         if let MatvecKernel::SubgroupRows {
             rows_per_subgroup: rs,
             units_in_flight: p,
@@ -1591,6 +1937,12 @@ impl GpuContext {
         }
         let norm_sums = if cfg.fuse.rms_norm { wg as u64 } else { 0 };
         let shared = match (cfg.kernel, cfg.reduction) {
+            // The quantize kernel's: Q8_QUANTIZE_WG / 16 block maxima and / 4 unit sums, and
+            // the norm's subgroup sums.
+            (MatvecKernel::Q8Pre { .. }, _) => {
+                let q = Q8_QUANTIZE_WG as u64;
+                4 * (q / 16 + q / 4) + if cfg.fuse.rms_norm { q } else { 0 }
+            }
             (MatvecKernel::SubgroupRows { x_tile, .. }, _) => 4 * x_tile as u64 + norm_sums,
             (MatvecKernel::Q8 { max_cols, .. }, _) => {
                 let k = max_cols as u64;
@@ -1846,6 +2198,17 @@ impl GpuContext {
             .clone()
     }
 
+    /// The int8 x of one token's [`MatvecKernel::Q8Pre`] products of `cols` columns
+    /// (`cols + cols / 8` bytes: the groups, then the unit sums and block `da`; the layout of
+    /// `shaders/ternary_matvec_q8g.wgsl`), made on first use and shared by every such
+    /// product (each writes it just before reading it, in one queue).
+    pub fn q8_vec_scratch(&self, cols: usize) -> wgpu::Buffer {
+        let mut m = self.q8_vec.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry(cols)
+            .or_insert_with(|| self.vector_buffer("q8 x", (cols + cols / 8) / 4))
+            .clone()
+    }
+
     /// A storage buffer of `n` f32 (a vector the kernels write), readable back.
     pub fn vector_buffer(&self, label: &str, n: usize) -> wgpu::Buffer {
         self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -1932,6 +2295,54 @@ impl GpuContext {
                 ),
             });
         }
+        // Q8Pre: x quantized (and normalized) once into the scratch the product reads.
+        let mut pre = None;
+        let mut x = x;
+        let scratch;
+        if let Some(name) = cfg.pre_kernel() {
+            scratch = self.q8_vec_scratch(w.cols);
+            let qp = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("q8 quantize params"),
+                size: 16,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let eps = norm.map_or(0.0f32, |(_, e)| e);
+            self.queue.write_buffer(
+                &qp,
+                0,
+                bytemuck::cast_slice(&[w.cols as u32, eps.to_bits(), 0, 0]),
+            );
+            let qpipe = self.pipeline_named(name, None)?;
+            let mut entries = vec![
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: x.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: scratch.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 2,
+                    resource: qp.as_entire_binding(),
+                },
+            ];
+            if let Some((n, _)) = norm {
+                entries.push(wgpu::BindGroupEntry {
+                    binding: 3,
+                    resource: n.as_entire_binding(),
+                });
+            }
+            let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(name),
+                layout: &qpipe.get_bind_group_layout(0),
+                entries: &entries,
+            });
+            let groups = (w.cols / 16).div_ceil(Q8_QUANTIZE_WG as usize) as u32;
+            pre = Some((qpipe, bg, groups));
+            x = &scratch;
+        }
         let align = self.limits.min_storage_buffer_offset_alignment as u64;
         let mut parts = Vec::with_capacity(w.chunks.len());
         for c in &w.chunks {
@@ -2013,9 +2424,19 @@ impl GpuContext {
             parts.push((bg, (gx, gy)));
         }
         Ok(BoundMatvec {
+            pre,
             pipeline,
             parts,
-            label: format!("{} {}", cfg.name(), w.name),
+            // Q8Pre: the quantize kernel after the product's name (`+q8_quantize_rms`).
+            label: match cfg.pre_kernel() {
+                Some(q) => format!(
+                    "{}+{} {}",
+                    cfg.name(),
+                    q.trim_start_matches("ternary_"),
+                    w.name
+                ),
+                None => format!("{} {}", cfg.name(), w.name),
+            },
         })
     }
 
@@ -2160,6 +2581,8 @@ impl GpuTernary {
 
 /// A matvec's pipeline, bind groups and grids, ready to encode.
 pub struct BoundMatvec {
+    /// [`MatvecKernel::Q8Pre`]: the quantize dispatch that writes the product's int8 x.
+    pub(crate) pre: Option<(wgpu::ComputePipeline, wgpu::BindGroup, u32)>,
     pipeline: wgpu::ComputePipeline,
     parts: Vec<(wgpu::BindGroup, (u32, u32))>,
     /// `kernel weight`, for profiles.
@@ -2169,6 +2592,17 @@ pub struct BoundMatvec {
 impl BoundMatvec {
     /// Records the dispatches (one per row chunk) into `pass`.
     pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+        if let Some((p, bg, groups)) = &self.pre {
+            pass.set_pipeline(p);
+            pass.set_bind_group(0, bg, &[]);
+            pass.dispatch_workgroups(*groups, 1, 1);
+        }
+        self.encode_product(pass);
+    }
+
+    /// Records the product's dispatches only (without a [`MatvecKernel::Q8Pre`] kernel's
+    /// quantize dispatch: the benchmarks time the two apart).
+    pub fn encode_product(&self, pass: &mut wgpu::ComputePass<'_>) {
         pass.set_pipeline(&self.pipeline);
         for (bg, (gx, gy)) in &self.parts {
             pass.set_bind_group(0, bg, &[]);
@@ -2178,7 +2612,7 @@ impl BoundMatvec {
 
     /// Dispatches per matvec.
     pub fn dispatches(&self) -> usize {
-        self.parts.len()
+        self.parts.len() + self.pre.is_some() as usize
     }
 }
 

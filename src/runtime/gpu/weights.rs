@@ -612,9 +612,18 @@ impl Bound {
 
 impl From<BoundMatvec> for Bound {
     fn from(b: BoundMatvec) -> Bound {
+        // A Q8Pre product's quantize dispatch stays in front of it.
+        let pre = b.pre.map(|(pipeline, bg, groups)| {
+            Box::new(Bound {
+                label: String::new(),
+                pre: None,
+                pipeline,
+                parts: vec![(bg, [groups, 1, 1])],
+            })
+        });
         Bound {
             label: b.label,
-            pre: None,
+            pre,
             pipeline: b.pipeline,
             parts: b
                 .parts

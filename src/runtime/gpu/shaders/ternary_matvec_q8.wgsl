@@ -32,29 +32,11 @@
 //   const P: u32      units per lane per chunk (1, 2 or 4)
 //   const XK: u32     the largest K the kernel takes (its workgroup memory: XK + XK/16 + XK/32
 //                     bytes)
-// and appends the entry point `main`, unrolled over the RS rows and P units.
+// then q8_common.wgsl and ternary_matvec_q8_body.wgsl (parameters, bindings other than x,
+// the epilogue, the unit dot product), and appends the entry point `main`, unrolled over the
+// RS rows and P units.
 
-struct Params {
-    // Rows of this dispatch (output rows; with SwiGLU the gate rows, the up rows following).
-    rows: u32,
-    // K, a multiple of 256, at most XK.
-    cols: u32,
-    // Workgroups along x of the dispatch grid (a grid past 65,535 workgroups is 2-D).
-    groups_x: u32,
-    // 1: the residual epilogue, y[i] = y[i] + sum * scale; 0: y[i] = sum.
-    accumulate: u32,
-    scale: f32,
-    // The folded RMSNorm's epsilon (kernels named `_rms`).
-    eps: f32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
-@group(0) @binding(0) var<storage, read> codes: array<vec4<u32>>;
-@group(0) @binding(1) var<storage, read> scales: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> params: Params;
 
 // x quantized: one vec4<u32> per 16-element group (layout above).
 var<workgroup> xq: array<vec4<u32>, XK / 16u>;
@@ -67,42 +49,8 @@ var<workgroup> bd: array<f32, XK / 256u>;
 // Per unit of 64: the sum of q.
 var<workgroup> usum: array<atomic<i32>, XK / 64u>;
 
-// Stores row i's sum: y[i] = sum, or with the residual epilogue y[i] = y[i] + sum * scale.
-fn store_y(i: u32, sum: f32) {
-    if params.accumulate == 1u {
-        y[i] = y[i] + sum * params.scale;
-    } else {
-        y[i] = sum;
-    }
-}
-
-// IEEE binary16 bits (low 16 bits of h) to f32, exactly.
-fn f16_bits_to_f32(h: u32) -> f32 {
-    let sign = (h & 0x8000u) << 16u;
-    let e = (h >> 10u) & 0x1fu;
-    let m = h & 0x3ffu;
-    if e == 0u {
-        return bitcast<f32>(sign | bitcast<u32>(f32(m) * 5.9604644775390625e-8));
-    }
-    if e == 31u {
-        return bitcast<f32>(sign | 0x7f800000u | (m << 13u));
-    }
-    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
-}
-
-// The f16 scale at flat index i of the scales array.
-fn scale_at(i: u32) -> f32 {
-    let w = scales[i >> 1u];
-    return f16_bits_to_f32((w >> ((i & 1u) * 16u)) & 0xffffu);
-}
-
 // Where group g is stored.
 fn xq_index(g: u32) -> u32 {
     let u = g >> 2u;
     return 4u * u + ((g & 3u) ^ ((u >> 1u) & 3u));
-}
-
-// sum c*q over the 64 elements of unit w (activation groups xa..xd).
-fn unit_dot(w: vec4<u32>, xa: vec4<u32>, xb: vec4<u32>, xc: vec4<u32>, xd: vec4<u32>) -> i32 {
-    return (word_dot(w.x, xa) + word_dot(w.y, xb)) + (word_dot(w.z, xc) + word_dot(w.w, xd));
 }
