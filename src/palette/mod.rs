@@ -468,41 +468,60 @@ pub fn pack_row(indices: &[u8], bits: u32, out: &mut [u8]) {
     }
 }
 
-/// Unpacks `out.len()` indices packed by [`pack_row`].
+/// Unpacks `out.len()` indices packed by [`pack_row`]. Whole groups of indices that fill
+/// whole bytes (2 per byte at 4 bits, 4 per byte at 2, 8 at 1, 4 per 3 bytes at 6, 8 per 3
+/// at 3) are split from those bytes directly; the rest goes bit by bit.
 #[inline]
 pub fn unpack_row(packed: &[u8], bits: u32, out: &mut [u8]) {
-    match bits {
-        8 => out.copy_from_slice(&packed[..out.len()]),
-        4 => {
-            for (i, o) in out.iter_mut().enumerate() {
-                *o = (packed[i / 2] >> ((i % 2) * 4)) & 0xF;
-            }
-        }
-        2 => {
-            for (i, o) in out.iter_mut().enumerate() {
-                *o = (packed[i / 4] >> ((i % 4) * 2)) & 0x3;
-            }
-        }
-        1 => {
-            for (i, o) in out.iter_mut().enumerate() {
-                *o = (packed[i / 8] >> (i % 8)) & 0x1;
-            }
-        }
-        _ => {
-            let mask = (1u16 << bits) - 1;
-            let mut bit = 0usize;
-            for o in out.iter_mut() {
-                let lo = packed[bit / 8] as u16;
-                let hi = if bit % 8 + bits as usize > 8 {
-                    packed[bit / 8 + 1] as u16
-                } else {
-                    0
-                };
-                *o = (((lo | (hi << 8)) >> (bit % 8)) & mask) as u8;
-                bit += bits as usize;
-            }
+    if bits == 8 {
+        out.copy_from_slice(&packed[..out.len()]);
+        return;
+    }
+    let done = match bits {
+        4 => unpack_whole::<2, 1, 4>(packed, out),
+        2 => unpack_whole::<4, 1, 2>(packed, out),
+        1 => unpack_whole::<8, 1, 1>(packed, out),
+        6 => unpack_whole::<4, 3, 6>(packed, out),
+        3 => unpack_whole::<8, 3, 3>(packed, out),
+        _ => 0,
+    };
+    let mask = (1u16 << bits) - 1;
+    let rest = &mut out[done..];
+    let mut bit = done * bits as usize;
+    for o in rest.iter_mut() {
+        let lo = packed[bit / 8] as u16;
+        let hi = if bit % 8 + bits as usize > 8 {
+            packed[bit / 8 + 1] as u16
+        } else {
+            0
+        };
+        *o = (((lo | (hi << 8)) >> (bit % 8)) & mask) as u8;
+        bit += bits as usize;
+    }
+}
+
+/// The whole groups of [`unpack_row`]: `PER` indices of `BITS` bits from each `BYTES` bytes;
+/// returns how many indices it wrote.
+#[inline(always)]
+fn unpack_whole<const PER: usize, const BYTES: usize, const BITS: u32>(
+    packed: &[u8],
+    out: &mut [u8],
+) -> usize {
+    let whole = out.len() / PER;
+    for (o, b) in out[..whole * PER]
+        .chunks_exact_mut(PER)
+        .zip(packed.chunks_exact(BYTES))
+    {
+        let w = if BYTES == 1 {
+            b[0] as u32
+        } else {
+            u32::from_le_bytes([b[0], b[1], b[2], 0])
+        };
+        for (j, o) in o.iter_mut().enumerate() {
+            *o = ((w >> (j as u32 * BITS)) & ((1 << BITS) - 1)) as u8;
         }
     }
+    whole * PER
 }
 
 /// A palettized matrix in a bundle: `[rows, cols]`, `tables` `[rows / group_size, 2^bits]`

@@ -309,6 +309,459 @@ unsafe fn palette_rows_gather(
     }
 }
 
+/// Rows (row pairs on AVX-512) per register block of the multi-token palette kernels.
+const PAL_ROWS: usize = 4;
+/// Tokens per register block of the portable and AVX2 multi-token palette kernels.
+const PAL_TOKENS: usize = 2;
+/// Tokens per register block of the AVX-512 multi-token palette kernel.
+const PAL_TOKENS_512: usize = 4;
+
+/// Whether [`palette_rows_tokens`] takes the AVX-512 kernel ([`palette_tokens_avx512`]) for
+/// `isa`: AVX-512F and AVX2 present and `isa` the AVX-512 level (`LOWBIT_ISA` caps it).
+fn palette_tokens_avx512_ok(isa: q8::Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        isa == q8::Isa::Avx512Vnni
+            && *OK.get_or_init(|| {
+                std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx2")
+            })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        false
+    }
+}
+
+/// Rows `r0 .. r0 + k` of a palettized matrix against `n` tokens (prefill): `xs` is
+/// `[n, cols]`, `tile[j * n + i]` receives row `r0 + j` against token `i`. Each row is rebuilt
+/// from its group's LUT once per call (not once per token), then every (row, token) pair is
+/// summed in [`dot`]'s order — 8 lanes over the columns in steps of 8, the `cols % 8` tail
+/// into lanes `0..`, the same pairwise tree, separate multiply and add — so each value has
+/// the bits of [`palette_rows`] and [`palette_rows_gather`] (the single-token kernels `rows`
+/// picks), on every path: [`palette_tokens_avx512`] where `isa` allows it
+/// ([`palette_tokens_avx512_ok`]), else [`palette_tokens_avx2`] where it allows AVX2, else
+/// [`palette_tokens_portable`] (compiled for the baseline and AVX2). `s.rows` holds the
+/// rebuilt rows, `s.idx` one row's indices.
+#[allow(clippy::too_many_arguments)]
+fn palette_rows_tokens(
+    isa: q8::Isa,
+    v: &crate::palette::PaletteView,
+    xs: &[f32],
+    n: usize,
+    tile: &mut [f32],
+    r0: usize,
+    k: usize,
+    s: &mut Scratch,
+) {
+    let cols = v.cols;
+    if s.idx.len() < cols {
+        s.idx.resize(cols, 0);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if palette_tokens_avx512_ok(isa) {
+        // Row pairs interleaved per 8 columns (`[k.div_ceil(2)][cols / 8][16]`; the partner
+        // lanes of an odd last row keep what they held and are never read back), then each
+        // row's `cols % 8` tail values (`[k][8]`).
+        let (pairs, nch) = (k.div_ceil(2), cols / 8);
+        let body = pairs * nch * 16;
+        s.rows.resize(body + pairs * 2 * 8, 0.0);
+        let (wp, wt) = s.rows.split_at_mut(body);
+        // SAFETY: AVX-512F and AVX2 are present (palette_tokens_avx512_ok); the lengths are
+        // those `palette_tile_avx512` asks for.
+        unsafe { palette_tile_avx512(v, r0, k, wp, wt, &mut s.idx[..cols]) };
+        // SAFETY: AVX-512F and AVX2 are present (palette_tokens_avx512_ok); `wp` holds
+        // `pairs * cols/8 * 16` values, `wt` `pairs * 2 * 8`, `xs` `n * cols`, `tile` `k * n`.
+        unsafe { palette_tokens_avx512(wp, wt, k, xs, cols, n, tile) };
+        return;
+    }
+    s.rows.resize(k * cols, 0.0);
+    let mut group = usize::MAX;
+    let mut table = [0f32; 256];
+    for (j, out) in s.rows[..k * cols].chunks_exact_mut(cols).enumerate() {
+        let r = r0 + j;
+        if r / v.group_size != group {
+            group = r / v.group_size;
+            table = v.table_f32(r);
+        }
+        v.row_with_table(&table, r, out, &mut s.idx[..cols]);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if palette_tokens_avx2_ok(isa) {
+        // SAFETY: AVX2 is present (palette_tokens_avx2_ok); `s.rows` holds `k * cols` values,
+        // `xs` `n * cols`, `tile` `k * n`.
+        unsafe { palette_tokens_avx2(&s.rows[..k * cols], k, xs, cols, n, tile) };
+        return;
+    }
+    let _ = isa;
+    palette_tokens_portable(&s.rows[..k * cols], k, xs, cols, n, tile);
+}
+
+/// Whether [`palette_rows_tokens`] takes the AVX2 kernel ([`palette_tokens_avx2`]) for `isa`:
+/// AVX2 present and `isa` not capped to the portable code.
+#[cfg(target_arch = "x86_64")]
+fn palette_tokens_avx2_ok(isa: q8::Isa) -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    isa != q8::Isa::Portable && *OK.get_or_init(|| std::is_x86_feature_detected!("avx2"))
+}
+
+/// [`palette_tokens_portable`] with AVX2: one 256-bit accumulator holds [`dot`]'s 8 lanes of
+/// one row against one token; blocks of [`PAL_ROWS`] rows by [`PAL_TOKENS`] tokens (8
+/// accumulators, 6 loads per 16 multiplies and adds). Separate multiply and add, then the tail and [`hsum8`]
+/// per (row, token) in scalar code, as [`dot`] does.
+///
+/// # Safety
+/// The CPU must have AVX2; `w` holds `k * cols` values, `xs` `n * cols`, `tile` `k * n`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn palette_tokens_avx2(
+    w: &[f32],
+    k: usize,
+    xs: &[f32],
+    cols: usize,
+    n: usize,
+    tile: &mut [f32],
+) {
+    debug_assert!(w.len() >= k * cols && xs.len() >= n * cols && tile.len() >= k * n);
+    let mut j0 = 0;
+    while j0 < k {
+        let rn = PAL_ROWS.min(k - j0);
+        let mut t0 = 0;
+        while t0 < n {
+            let tn = PAL_TOKENS.min(n - t0);
+            let a = (w, xs, cols, n, j0, t0);
+            match (rn, tn) {
+                (4, 2) => pal_block256::<4, 2>(a, tile),
+                (4, _) => pal_block256::<4, 1>(a, tile),
+                (3, 2) => pal_block256::<3, 2>(a, tile),
+                (3, _) => pal_block256::<3, 1>(a, tile),
+                (2, 2) => pal_block256::<2, 2>(a, tile),
+                (2, _) => pal_block256::<2, 1>(a, tile),
+                (_, 2) => pal_block256::<1, 2>(a, tile),
+                _ => pal_block256::<1, 1>(a, tile),
+            }
+            t0 += tn;
+        }
+        j0 += rn;
+    }
+}
+
+/// `R` rows from `j0` by `T` tokens from `t0` of [`palette_tokens_avx2`]; `a` is
+/// `(w, xs, cols, n, j0, t0)`.
+///
+/// # Safety
+/// As [`palette_tokens_avx2`]; `j0 + R <= k`, `t0 + T <= n`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+#[allow(clippy::type_complexity)]
+unsafe fn pal_block256<const R: usize, const T: usize>(
+    a: (&[f32], &[f32], usize, usize, usize, usize),
+    tile: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let (w, xs, cols, n, j0, t0) = a;
+    let n8 = cols / 8 * 8;
+    let wbase = w.as_ptr().add(j0 * cols);
+    let xbase = xs.as_ptr().add(t0 * cols);
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut c = 0;
+    while c < n8 {
+        let mut xv = [_mm256_setzero_ps(); T];
+        for (t, x) in xv.iter_mut().enumerate() {
+            *x = _mm256_loadu_ps(xbase.add(t * cols + c));
+        }
+        for (r, ar) in acc.iter_mut().enumerate() {
+            let wv = _mm256_loadu_ps(wbase.add(r * cols + c));
+            for (at, x) in ar.iter_mut().zip(&xv) {
+                *at = _mm256_add_ps(*at, _mm256_mul_ps(wv, *x));
+            }
+        }
+        c += 8;
+    }
+    for (r, ar) in acc.iter().enumerate() {
+        let wr = &w[(j0 + r) * cols..(j0 + r + 1) * cols];
+        for (t, at) in ar.iter().enumerate() {
+            let x = &xs[(t0 + t) * cols..(t0 + t + 1) * cols];
+            let mut l = [0f32; 8];
+            _mm256_storeu_ps(l.as_mut_ptr(), *at);
+            for (q, kk) in (n8..cols).enumerate() {
+                l[q] += wr[kk] * x[kk];
+            }
+            tile[(j0 + r) * n + t0 + t] = hsum8(&l);
+        }
+    }
+}
+
+/// Rebuilds rows `r0 .. r0 + k` of a palettized matrix for [`palette_tokens_avx512`]: row
+/// pairs interleaved per 8 columns into `wp` (`[k.div_ceil(2)][cols / 8][16]`, lanes 0-7 row
+/// `2p`, lanes 8-15 row `2p + 1`, those of an odd last row's partner left as they are), each
+/// row's `cols % 8` tail into `wt` (`[k][8]`). The LUT entries are the f16 table widened exactly
+/// ([`crate::palette::PaletteView::table_f32`]), looked up 16 indices at a time: by one
+/// permute from a register for up to 4 bits, two permutes and a blend at 6 bits, a gather
+/// from the widened table at 8 bits. `idx` is scratch of `cols` bytes.
+///
+/// # Safety
+/// The CPU must have AVX-512F and AVX2; `wp` holds `k.div_ceil(2) * (cols / 8) * 16` values
+/// and `wt` `k * 8`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn palette_tile_avx512(
+    v: &crate::palette::PaletteView,
+    r0: usize,
+    k: usize,
+    wp: &mut [f32],
+    wt: &mut [f32],
+    idx: &mut [u8],
+) {
+    use std::arch::x86_64::*;
+    let cols = v.cols;
+    let nch = cols / 8;
+    debug_assert!(wp.len() >= k.div_ceil(2) * nch * 16 && wt.len() >= k * 8);
+    let mut group = usize::MAX;
+    let mut table = [0f32; 256];
+    let mut tz = [_mm512_setzero_ps(); 4];
+    let bit5 = _mm512_set1_epi32(32);
+    for j in 0..k {
+        let r = r0 + j;
+        if r / v.group_size != group {
+            group = r / v.group_size;
+            table = v.table_f32(r);
+            for (q, t) in tz.iter_mut().enumerate() {
+                *t = _mm512_loadu_ps(table.as_ptr().add(16 * q));
+            }
+        }
+        let packed = &v.indices[r * v.row_bytes..(r + 1) * v.row_bytes];
+        let ix: &[u8] = if v.bits == 8 {
+            &packed[..cols]
+        } else {
+            crate::palette::unpack_row(packed, v.bits, &mut idx[..cols]);
+            &idx[..cols]
+        };
+        let dst = wp.as_mut_ptr().add((j / 2) * nch * 16 + (j % 2) * 8);
+        let mut c = 0;
+        while c + 16 <= nch * 8 {
+            let i = _mm512_cvtepu8_epi32(_mm_loadu_si128(ix.as_ptr().add(c) as *const __m128i));
+            let w = match v.bits {
+                0..=4 => _mm512_permutexvar_ps(i, tz[0]),
+                5..=6 => _mm512_mask_blend_ps(
+                    _mm512_test_epi32_mask(i, bit5),
+                    _mm512_permutex2var_ps(tz[0], i, tz[1]),
+                    _mm512_permutex2var_ps(tz[2], i, tz[3]),
+                ),
+                _ => _mm512_i32gather_ps::<4>(i, table.as_ptr()),
+            };
+            _mm256_storeu_ps(dst.add(c * 2), _mm512_castps512_ps256(w));
+            _mm256_storeu_ps(
+                dst.add(c * 2 + 16),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(w), 1)),
+            );
+            c += 16;
+        }
+        while c < nch * 8 {
+            for l in 0..8 {
+                *dst.add(c * 2 + l) = table[ix[c + l] as usize];
+            }
+            c += 8;
+        }
+        for (o, &i) in wt[j * 8..j * 8 + 8].iter_mut().zip(&ix[nch * 8..]) {
+            *o = table[i as usize];
+        }
+    }
+}
+
+/// [`dot`]'s final pairwise sum of 8 lanes.
+#[inline(always)]
+fn hsum8(l: &[f32; 8]) -> f32 {
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+}
+
+crate::multiversion! {
+    /// The portable body of [`palette_rows_tokens`]: `w` is `[k, cols]` (the rebuilt rows);
+    /// blocks of [`PAL_ROWS`] rows by [`PAL_TOKENS`] tokens, each pair in [`dot`]'s 8 lanes.
+    fn palette_tokens_portable(w: &[f32], k: usize, xs: &[f32], cols: usize, n: usize, tile: &mut [f32]) {
+        let mut j0 = 0;
+        while j0 < k {
+            let rn = PAL_ROWS.min(k - j0);
+            let mut t0 = 0;
+            while t0 < n {
+                let tn = PAL_TOKENS.min(n - t0);
+                match (rn, tn) {
+                    (4, 2) => pal_block::<4, 2>(w, j0, xs, t0, cols, n, tile),
+                    (4, _) => pal_block::<4, 1>(w, j0, xs, t0, cols, n, tile),
+                    (3, 2) => pal_block::<3, 2>(w, j0, xs, t0, cols, n, tile),
+                    (3, _) => pal_block::<3, 1>(w, j0, xs, t0, cols, n, tile),
+                    (2, 2) => pal_block::<2, 2>(w, j0, xs, t0, cols, n, tile),
+                    (2, _) => pal_block::<2, 1>(w, j0, xs, t0, cols, n, tile),
+                    (_, 2) => pal_block::<1, 2>(w, j0, xs, t0, cols, n, tile),
+                    _ => pal_block::<1, 1>(w, j0, xs, t0, cols, n, tile),
+                }
+                t0 += tn;
+            }
+            j0 += rn;
+        }
+    }
+}
+
+/// `R` rows from `j0` by `T` tokens from `t0` of [`palette_tokens_portable`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn pal_block<const R: usize, const T: usize>(
+    w: &[f32],
+    j0: usize,
+    xs: &[f32],
+    t0: usize,
+    cols: usize,
+    n: usize,
+    tile: &mut [f32],
+) {
+    let n8 = cols / 8 * 8;
+    let wr: [&[f32]; R] = std::array::from_fn(|r| &w[(j0 + r) * cols..(j0 + r + 1) * cols]);
+    let xr: [&[f32]; T] = std::array::from_fn(|t| &xs[(t0 + t) * cols..(t0 + t + 1) * cols]);
+    let mut acc = [[[0f32; 8]; T]; R];
+    let mut c = 0;
+    while c < n8 {
+        let xv: [[f32; 8]; T] = std::array::from_fn(|t| xr[t][c..c + 8].try_into().unwrap());
+        for r in 0..R {
+            let wv: [f32; 8] = wr[r][c..c + 8].try_into().unwrap();
+            for t in 0..T {
+                for l in 0..8 {
+                    acc[r][t][l] += wv[l] * xv[t][l];
+                }
+            }
+        }
+        c += 8;
+    }
+    for r in 0..R {
+        for t in 0..T {
+            let l = &mut acc[r][t];
+            for (j, q) in (n8..cols).enumerate() {
+                l[j] += wr[r][q] * xr[t][q];
+            }
+            tile[(j0 + r) * n + t0 + t] = hsum8(l);
+        }
+    }
+}
+
+/// [`palette_rows_tokens`] with AVX-512: `wp` holds row pairs interleaved per 8 columns
+/// (`[k.div_ceil(2)][cols / 8][16]`: lanes 0-7 row `2p`, lanes 8-15 row `2p + 1`), `wt` each
+/// row's `cols % 8` tail (`[2 * k.div_ceil(2)][8]`). One 512-bit accumulator holds [`dot`]'s 8
+/// lanes of two rows against one token, whose 8 activations are broadcast to both halves;
+/// blocks of [`PAL_ROWS`] row pairs by [`PAL_TOKENS_512`] tokens (16 accumulators). Separate
+/// multiply and add, then the tail and [`hsum8`] per (row, token) in scalar code, as [`dot`]
+/// does.
+///
+/// # Safety
+/// The CPU must have AVX-512F and AVX2; the slices have the lengths above, `xs` `n * cols`
+/// and `tile` `k * n`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn palette_tokens_avx512(
+    wp: &[f32],
+    wt: &[f32],
+    k: usize,
+    xs: &[f32],
+    cols: usize,
+    n: usize,
+    tile: &mut [f32],
+) {
+    let pairs = k.div_ceil(2);
+    debug_assert!(wp.len() >= pairs * (cols / 8) * 16 && wt.len() >= pairs * 16);
+    debug_assert!(xs.len() >= n * cols && tile.len() >= k * n);
+    let mut p0 = 0;
+    while p0 < pairs {
+        let pn = PAL_ROWS.min(pairs - p0);
+        let mut t0 = 0;
+        while t0 < n {
+            let tn = PAL_TOKENS_512.min(n - t0);
+            let a = (wp, wt, k, xs, cols, n, p0, t0);
+            match (pn, tn) {
+                (4, 4) => pal_block512::<4, 4>(a, tile),
+                (4, 3) => pal_block512::<4, 3>(a, tile),
+                (4, 2) => pal_block512::<4, 2>(a, tile),
+                (4, _) => pal_block512::<4, 1>(a, tile),
+                (3, 4) => pal_block512::<3, 4>(a, tile),
+                (3, 3) => pal_block512::<3, 3>(a, tile),
+                (3, 2) => pal_block512::<3, 2>(a, tile),
+                (3, _) => pal_block512::<3, 1>(a, tile),
+                (2, 4) => pal_block512::<2, 4>(a, tile),
+                (2, 3) => pal_block512::<2, 3>(a, tile),
+                (2, 2) => pal_block512::<2, 2>(a, tile),
+                (2, _) => pal_block512::<2, 1>(a, tile),
+                (_, 4) => pal_block512::<1, 4>(a, tile),
+                (_, 3) => pal_block512::<1, 3>(a, tile),
+                (_, 2) => pal_block512::<1, 2>(a, tile),
+                _ => pal_block512::<1, 1>(a, tile),
+            }
+            t0 += tn;
+        }
+        p0 += pn;
+    }
+}
+
+/// The arguments of [`pal_block512`]: `(wp, wt, k, xs, cols, n, first pair, first token)`.
+#[cfg(target_arch = "x86_64")]
+type Block512<'a> = (
+    &'a [f32],
+    &'a [f32],
+    usize,
+    &'a [f32],
+    usize,
+    usize,
+    usize,
+    usize,
+);
+
+/// `P` row pairs from `p0` by `T` tokens from `t0` of [`palette_tokens_avx512`].
+///
+/// # Safety
+/// As [`palette_tokens_avx512`]; `p0 + P <= k.div_ceil(2)`, `t0 + T <= n`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+#[inline]
+unsafe fn pal_block512<const P: usize, const T: usize>(a: Block512, tile: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let (wp, wt, k, xs, cols, n, p0, t0) = a;
+    let nch = cols / 8;
+    let n8 = nch * 8;
+    let wbase = wp.as_ptr().add(p0 * nch * 16);
+    let xbase = xs.as_ptr().add(t0 * cols);
+    let mut acc = [[_mm512_setzero_ps(); T]; P];
+    for c in 0..nch {
+        let mut xv = [_mm512_setzero_ps(); T];
+        for (t, x) in xv.iter_mut().enumerate() {
+            *x = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(
+                xbase.add(t * cols + c * 8) as *const f64,
+            )));
+        }
+        for (p, ap) in acc.iter_mut().enumerate() {
+            let w = _mm512_loadu_ps(wbase.add((p * nch + c) * 16));
+            for (at, x) in ap.iter_mut().zip(&xv) {
+                *at = _mm512_add_ps(*at, _mm512_mul_ps(w, *x));
+            }
+        }
+    }
+    for (p, ap) in acc.iter().enumerate() {
+        for (t, at) in ap.iter().enumerate() {
+            let mut l = [0f32; 16];
+            _mm512_storeu_ps(l.as_mut_ptr(), *at);
+            let x = &xs[(t0 + t) * cols..(t0 + t + 1) * cols];
+            for h in 0..2 {
+                let j = (p0 + p) * 2 + h;
+                if j >= k {
+                    break;
+                }
+                let mut l8: [f32; 8] = l[h * 8..h * 8 + 8].try_into().unwrap();
+                for (q, (&wv, &xv)) in wt[j * 8..j * 8 + 8].iter().zip(&x[n8..]).enumerate() {
+                    l8[q] += wv * xv;
+                }
+                tile[j * n + t0 + t] = hsum8(&l8);
+            }
+        }
+    }
+}
+
 /// How ternary matrix-vector products treat the activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Kernel {
@@ -364,6 +817,8 @@ struct Scratch {
     idx: Vec<u8>,
     /// Unpacked weights of the multi-token kernels.
     words: Vec<u32>,
+    /// Rows of a tile rebuilt from their LUTs ([`palette_rows_tokens`]).
+    rows: Vec<f32>,
 }
 
 impl Scratch {
@@ -518,6 +973,12 @@ pub fn matmul_with(kernel: Kernel, w: WeightData, cols: usize, xs: &[f32], ys: &
                 q8::gguf_rows_tokens(ty, bytes, rb, &groups, tile, r0, k, &mut s.words)
             });
         }
+        WeightData::Palette(v) => {
+            // f32 activations with either kernel (as [`prepare`]): each row of a tile is
+            // rebuilt from its LUT once per call and run against every token.
+            debug_assert_eq!(v.cols, cols);
+            run(&|r0, k, tile, s| palette_rows_tokens(isa, &v, xs, n, tile, r0, k, s));
+        }
         _ => {
             let prepared: Vec<Prepared> = xs
                 .par_chunks_exact(cols)
@@ -662,6 +1123,121 @@ mod tests {
                 "bits {bits}"
             );
         }
+    }
+
+    /// A palettized `[rows, cols]` matrix with random indices and LUT entries in [-1, 1]
+    /// (one group of `g` rows per table): `(tables, indices)`.
+    fn palette_case(
+        rows: usize,
+        cols: usize,
+        bits: u32,
+        g: usize,
+        seed: &mut u64,
+    ) -> (Vec<u8>, Vec<u8>) {
+        let rb = crate::palette::row_bytes(cols as u64, bits) as usize;
+        let mut indices = vec![0u8; rows * rb];
+        for r in 0..rows {
+            let idx: Vec<u8> = (0..cols).map(|_| (lcg(seed) % (1 << bits)) as u8).collect();
+            crate::palette::pack_row(&idx, bits, &mut indices[r * rb..(r + 1) * rb]);
+        }
+        let tables: Vec<u8> = (0..rows.div_ceil(g) << bits)
+            .flat_map(|_| {
+                half::f16::from_f32((lcg(seed) % 2001) as f32 / 1000.0 - 1.0).to_le_bytes()
+            })
+            .collect();
+        (tables, indices)
+    }
+
+    #[test]
+    fn palette_matmul_gives_each_tokens_matvec_bits() {
+        // Every index width; row lengths below 8, not a multiple of 8, 16 or 64 and
+        // SmolLM2's 576; 37 rows (two full tiles of 16 and an odd 5, whose last row pair is
+        // padded); groups of 3 rows (boundaries inside tiles and inside a row pair), 32 and
+        // one per tensor; token counts around the register blocks (2 and 4 tokens) and 16.
+        // Against per-token `matvec_with` through `matmul_with` (the detected path), and
+        // the multi-token kernel forced onto each path this CPU has against the portable
+        // single-token `palette_rows`.
+        let mut isas = vec![q8::Isa::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") {
+                isas.push(q8::Isa::Avx2);
+            }
+            if q8::detect() == q8::Isa::Avx512Vnni {
+                isas.push(q8::Isa::Avx512Vnni);
+            }
+        }
+        let mut seed = 31u64;
+        let rows = 37;
+        for &bits in crate::palette::SUPPORTED_BITS {
+            for cols in [5usize, 77, 203, 576] {
+                for g in [3usize, 32, rows] {
+                    let (tables, indices) = palette_case(rows, cols, bits, g, &mut seed);
+                    let v = crate::palette::PaletteView {
+                        bits,
+                        group_size: g,
+                        cols,
+                        row_bytes: crate::palette::row_bytes(cols as u64, bits) as usize,
+                        tables: &tables,
+                        indices: &indices,
+                    };
+                    for n in [2usize, 3, 4, 16, 17] {
+                        let xs: Vec<f32> = (0..n * cols)
+                            .map(|i| match i % 53 {
+                                0 => 0.0,
+                                1 => -0.0,
+                                _ => (lcg(&mut seed) % 2001) as f32 / 1000.0 - 1.0,
+                            })
+                            .collect();
+                        let mut want = vec![0f32; n * rows];
+                        for (x, y) in xs.chunks_exact(cols).zip(want.chunks_exact_mut(rows)) {
+                            palette_rows(&v, x, y, 0, &mut vec![0f32; cols], &mut vec![0u8; cols]);
+                        }
+                        let case = format!("bits {bits} cols {cols} group {g} n {n}");
+                        for kernel in [Kernel::F32, Kernel::Int8] {
+                            let mut y = vec![0f32; n * rows];
+                            matmul_with(kernel, WeightData::Palette(v), cols, &xs, &mut y);
+                            for (i, x) in xs.chunks_exact(cols).enumerate() {
+                                let mut one = vec![0f32; rows];
+                                matvec_with(kernel, WeightData::Palette(v), cols, x, &mut one);
+                                assert_eq!(
+                                    bits_of(&one),
+                                    bits_of(&want[i * rows..][..rows]),
+                                    "{case}: matvec token {i}"
+                                );
+                                assert_eq!(
+                                    bits_of(&y[i * rows..][..rows]),
+                                    bits_of(&one),
+                                    "{case} {kernel:?}: matmul token {i}"
+                                );
+                            }
+                        }
+                        for &isa in &isas {
+                            let mut s = Scratch::default();
+                            for r0 in (0..rows).step_by(ROWS_PER_TASK) {
+                                let k = ROWS_PER_TASK.min(rows - r0);
+                                let mut tile = vec![f32::NAN; k * n];
+                                palette_rows_tokens(isa, &v, &xs, n, &mut tile, r0, k, &mut s);
+                                for j in 0..k {
+                                    for i in 0..n {
+                                        assert_eq!(
+                                            tile[j * n + i].to_bits(),
+                                            want[i * rows + r0 + j].to_bits(),
+                                            "{case} {isa:?}: row {} token {i}",
+                                            r0 + j
+                                        );
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn bits_of(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|a| a.to_bits()).collect()
     }
 
     #[test]
