@@ -534,7 +534,8 @@ fn decode_uses_the_bundles_int8_kernels() {
 
 /// A bundle whose kernels predate the newer decode and prefill kernels (x quantized once per
 /// ternary product: `ternary_q8_quantize*` and `ternary_matvec_q8g_*`; the folded decode
-/// attention `op_attention_decode`; the grouped prefill attention `op_attention_g*`) still
+/// attention `op_attention_decode`; the grouped prefill attention `op_attention_g*`; the
+/// weight products' bias epilogue, binding 6 of store.wgsl) still
 /// runs on the GPU: each falls back to the kernel before it (the per-workgroup quantization
 /// `ternary_matvec_q8_*`, `op_rope_kv` + `op_attention`, one head per workgroup), as the
 /// labels show, and the output is held to the CPU as the full set's is.
@@ -557,6 +558,26 @@ fn a_bundle_without_the_newer_kernels_falls_back() {
         sources.len() < before,
         "the bundle carries the newer kernels"
     );
+    // The weight products as they were before store.wgsl's bias epilogue (no binding 6): they
+    // are bound without it (a binding the kernel lacks would fail validation).
+    let mut edited = 0;
+    for src in sources.values_mut() {
+        let old = src
+            .replace(
+                "@group(0) @binding(6) var<storage, read> bias: array<f32>;\n",
+                "",
+            )
+            .replace(
+                "    } else if params.accumulate == 2u {\n        y[i] = sum + bias[r];\n",
+                "",
+            );
+        edited += (old != *src) as usize;
+        *src = old;
+    }
+    assert!(edited > 0, "no kernel had the bias epilogue");
+    assert!(sources
+        .values()
+        .all(|s| !s.contains("read> bias") && !s.contains("y[i] = sum + bias[r];")));
     let older = LoadOptions {
         gpu_sources: Some(sources),
         ..opts.clone()

@@ -827,6 +827,36 @@ fn stacked_weights_and_the_residual_epilogue_match_the_parts() {
                         );
                     }
                 }
+                // The bias epilogue (y = sum + bias[r], the stacked parts' biases in row
+                // order): bit for bit the sums plus the bias, as op_bias_add adds them; the
+                // ternary kernels refuse it.
+                let bias = random_x(host.rows, &mut seed);
+                let bb = ctx
+                    .upload_bytes("bias", bytemuck::cast_slice(&bias))
+                    .unwrap();
+                let yb = ctx.vector_buffer("y", total);
+                let r =
+                    ctx.bind_matmul_bias(&w, &xb, &gpu::ops::BufView::whole(&yb), n as u32, &bb);
+                if host.key == "ternary2" {
+                    assert!(r.is_err(), "{what}: a ternary bias epilogue");
+                    continue;
+                }
+                let got = run_read(ctx, &r.unwrap(), &yb, total);
+                let mut start = 0;
+                for p in &parts {
+                    for t in 0..n {
+                        for j in 0..p.rows {
+                            let i = start * n + t * p.rows + j;
+                            let want = y[i] + bias[start + j];
+                            assert_eq!(
+                                got[i].to_bits(),
+                                want.to_bits(),
+                                "{what} n={n}: bias epilogue, part row {j} of token {t}"
+                            );
+                        }
+                    }
+                    start += p.rows;
+                }
             }
         }
     }

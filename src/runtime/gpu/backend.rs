@@ -154,6 +154,9 @@ struct LayerVecs {
     bq: Option<wgpu::Buffer>,
     bk: Option<wgpu::Buffer>,
     bv: Option<wgpu::Buffer>,
+    /// Q, K and V's biases one after another (all three present): the stacked Q/K/V
+    /// product's bias epilogue.
+    bqkv: Option<wgpu::Buffer>,
     q_norm: Option<wgpu::Buffer>,
     k_norm: Option<wgpu::Buffer>,
     post_attn_norm: Option<wgpu::Buffer>,
@@ -337,6 +340,18 @@ impl GpuBackend {
                 bq: ovec(&l.bq)?,
                 bk: ovec(&l.bk)?,
                 bv: ovec(&l.bv)?,
+                bqkv: match (&l.bq, &l.bk, &l.bv) {
+                    (Some(q), Some(k), Some(v)) => {
+                        let mut all = q.vector(b);
+                        all.extend(k.vector(b));
+                        all.extend(v.vector(b));
+                        Some(
+                            ctx.upload_bytes("q, k, v biases", f32_bytes(&all))
+                                .map_err(gpu_err)?,
+                        )
+                    }
+                    _ => None,
+                },
                 q_norm: ovec(&l.q_norm)?,
                 k_norm: ovec(&l.k_norm)?,
                 post_attn_norm: ovec(&l.post_attn_norm)?,
@@ -1023,6 +1038,7 @@ fn build_graph(
     };
     for il in 0..hp.n_layer {
         let (lw, lv) = (&sh.layers[il], &sh.vecs[il]);
+        let mut bias_done = false;
         let folded = if fold_norm {
             mm_fused(
                 &lw.qkv,
@@ -1038,13 +1054,45 @@ fn build_graph(
             Some(fused) => items.extend(fused),
             None => {
                 items.push(rms(&a.x, &lv.attn_norm, &a.h, e, s, false)?);
-                items.extend(mm_parts(&lw.qkv, &a.h, &[&a.q, &a.k, &a.v])?);
+                // The biases in the products' epilogue where they can be (GGUF and palette
+                // weights; a stacked weight takes the stacked biases): the same operation as
+                // op_bias_add, one dispatch less per bias.
+                // `LOWBIT_GPU_BIAS_EPILOGUE=0` keeps op_bias_add (a benchmarking knob).
+                let parts = [(&a.q, &lv.bq), (&a.k, &lv.bk), (&a.v, &lv.bv)];
+                let fold = std::env::var("LOWBIT_GPU_BIAS_EPILOGUE").map_or(true, |v| v != "0");
+                let biased: Option<Vec<Item>> = match (&lw.qkv[..], &lv.bqkv) {
+                    _ if !fold => None,
+                    ([w], Some(b)) => ctx
+                        .bind_matmul_bias(w, &a.h, &BufView::whole(&a.q.buffer), n_tok, b)
+                        .ok()
+                        .map(|b| vec![Item::Weight(b)]),
+                    (ws, _) if ws.len() == 3 && parts.iter().all(|(_, b)| b.is_some()) => ws
+                        .iter()
+                        .zip(parts)
+                        .map(|(w, (y, b))| {
+                            let b = b.as_ref().expect("checked");
+                            ctx.bind_matmul_bias(w, &a.h, y, n_tok, b)
+                                .ok()
+                                .map(Item::Weight)
+                        })
+                        .collect(),
+                    _ => None,
+                };
+                match biased {
+                    Some(b) => {
+                        items.extend(b);
+                        bias_done = true;
+                    }
+                    None => items.extend(mm_parts(&lw.qkv, &a.h, &[&a.q, &a.k, &a.v])?),
+                }
             }
         }
-        for (y, bias, len) in [(&a.q, &lv.bq, nq), (&a.k, &lv.bk, nk), (&a.v, &lv.bv, nk)] {
-            if let Some(b) = bias {
-                let (p, grid) = elem(s * len, len as u32)?;
-                items.push(op("op_bias_add", &[y, b, &p], grid)?);
+        if !bias_done {
+            for (y, bias, len) in [(&a.q, &lv.bq, nq), (&a.k, &lv.bk, nk), (&a.v, &lv.bv, nk)] {
+                if let Some(b) = bias {
+                    let (p, grid) = elem(s * len, len as u32)?;
+                    items.push(op("op_bias_add", &[y, b, &p], grid)?);
+                }
             }
         }
         let qf: &dyn Bindable = match &lv.q_norm {

@@ -2260,6 +2260,12 @@ impl GpuContext {
         norm: Option<(&wgpu::Buffer, f32)>,
     ) -> Result<BoundMatvec, GpuError> {
         const OP: &str = "ternary matvec";
+        if epilogue == Epilogue::Bias {
+            return Err(GpuError::Shape {
+                op: OP,
+                detail: format!("{}: the ternary kernels have no bias epilogue", w.name),
+            });
+        }
         let pipeline = self.pipeline(cfg)?;
         let glu = cfg.fuse.swiglu;
         if norm.is_some() != cfg.fuse.rms_norm
@@ -2531,6 +2537,11 @@ pub enum Epilogue {
     /// operations in the same order, so the same bits) folded into the product. `y` must not
     /// be the product's `x`.
     Accumulate(f32),
+    /// `y = W x + b`: a bias add (`op_bias_add`, the same operation, so the same bits) folded
+    /// into a GGUF or palette product (`shaders/weights/store.wgsl`); the bias vector is given
+    /// where the product is bound ([`GpuContext::bind_matmul_bias`]). The ternary kernels
+    /// have no such epilogue.
+    Bias,
 }
 
 impl Epilogue {
@@ -2539,6 +2550,7 @@ impl Epilogue {
         match self {
             Epilogue::Store => (0, 1.0),
             Epilogue::Accumulate(s) => (1, s),
+            Epilogue::Bias => (2, 1.0),
         }
     }
 }

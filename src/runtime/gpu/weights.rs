@@ -1116,7 +1116,10 @@ impl GpuContext {
         buf
     }
 
-    /// One chunk's bind group: data, aux where the kernel has it, the two vectors, params.
+    /// One chunk's bind group: data, aux where the kernel has it, the two vectors, params, and
+    /// for a product (`bias` `Some`: store.wgsl's binding 6) the bias vector or, for the other
+    /// epilogues, a placeholder.
+    #[allow(clippy::too_many_arguments)]
     fn weight_bind_group(
         &self,
         layout: &wgpu::BindGroupLayout,
@@ -1125,6 +1128,7 @@ impl GpuContext {
         input: &wgpu::Buffer,
         output: &dyn Bindable,
         params: &wgpu::Buffer,
+        bias: Option<&wgpu::Buffer>,
     ) -> wgpu::BindGroup {
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
@@ -1150,6 +1154,12 @@ impl GpuContext {
                 resource: params.as_entire_binding(),
             },
         ]);
+        if let Some(b) = bias {
+            entries.push(wgpu::BindGroupEntry {
+                binding: 6,
+                resource: b.as_entire_binding(),
+            });
+        }
         self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(&w.name),
             layout,
@@ -1185,6 +1195,55 @@ impl GpuContext {
         y: &BufView,
         n_tokens: u32,
         epilogue: Epilogue,
+    ) -> Result<Bound, GpuError> {
+        if epilogue == Epilogue::Bias {
+            return Err(shape_err(
+                "weight matmul",
+                &w.name,
+                w.rows,
+                w.cols,
+                "the bias epilogue needs its vector: bind_matmul_bias".into(),
+            ));
+        }
+        self.bind_matmul_inner(w, x, y, n_tokens, epilogue, None)
+    }
+
+    /// [`GpuContext::bind_matmul_with`] with the bias add folded in: `y = W x + bias` per
+    /// token (`bias`: `w.rows` f32, a stacked weight's parts' biases one after another, as
+    /// `op_bias_add` adds them, the same bits). GGUF and palette weights; a `ternary2` weight
+    /// is refused (its kernels have no such epilogue: the caller adds the bias as an op).
+    pub fn bind_matmul_bias(
+        &self,
+        w: &GpuWeight,
+        x: &wgpu::Buffer,
+        y: &BufView,
+        n_tokens: u32,
+        bias: &wgpu::Buffer,
+    ) -> Result<Bound, GpuError> {
+        if w.format == WeightFormat::Ternary || bias.size() < (w.rows * 4) as u64 {
+            return Err(shape_err(
+                "weight matmul",
+                &w.name,
+                w.rows,
+                w.cols,
+                format!(
+                    "a bias epilogue needs a GGUF or palette weight and {} bias bytes; given {} bytes",
+                    w.rows * 4,
+                    bias.size()
+                ),
+            ));
+        }
+        self.bind_matmul_inner(w, x, y, n_tokens, Epilogue::Bias, Some(bias))
+    }
+
+    fn bind_matmul_inner(
+        &self,
+        w: &GpuWeight,
+        x: &wgpu::Buffer,
+        y: &BufView,
+        n_tokens: u32,
+        epilogue: Epilogue,
+        bias: Option<&wgpu::Buffer>,
     ) -> Result<Bound, GpuError> {
         const OP: &str = "weight matmul";
         let n = n_tokens as u64;
@@ -1243,6 +1302,18 @@ impl GpuContext {
         let kernel = name_of(Decoder::of(w.format), op, reduction);
         let pipeline = self.pipeline_named(&kernel, None)?;
         let layout = pipeline.get_bind_group_layout(0);
+        // The bias binding of store.wgsl, which a bundle's kernels from before the bias
+        // epilogue lack: those take no bias (the caller adds it as an op).
+        let bias_slot = self.has_bias_slot(&kernel);
+        if bias.is_some() && !bias_slot {
+            return Err(shape_err(
+                OP,
+                &w.name,
+                w.rows,
+                w.cols,
+                format!("{kernel} has no bias epilogue (a bundle's kernels from before it)"),
+            ));
+        }
         let mut parts = Vec::with_capacity(w.chunks.len());
         for c in &w.chunks {
             let groups = c.rows.div_ceil(rows_per_wg as usize) as u64;
@@ -1253,7 +1324,8 @@ impl GpuContext {
                 limit: MAX_WORKGROUPS_PER_DIM as u64 * MAX_WORKGROUPS_PER_DIM as u64,
             })?;
             let params = self.weight_params(w, c, gx, n_tokens, epilogue);
-            let bg = self.weight_bind_group(&layout, w, c, x, y, &params);
+            let slot = bias_slot.then(|| bias.unwrap_or(&self.placeholder));
+            let bg = self.weight_bind_group(&layout, w, c, x, y, &params, slot);
             parts.push((bg, [gx, gy, gz]));
         }
         Ok(Bound {
@@ -1346,6 +1418,7 @@ impl GpuContext {
         };
         let pipeline = self.pipeline_named(&name, None)?;
         let layout = pipeline.get_bind_group_layout(0);
+        let bias_slot = self.has_bias_slot(&name);
         let rows_per_wg = (MMQ_TR * MMQ_WR) as usize;
         let mut parts = Vec::with_capacity(w.chunks.len());
         for c in &w.chunks {
@@ -1357,35 +1430,44 @@ impl GpuContext {
                 limit: MAX_WORKGROUPS_PER_DIM as u64 * MAX_WORKGROUPS_PER_DIM as u64,
             })?;
             let params = self.weight_params(w, c, gx, n_tokens, epilogue);
+            let mut entries = vec![
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: c.data.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: c.aux.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 2,
+                    resource: xq.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 3,
+                    resource: y.binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 4,
+                    resource: params.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 5,
+                    resource: xs.as_entire_binding(),
+                },
+            ];
+            // store.wgsl's bias (a placeholder: no bias epilogue for ternary weights), where
+            // the kernel has the binding.
+            if bias_slot {
+                entries.push(wgpu::BindGroupEntry {
+                    binding: 6,
+                    resource: self.placeholder.as_entire_binding(),
+                });
+            }
             let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(&w.name),
                 layout: &layout,
-                entries: &[
-                    wgpu::BindGroupEntry {
-                        binding: 0,
-                        resource: c.data.as_entire_binding(),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 1,
-                        resource: c.aux.as_entire_binding(),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 2,
-                        resource: xq.as_entire_binding(),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 3,
-                        resource: y.binding(),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 4,
-                        resource: params.as_entire_binding(),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 5,
-                        resource: xs.as_entire_binding(),
-                    },
-                ],
+                entries: &entries,
             });
             parts.push((bg, [gx, gy, gz]));
         }
@@ -1492,7 +1574,7 @@ impl GpuContext {
             .map(|c| {
                 let params = self.weight_params(w, c, gx, n_tokens, Epilogue::Store);
                 (
-                    self.weight_bind_group(&layout, w, c, ids, out, &params),
+                    self.weight_bind_group(&layout, w, c, ids, out, &params, None),
                     [gx, gy, 1],
                 )
             })
@@ -1520,6 +1602,13 @@ impl GpuContext {
         self.queue.submit([enc.finish()]);
         let bytes = self.read_buffer(out, (n * 4) as u64)?;
         Ok(bytemuck::cast_slice::<u8, f32>(&bytes).to_vec())
+    }
+
+    /// Whether product kernel `name` (among this context's sources) has store.wgsl's bias
+    /// binding (kernels from before the bias epilogue do not).
+    fn has_bias_slot(&self, name: &str) -> bool {
+        self.source(name)
+            .is_ok_and(|s| s.contains("@group(0) @binding(6) var<storage, read> bias"))
     }
 
     /// [`GpuContext::bind_matmul`] once, from host vectors (`x`: `n_tokens * cols` f32),

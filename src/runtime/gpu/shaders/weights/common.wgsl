@@ -43,7 +43,8 @@ struct Params {
     // `out_rows` for a plain weight): store.wgsl.
     seg1: u32,
     seg2: u32,
-    // Products: 1 for the residual epilogue (y += sum * scale), 0 to store the sum.
+    // Products: 0 to store the sum, 1 for the residual epilogue (y += sum * scale), 2 for the
+    // bias epilogue (y = sum + bias[r]; store.wgsl).
     accumulate: u32,
     scale: f32,
 }

@@ -7,8 +7,12 @@
 // one contiguous [n_tokens, rows_j] block starting at element start_j * n_tokens, so the host
 // binds each part as its own vector. For one token both layouts are y[r].
 //
-// Epilogue: y = sum, or with `accumulate` y = y + sum * scale (the residual add, in op_add's
-// and the CPU's order: the same bits).
+// Epilogue (`accumulate`): 0 y = sum; 1 y = y + sum * scale (the residual add, in op_add's
+// and the CPU's order: the same bits); 2 y = sum + bias[r] (op_bias_add's operation: the same
+// bits), `bias` the whole weight's rows' biases in row order (a stacked weight's parts one
+// after another), a placeholder for the other epilogues.
+@group(0) @binding(6) var<storage, read> bias: array<f32>;
+
 fn store_y(t: u32, r: u32, sum: f32) {
     var start = 0u;
     var len = params.seg1;
@@ -22,6 +26,8 @@ fn store_y(t: u32, r: u32, sum: f32) {
     let i = start * params.n_tokens + t * len + (r - start);
     if params.accumulate == 1u {
         y[i] = y[i] + sum * params.scale;
+    } else if params.accumulate == 2u {
+        y[i] = sum + bias[r];
     } else {
         y[i] = sum;
     }
