@@ -1536,11 +1536,15 @@ pub fn decode_q8_config(rows: usize, cols: usize, swiglu: bool) -> Option<Matvec
 /// 3071 us with it in all four products, 3114 us without it in gate/up, 3288 us without it.
 /// `LOWBIT_GPU_Q8G` = `PLAIN[,SWIGLU]` ([`MatvecConfig::name`]s after
 /// `ternary_matvec_q8g_`, without `_swiglu`; `none` for either) overrides both (a
-/// benchmarking knob: with built-in kernels, which generate any variant; a bundle's kernels
-/// refuse one they lack).
+/// benchmarking knob, read once per process: with built-in kernels, which generate any
+/// variant; with a bundle's kernels, a variant the bundle lacks falls back to
+/// [`decode_q8_config`], as for an older bundle).
 pub fn decode_q8_pre_config(rows: usize, swiglu: bool) -> Option<MatvecConfig> {
     let _ = rows;
-    if let Ok(v) = std::env::var("LOWBIT_GPU_Q8G") {
+    type Knob = Option<(Option<MatvecConfig>, Option<MatvecConfig>)>;
+    static KNOB: std::sync::OnceLock<Knob> = std::sync::OnceLock::new();
+    let knob = KNOB.get_or_init(|| {
+        let v = std::env::var("LOWBIT_GPU_Q8G").ok()?;
         let picked: Vec<Option<MatvecConfig>> = v
             .split(',')
             .map(|n| match n.trim() {
@@ -1550,15 +1554,26 @@ pub fn decode_q8_pre_config(rows: usize, swiglu: bool) -> Option<MatvecConfig> {
             .collect::<Option<Vec<_>>>()
             .unwrap_or_default();
         match picked[..] {
-            [plain] if !swiglu => return plain,
-            [_] => return None,
-            [plain, glu] => return if swiglu { glu } else { plain },
-            _ => eprintln!(
-                "warning: LOWBIT_GPU_Q8G={v} is not one or two q8g configurations: using the default"
-            ),
+            [plain] => Some((plain, None)),
+            [plain, glu] => Some((plain, glu)),
+            _ => {
+                eprintln!(
+                    "warning: LOWBIT_GPU_Q8G={v} is not one or two q8g configurations: using the default"
+                );
+                None
+            }
         }
+    });
+    match knob {
+        Some((plain, glu)) => {
+            if swiglu {
+                *glu
+            } else {
+                *plain
+            }
+        }
+        None => default_q8_pre_config(swiglu),
     }
-    default_q8_pre_config(swiglu)
 }
 
 /// [`decode_q8_pre_config`] without the knob: the registry's.
@@ -1799,8 +1814,9 @@ impl GpuContext {
 
     /// The ternary decode configuration for a product of `rows` weight rows and `cols` columns
     /// with `fuse` folded in (`fuse.swiglu`: a stacked gate/up weight): with
-    /// [`ContextOptions::int8`], [`decode_q8_config`] fused, where this adapter and the
-    /// sources take it; else [`GpuContext::default_matvec_config`] fused, where that is the
+    /// [`ContextOptions::int8`], [`decode_q8_pre_config`] fused (x quantized once by its own
+    /// dispatch; not with `LOWBIT_GPU_Q8_PRE=0`), else [`decode_q8_config`] fused, where this
+    /// adapter and the sources take it; else [`GpuContext::default_matvec_config`] fused, where that is the
     /// subgroup-rows kernel with x staged and the sources have the fused variant; `None` when
     /// no kernel here folds `fuse` in (never for `Fuse::default()`). A bundle whose kernels
     /// predate a variant gets the next one down the list.

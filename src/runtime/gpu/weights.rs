@@ -585,7 +585,8 @@ pub fn matmul_tolerance(cols: usize, abs_wx: f64) -> f64 {
 pub struct Bound {
     pipeline: wgpu::ComputePipeline,
     parts: Vec<(wgpu::BindGroup, [u32; 3])>,
-    /// A pass encoded before this one's (the int8 prefill product's quantization of x).
+    /// A dispatch encoded before this one's: the quantization of x of the int8 prefill
+    /// product, or of a [`super::MatvecKernel::Q8Pre`] decode product.
     pre: Option<Box<Bound>>,
     /// `kernel weight`, for profiles.
     pub label: String,
