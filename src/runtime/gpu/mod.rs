@@ -828,6 +828,68 @@ fn rms_scale(w: &mut dyn FnMut(String)) {
     w("    let rinv = 1.0 / sqrt(total / f32(params.cols) + params.eps);".into());
 }
 
+/// Lines of the int8 quantization both quantizing kernels emit ([`q8_quantize_source`] and
+/// the per-workgroup [`q8_stage`]), each indented by `ind`: x's 16-element group `g` as
+/// `a0..a3` (normalized where `rms`).
+fn q8_load16(w: &mut dyn FnMut(String), ind: &str, rms: bool) {
+    for i in 0..4 {
+        if rms {
+            w(format!(
+                "{ind}let a{i} = (x[4u * g + {i}u] * rinv) * nw[4u * g + {i}u];"
+            ));
+        } else {
+            w(format!("{ind}let a{i} = x[4u * g + {i}u];"));
+        }
+    }
+}
+
+/// The group's max |a| into block maximum `bmax[slot]` (a NaN as the largest bits).
+fn q8_group_max(w: &mut dyn FnMut(String), ind: &str, slot: &str) {
+    w(format!(
+        "{ind}let m4 = max(max(abs(a0), abs(a1)), max(abs(a2), abs(a3)));"
+    ));
+    w(format!(
+        "{ind}let nan = any(nan4(a0) | nan4(a1) | nan4(a2) | nan4(a3));"
+    ));
+    w(format!(
+        "{ind}let mb = bitcast<u32>(max(max(m4.x, m4.y), max(m4.z, m4.w)));"
+    ));
+    w(format!(
+        "{ind}atomicMax(&bmax[{slot}], select(mb, 0x7fc00000u, nan));"
+    ));
+}
+
+/// `amax`, `d = amax / 127` and `id = 1 / d` of block maximum `bmax[slot]`.
+fn q8_quantize_group(w: &mut dyn FnMut(String), ind: &str, slot: &str) {
+    w(format!(
+        "{ind}let amax = bitcast<f32>(atomicLoad(&bmax[{slot}]));"
+    ));
+    w(format!("{ind}let d = amax / 127.0;"));
+    w(format!("{ind}let id = select(0.0, 1.0 / d, amax > 0.0);"));
+}
+
+/// `q0..q3` of the group, each line indented by `ind`.
+fn q8_quant4(w: &mut dyn FnMut(String), ind: &str) {
+    for i in 0..4 {
+        w(format!("{ind}let q{i} = quant4(a{i} * id);"));
+    }
+}
+
+/// The group's q packed into `xq[dst]` (the group layout) and its sum added to `usum[slot]`.
+fn q8_pack_group(w: &mut dyn FnMut(String), ind: &str, dst: &str, slot: &str) {
+    w(format!("{ind}xq[{dst}] = vec4<u32>("));
+    for c in ["x", "y", "z", "w"] {
+        w(format!(
+            "{ind}    pack4xI8(vec4<i32>(q0.{c}, q1.{c}, q2.{c}, q3.{c})),"
+        ));
+    }
+    w(format!("{ind});"));
+    w(format!("{ind}let t = (q0 + q1) + (q2 + q3);"));
+    w(format!(
+        "{ind}atomicAdd(&usum[{slot}], (t.x + t.y) + (t.z + t.w));"
+    ));
+}
+
 /// Invocations per workgroup of the decode quantize kernel ([`q8_quantize_name`]): one per
 /// 16-element group, so a workgroup quantizes 4096 activations.
 pub const Q8_QUANTIZE_WG: u32 = 256;
@@ -908,37 +970,15 @@ pub fn q8_quantize_source(rms: bool) -> String {
     w("    let g0 = wid.x * WG + lid;".into());
     w("    let live = g0 < groups;".into());
     w("    let g = min(g0, groups - 1u);".into());
-    for i in 0..4 {
-        if rms {
-            w(format!(
-                "    let a{i} = (x[4u * g + {i}u] * rinv) * nw[4u * g + {i}u];"
-            ));
-        } else {
-            w(format!("    let a{i} = x[4u * g + {i}u];"));
-        }
-    }
+    q8_load16(&mut w, "    ", rms);
     w("    if live {".into());
-    w("        let m4 = max(max(abs(a0), abs(a1)), max(abs(a2), abs(a3)));".into());
-    w("        let nan = any(nan4(a0) | nan4(a1) | nan4(a2) | nan4(a3));".into());
-    w("        let mb = bitcast<u32>(max(max(m4.x, m4.y), max(m4.z, m4.w)));".into());
-    w("        atomicMax(&bmax[lid / 16u], select(mb, 0x7fc00000u, nan));".into());
+    q8_group_max(&mut w, "        ", "lid / 16u");
     w("    }".into());
     w("    workgroupBarrier();".into());
-    w("    let amax = bitcast<f32>(atomicLoad(&bmax[lid / 16u]));".into());
-    w("    let d = amax / 127.0;".into());
-    w("    let id = select(0.0, 1.0 / d, amax > 0.0);".into());
-    for i in 0..4 {
-        w(format!("    let q{i} = quant4(a{i} * id);"));
-    }
+    q8_quantize_group(&mut w, "    ", "lid / 16u");
+    q8_quant4(&mut w, "    ");
     w("    if live {".into());
-    w("        xq[g] = vec4<u32>(".into());
-    w("            pack4xI8(vec4<i32>(q0.x, q1.x, q2.x, q3.x)),".into());
-    w("            pack4xI8(vec4<i32>(q0.y, q1.y, q2.y, q3.y)),".into());
-    w("            pack4xI8(vec4<i32>(q0.z, q1.z, q2.z, q3.z)),".into());
-    w("            pack4xI8(vec4<i32>(q0.w, q1.w, q2.w, q3.w)),".into());
-    w("        );".into());
-    w("        let t = (q0 + q1) + (q2 + q3);".into());
-    w("        atomicAdd(&usum[lid / 4u], (t.x + t.y) + (t.z + t.w));".into());
+    q8_pack_group(&mut w, "        ", "g", "lid / 4u");
     w("    }".into());
     w("    workgroupBarrier();".into());
     w("    // Units 2i and 2i + 1 (one block: the same da) in one vec4 after the groups.".into());
@@ -1222,18 +1262,6 @@ fn q8_main(rs: u32, p: u32, fuse: Fuse, pre: bool) -> String {
 /// The per-workgroup quantization of x into workgroup memory ([`MatvecKernel::Q8`]), ending
 /// with a barrier.
 fn q8_stage(w: &mut dyn FnMut(String), rms: bool) {
-    // x's 16-element group g as four vec4s (normalized with the RMSNorm folded in).
-    let load16 = |w: &mut dyn FnMut(String), ind: &str| {
-        for i in 0..4 {
-            if rms {
-                w(format!(
-                    "{ind}let a{i} = (x[4u * g + {i}u] * rinv) * nw[4u * g + {i}u];"
-                ));
-            } else {
-                w(format!("{ind}let a{i} = x[4u * g + {i}u];"));
-            }
-        }
-    };
     w("    for (var i = lid; i < blocks; i += WG) {".into());
     w("        atomicStore(&bmax[i], 0u);".into());
     w("    }".into());
@@ -1243,30 +1271,16 @@ fn q8_stage(w: &mut dyn FnMut(String), rms: bool) {
     w("    workgroupBarrier();".into());
     w("    // Each block's max |x| (16 invocations per block).".into());
     w("    for (var g = lid; g < groups; g += WG) {".into());
-    load16(w, "        ");
-    w("        let m4 = max(max(abs(a0), abs(a1)), max(abs(a2), abs(a3)));".into());
-    w("        let nan = any(nan4(a0) | nan4(a1) | nan4(a2) | nan4(a3));".into());
-    w("        let mb = bitcast<u32>(max(max(m4.x, m4.y), max(m4.z, m4.w)));".into());
-    w("        atomicMax(&bmax[g / 16u], select(mb, 0x7fc00000u, nan));".into());
+    q8_load16(w, "        ", rms);
+    q8_group_max(w, "        ", "g / 16u");
     w("    }".into());
     w("    workgroupBarrier();".into());
     w("    // q = round(x / da), four words per group, and the unit sums of q.".into());
     w("    for (var g = lid; g < groups; g += WG) {".into());
-    load16(w, "        ");
-    w("        let amax = bitcast<f32>(atomicLoad(&bmax[g / 16u]));".into());
-    w("        let d = amax / 127.0;".into());
-    w("        let id = select(0.0, 1.0 / d, amax > 0.0);".into());
-    for i in 0..4 {
-        w(format!("        let q{i} = quant4(a{i} * id);"));
-    }
-    w("        xq[xq_index(g)] = vec4<u32>(".into());
-    w("            pack4xI8(vec4<i32>(q0.x, q1.x, q2.x, q3.x)),".into());
-    w("            pack4xI8(vec4<i32>(q0.y, q1.y, q2.y, q3.y)),".into());
-    w("            pack4xI8(vec4<i32>(q0.z, q1.z, q2.z, q3.z)),".into());
-    w("            pack4xI8(vec4<i32>(q0.w, q1.w, q2.w, q3.w)),".into());
-    w("        );".into());
-    w("        let t = (q0 + q1) + (q2 + q3);".into());
-    w("        atomicAdd(&usum[g / 4u], (t.x + t.y) + (t.z + t.w));".into());
+    q8_load16(w, "        ", rms);
+    q8_quantize_group(w, "        ", "g / 16u");
+    q8_quant4(w, "        ");
+    q8_pack_group(w, "        ", "xq_index(g)", "g / 4u");
     w("        if (g & 15u) == 0u {".into());
     w("            bd[g / 16u] = d;".into());
     w("        }".into());
