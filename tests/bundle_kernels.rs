@@ -624,3 +624,44 @@ fn gpu_context_compiles_what_the_bundle_carries() {
     );
     assert!(o.status.success(), "{}", text(&o));
 }
+
+/// The host reads the decode attention's cluster size from the kernel a bundle carries: a
+/// bundle made before clusters of 4 carries `LANES = 8`, which needs subgroups of 8.
+#[test]
+fn the_decode_attention_cluster_size_comes_from_the_carried_source() {
+    use lowbit::runtime::gpu::{context_for_tests, ops, ContextOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let b = Bundle::open(written(dir.path(), "t.bundle")).unwrap();
+    let Some(builtin) = context_for_tests(&ContextOptions::default()) else {
+        return;
+    };
+    assert_eq!(
+        builtin.source_constant("op_attention_decode", "LANES"),
+        None
+    );
+    drop(builtin);
+    let mut sources = kernels::from_bundle(&b).unwrap();
+    let ctx = context_for_tests(&ContextOptions {
+        sources: Some(sources.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(
+        ctx.source_constant("op_attention_decode", "LANES"),
+        Some(ops::DECODE_ATTENTION_LANES)
+    );
+    assert_eq!(ctx.source_constant("op_attention_decode", "NO_SUCH"), None);
+    assert_eq!(ctx.source_constant("op_no_such_kernel", "LANES"), None);
+    drop(ctx);
+    let old = sources.get_mut("op_attention_decode").unwrap();
+    *old = old.replace(
+        &format!("const LANES: u32 = {}u;", ops::DECODE_ATTENTION_LANES),
+        "const LANES: u32 = 8u;",
+    );
+    let ctx = context_for_tests(&ContextOptions {
+        sources: Some(sources),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(ctx.source_constant("op_attention_decode", "LANES"), Some(8));
+}

@@ -503,9 +503,11 @@ fn decode_uses_the_bundles_int8_kernels() {
         "{prefill:?}"
     );
     // Attention: one head per workgroup in decode (the subgroup kernel where subgroups hold
-    // its clusters of 8); in prefill the tiny model's 4 query heads over 2 KV heads in groups
-    // of 2.
-    let decode_attention = if ctx.subgroup_ops(lowbit::runtime::gpu::ops::DECODE_ATTENTION_LANES) {
+    // its clusters and unpack2x16float exists); in prefill the tiny model's 4 query heads
+    // over 2 KV heads in groups of 2.
+    let decode_attention = if ctx.subgroup_ops(lowbit::runtime::gpu::ops::DECODE_ATTENTION_LANES)
+        && ctx.has_f16_in_f32()
+    {
         "op_attention_decode"
     } else {
         "op_attention"

@@ -452,8 +452,11 @@ fn rope_kv_rotates_q_and_stores_the_rotated_k_and_v_like_the_cpu() {
 #[test]
 fn decode_attention_folds_rope_and_the_kv_store() {
     let Some(ctx) = ctx() else { return };
-    if !ctx.subgroup_ops(ops::DECODE_ATTENTION_LANES) {
-        eprintln!("note: no subgroups of 8 or more here: op_attention_decode not run");
+    if !ctx.subgroup_ops(ops::DECODE_ATTENTION_LANES) || !ctx.has_f16_in_f32() {
+        eprintln!(
+            "note: no subgroups of {} or more or no unpack2x16float here: op_attention_decode not run",
+            ops::DECODE_ATTENTION_LANES
+        );
         return;
     }
     let mut seed = 21u64;
@@ -464,7 +467,7 @@ fn decode_attention_folds_rope_and_the_kv_store() {
         (true, 4, 1, 256, 256, 0.0625, 0, 255),
         (true, 9, 3, 64, 64, 1.0, 0, 0),
         (false, 4, 2, 64, 48, 0.5, 40, 77),
-        // one split of 256: its positions in tiles of 64, the token's own in the last
+        // one split of 256: its positions in tiles of 16, the token's own in the last
         (false, 8, 2, 128, 128, 1.0, 0, 200),
     ] {
         let (n_ctx, splits) = (256usize, if pos0 == 200 { 1 } else { 4 });
@@ -674,8 +677,11 @@ fn attention_case(
     // op_attention_decode (one token; RoPE folded in, here an identity table: cos 1, sin 0,
     // which leaves every value as it is; its own key and value from k and v, the cache row
     // of its position rewritten with the same bits).
-    if !ctx.subgroup_ops(ops::DECODE_ATTENTION_LANES) {
-        eprintln!("note: no subgroups of 8 or more here: op_attention_decode not run");
+    if !ctx.subgroup_ops(ops::DECODE_ATTENTION_LANES) || !ctx.has_f16_in_f32() {
+        eprintln!(
+            "note: no subgroups of {} or more or no unpack2x16float here: op_attention_decode not run",
+            ops::DECODE_ATTENTION_LANES
+        );
     } else if n == 1 {
         kernels.push(("op_attention_decode", 1, ops::DECODE_SPLIT_GRAIN));
     }
@@ -831,16 +837,18 @@ fn split_attention_matches_an_f64_softmax() {
     // SmolLM2's 9 query heads over 3 KV heads (groups of 3), a prefill chunk over two splits
     attention_case(&ctx, 9, 3, 64, 96, 40, 5, 2, 0, &mut seed);
     // The decode graph of the 8B shape (64 splits of 64 over 4096 positions): the first
-    // position, one where op_attention_decode's splits hold 16 positions each (not a whole
-    // tile), and the last, where they hold the full 64
+    // position, two where op_attention_decode's splits hold 32 positions each (two tiles of
+    // 16; the last split partial, its last tile partial with the token's own position inside
+    // it), and the last, where they hold the full 64
     attention_case(&ctx, 32, 2, 128, 4096, 0, 1, 64, 0, &mut seed);
     attention_case(&ctx, 32, 2, 128, 4096, 515, 1, 64, 0, &mut seed);
+    attention_case(&ctx, 32, 2, 128, 4096, 520, 1, 64, 0, &mut seed);
     attention_case(&ctx, 4, 2, 128, 4096, 4095, 1, 64, 0, &mut seed);
     // decode with a sliding window that starts inside a split, head_dim 256 and 64
     attention_case(&ctx, 4, 1, 256, 1024, 700, 1, 16, 100, &mut seed);
     attention_case(&ctx, 9, 3, 64, 2048, 1500, 1, 32, 0, &mut seed);
-    // splits of more than one tile of 64 positions (op_attention_decode's are 456 here, as
-    // in a context past 8192 with 128 splits): the online softmax across tiles
+    // splits of many tiles (op_attention_decode's are 456 positions here, as in a context
+    // past 8192 with 128 splits): the online softmax across tiles
     attention_case(&ctx, 4, 2, 64, 2048, 1800, 1, 4, 0, &mut seed);
 }
 

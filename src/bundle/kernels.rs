@@ -59,9 +59,12 @@ pub const MSL_LANG_VERSION: (u8, u8) = (2, 3);
 pub const ENTRY_POINT: &str = "main";
 
 /// What WGSL modules may use: what [`crate::runtime::gpu::GpuContext::new`] asks a device for
-/// (SUBGROUP). A kernel that needs another feature adds its capability here and its feature
-/// there.
-pub const CAPABILITIES: Capabilities = Capabilities::SUBGROUP;
+/// (SUBGROUP), and unpack2x16float (SHADER_FLOAT16_IN_FLOAT32, wgpu's downlevel flag
+/// SHADER_F16_IN_F32: the host runs `op_attention_decode`, its one user, only where the
+/// adapter has it). A kernel that needs another feature adds its capability here and its
+/// feature there.
+pub const CAPABILITIES: Capabilities =
+    Capabilities::SUBGROUP.union(Capabilities::SHADER_FLOAT16_IN_FLOAT32);
 
 /// `MAX_KERNEL_BYTES`: the largest kernel file accepted in a manifest (the registry's modules
 /// are a few KiB; this bounds what naga is asked to parse).

@@ -778,15 +778,16 @@ struct Shared<'a> {
 }
 
 /// The decode attention with RoPE and the KV store folded in (attention_decode.wgsl; needs
-/// subgroups of at least [`ops::DECODE_ATTENTION_LANES`]).
+/// subgroups of at least [`ops::DECODE_ATTENTION_LANES`] and unpack2x16float,
+/// [`GpuContext::has_f16_in_f32`]).
 const DECODE_ATTENTION: &str = "op_attention_decode";
 
 /// Attention splits for `s` tokens over `n_ctx` positions and the most positions each takes:
-/// decode splits long contexts into up to 128 chunks of at least 64 positions, one tile of
-/// the kernel's 64 invocations (flash-decoding: enough workgroups to fill a GPU when there
-/// are few heads, each workgroup's serial work short; `op_attention_decode` spreads the
-/// positions up to the current one over all of them, [`ops::split_chunk`]); prefill chunks
-/// into up to 8. At most `MAX_SPLITS` of attention_combine.wgsl.
+/// decode splits long contexts into up to 128 chunks of at least 64 positions (flash-decoding:
+/// enough workgroups to fill a GPU when there are few heads, each workgroup's serial work
+/// short; `op_attention_decode` spreads the positions up to the current one over the
+/// splits, [`ops::split_chunk`], and splits past them exit at once); prefill chunks into up
+/// to 8. At most `MAX_SPLITS` of attention_combine.wgsl.
 fn attention_splits(s: usize, n_ctx: usize) -> (usize, usize) {
     let splits = if s == 1 {
         n_ctx.div_ceil(64).clamp(1, 128)
@@ -891,8 +892,13 @@ fn build_graph(
             }
             Err(_) => false,
         };
+        // A bundle's kernel may predate clusters of 4 (its `LANES` then needs subgroups of 8).
+        let lanes = ctx
+            .source_constant(DECODE_ATTENTION, "LANES")
+            .unwrap_or(ops::DECODE_ATTENTION_LANES);
         if !forced_off
-            && ctx.subgroup_ops(ops::DECODE_ATTENTION_LANES)
+            && ctx.subgroup_ops(lanes)
+            && ctx.has_f16_in_f32()
             && ctx.has_source(DECODE_ATTENTION)
         {
             // `LOWBIT_GPU_ATTN_GRAIN` = a multiple of 8 overrides the grain (a benchmarking

@@ -1703,6 +1703,9 @@ pub struct GpuContext {
     force_workgroup_reduction: bool,
     /// [`ContextOptions::int8`].
     int8: bool,
+    /// Whether shaders may use unpack2x16float and its kin (wgpu's downlevel flag
+    /// SHADER_F16_IN_F32: every adapter but Mesa's llvmpipe without SHADER_F16, and some GL).
+    f16_in_f32: bool,
     /// The WGSL modules this context may compile, by name: [`kernels::all`] by default, a
     /// bundle's `kernels/` when the backend loads one ([`ContextOptions::sources`]).
     sources: HashMap<String, String>,
@@ -1729,6 +1732,10 @@ impl GpuContext {
         let wanted = wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
         let features = adapter.features() & wanted;
         let limits = adapter.limits();
+        let f16_in_f32 = adapter
+            .get_downlevel_capabilities()
+            .flags
+            .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32);
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("lowbit"),
             required_features: features,
@@ -1775,6 +1782,7 @@ impl GpuContext {
             unchecked_shaders: opts.unchecked_shaders,
             force_workgroup_reduction: opts.force_workgroup_reduction,
             int8: opts.int8,
+            f16_in_f32,
             builtin: opts.sources.is_none(),
             extra: Mutex::new(HashMap::new()),
             q8_scratch: Mutex::new(HashMap::new()),
@@ -1802,6 +1810,12 @@ impl GpuContext {
         self.has_subgroups()
             && !self.force_workgroup_reduction
             && self.info.subgroup_min_size >= min_size
+    }
+
+    /// Whether shaders may convert f16 bits with unpack2x16float here (wgpu's downlevel flag
+    /// SHADER_F16_IN_F32; `op_attention_decode` needs it).
+    pub fn has_f16_in_f32(&self) -> bool {
+        self.f16_in_f32
     }
 
     /// Whether the device can time passes with timestamp queries.
@@ -1879,6 +1893,24 @@ impl GpuContext {
     /// registry also generates variants outside its list).
     pub fn has_source(&self, name: &str) -> bool {
         self.builtin || self.sources.contains_key(name)
+    }
+
+    /// The value of `const {constant}: u32 = Nu;` in the carried source of module `name`
+    /// (None for the built-in registry, a module not carried, or no such line): what a
+    /// bundle's kernel from an earlier release was built with, where the host's choice
+    /// depends on it (the decode attention's cluster size).
+    pub fn source_constant(&self, name: &str, constant: &str) -> Option<u32> {
+        if self.builtin {
+            return None;
+        }
+        let prefix = format!("const {constant}: u32 = ");
+        self.sources.get(name)?.lines().find_map(|l| {
+            l.trim()
+                .strip_prefix(&prefix)?
+                .strip_suffix("u;")?
+                .parse()
+                .ok()
+        })
     }
 
     /// Checks `cfg` against the op's rules and this adapter.

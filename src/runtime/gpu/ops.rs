@@ -44,12 +44,18 @@ pub const MAX_HEAD_DIM: usize = 256;
 pub const SUBGROUP_OPS: &[&str] = &["op_attention_decode"];
 
 /// Invocations per score of `op_attention_decode` (`LANES` in attention_decode.wgsl): it runs
-/// only where every subgroup has at least this many.
-pub const DECODE_ATTENTION_LANES: u32 = 8;
+/// only where every subgroup has at least this many (wgpu's smallest subgroup is 4).
+pub const DECODE_ATTENTION_LANES: u32 = 4;
+
+/// How many times attention_decode.wgsl's `//@each` blocks are repeated ([`expand_heads`]; its
+/// `UNROLL`): the most key words a cluster lane and value rows an invocation take in a tile.
+const DECODE_ATTENTION_UNROLL: usize = 8;
 
 /// Positions per split of `op_attention_decode` are a multiple of this (its `grain`
-/// parameter, [`split_chunk`]): one pass of its 8 clusters of 8 invocations.
-pub const DECODE_SPLIT_GRAIN: u32 = 8;
+/// parameter, [`split_chunk`]): two of its tiles of 16. On an H200 (8B shape: 32 query heads,
+/// 64 splits) grain 32 gave the shortest decode step at positions 512 and 2048 (2796 and
+/// 3046 us against 2847 and 3311 with grain 8: fewer, longer splits; BENCHMARKS.md).
+pub const DECODE_SPLIT_GRAIN: u32 = 32;
 
 /// Positions per split of the split attention for a token at position `pos` (`split_chunk`
 /// of common.wgsl, which the attention kernels and the combine compute on the GPU): `chunk`
@@ -148,11 +154,19 @@ fn expand_heads(template: &str, group: usize) -> String {
 pub fn sources() -> Vec<KernelSource> {
     let mut v: Vec<KernelSource> = OPS
         .iter()
-        .map(|(stem, body)| KernelSource {
-            name: format!("op_{stem}"),
-            wgsl: format!(
-                "// op_{stem}: src/runtime/gpu/shaders/ops/common.wgsl + {stem}.wgsl\n{COMMON}\n{body}"
-            ),
+        .map(|(stem, body)| {
+            // The decode attention's unrolled blocks (the others have none).
+            let body = if *stem == "attention_decode" {
+                expand_heads(body, DECODE_ATTENTION_UNROLL)
+            } else {
+                body.to_string()
+            };
+            KernelSource {
+                name: format!("op_{stem}"),
+                wgsl: format!(
+                    "// op_{stem}: src/runtime/gpu/shaders/ops/common.wgsl + {stem}.wgsl\n{COMMON}\n{body}"
+                ),
+            }
         })
         .collect();
     assert!(
@@ -373,6 +387,15 @@ mod tests {
         let (_, decode) = OPS.iter().find(|(s, _)| *s == "attention_decode").unwrap();
         assert!(decode.contains(&format!("const LANES: u32 = {DECODE_ATTENTION_LANES}u;")));
         assert!(decode.contains(&format!("const MAX_HD: u32 = {MAX_HEAD_DIM}u;")));
+        assert!(decode.contains(&format!("const UNROLL: u32 = {DECODE_ATTENTION_UNROLL}u;")));
+        assert!(decode.contains("const WG: u32 = 64u;"));
+        // A lane's key words (MAX_HD / 8 words over LANES lanes) and an invocation's value
+        // rows (TILE = WG / LANES positions over WG / (MAX_HD / 8) groups) fit the unrolling.
+        let (wg, max_hq) = (64usize, MAX_HEAD_DIM / 8);
+        assert!(max_hq / DECODE_ATTENTION_LANES as usize <= DECODE_ATTENTION_UNROLL);
+        assert!(
+            (wg / DECODE_ATTENTION_LANES as usize).div_ceil(wg / max_hq) <= DECODE_ATTENTION_UNROLL
+        );
         assert_eq!(DECODE_SPLIT_GRAIN % DECODE_ATTENTION_LANES, 0);
         for stem in SUBGROUP_OPS {
             assert!(sources().iter().any(|k| k.name == *stem), "{stem}");

@@ -7,8 +7,9 @@
 // s_j = (q . k_j) * kq_scale.
 //
 // One token (position pos = step.pos0; a prefill chunk's tokens would need each other's keys
-// in the cache). What differs from rope_kv.wgsl + attention.wgsl, for the few, latency-bound
-// workgroups of a decode step:
+// in the cache). A decode step's attention is short of neither bandwidth nor workgroups but
+// of latency (dependent memory reads) and of ALU (decoding f16 for every query head); what
+// differs from rope_kv.wgsl + attention.wgsl:
 // - RoPE in the workgroup: q is rotated (and scaled by q_scale) while it is staged, with
 //   rope_kv.wgsl's operations in its order; the token's own key (rotated) and value are
 //   rounded to f16 into workgroup memory and used for position pos, and the workgroup of the
@@ -18,22 +19,31 @@
 // - Positions per split follow the position (`split_chunk` in common.wgsl, with the host's
 //   grain; grain 0 gives the fixed `chunk`, as the combine reads it): ceil((pos + 1) / splits)
 //   rounded up to a multiple of grain, at most `chunk`; attention.wgsl gives each split
-//   `chunk` positions whatever the position, so early in a long context a few workgroups did
-//   all the work (at position 512 of 64 splits: 33 splits of 16 positions instead of 9 of 64).
-//   A split of more than WG positions (contexts past 8192) takes them in tiles of WG.
-// - Each score is one cluster of LANES invocations (consecutive lanes of one subgroup, by
-//   subgroup_invocation_id: the shuffles exchange by lane): lane c of the cluster takes the key's
-//   words c, c + LANES, ... (adjacent lanes, adjacent words: one coalesced read per key) and
-//   the cluster adds its partial dots with three subgroupShuffleXor steps; WG / LANES
-//   positions per pass. attention.wgsl had each invocation walk a whole key alone.
+//   `chunk` positions whatever the position. A split past the position (or before a sliding
+//   window) writes its empty state and exits before staging anything.
+// - A split's positions go in tiles of TILE = WG / LANES, and each tile's key and value words
+//   are all read at once, into named variables (the `//@each` blocks, which the host repeats
+//   UNROLL times: an indexed array may live in memory), before any arithmetic: one round trip
+//   to memory per tile. Keys: each score is one cluster of LANES invocations (consecutive
+//   lanes of one subgroup, by subgroup_invocation_id: the shuffles exchange by lane), lane c
+//   of the cluster reading the key's 16-byte words c, c + LANES, ..., the cluster adding its
+//   partial dots with two subgroupShuffleXor steps. Values: the workgroup's invocations form
+//   WG / hq position groups of hq = head_dim / 8 invocations, invocation (g, w) reading word
+//   w of the tile's positions g, g + WG / hq, ... and keeping 8 running sums; the groups'
+//   sums are added in group order at the end.
+// - Cache words are decoded by unpack2x16float (one conversion per two f16; with the integer
+//   decode of common.wgsl, about 12 operations per f16, the kernel was ALU-bound: decode
+//   steps 14% longer at position 2048 on an H200, 3457 against 3046 us). Every normal f16
+//   converts exactly; WGSL leaves a subnormal one (|v| < 6.1e-5) to the implementation,
+//   which may give 0 (a difference far inside the attention tolerance).
 // - The tile's max and the sum of its weights by subgroupMax / subgroupAdd, one partial per
 //   subgroup in workgroup memory (the subgroup size is read from the hardware).
-// The weighted sum of values is attention.wgsl's (each invocation owns pairs of output dims).
 // exp is WGSL's precise exp. head_dim is a multiple of 8, at most MAX_HD.
 //
 // q: [1, heads, head_dim] f32 and k, v: [1, kv_heads, head_dim] f32, before RoPE; table:
 // rope_kv.wgsl's (cos, sin) per position and pair; caches [kv_heads, n_ctx, head_dim] f16
-// pairs in u32 (kv_store.wgsl); part: [1, heads, splits, head_dim + 2] f32 (m, l, acc).
+// pairs in u32 (kv_store.wgsl; read and written here as vec4<u32> words of 8 f16, rows of
+// head_dim / 8 words); part: [1, heads, splits, head_dim + 2] f32 (m, l, acc).
 
 struct P {
     heads: u32,
@@ -58,8 +68,8 @@ struct P {
 @group(0) @binding(1) var<storage, read> k: array<f32>;
 @group(0) @binding(2) var<storage, read> v: array<f32>;
 @group(0) @binding(3) var<storage, read> table: array<vec2<f32>>;
-@group(0) @binding(4) var<storage, read_write> kc: array<u32>;
-@group(0) @binding(5) var<storage, read_write> vc: array<u32>;
+@group(0) @binding(4) var<storage, read_write> kc: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read_write> vc: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read_write> part: array<f32>;
 @group(0) @binding(7) var<uniform> p: P;
 @group(0) @binding(8) var<uniform> step: Step;
@@ -67,15 +77,20 @@ struct P {
 const WG: u32 = 64u;
 // Invocations per score (a power of two; every subgroup this kernel runs in holds whole
 // clusters: the host uses it only where the smallest subgroup has at least LANES).
-const LANES: u32 = 8u;
+const LANES: u32 = 4u;
+// Positions per tile: one per cluster.
+const TILE: u32 = WG / LANES;
 const MAX_HD: u32 = 256u;
+// 16-byte words (8 f16) of a key or value row, at most.
+const MAX_HQ: u32 = MAX_HD / 8u;
+// Key words per cluster lane and value rows per invocation in a tile, at most: the number of
+// times the host repeats each `//@each` block below (`{g}` replaced by 0, 1, ...). A lane
+// takes at most MAX_HQ / LANES words of a key; an invocation at most TILE / (WG / MAX_HQ)
+// positions' words of the values (WG / hq position groups share a tile's TILE positions).
+const UNROLL: u32 = 8u;
 // wgpu's smallest subgroup is 4 invocations.
 const MAX_SUBGROUPS: u32 = WG / 4u;
 const NEG_BIG: f32 = -3.4028234663852886e38;
-
-fn pair_f32(w: u32) -> vec2<f32> {
-    return vec2<f32>(f16_bits_to_f32(w & 0xffffu), f16_bits_to_f32(w >> 16u));
-}
 
 // For a rotated element e (< n_rot): its pair's index i in the table and the pair (ia, ib):
 // (2i, 2i + 1), or (i, i + n_rot / 2) for NEOX (rope_kv.wgsl).
@@ -123,12 +138,32 @@ fn k_rotated(kvh: u32, e: u32, pos: u32) -> f32 {
     return (x0 * cs.y + x1 * cs.x) * 1.0;
 }
 
-var<workgroup> qs: array<f32, MAX_HD>;
+// The 8 f16 of a 16-byte cache word, as f32.
+fn word_lo(w: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+}
+
+fn word_hi(w: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
+}
+
+// q rotated and scaled, as 4-element words (element 4i + e at qs[i][e]).
+var<workgroup> qs: array<vec4<f32>, MAX_HD / 4u>;
 // The token's own key (rotated) and value as f16 pairs.
 var<workgroup> kf: array<u32, MAX_HD / 2u>;
 var<workgroup> vf: array<u32, MAX_HD / 2u>;
-var<workgroup> sc: array<f32, WG>;
+var<workgroup> sc: array<f32, TILE>;
 var<workgroup> red: array<f32, MAX_SUBGROUPS>;
+// Each invocation's 8 value sums (two 4-element halves) for the final sum over groups.
+var<workgroup> vsum: array<vec4<f32>, 2u * WG>;
+
+// Word i of the own key or value (kf or vf) as a 16-byte cache word.
+fn own_word(own_k: bool, i: u32) -> vec4<u32> {
+    if own_k {
+        return vec4<u32>(kf[4u * i], kf[4u * i + 1u], kf[4u * i + 2u], kf[4u * i + 3u]);
+    }
+    return vec4<u32>(vf[4u * i], vf[4u * i + 1u], vf[4u * i + 2u], vf[4u * i + 3u]);
+}
 
 @compute @workgroup_size(WG)
 fn main(
@@ -143,6 +178,8 @@ fn main(
     let split = wid.y;
     let hd = p.head_dim;
     let half = hd / 2u;
+    // 16-byte words per row.
+    let hq = hd / 8u;
     let pos = step.pos0;
     var lo = 0u;
     if p.window > 0u && pos + 1u > p.window {
@@ -152,12 +189,28 @@ fn main(
     let start = max(lo, split * c);
     let end = min(pos + 1u, (split + 1u) * c);
     let out = (head * p.splits + split) * (hd + 2u);
+    // A split without positions (past the position, or before a sliding window) writes only
+    // its empty state (l = 0: the combine gives it weight 0 and never uses its acc) and stages
+    // nothing: most of a decode step's splits early in a long context.
+    if start >= end {
+        if lid == 0u {
+            part[out] = NEG_BIG;
+            part[out + 1u] = 0.0;
+        }
+        return;
+    }
     let group = p.heads / p.kv_heads;
     let kvh = head / group;
-    let cbase = kvh * p.n_ctx * half;
+    // The KV head's first row, in 16-byte words.
+    let cbase = kvh * p.n_ctx * hq;
     let kbase = kvh * hd;
-    for (var d = lid; d < hd; d += WG) {
-        qs[d] = q_rotated(head, d, pos);
+    for (var i = lid; i < hd / 4u; i += WG) {
+        qs[i] = vec4<f32>(
+            q_rotated(head, 4u * i, pos),
+            q_rotated(head, 4u * i + 1u, pos),
+            q_rotated(head, 4u * i + 2u, pos),
+            q_rotated(head, 4u * i + 3u, pos),
+        );
     }
     for (var i = lid; i < half; i += WG) {
         kf[i] = f32_to_f16_bits(k_rotated(kvh, 2u * i, pos)) | (f32_to_f16_bits(k_rotated(kvh, 2u * i + 1u, pos)) << 16u);
@@ -166,51 +219,71 @@ fn main(
     workgroupBarrier();
     // The KV store: once per KV head, by the split that holds pos.
     if head % group == 0u && split == pos / c {
-        for (var i = lid; i < half; i += WG) {
-            kc[cbase + pos * half + i] = kf[i];
-            vc[cbase + pos * half + i] = vf[i];
+        for (var i = lid; i < hq; i += WG) {
+            kc[cbase + pos * hq + i] = own_word(true, i);
+            vc[cbase + pos * hq + i] = own_word(false, i);
         }
     }
-    // Clusters by subgroup lane (sg_size is a multiple of LANES here), WG / LANES of them.
+    // Clusters by subgroup lane (sg_size is a multiple of LANES here), TILE of them.
     let cluster = (sg * sg_size + lane) / LANES;
     let cl = lane % LANES;
+    // Value position groups: invocation lid is word vw of positions vg, vg + ng, ...
+    let ng = WG / hq;
+    let vg = lid / hq;
+    let vw = lid % hq;
     var m = NEG_BIG;
     var l = 0.0;
-    var acc0 = vec2<f32>(0.0);
-    var acc1 = vec2<f32>(0.0);
+    var acc_lo = vec4<f32>(0.0);
+    var acc_hi = vec4<f32>(0.0);
     var any = false;
+    // The tile's key words (k{g}: word cl + g * LANES of the cluster's position) and value
+    // words (v{g}: word vw of position vg + g * ng), named variables rather than an array
+    // (an indexed array may live in memory, each element waiting on the load before it).
+    //@each
+    var k{g} = vec4<u32>(0u);
+    var v{g} = vec4<u32>(0u);
+    //@end
     // Workgroup-uniform loop bounds (start and end depend only on the workgroup), so the
     // subgroup operations below run in uniform control flow.
-    for (var tile = start; tile < end; tile += WG) {
-        let n_tile = min(WG, end - tile);
-        // Scores: pass pp takes positions tile + pp .. + WG / LANES, one per cluster. A
-        // cluster past the end scores the last position again and discards it.
-        for (var pp = 0u; pp < n_tile; pp += WG / LANES) {
-            let jl = pp + cluster;
-            let j = tile + min(jl, n_tile - 1u);
-            let row = cbase + j * half;
-            var dotv = 0.0;
-            if j == pos {
-                for (var w = cl; w < half; w += LANES) {
-                    let kw = kf[w];
-                    dotv += qs[2u * w] * f16_bits_to_f32(kw & 0xffffu) + qs[2u * w + 1u] * f16_bits_to_f32(kw >> 16u);
-                }
+    for (var tile = start; tile < end; tile += TILE) {
+        let n_tile = min(TILE, end - tile);
+        // Every key and value load of the tile first. A cluster past the end reads the
+        // tile's first position again and discards its score; position pos (the last of the
+        // split that holds it) comes from kf and vf, never from the cache row this dispatch
+        // writes.
+        let jk = tile + select(0u, cluster, cluster < n_tile);
+        let krow = cbase + jk * hq;
+        //@each
+        if cl + {g}u * LANES < hq {
+            if jk == pos {
+                k{g} = own_word(true, cl + {g}u * LANES);
             } else {
-                for (var w = cl; w < half; w += LANES) {
-                    let kw = kc[row + w];
-                    dotv += qs[2u * w] * f16_bits_to_f32(kw & 0xffffu) + qs[2u * w + 1u] * f16_bits_to_f32(kw >> 16u);
-                }
-            }
-            dotv += subgroupShuffleXor(dotv, 1u);
-            dotv += subgroupShuffleXor(dotv, 2u);
-            dotv += subgroupShuffleXor(dotv, 4u);
-            if cl == 0u && jl < n_tile {
-                sc[jl] = dotv * p.kq_scale;
+                k{g} = kc[krow + cl + {g}u * LANES];
             }
         }
+        if vg < ng && vg + {g}u * ng < n_tile {
+            if tile + vg + {g}u * ng == pos {
+                v{g} = own_word(false, vw);
+            } else {
+                v{g} = vc[cbase + (tile + vg + {g}u * ng) * hq + vw];
+            }
+        }
+        //@end
+        // Scores.
+        var dotv = 0.0;
+        //@each
+        if cl + {g}u * LANES < hq {
+            dotv += dot(word_lo(k{g}), qs[2u * (cl + {g}u * LANES)]) + dot(word_hi(k{g}), qs[2u * (cl + {g}u * LANES) + 1u]);
+        }
+        //@end
+        dotv += subgroupShuffleXor(dotv, 1u);
+        dotv += subgroupShuffleXor(dotv, 2u);
+        if cl == 0u && cluster < n_tile {
+            sc[cluster] = dotv * p.kq_scale;
+        }
         workgroupBarrier();
-        // Invocation lid holds position tile + lid: the tile's max, then its weight.
-        let s = select(NEG_BIG, sc[lid], lid < n_tile);
+        // Invocation lid < n_tile holds position tile + lid: the tile's max, then its weight.
+        let s = select(NEG_BIG, sc[min(lid, TILE - 1u)], lid < n_tile);
         let smax = subgroupMax(s);
         if lane == 0u {
             red[sg] = smax;
@@ -225,7 +298,9 @@ fn main(
         let wgt = select(0.0, exp(s - m_new), lid < n_tile);
         // Every invocation has read red and its own score before they are overwritten.
         workgroupBarrier();
-        sc[lid] = wgt;
+        if lid < n_tile {
+            sc[lid] = wgt;
+        }
         let ssum = subgroupAdd(wgt);
         if lane == 0u {
             red[sg] = ssum;
@@ -235,67 +310,37 @@ fn main(
         for (var i = 1u; i < nsg; i++) {
             lt += red[i];
         }
-        acc0 *= corr;
-        acc1 *= corr;
-        let pair0 = lid;
-        let pair1 = lid + WG;
-        // Positions from the cache; pos itself (the last position, in the last tile of the
-        // split that holds it) from vf.
-        let own = tile + n_tile == pos + 1u;
-        let n_cache = select(n_tile, n_tile - 1u, own);
-        var jj = 0u;
-        for (; jj + 4u <= n_cache; jj += 4u) {
-            let row = cbase + (tile + jj) * half;
-            let w = vec4<f32>(sc[jj], sc[jj + 1u], sc[jj + 2u], sc[jj + 3u]);
-            if pair0 < half {
-                let v0 = vc[row + pair0];
-                let v1 = vc[row + half + pair0];
-                let v2 = vc[row + 2u * half + pair0];
-                let v3 = vc[row + 3u * half + pair0];
-                acc0 += w.x * pair_f32(v0) + w.y * pair_f32(v1) + w.z * pair_f32(v2) + w.w * pair_f32(v3);
-            }
-            if pair1 < half {
-                let v0 = vc[row + pair1];
-                let v1 = vc[row + half + pair1];
-                let v2 = vc[row + 2u * half + pair1];
-                let v3 = vc[row + 3u * half + pair1];
-                acc1 += w.x * pair_f32(v0) + w.y * pair_f32(v1) + w.z * pair_f32(v2) + w.w * pair_f32(v3);
-            }
+        acc_lo *= corr;
+        acc_hi *= corr;
+        //@each
+        if vg < ng && vg + {g}u * ng < n_tile {
+            let w = sc[vg + {g}u * ng];
+            acc_lo += w * word_lo(v{g});
+            acc_hi += w * word_hi(v{g});
         }
-        for (; jj < n_cache; jj++) {
-            let row = cbase + (tile + jj) * half;
-            let w = sc[jj];
-            if pair0 < half {
-                acc0 += w * pair_f32(vc[row + pair0]);
-            }
-            if pair1 < half {
-                acc1 += w * pair_f32(vc[row + pair1]);
-            }
-        }
-        if own {
-            let w = sc[n_cache];
-            if pair0 < half {
-                acc0 += w * pair_f32(vf[pair0]);
-            }
-            if pair1 < half {
-                acc1 += w * pair_f32(vf[pair1]);
-            }
-        }
+        //@end
         l = l * corr + lt;
         m = m_new;
         any = true;
+        // sc and red are rewritten by the next tile.
         workgroupBarrier();
     }
+    vsum[2u * lid] = acc_lo;
+    vsum[2u * lid + 1u] = acc_hi;
+    workgroupBarrier();
     if lid == 0u {
         part[out] = select(NEG_BIG, m, any);
         part[out + 1u] = l;
     }
-    if lid < half {
-        part[out + 2u + 2u * lid] = acc0.x;
-        part[out + 3u + 2u * lid] = acc0.y;
-    }
-    if lid + WG < half {
-        part[out + 2u + 2u * (lid + WG)] = acc1.x;
-        part[out + 3u + 2u * (lid + WG)] = acc1.y;
+    // Output dims 4e .. 4e + 3: half (e & 1) of word e / 2, summed over the groups in order.
+    for (var e = lid; e < hd / 4u; e += WG) {
+        var a = vec4<f32>(0.0);
+        for (var g = 0u; g < ng; g++) {
+            a += vsum[2u * (g * hq + e / 2u) + (e & 1u)];
+        }
+        part[out + 2u + 4u * e] = a.x;
+        part[out + 3u + 4u * e] = a.y;
+        part[out + 4u + 4u * e] = a.z;
+        part[out + 5u + 4u * e] = a.w;
     }
 }
