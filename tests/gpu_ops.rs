@@ -94,8 +94,13 @@ fn check(what: &str, got: &[f32], want: &[f32], scale: &[f32], tol: f32) {
 fn every_op_module_compiles() {
     let Some(ctx) = ctx() else { return };
     for k in lowbit::runtime::gpu::ops::sources() {
-        if ops::SUBGROUP_OPS.contains(&k.name.as_str()) && !ctx.has_subgroups() {
-            eprintln!("note: {} needs subgroups, which this adapter lacks", k.name);
+        if ops::SUBGROUP_OPS.contains(&k.name.as_str())
+            && (!ctx.has_subgroups() || !ctx.has_f16_in_f32())
+        {
+            eprintln!(
+                "note: {} needs subgroups and unpack2x16float, which this adapter lacks",
+                k.name
+            );
             continue;
         }
         ctx.pipeline_named(&k.name, None)
@@ -469,6 +474,13 @@ fn decode_attention_folds_rope_and_the_kv_store() {
         (false, 4, 2, 64, 48, 0.5, 40, 77),
         // one split of 256: its positions in tiles of 16, the token's own in the last
         (false, 8, 2, 128, 128, 1.0, 0, 200),
+        // head_dim 96: 12 words a row, 5 value groups, 4 invocations idle; the token's own
+        // position first in its tile (position 64 of splits of 32)
+        (false, 4, 2, 96, 96, 1.0, 0, 64),
+        // head_dim 80 (10 words, a partial rotation) and 16 (2 words: fewer than a cluster's
+        // 4 lanes)
+        (true, 6, 3, 80, 64, 1.0, 0, 130),
+        (false, 2, 1, 16, 16, 1.0, 0, 33),
     ] {
         let (n_ctx, splits) = (256usize, if pos0 == 200 { 1 } else { 4 });
         let chunk = n_ctx.div_ceil(splits);

@@ -873,8 +873,10 @@ fn build_graph(
     let residual = Epilogue::Accumulate(hp.residual_scale.unwrap_or(1.0));
     // The attention kernel, its query heads per workgroup and its split grain. Decode:
     // `op_attention_decode` (one cluster of invocations per score, splits that follow the
-    // position) where the adapter has subgroups of at least its cluster size and the sources
-    // carry it, else `op_attention`; `LOWBIT_GPU_ATTN_DECODE=0` forces `op_attention` (a
+    // position) where the adapter has subgroups of at least its cluster size and
+    // unpack2x16float (`has_f16_in_f32`; required of a bundle's older kernel too, which does
+    // not use it: such an adapter then runs `op_attention`) and the sources carry it, else
+    // `op_attention`; `LOWBIT_GPU_ATTN_DECODE=0` forces `op_attention` (a
     // benchmarking knob). Prefill chunks: query heads per workgroup (grouped-query
     // attention: the heads of a group share one KV head, whose keys and values the workgroup
     // then reads once) `ops::attention_group`, or `LOWBIT_GPU_ATTN_GROUP` = N (a benchmarking
@@ -901,16 +903,15 @@ fn build_graph(
             && ctx.has_f16_in_f32()
             && ctx.has_source(DECODE_ATTENTION)
         {
-            // `LOWBIT_GPU_ATTN_GRAIN` = a multiple of 8 overrides the grain (a benchmarking
-            // knob: fewer, longer splits).
+            // `LOWBIT_GPU_ATTN_GRAIN` = a positive multiple of 8 overrides the grain (a
+            // benchmarking knob: any grain is correct; 8 and 16 give more, shorter splits).
             let grain = match std::env::var("LOWBIT_GPU_ATTN_GRAIN") {
                 Ok(v) => match v.parse::<u32>() {
-                    Ok(g) if g > 0 && g.is_multiple_of(ops::DECODE_SPLIT_GRAIN) => g,
+                    Ok(g) if g > 0 && g.is_multiple_of(8) => g,
                     _ => {
                         eprintln!(
-                            "warning: LOWBIT_GPU_ATTN_GRAIN={v} is not a positive multiple of {}: \
+                            "warning: LOWBIT_GPU_ATTN_GRAIN={v} is not a positive multiple of 8: \
                              using {}",
-                            ops::DECODE_SPLIT_GRAIN,
                             ops::DECODE_SPLIT_GRAIN
                         );
                         ops::DECODE_SPLIT_GRAIN

@@ -1704,7 +1704,7 @@ pub struct GpuContext {
     /// [`ContextOptions::int8`].
     int8: bool,
     /// Whether shaders may use unpack2x16float and its kin (wgpu's downlevel flag
-    /// SHADER_F16_IN_F32: every adapter but Mesa's llvmpipe without SHADER_F16, and some GL).
+    /// SHADER_F16_IN_F32: every adapter but Mesa's llvmpipe without SHADER_F16).
     f16_in_f32: bool,
     /// The WGSL modules this context may compile, by name: [`kernels::all`] by default, a
     /// bundle's `kernels/` when the backend loads one ([`ContextOptions::sources`]).

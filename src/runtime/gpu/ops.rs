@@ -113,8 +113,9 @@ pub fn attention_name(group: usize) -> &'static str {
     NAMES[group - 1]
 }
 
-/// attention_group.wgsl's template for `group` heads: each block between a `//@each` line and an
-/// `//@end` line repeated once per head, `{g}` replaced by its index.
+/// A template with `group` copies of each block between a `//@each` line and an `//@end` line,
+/// `{g}` replaced by the copy's index: attention_group.wgsl's once per query head, and
+/// attention_decode.wgsl's [`DECODE_ATTENTION_UNROLL`] times (its tile's loads).
 fn expand_heads(template: &str, group: usize) -> String {
     let mut out = String::with_capacity(template.len() * 2);
     let mut block: Option<Vec<&str>> = None;
@@ -396,7 +397,8 @@ mod tests {
         assert!(
             (wg / DECODE_ATTENTION_LANES as usize).div_ceil(wg / max_hq) <= DECODE_ATTENTION_UNROLL
         );
-        assert_eq!(DECODE_SPLIT_GRAIN % DECODE_ATTENTION_LANES, 0);
+        // The default grain is a whole number of tiles (TILE = WG / LANES positions).
+        assert_eq!(DECODE_SPLIT_GRAIN % (64 / DECODE_ATTENTION_LANES), 0);
         for stem in SUBGROUP_OPS {
             assert!(sources().iter().any(|k| k.name == *stem), "{stem}");
         }

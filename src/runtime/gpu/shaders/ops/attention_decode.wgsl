@@ -28,9 +28,10 @@
 //   lanes of one subgroup, by subgroup_invocation_id: the shuffles exchange by lane), lane c
 //   of the cluster reading the key's 16-byte words c, c + LANES, ..., the cluster adding its
 //   partial dots with two subgroupShuffleXor steps. Values: the workgroup's invocations form
-//   WG / hq position groups of hq = head_dim / 8 invocations, invocation (g, w) reading word
-//   w of the tile's positions g, g + WG / hq, ... and keeping 8 running sums; the groups'
-//   sums are added in group order at the end.
+//   floor(WG / hq) position groups of hq = head_dim / 8 invocations (the other WG % hq
+//   invocations idle: 4 at head_dim 96), invocation (g, w) reading word w of the tile's
+//   positions g, g + WG / hq, ... and keeping 8 running sums; the groups' sums are added in
+//   group order at the end.
 // - Cache words are decoded by unpack2x16float (one conversion per two f16; with the integer
 //   decode of common.wgsl, about 12 operations per f16, the kernel was ALU-bound: decode
 //   steps 14% longer at position 2048 on an H200, 3457 against 3046 us). Every normal f16
