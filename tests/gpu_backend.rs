@@ -607,3 +607,49 @@ fn a_bundle_without_the_newer_kernels_falls_back() {
         &older,
     );
 }
+
+/// `prefill_logits` where no bucket's `[S, n_vocab]` logits fit one binding: the tiny
+/// MiniCPM's one bucket of 256 tokens needs 485 KB of logits, above a 256 KiB binding cap
+/// (its KV cache layers, 128 KB, and its weights in row chunks still fit), so the logits tail
+/// is not bound and the tokens run as decode steps; every row still within the int8
+/// tolerance of the CPU f32 reference (and equal to the GPU's own decode steps).
+#[test]
+fn prefill_logits_runs_decode_steps_where_no_bucket_fits_a_binding() {
+    let Some(opts) = gpu_options() else { return };
+    let src = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
+    let (_d, b) = make_bundle(&["gguf-to-ternary"], &src);
+    let one_bucket = LoadOptions {
+        buckets: Some(vec![256]),
+        ..opts.clone()
+    };
+    let capped = LoadOptions {
+        gpu_max_binding_bytes: Some(256 << 10),
+        ..one_bucket.clone()
+    };
+    let tail_rows = |o: &LoadOptions| {
+        let model = runtime::open_model(&b).unwrap();
+        lowbit::runtime::gpu::backend::GpuBackend::new(model, o)
+            .unwrap()
+            .logits_tail_rows()
+            .unwrap()
+    };
+    assert_eq!(tail_rows(&one_bucket), Some(256));
+    assert_eq!(tail_rows(&capped), None);
+    let ids: Vec<u32> = (0..40u32).map(|i| (i * 37 + 5) % 200).collect();
+    check_prefill_logits(
+        "minicpm-tiny (per-token fallback)",
+        &b,
+        &capped,
+        &ids,
+        0,
+        INT8_TOL,
+    );
+    check_prefill_logits(
+        "minicpm-tiny (per-token fallback)",
+        &b,
+        &capped,
+        &ids,
+        23,
+        INT8_TOL,
+    );
+}

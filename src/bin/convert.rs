@@ -468,6 +468,7 @@ impl RuntimeArgs {
             gpu_adapter: self.gpu_adapter.as_deref().map(str::parse).transpose()?,
             gpu_no_subgroups: self.gpu_no_subgroups,
             gpu_memory: self.gpu_memory,
+            gpu_max_binding_bytes: None,
             gpu_sources: None,
             kernel: self.kernel.into(),
             kv: self.kv_cache.into(),

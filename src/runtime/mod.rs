@@ -131,6 +131,11 @@ pub struct LoadOptions {
     /// GPU: the bytes of device memory the model may take (`--gpu-memory`); `None`: the
     /// adapter's own figure, where the driver gives one.
     pub gpu_memory: Option<u64>,
+    /// GPU: the most bytes one storage binding may cover, below the adapter's own limit (a
+    /// test knob: weights then split into more row chunks, and the prefill logits tail takes
+    /// only a bucket whose `[S, n_vocab]` logits fit, else the per-token fallback); `None`:
+    /// the adapter's limit.
+    pub gpu_max_binding_bytes: Option<u64>,
     /// GPU: the WGSL modules to compile. [`load`] fills in the bundle's own when `None`
     /// ([`gpu::kernels::from_bundle`]: a bundle without kernels is refused);
     /// `GpuBackend::new` given `None` compiles the ones built into this binary.

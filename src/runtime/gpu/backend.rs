@@ -281,6 +281,7 @@ impl GpuBackend {
             sources,
             force_workgroup_reduction: opts.gpu_no_subgroups,
             int8: opts.kernel == crate::runtime::Kernel::Int8,
+            max_binding_bytes: opts.gpu_max_binding_bytes,
             ..Default::default()
         })
         .map_err(gpu_err)?;
@@ -686,6 +687,19 @@ impl GpuBackend {
     /// Binds [`LogitsTail`] behind the largest prefill graph whose logits fit
     /// [`LOGITS_TAIL_BYTES`] and one storage binding (else the smallest that fits a binding);
     /// `None` where none does.
+    /// Tokens per chunk of `prefill_logits`' logits tail (its bucket), bound on first use;
+    /// `None` where no bucket's `[S, n_vocab]` logits fit one binding, and `prefill_logits`
+    /// runs the tokens as decode steps instead.
+    pub fn logits_tail_rows(&mut self) -> Result<Option<usize>, RuntimeError> {
+        if self.logits_tail.is_none() {
+            self.logits_tail = Some(self.bind_logits_tail()?);
+        }
+        Ok(match &self.logits_tail {
+            Some(Some(t)) => Some(self.graphs[t.gi].acts.s),
+            _ => None,
+        })
+    }
+
     fn bind_logits_tail(&self) -> Result<Option<LogitsTail>, RuntimeError> {
         let hp = &self.model.layout.hyper;
         let (e, nv) = (hp.n_embd, hp.n_vocab);
