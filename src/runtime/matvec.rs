@@ -248,10 +248,12 @@ fn palette_gather_ok() -> bool {
     })
 }
 
-/// [`palette_rows`] for 8- and 4-bit indices without the row buffer: eight indices at a time
-/// are widened to i32 lanes, their entries gathered from the group's f32 table and multiplied
-/// with `x` into the eight lanes of [`dot`] (separate multiply and add, the same order), so the
-/// result has the same bits as rebuilding the row and taking [`dot`].
+/// [`palette_rows`] for 8-, 6- and 4-bit indices without the row buffer: eight indices at a
+/// time are widened to i32 lanes (6 bits: the eight come from 6 bytes, LSB first, indices 0-3
+/// from the first three as one 24-bit word and 4-7 from the next three), their entries
+/// gathered from the group's f32 table and multiplied with `x` into the eight lanes of [`dot`]
+/// (separate multiply and add, the same order), so the result has the same bits as
+/// rebuilding the row and taking [`dot`].
 ///
 /// # Safety
 /// The CPU must have AVX2.
@@ -268,6 +270,8 @@ unsafe fn palette_rows_gather(
     let n8 = cols / 8 * 8;
     let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
     let m4 = _mm256_set1_epi32(0xF);
+    let shifts6 = _mm256_setr_epi32(0, 6, 12, 18, 0, 6, 12, 18);
+    let m6 = _mm256_set1_epi32(0x3F);
     let mut group = usize::MAX;
     let mut table = [0f32; 256];
     for (i, yo) in ys.iter_mut().enumerate() {
@@ -282,6 +286,12 @@ unsafe fn palette_rows_gather(
         while c < n8 {
             let ix = if v.bits == 8 {
                 _mm256_cvtepu8_epi32(_mm_loadl_epi64(row.as_ptr().add(c) as *const __m128i))
+            } else if v.bits == 6 {
+                let b = &row[c / 4 * 3..c / 4 * 3 + 6];
+                let lo = u32::from_le_bytes([b[0], b[1], b[2], 0]) as i32;
+                let hi = u32::from_le_bytes([b[3], b[4], b[5], 0]) as i32;
+                let w = _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi);
+                _mm256_and_si256(_mm256_srlv_epi32(w, shifts6), m6)
             } else {
                 let w = u32::from_le_bytes([
                     row[c / 2],
@@ -298,10 +308,19 @@ unsafe fn palette_rows_gather(
         let mut l = [0f32; 8];
         _mm256_storeu_ps(l.as_mut_ptr(), acc);
         for (j, k) in (n8..cols).enumerate() {
-            let ix = if v.bits == 8 {
-                row[k] as usize
-            } else {
-                ((row[k / 2] >> ((k % 2) * 4)) & 0xF) as usize
+            let ix = match v.bits {
+                8 => row[k] as usize,
+                6 => {
+                    let bit = 6 * k;
+                    let lo = row[bit / 8] as u16;
+                    let hi = if bit % 8 > 2 {
+                        row[bit / 8 + 1] as u16
+                    } else {
+                        0
+                    };
+                    (((lo | (hi << 8)) >> (bit % 8)) & 0x3F) as usize
+                }
+                _ => ((row[k / 2] >> ((k % 2) * 4)) & 0xF) as usize,
             };
             l[j] += table[ix] * x[k];
         }
@@ -856,7 +875,7 @@ fn rows(
         (WeightData::Ternary { words, scales }, _) => ternary_rows(words, scales, cols, x, ys, r0),
         (WeightData::Palette(v), _) => {
             #[cfg(target_arch = "x86_64")]
-            if (v.bits == 8 || v.bits == 4) && palette_gather_ok() {
+            if matches!(v.bits, 8 | 6 | 4) && palette_gather_ok() {
                 // SAFETY: AVX2 and F16C are present (palette_gather_ok).
                 unsafe { palette_rows_gather(v, x, ys, r0) };
                 return;
@@ -1080,8 +1099,8 @@ mod tests {
     #[test]
     fn palette_gather_path_gives_the_rebuilt_rows_bits() {
         let mut seed = 9u64;
-        for bits in [4u32, 8] {
-            let (rows, cols, g) = (12usize, 77usize, 4usize);
+        for (bits, cols) in [(4u32, 77usize), (8, 77), (6, 77), (6, 64), (6, 5)] {
+            let (rows, g) = (12usize, 4usize);
             let rb = crate::palette::row_bytes(cols as u64, bits) as usize;
             let mut indices = vec![0u8; rows * rb];
             for r in 0..rows {
@@ -1120,7 +1139,7 @@ mod tests {
             assert_eq!(
                 y.iter().map(|a| a.to_bits()).collect::<Vec<_>>(),
                 want.iter().map(|a| a.to_bits()).collect::<Vec<_>>(),
-                "bits {bits}"
+                "bits {bits} cols {cols}"
             );
         }
     }
