@@ -485,19 +485,22 @@ pub fn unpack_row(packed: &[u8], bits: u32, out: &mut [u8]) {
         3 => unpack_whole::<8, 3, 3>(packed, out),
         _ => 0,
     };
-    let mask = (1u16 << bits) - 1;
-    let rest = &mut out[done..];
-    let mut bit = done * bits as usize;
-    for o in rest.iter_mut() {
-        let lo = packed[bit / 8] as u16;
-        let hi = if bit % 8 + bits as usize > 8 {
-            packed[bit / 8 + 1] as u16
-        } else {
-            0
-        };
-        *o = (((lo | (hi << 8)) >> (bit % 8)) & mask) as u8;
-        bit += bits as usize;
+    for (k, o) in out.iter_mut().enumerate().skip(done) {
+        *o = index_at(packed, bits, k);
     }
+}
+
+/// Index `k` of a row packed by [`pack_row`] at `bits` (1 to 8) bits each.
+#[inline]
+pub fn index_at(packed: &[u8], bits: u32, k: usize) -> u8 {
+    let bit = k * bits as usize;
+    let lo = packed[bit / 8] as u16;
+    let hi = if bit % 8 + bits as usize > 8 {
+        packed[bit / 8 + 1] as u16
+    } else {
+        0
+    };
+    (((lo | (hi << 8)) >> (bit % 8)) & ((1u16 << bits) - 1)) as u8
 }
 
 /// The whole groups of [`unpack_row`]: `PER` indices of `BITS` bits from each `BYTES` bytes;

@@ -308,21 +308,7 @@ unsafe fn palette_rows_gather(
         let mut l = [0f32; 8];
         _mm256_storeu_ps(l.as_mut_ptr(), acc);
         for (j, k) in (n8..cols).enumerate() {
-            let ix = match v.bits {
-                8 => row[k] as usize,
-                6 => {
-                    let bit = 6 * k;
-                    let lo = row[bit / 8] as u16;
-                    let hi = if bit % 8 > 2 {
-                        row[bit / 8 + 1] as u16
-                    } else {
-                        0
-                    };
-                    (((lo | (hi << 8)) >> (bit % 8)) & 0x3F) as usize
-                }
-                _ => ((row[k / 2] >> ((k % 2) * 4)) & 0xF) as usize,
-            };
-            l[j] += table[ix] * x[k];
+            l[j] += table[crate::palette::index_at(row, v.bits, k) as usize] * x[k];
         }
         *yo = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
     }

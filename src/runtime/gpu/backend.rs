@@ -684,9 +684,6 @@ impl GpuBackend {
         )
     }
 
-    /// Binds [`LogitsTail`] behind the largest prefill graph whose logits fit
-    /// [`LOGITS_TAIL_BYTES`] and one storage binding (else the smallest that fits a binding);
-    /// `None` where none does.
     /// Tokens per chunk of `prefill_logits`' logits tail (its bucket), bound on first use;
     /// `None` where no bucket's `[S, n_vocab]` logits fit one binding, and `prefill_logits`
     /// runs the tokens as decode steps instead.
@@ -700,6 +697,9 @@ impl GpuBackend {
         })
     }
 
+    /// Binds [`LogitsTail`] behind the largest prefill graph whose logits fit
+    /// [`LOGITS_TAIL_BYTES`] and one storage binding (else the smallest that fits a binding);
+    /// `None` where none does.
     fn bind_logits_tail(&self) -> Result<Option<LogitsTail>, RuntimeError> {
         let hp = &self.model.layout.hyper;
         let (e, nv) = (hp.n_embd, hp.n_vocab);
@@ -1057,6 +1057,9 @@ fn build_graph(
         Some(_) => 1.0f32,
         None => 1.0f32 / (hd as f32).sqrt(),
     };
+    // `LOWBIT_GPU_BIAS_EPILOGUE=0` keeps op_bias_add for Q/K/V's biases (a benchmarking knob;
+    // below).
+    let bias_epilogue = std::env::var("LOWBIT_GPU_BIAS_EPILOGUE").map_or(true, |v| v != "0");
     for il in 0..hp.n_layer {
         let (lw, lv) = (&sh.layers[il], &sh.vecs[il]);
         let mut bias_done = false;
@@ -1078,11 +1081,9 @@ fn build_graph(
                 // The biases in the products' epilogue where they can be (GGUF and palette
                 // weights; a stacked weight takes the stacked biases): the same operation as
                 // op_bias_add, one dispatch less per bias.
-                // `LOWBIT_GPU_BIAS_EPILOGUE=0` keeps op_bias_add (a benchmarking knob).
                 let parts = [(&a.q, &lv.bq), (&a.k, &lv.bk), (&a.v, &lv.bv)];
-                let fold = std::env::var("LOWBIT_GPU_BIAS_EPILOGUE").map_or(true, |v| v != "0");
                 let biased: Option<Vec<Item>> = match (&lw.qkv[..], &lv.bqkv) {
-                    _ if !fold => None,
+                    _ if !bias_epilogue => None,
                     ([w], Some(b)) => ctx
                         .bind_matmul_bias(w, &a.h, &BufView::whole(&a.q.buffer), n_tok, b)
                         .ok()
@@ -1489,9 +1490,8 @@ impl Backend for GpuBackend {
         let max = *self.buckets.last().unwrap_or(&1);
         self.check_span(tokens, start, max)?;
         crate::runtime::check_rows(tokens.len(), from)?;
-        if self.logits_tail.is_none() {
-            self.logits_tail = Some(self.bind_logits_tail()?);
-        }
+        // Binds the tail on first use.
+        self.logits_tail_rows()?;
         let Some(Some(tail)) = &self.logits_tail else {
             return crate::runtime::prefill_logits_by_steps(self, tokens, start, from, out);
         };
