@@ -541,7 +541,10 @@ fn legacy_block_types_match_cpu() {
         GgmlType::Q8_0,
     ];
     for ty in types {
-        for (rows, cols) in [(13, 96), (37, 800)] {
+        // The single-token product's split (weights::matvec_split): K = 96 takes 16
+        // invocations a row, 800 32 (two rows a workgroup for 37 rows), 1120 all 64 (one row a
+        // workgroup for 7 rows).
+        for (rows, cols) in [(13, 96), (37, 800), (7, 1120)] {
             check_all(&Host::gguf(ty, rows, cols, &mut seed), &mut seed);
         }
     }
@@ -560,7 +563,8 @@ fn k_quant_types_match_cpu() {
         GgmlType::Q6_K,
     ];
     for ty in types {
-        for (rows, cols) in [(13, 256), (37, 768)] {
+        // 1280 with 7 rows: one row a workgroup, matvec_q6_k.wgsl's too.
+        for (rows, cols) in [(13, 256), (37, 768), (7, 1280)] {
             check_all(&Host::gguf(ty, rows, cols, &mut seed), &mut seed);
         }
     }

@@ -161,6 +161,51 @@ const MMQ_TERNARY2_WGSL: &str = include_str!("shaders/weights/mmq_ternary2.wgsl"
 pub const UNIT: usize = 32;
 /// Rows per workgroup of the single-token product.
 pub const MATVEC_ROWS: u32 = 4;
+
+/// Workgroups below which [`matvec_split`] gives a workgroup fewer rows than
+/// [`MATVEC_ROWS`]: a weight of few rows (Qwen2.5-0.5B's 896-row down and output products
+/// made 224 workgroups of 64 invocations, under two per SM of an H200) leaves most of the
+/// GPU waiting on memory.
+pub const MATVEC_MIN_WORKGROUPS: usize = 1024;
+
+/// How the single-token body (matvec.wgsl; matvec_q6_k.wgsl takes the rows only) splits a
+/// weight of `rows` x `cols`: (`Params::lanes`, `Params::wg_rows`).
+///
+/// Lanes, the invocations per row: the smallest power of two at least the row's units (32
+/// elements each), between `WORKGROUP / MATVEC_ROWS` and `WORKGROUP`. K = 576 and 896
+/// (SmolLM2's and Qwen2.5-0.5B's width, 18 and 28 units) take 32: two groups of a
+/// workgroup's invocations, each on half its rows, where one group of 64 left 46 or 36 of
+/// them idle. Rows per workgroup: [`MATVEC_ROWS`], halved while the grid has fewer than
+/// [`MATVEC_MIN_WORKGROUPS`] workgroups and each group of lanes keeps a row.
+///
+/// `LOWBIT_GPU_MATVEC_LANES=N` and `LOWBIT_GPU_MATVEC_WG_ROWS=N` (powers of two, clamped to
+/// those ranges) force either, for measurements (64 and 4: the kernel before this choice).
+pub fn matvec_split(rows: usize, cols: usize) -> (u32, u32) {
+    let knob = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|n| n.is_power_of_two())
+    };
+    let lo = WORKGROUP / MATVEC_ROWS;
+    let units = (cols / 32).max(1) as u32;
+    let lanes = knob("LOWBIT_GPU_MATVEC_LANES")
+        .unwrap_or(units.next_power_of_two())
+        .clamp(lo, WORKGROUP);
+    let min_rows = WORKGROUP / lanes;
+    let wg_rows = match knob("LOWBIT_GPU_MATVEC_WG_ROWS") {
+        Some(n) => n.clamp(min_rows, MATVEC_ROWS),
+        None => {
+            let mut r = MATVEC_ROWS;
+            while r > min_rows && rows.div_ceil(r as usize) < MATVEC_MIN_WORKGROUPS {
+                r /= 2;
+            }
+            r
+        }
+    };
+    (lanes, wg_rows)
+}
+
 /// Rows per workgroup of the multi-token product.
 pub const MATMUL_ROWS: u32 = 4;
 /// Tokens per workgroup of the multi-token product (a weight block is read once per this
@@ -1071,7 +1116,9 @@ impl GpuContext {
         })
     }
 
-    /// The uniform parameters of one chunk's dispatch (`Params` in common.wgsl).
+    /// The uniform parameters of one chunk's dispatch (`Params` in common.wgsl; 56 bytes
+    /// padded to 64). `split`: the single-token body's lanes and rows per workgroup
+    /// ([`matvec_split`]; (WORKGROUP, MATVEC_ROWS) for the kernels that read neither).
     fn weight_params(
         &self,
         w: &GpuWeight,
@@ -1079,6 +1126,7 @@ impl GpuContext {
         groups_x: u32,
         n: u32,
         epilogue: Epilogue,
+        split: (u32, u32),
     ) -> wgpu::Buffer {
         let (p0, p1) = match w.format {
             WeightFormat::Palette { group_size, .. } => {
@@ -1105,10 +1153,14 @@ impl GpuContext {
             seg2 as u32,
             acc,
             scale.to_bits(),
+            split.0,
+            split.1,
+            0,
+            0,
         ];
         let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("weights params"),
-            size: 48,
+            size: 64,
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
@@ -1301,6 +1353,17 @@ impl GpuContext {
             });
         }
         let kernel = name_of(Decoder::of(w.format), op, reduction);
+        // The single-token bodies read their split from the parameters; a bundle's kernels
+        // from before it take ROWS rows a workgroup with every invocation on each.
+        let split = if op == WeightOp::Matvec
+            && self
+                .source(&kernel)
+                .is_ok_and(|s| s.contains("params.wg_rows"))
+        {
+            matvec_split(w.rows, w.cols)
+        } else {
+            (WORKGROUP, rows_per_wg)
+        };
         let pipeline = self.pipeline_named(&kernel, None)?;
         let layout = pipeline.get_bind_group_layout(0);
         // The bias binding of store.wgsl, which a bundle's kernels from before the bias
@@ -1317,14 +1380,14 @@ impl GpuContext {
         }
         let mut parts = Vec::with_capacity(w.chunks.len());
         for c in &w.chunks {
-            let groups = c.rows.div_ceil(rows_per_wg as usize) as u64;
+            let groups = c.rows.div_ceil(split.1 as usize) as u64;
             let (gx, gy) = grid(groups).ok_or(GpuError::Limit {
                 op: OP,
                 what: "workgroups",
                 needed: groups,
                 limit: MAX_WORKGROUPS_PER_DIM as u64 * MAX_WORKGROUPS_PER_DIM as u64,
             })?;
-            let params = self.weight_params(w, c, gx, n_tokens, epilogue);
+            let params = self.weight_params(w, c, gx, n_tokens, epilogue, split);
             let slot = bias_slot.then(|| bias.unwrap_or(&self.placeholder));
             let bg = self.weight_bind_group(&layout, w, c, x, y, &params, slot);
             parts.push((bg, [gx, gy, gz]));
@@ -1430,7 +1493,7 @@ impl GpuContext {
                 needed: groups,
                 limit: MAX_WORKGROUPS_PER_DIM as u64 * MAX_WORKGROUPS_PER_DIM as u64,
             })?;
-            let params = self.weight_params(w, c, gx, n_tokens, epilogue);
+            let params = self.weight_params(w, c, gx, n_tokens, epilogue, (WORKGROUP, MATVEC_ROWS));
             let mut entries = vec![
                 wgpu::BindGroupEntry {
                     binding: 0,
@@ -1573,7 +1636,14 @@ impl GpuContext {
             .chunks
             .iter()
             .map(|c| {
-                let params = self.weight_params(w, c, gx, n_tokens, Epilogue::Store);
+                let params = self.weight_params(
+                    w,
+                    c,
+                    gx,
+                    n_tokens,
+                    Epilogue::Store,
+                    (WORKGROUP, MATVEC_ROWS),
+                );
                 (
                     self.weight_bind_group(&layout, w, c, ids, out, &params, None),
                     [gx, gy, 1],
@@ -1708,5 +1778,30 @@ mod tests {
         let t = matmul_tolerance(4096, 1.0);
         assert!(t > 73.0 * 5.9e-8 && t < 75.0 * 6.0e-8, "{t}");
         assert!(matmul_tolerance(576, 2.0) > matmul_tolerance(576, 1.0));
+    }
+
+    #[test]
+    fn the_single_token_split_fills_small_weights() {
+        // Qwen2.5-0.5B (K = 896, 28 units): Q/O, stacked Q/K/V, stacked gate/up, the head;
+        // its down (K = 4864); SmolLM2 (K = 576, 18 units); the 8B's down.
+        assert_eq!(matvec_split(896, 896), (32, 2));
+        assert_eq!(matvec_split(1152, 896), (32, 2));
+        assert_eq!(matvec_split(9728, 896), (32, 4));
+        assert_eq!(matvec_split(151_936, 896), (32, 4));
+        assert_eq!(matvec_split(896, 4864), (64, 1));
+        assert_eq!(matvec_split(576, 576), (32, 2));
+        assert_eq!(matvec_split(4096, 16_384), (64, 4));
+        assert_eq!(matvec_split(13, 96), (16, 4));
+        for cols in (32..=2048).step_by(32) {
+            for rows in [1, 7, 100, 1000, 5000, 100_000] {
+                let (lanes, wg_rows) = matvec_split(rows, cols);
+                assert!(lanes.is_power_of_two() && wg_rows.is_power_of_two());
+                assert!((WORKGROUP / MATVEC_ROWS..=WORKGROUP).contains(&lanes));
+                // Every group of lanes has a row; no workgroup has more than the kernel's ROWS.
+                assert!(wg_rows >= WORKGROUP / lanes && wg_rows <= MATVEC_ROWS);
+                // No row's units are left to a second pass while lanes idle.
+                assert!(lanes as usize >= (cols / 32).min(WORKGROUP as usize));
+            }
+        }
     }
 }

@@ -47,6 +47,15 @@ struct Params {
     // bias epilogue (y = sum + bias[r]; store.wgsl).
     accumulate: u32,
     scale: f32,
+    // Single-token products (matvec.wgsl): invocations per row, G, a power of two dividing
+    // WG with WG / G <= ROWS; WG where K has more units than WG / 2 (weights.rs
+    // `matvec_lanes`). Unused elsewhere.
+    lanes: u32,
+    // Single-token products (matvec.wgsl, matvec_q6_k.wgsl): rows per workgroup, at most
+    // ROWS and at least WG / lanes; fewer than ROWS where a weight has few rows, so that its
+    // grid has enough workgroups to keep the memory system busy (weights.rs `matvec_split`).
+    // Unused elsewhere.
+    wg_rows: u32,
 }
 
 @group(0) @binding(0) var<storage, read> data: array<u32>;

@@ -9,6 +9,11 @@
 
 const NACC: u32 = ROWS * TOK;
 
+// Rows per workgroup (the reduction's stride and store bound).
+fn rows_per_wg() -> u32 {
+    return ROWS;
+}
+
 fn dot_unit(w: array<vec4<f32>, 8>, xb: u32) -> f32 {
     return ((dot(w[0], x[xb]) + dot(w[1], x[xb + 1u])) + (dot(w[2], x[xb + 2u]) + dot(w[3], x[xb + 3u])))
         + ((dot(w[4], x[xb + 4u]) + dot(w[5], x[xb + 5u])) + (dot(w[6], x[xb + 6u]) + dot(w[7], x[xb + 7u])));

@@ -21,6 +21,12 @@
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
 const NACC: u32 = ROWS * TOK;
+
+// Rows per workgroup (the reduction's stride and store bound): params.wg_rows, ROWS or fewer
+// for a weight of few rows.
+fn rows_per_wg() -> u32 {
+    return params.wg_rows;
+}
 const LO4 = 0x0f0f0f0fu;
 const HI2 = 0x30303030u;
 
@@ -55,6 +61,9 @@ fn partials(lid: u32, row0: u32, t0: u32) -> array<f32, NACC> {
         // Scale bytes h*8 + 2s + l/16: bytes l/16 and l/16 + 2 of the words at h*8, h*8 + 4.
         let so = l >> 4u;
         for (var r = 0u; r < ROWS; r++) {
+            if r >= params.wg_rows {
+                break;
+            }
             let b = rb[r] + blk * BLOCK_BYTES;
             let ql0 = word_at(b + h * 64u + l);
             let ql1 = word_at(b + h * 64u + 32u + l);

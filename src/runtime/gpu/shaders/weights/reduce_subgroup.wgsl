@@ -1,4 +1,5 @@
-// Reduction of matvec.wgsl / matmul.wgsl with subgroup operations: subgroupAdd per
+// Reduction of matvec.wgsl / matvec_q6_k.wgsl / matmul.wgsl (each body defines
+// rows_per_wg(), the workgoup's rows) with subgroup operations: subgroupAdd per
 // accumulator, one partial per subgroup in workgroup memory, then invocation i < NACC adds
 // accumulator i's partials and stores it. The subgroup size is read from the hardware
 // (subgroup_id, num_subgroups), never assumed.
@@ -15,7 +16,7 @@ fn main(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(num_subgroups) nsg: u32,
 ) {
-    let row0 = (wid.y * params.groups_x + wid.x) * ROWS;
+    let row0 = (wid.y * params.groups_x + wid.x) * rows_per_wg();
     if row0 >= params.rows {
         return;
     }
@@ -31,7 +32,7 @@ fn main(
     if lid < NACC {
         let r = lid / TOK;
         let t = lid % TOK;
-        if row0 + r < params.rows && t0 + t < params.n_tokens {
+        if r < rows_per_wg() && row0 + r < params.rows && t0 + t < params.n_tokens {
             var total = 0.0;
             for (var i = 0u; i < nsg; i++) {
                 total += part[lid * MAX_SUBGROUPS + i];

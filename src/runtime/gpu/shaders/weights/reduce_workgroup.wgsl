@@ -1,4 +1,5 @@
-// Reduction of matvec.wgsl / matmul.wgsl without subgroup operations: every invocation's
+// Reduction of matvec.wgsl / matvec_q6_k.wgsl / matmul.wgsl (each body defines
+// rows_per_wg(), the workgoup's rows) without subgroup operations: every invocation's
 // partials in workgroup memory, then a tree of halving steps (WG a power of two), one
 // barrier each; invocation i < NACC stores accumulator i.
 
@@ -9,7 +10,7 @@ fn main(
     @builtin(local_invocation_index) lid: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
 ) {
-    let row0 = (wid.y * params.groups_x + wid.x) * ROWS;
+    let row0 = (wid.y * params.groups_x + wid.x) * rows_per_wg();
     if row0 >= params.rows {
         return;
     }
@@ -30,7 +31,7 @@ fn main(
     if lid < NACC {
         let r = lid / TOK;
         let t = lid % TOK;
-        if row0 + r < params.rows && t0 + t < params.n_tokens {
+        if r < rows_per_wg() && row0 + r < params.rows && t0 + t < params.n_tokens {
             store_y(t0 + t, params.row0 + row0 + r, red[lid * WG]);
         }
     }
