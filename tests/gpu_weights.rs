@@ -620,6 +620,54 @@ fn palettes_of_every_width_match_cpu() {
     );
 }
 
+/// A bundle made before the single-token body took 2 rows a workgroup carries it as
+/// `weights_{enc}_matvec_r4_wg64_{sg|wg}` (4 accumulators an invocation): a context whose
+/// sources have only those runs them (the host's split capped at 4 rows), within the same
+/// tolerance, with both reductions.
+#[test]
+fn a_bundles_four_row_matvec_kernels_still_run() {
+    let legacy: std::collections::HashMap<String, String> = gpu::kernels::all()
+        .into_iter()
+        .map(|k| {
+            if k.name.contains("_matvec_r2_") {
+                let name = k.name.replace("_matvec_r2_", "_matvec_r4_");
+                let wgsl = k.wgsl.replacen(&k.name, &name, 1).replacen(
+                    "const ROWS: u32 = 2u;",
+                    "const ROWS: u32 = 4u;",
+                    1,
+                );
+                assert!(wgsl.contains("const ROWS: u32 = 4u;"), "{}", k.name);
+                (name, wgsl)
+            } else {
+                (k.name, k.wgsl)
+            }
+        })
+        .collect();
+    let mut seed = 9u64;
+    for force in [false, true] {
+        let Some(ctx) = context_for_tests(&ContextOptions {
+            sources: Some(legacy.clone()),
+            force_workgroup_reduction: force,
+            ..Default::default()
+        }) else {
+            return;
+        };
+        for (ty, rows, cols) in [
+            (GgmlType::Q8_0, 37, 800),
+            (GgmlType::Q4_K, 7, 1280),
+            (GgmlType::Q6_K, 37, 768),
+        ] {
+            let host = Host::gguf(ty, rows, cols, &mut seed);
+            let w = host.upload(&ctx).unwrap();
+            let xb = ctx.upload_bytes("x", &vec![0u8; cols * 4]).unwrap();
+            let yb = ctx.vector_buffer("y", rows);
+            let label = ctx.bind_matmul(&w, &xb, &yb, 1).unwrap().label;
+            assert!(label.contains("_matvec_r4_"), "{label}");
+            check_matmul(&ctx, &host, &w, 1, &mut seed);
+        }
+    }
+}
+
 /// A binding cap of 8 KiB splits every weight into several row chunks (palette chunks that
 /// start inside a group, ternary chunks at the offset alignment); the results equal the
 /// whole weight's bit for bit (same kernel, same rows), the gather reads every chunk, and

@@ -42,9 +42,10 @@
 //! (so a bundle can ship them) and compiled only by name through
 //! [`GpuContext::pipeline_named`]; names carry their parameters (see [`kernel_name`]):
 //!
-//! - `weights_{enc}_matvec_r4_wg64_{sg|wg}`: one token; 4 rows per workgroup of 64
-//!   invocations, invocation `i` takes units `i, i + 64, ...` of each row (consecutive
-//!   invocations read consecutive blocks), x loaded once per unit for the 4 rows. For
+//! - `weights_{enc}_matvec_r2_wg64_{sg|wg}`: one token; up to 2 rows per workgroup of 64
+//!   invocations in groups of G (32 or 64, [`matvec_split`]), invocation `i` of a group
+//!   takes units `i, i + G, ...` of its row (consecutive invocations read consecutive
+//!   blocks), x loaded once per unit for the invocation's rows. For
 //!   `ternary2` the single-token product is the ternary kernel of
 //!   [`GpuContext::default_matvec_config`]: `ternary_matvec_r8_wg128_sgrows2_p2_xs4096`
 //!   (subgroup rows) with `sg`, `ternary_matvec_r4_wg64_wg` (split) with `wg`.
@@ -160,7 +161,13 @@ const MMQ_TERNARY2_WGSL: &str = include_str!("shaders/weights/mmq_ternary2.wgsl"
 /// must be a multiple of it.
 pub const UNIT: usize = 32;
 /// Rows per workgroup of the single-token product.
-pub const MATVEC_ROWS: u32 = 4;
+pub const MATVEC_ROWS: u32 = 2;
+/// Rows per workgroup of the single-token body in bundles made before it took
+/// [`MATVEC_ROWS`] = 2 (kernels `weights_{enc}_matvec_r4_wg64_{sg|wg}`): the host runs those
+/// where a bundle has no `_r2_` kernel. 4 accumulators per invocation cost registers: on an
+/// H200 the `_r2_` body decodes SmolLM2 at 547 tok/s against 503 and Qwen2.5-0.5B at 331
+/// against 323 (an `_r8_` body: 432 and 307; BENCHMARKS.md).
+pub const LEGACY_MATVEC_ROWS: u32 = 4;
 
 /// Workgroups below which [`matvec_split`] gives a workgroup fewer rows than
 /// [`MATVEC_ROWS`]: a weight of few rows (Qwen2.5-0.5B's 896-row down and output products
@@ -174,12 +181,13 @@ pub const MATVEC_MIN_WORKGROUPS: usize = 1024;
 /// Lanes, the invocations per row: the smallest power of two at least the row's units (32
 /// elements each), between `WORKGROUP / MATVEC_ROWS` and `WORKGROUP`. K = 576 and 896
 /// (SmolLM2's and Qwen2.5-0.5B's width, 18 and 28 units) take 32: two groups of a
-/// workgroup's invocations, each on half its rows, where one group of 64 left 46 or 36 of
+/// workgroup's invocations, each on a row of its own, where one group of 64 left 46 or 36 of
 /// them idle. Rows per workgroup: [`MATVEC_ROWS`], halved while the grid has fewer than
 /// [`MATVEC_MIN_WORKGROUPS`] workgroups and each group of lanes keeps a row.
 ///
 /// `LOWBIT_GPU_MATVEC_LANES=N` and `LOWBIT_GPU_MATVEC_WG_ROWS=N` (powers of two, clamped to
-/// those ranges) force either, for measurements (64 and 4: the kernel before this choice).
+/// those ranges) force either, for measurements (lanes 64 with 1 row: every invocation of a
+/// workgroup on one row, the single-token body's split before this choice).
 pub fn matvec_split(rows: usize, cols: usize) -> (u32, u32) {
     let knob = |name: &str| {
         std::env::var(name)
@@ -514,7 +522,7 @@ impl Decoder {
 }
 
 /// The registered name of the kernel of `format` for `op` with `reduction` (the gather has
-/// none): `weights_q4_k_matvec_r4_wg64_sg`, `weights_palette_b3_matmul_r4_t8_wg64_wg`,
+/// none): `weights_q4_k_matvec_r2_wg64_sg`, `weights_palette_b3_matmul_r4_t8_wg64_wg`,
 /// `weights_bf16_gather_wg64`. The single-token `ternary2` product is the ternary kernel of
 /// [`super::decode_matvec_config`] (its [`super::MatvecConfig::name`]).
 pub fn kernel_name(format: WeightFormat, op: WeightOp, reduction: Reduction) -> String {
@@ -1352,7 +1360,19 @@ impl GpuContext {
                 limit: MAX_WORKGROUPS_PER_DIM as u64 * tok as u64,
             });
         }
-        let kernel = name_of(Decoder::of(w.format), op, reduction);
+        let mut kernel = name_of(Decoder::of(w.format), op, reduction);
+        let mut rows_cap = rows_per_wg;
+        if op == WeightOp::Matvec && !self.has_source(&kernel) {
+            // A bundle made before the body took MATVEC_ROWS rows carries it as `_r4_`.
+            let legacy = kernel.replace(
+                &format!("_matvec_r{MATVEC_ROWS}_"),
+                &format!("_matvec_r{LEGACY_MATVEC_ROWS}_"),
+            );
+            if self.has_source(&legacy) {
+                kernel = legacy;
+                rows_cap = LEGACY_MATVEC_ROWS;
+            }
+        }
         // The single-token bodies read their split from the parameters; a bundle's kernels
         // from before it take ROWS rows a workgroup with every invocation on each.
         let split = if op == WeightOp::Matvec
@@ -1360,9 +1380,10 @@ impl GpuContext {
                 .source(&kernel)
                 .is_ok_and(|s| s.contains("params.wg_rows"))
         {
-            matvec_split(w.rows, w.cols)
+            let (lanes, wg_rows) = matvec_split(w.rows, w.cols);
+            (lanes, wg_rows.min(rows_cap))
         } else {
-            (WORKGROUP, rows_per_wg)
+            (WORKGROUP, rows_cap)
         };
         let pipeline = self.pipeline_named(&kernel, None)?;
         let layout = pipeline.get_bind_group_layout(0);
@@ -1751,7 +1772,7 @@ mod tests {
                 WeightOp::Matvec,
                 Reduction::Subgroup
             ),
-            "weights_q4_k_matvec_r4_wg64_sg"
+            "weights_q4_k_matvec_r2_wg64_sg"
         );
         assert_eq!(
             kernel_name(
@@ -1786,12 +1807,12 @@ mod tests {
         // its down (K = 4864); SmolLM2 (K = 576, 18 units); the 8B's down.
         assert_eq!(matvec_split(896, 896), (32, 2));
         assert_eq!(matvec_split(1152, 896), (32, 2));
-        assert_eq!(matvec_split(9728, 896), (32, 4));
-        assert_eq!(matvec_split(151_936, 896), (32, 4));
+        assert_eq!(matvec_split(9728, 896), (32, 2));
+        assert_eq!(matvec_split(151_936, 896), (32, 2));
         assert_eq!(matvec_split(896, 4864), (64, 1));
         assert_eq!(matvec_split(576, 576), (32, 2));
-        assert_eq!(matvec_split(4096, 16_384), (64, 4));
-        assert_eq!(matvec_split(13, 96), (16, 4));
+        assert_eq!(matvec_split(4096, 16_384), (64, 2));
+        assert_eq!(matvec_split(13, 96), (32, 2));
         for cols in (32..=2048).step_by(32) {
             for rows in [1, 7, 100, 1000, 5000, 100_000] {
                 let (lanes, wg_rows) = matvec_split(rows, cols);

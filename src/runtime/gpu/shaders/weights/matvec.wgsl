@@ -1,10 +1,9 @@
 // Body: y = W x for one token (TOK = 1). Workgroup w takes rows w*R .. w*R + R - 1 of the
 // chunk, R = params.wg_rows (ROWS, or fewer for a weight of few rows). Its invocations form
 // WG / G groups of G = params.lanes: group g takes rows g, g + WG/G, g + 2 WG/G, ... of the
-// workgroup's R, and its invocation j the units (32
-// elements) j, j + G, ... of each of them, so consecutive invocations read consecutive blocks
-// of a row. G is WG unless K is small: a row of K = 896 (28 units) on G = 64 left 36 of 64
-// invocations idle; on G = 32 each invocation takes half the rows instead. Per unit the 32
+// workgroup's R, and its invocation j the units (32 elements) j, j + G, ... of each of them,
+// so consecutive invocations read consecutive blocks of a row. G is WG unless K is small: a row of K = 896 (28 units) on G = 64 left 36 of 64
+// invocations idle; on G = 32 the two halves of a workgroup take a row each. Per unit the 32
 // activations are loaded once and used for all of the group's rows; each row's 32 weights are
 // decoded by `unit` to their exact f32 values and dotted with them:
 //     acc[r] += ((w0.x0 + w1.x1) + (w2.x2 + w3.x3)) + ((w4.x4 + w5.x5) + (w6.x6 + w7.x7))
