@@ -541,9 +541,9 @@ fn legacy_block_types_match_cpu() {
         GgmlType::Q8_0,
     ];
     for ty in types {
-        // The single-token product's split (weights::matvec_split): K = 96 takes 16
-        // invocations a row, 800 32 (two rows a workgroup for 37 rows), 1120 all 64 (one row a
-        // workgroup for 7 rows).
+        // The single-token product's split (weights::matvec_split): K = 96 and 800 take 32
+        // invocations a row (two rows a workgroup), 1120 all 64 (one row a workgroup for 7
+        // rows).
         for (rows, cols) in [(13, 96), (37, 800), (7, 1120)] {
             check_all(&Host::gguf(ty, rows, cols, &mut seed), &mut seed);
         }
@@ -620,10 +620,12 @@ fn palettes_of_every_width_match_cpu() {
     );
 }
 
-/// A bundle made before the single-token body took 2 rows a workgroup carries it as
-/// `weights_{enc}_matvec_r4_wg64_{sg|wg}` (4 accumulators an invocation): a context whose
-/// sources have only those runs them (the host's split capped at 4 rows), within the same
-/// tolerance, with both reductions.
+/// A bundle made between the split per weight and the 2-row body carries the single-token
+/// body as `weights_{enc}_matvec_r4_wg64_{sg|wg}` (4 accumulators an invocation, the split
+/// read from its parameters): a context whose sources have only those runs them, within the
+/// same tolerance, with both reductions. (Bundles from before the split carry `_r4_` kernels
+/// that read no split; the host gives them 64 lanes and 4 rows. No such source is kept here to
+/// test that path.)
 #[test]
 fn a_bundles_four_row_matvec_kernels_still_run() {
     let legacy: std::collections::HashMap<String, String> = gpu::kernels::all()

@@ -165,7 +165,7 @@ pub const MATVEC_ROWS: u32 = 2;
 /// Rows per workgroup of the single-token body in bundles made before it took
 /// [`MATVEC_ROWS`] = 2 (kernels `weights_{enc}_matvec_r4_wg64_{sg|wg}`): the host runs those
 /// where a bundle has no `_r2_` kernel. 4 accumulators per invocation cost registers: on an
-/// H200 the `_r2_` body decodes SmolLM2 at 547 tok/s against 503 and Qwen2.5-0.5B at 331
+/// H200 the `_r2_` body decodes SmolLM2 at 547 tok/s against 503 and Qwen2.5-0.5B at 333
 /// against 323 (an `_r8_` body: 432 and 307; BENCHMARKS.md).
 pub const LEGACY_MATVEC_ROWS: u32 = 4;
 
@@ -186,8 +186,9 @@ pub const MATVEC_MIN_WORKGROUPS: usize = 1024;
 /// [`MATVEC_MIN_WORKGROUPS`] workgroups and each group of lanes keeps a row.
 ///
 /// `LOWBIT_GPU_MATVEC_LANES=N` and `LOWBIT_GPU_MATVEC_WG_ROWS=N` (powers of two, clamped to
-/// those ranges) force either, for measurements (lanes 64 with 1 row: every invocation of a
-/// workgroup on one row, the single-token body's split before this choice).
+/// those ranges) force either, for measurements (lanes 64 with 1 row puts every invocation of
+/// a workgroup on one row; the split before this choice, 64 lanes on each of 4 rows, needs
+/// the `_r4_` kernel, which this build no longer makes).
 pub fn matvec_split(rows: usize, cols: usize) -> (u32, u32) {
     let knob = |name: &str| {
         std::env::var(name)
@@ -1126,7 +1127,8 @@ impl GpuContext {
 
     /// The uniform parameters of one chunk's dispatch (`Params` in common.wgsl; 56 bytes
     /// padded to 64). `split`: the single-token body's lanes and rows per workgroup
-    /// ([`matvec_split`]; (WORKGROUP, MATVEC_ROWS) for the kernels that read neither).
+    /// ([`matvec_split`]), or (WORKGROUP, the kernel's compiled rows) for the kernels that
+    /// read neither (the multi-token products, a bundle's kernels from before the split).
     fn weight_params(
         &self,
         w: &GpuWeight,

@@ -49,7 +49,7 @@ struct Params {
     scale: f32,
     // Single-token products (matvec.wgsl): invocations per row, G, a power of two dividing
     // WG with WG / G <= ROWS; WG where K has more units than WG / 2 (weights.rs
-    // `matvec_lanes`). Unused elsewhere.
+    // `matvec_split`). Unused elsewhere.
     lanes: u32,
     // Single-token products (matvec.wgsl, matvec_q6_k.wgsl): rows per workgroup, at most
     // ROWS and at least WG / lanes; fewer than ROWS where a weight has few rows, so that its

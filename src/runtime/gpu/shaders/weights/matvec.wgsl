@@ -2,8 +2,9 @@
 // chunk, R = params.wg_rows (ROWS, or fewer for a weight of few rows). Its invocations form
 // WG / G groups of G = params.lanes: group g takes rows g, g + WG/G, g + 2 WG/G, ... of the
 // workgroup's R, and its invocation j the units (32 elements) j, j + G, ... of each of them,
-// so consecutive invocations read consecutive blocks of a row. G is WG unless K is small: a row of K = 896 (28 units) on G = 64 left 36 of 64
-// invocations idle; on G = 32 the two halves of a workgroup take a row each. Per unit the 32
+// so consecutive invocations read consecutive blocks of a row. G is WG unless K is small: a
+// row of K = 896 (28 units) on G = 64 left 36 of 64 invocations idle; on G = 32 the two
+// halves of a workgroup take a row each. Per unit the 32
 // activations are loaded once and used for all of the group's rows; each row's 32 weights are
 // decoded by `unit` to their exact f32 values and dotted with them:
 //     acc[r] += ((w0.x0 + w1.x1) + (w2.x2 + w3.x3)) + ((w4.x4 + w5.x5) + (w6.x6 + w7.x7))
@@ -22,8 +23,9 @@ fn rows_per_wg() -> u32 {
     return params.wg_rows;
 }
 
-// This invocation's partial sums of chunk rows row0 .. row0 + ROWS - 1 (rows past the end
-// read the last row; their sums are never stored); t0 is always 0 here.
+// This invocation's partial sums of chunk rows row0 .. row0 + params.wg_rows - 1 (rows past
+// the end read the last row; their sums are never stored; accumulators of rows this
+// invocation's group does not take stay 0); t0 is always 0 here.
 fn partials(lid: u32, row0: u32, t0: u32) -> array<f32, NACC> {
     var acc: array<f32, NACC>;
     let units = params.cols / 32u;

@@ -14,8 +14,9 @@
 //     acc += sum_s (d * sc_s) * dot(q_s - 32, x[block*256 + h*128 + s*32 + l ..][0..4])
 // (d * sc_s exact: 11 bits times 8, as on the CPU). Blocks of 210 bytes start at even
 // offsets; the words are read with `word_at`. Invocation lid takes tasks lid, lid + WG, ...
-// of each of the workgroup's ROWS rows, the 16 activations of a task loaded once for all of
-// them. The reduction appended after this file adds the WG partials of each row.
+// of each of the workgroup's params.wg_rows rows (at most ROWS), the 16 activations of a
+// task loaded once for all of them. The reduction appended after this file adds the WG
+// partials of each row.
 
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;

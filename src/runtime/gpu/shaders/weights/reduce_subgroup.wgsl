@@ -1,5 +1,5 @@
 // Reduction of matvec.wgsl / matvec_q6_k.wgsl / matmul.wgsl (each body defines
-// rows_per_wg(), the workgoup's rows) with subgroup operations: subgroupAdd per
+// rows_per_wg(), the workgroup's rows) with subgroup operations: subgroupAdd per
 // accumulator, one partial per subgroup in workgroup memory, then invocation i < NACC adds
 // accumulator i's partials and stores it. The subgroup size is read from the hardware
 // (subgroup_id, num_subgroups), never assumed.

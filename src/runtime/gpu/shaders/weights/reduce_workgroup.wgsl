@@ -1,5 +1,5 @@
 // Reduction of matvec.wgsl / matvec_q6_k.wgsl / matmul.wgsl (each body defines
-// rows_per_wg(), the workgoup's rows) without subgroup operations: every invocation's
+// rows_per_wg(), the workgroup's rows) without subgroup operations: every invocation's
 // partials in workgroup memory, then a tree of halving steps (WG a power of two), one
 // barrier each; invocation i < NACC stores accumulator i.
 
