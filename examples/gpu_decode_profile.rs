@@ -10,7 +10,9 @@
 //! with `LOWBIT_PROFILE_BUILTIN=1` the ones built in; the adapter needs TIMESTAMP_QUERY).
 //! With `LOWBIT_PROFILE_PREFILL=N` each "step" is instead a prefill chunk of N tokens (the
 //! smallest bucket that holds them), the chunks one after another from position
-//! PROMPT_TOKENS, so the table is per chunk.
+//! PROMPT_TOKENS, so the table is per chunk. With `LOWBIT_PROFILE_SKIP=op_attention_combine`
+//! (label substrings, comma-separated) the one-pass step leaves those items out (wrong
+//! outputs; their cost inside the chain is the difference to the full step).
 use std::collections::BTreeMap;
 
 use lowbit::runtime::gpu::backend::GpuBackend;

@@ -6,7 +6,7 @@
 //! cargo build --release --example gpu_matvec_bench
 //! target/release/examples/gpu_matvec_bench [--shapes 4096x4096,256x4096,16384x4096,4096x16384]
 //!     [--configs r4_wg64_sg,r16_wg128_sgrows4_p2,...] [--min-bytes 1073741824]
-//!     [--reps 4] [--adapter INDEX|NAME] [--json FILE] [--unchecked]
+//!     [--reps 4] [--adapter INDEX|NAME] [--json FILE] [--unchecked] [--probe x0|w0|alu|s1]
 //! target/release/examples/gpu_matvec_bench --configs r16_wg128_sgrows4_p2 --print-source
 //! ```
 //!
@@ -26,6 +26,13 @@
 //! pass's span divided by their number) and `overlap` (the same, each copy writing its own y:
 //! no barriers, dispatches may overlap; the throughput of the kernel itself, launch gaps
 //! hidden). GB/s counts the codes, scales, x and y bytes of one matvec.
+//!
+//! `--probe` times a `q8g` product with part of its memory traffic taken away (its results
+//! are wrong, and the error column says so): `x0` makes every unit read unit 0's activations
+//! (x stays in the nearest cache), `w0` makes every row read row 0's codes (the weight stays
+//! in L2), `alu` replaces each unit's 16 dot products by one (all loads kept), `s1` replaces
+//! the block scales' loads and f16 decodes by 1.0. Against the plain figure, they say how
+//! much of the time x's loads, the weight's stream, the arithmetic and the scales take.
 use std::time::Instant;
 
 use lowbit::runtime::gpu::{
@@ -44,6 +51,7 @@ struct Args {
     adapter: Option<String>,
     json: Option<String>,
     unchecked: bool,
+    probe: Option<String>,
 }
 
 fn die(msg: &str) -> ! {
@@ -87,6 +95,7 @@ fn parse() -> Args {
         adapter: None,
         json: None,
         unchecked: false,
+        probe: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -130,6 +139,7 @@ fn parse() -> Args {
             "--reps" => a.reps = v.parse().unwrap_or_else(|_| die("--reps")),
             "--adapter" => a.adapter = Some(v),
             "--json" => a.json = Some(v),
+            "--probe" if ["x0", "w0", "alu", "s1"].contains(&v.as_str()) => a.probe = Some(v),
             _ => die(&format!("unknown option {k}")),
         }
     }
@@ -255,7 +265,33 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn main() {
     let args = parse();
+    // With --probe: the built-in kernels, each q8g product's source rewritten.
+    let sources = args.probe.as_deref().map(|probe| {
+        let mut m: std::collections::HashMap<String, String> =
+            lowbit::runtime::gpu::kernels::all()
+                .into_iter()
+                .map(|k| (k.name, k.wgsl))
+                .collect();
+        for c in args.configs.iter().filter(|c| c.pre_kernel().is_some()) {
+            let src = c.source();
+            let probed = match probe {
+                "x0" => src
+                    .replace("let xi = 4u * u", "let xi = 0u * u")
+                    .replace("x[groups + u", "x[groups + 0u * u"),
+                "w0" => src.replace("codes[row", "codes[0u * row"),
+                "alu" => src.replace(
+                    "f32(unit_dot(",
+                    "f32(unit_dot_probe(",
+                ) + "\nfn unit_dot_probe(w: vec4<u32>, xa: vec4<u32>, xb: vec4<u32>, xc: vec4<u32>, xd: vec4<u32>) -> i32 {\n    return dot4I8Packed(w.x ^ w.y ^ w.z ^ w.w, xa.x ^ xb.y ^ xc.z ^ xd.w);\n}\n",
+                _ => src.replace("= scale_at(row", "= 1.0 + 0.0 * f32(row"),
+            };
+            assert_ne!(probed, src, "{}: nothing to probe", c.name());
+            m.insert(c.name(), probed);
+        }
+        m
+    });
     let ctx = GpuContext::new(&ContextOptions {
+        sources,
         adapter: args
             .adapter
             .as_deref()

@@ -692,7 +692,22 @@ fn int8_decode_kernel_matches_the_cpu_int8_arithmetic() {
         (MatvecConfig::q8(8, 64, 1, 1, 2048), 256),
         (MatvecConfig::q8(6, 128, 3, 4, 1536), 1536),
         // x quantized once before the product: the registered defaults, other splits.
-        (gpu::decode_q8_pre_config(4096, false).unwrap(), 4096),
+        (gpu::decode_q8_pre_config(4096, 4096, false).unwrap(), 4096),
+        (
+            gpu::decode_q8_pre_config(4096, 16384, false).unwrap(),
+            16384,
+        ),
+        // The whole workgroup on each pass's rows: K past one chunk, a partial chunk, one
+        // row a pass, rows past the end of the dispatch.
+        (MatvecConfig::q8_pre_wg(4, 64, 2, 1), 4352),
+        (MatvecConfig::q8_pre_wg(3, 32, 1, 4), 1280),
+        (MatvecConfig::q8_pre_wg(8, 128, 4, 2), 256),
+        // The f16 scales of bundles made before (both splits).
+        (gpu::q8_pre_subgroup_rows().with_f16_scales(), 1280),
+        (
+            MatvecConfig::q8_pre_wg(4, 128, 4, 2).with_f16_scales(),
+            4352,
+        ),
         (MatvecConfig::q8_pre(16, 128, 2, 2), 1280),
         (MatvecConfig::q8_pre(8, 64, 1, 1), 256),
         (MatvecConfig::q8_pre(6, 128, 3, 4), 4352),
@@ -829,7 +844,8 @@ fn int8_decode_kernel_matches_the_cpu_int8_arithmetic() {
     let w = upload(&ctx, 40, 1024, &words, &scales);
     for cfg in [
         gpu::decode_q8_config(64, 1024, false).unwrap(),
-        gpu::decode_q8_pre_config(64, false).unwrap(),
+        gpu::decode_q8_pre_config(64, 1024, false).unwrap(),
+        MatvecConfig::q8_pre_wg(4, 128, 4, 2),
     ] {
         for (k, bad) in [(300usize, f32::NAN), (700, f32::INFINITY)] {
             let mut x = random_x(1024, &mut seed);
@@ -861,7 +877,8 @@ fn int8_decode_kernel_matches_the_cpu_int8_arithmetic() {
     for cfg in [
         registered,
         MatvecConfig::q8(6, 128, 3, 4, 4096),
-        gpu::decode_q8_pre_config(70, false).unwrap(),
+        gpu::decode_q8_pre_config(70, 4096, false).unwrap(),
+        MatvecConfig::q8_pre_wg(4, 128, 4, 2),
     ] {
         let a = small.matvec(&chunked, &x, &cfg).unwrap();
         let b = ctx.matvec(&whole, &x, &cfg).unwrap();

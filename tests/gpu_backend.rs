@@ -472,14 +472,25 @@ fn decode_uses_the_bundles_int8_kernels() {
     assert_eq!(kernel, "int8", "{ternary:?}");
     // Two layers, four products each (Q/K/V, output, gate/up, down).
     assert_eq!(ternary.len(), 2 * 4, "{int8:?}");
-    // Each workgroup quantizing x itself (`q8_`) or x quantized once before the product
-    // (`q8g_`, the quantize kernel named after `+`, the norm in it).
+    // x quantized once before the product (`q8g4_`: the f32 block scales of a bundle made
+    // now; the quantize kernel named after `+`, the norm in it), except the output
+    // product's, which the attention's combine quantizes (op_attention_combine_q8: the tiny
+    // model's 4 heads of 64 make 256 outputs).
     for l in &ternary {
-        assert!(
-            l.starts_with("ternary_matvec_q8_") || l.starts_with("ternary_matvec_q8g_"),
+        assert!(l.starts_with("ternary_matvec_q8g4_"), "{l}");
+        assert_eq!(
+            l.contains("+q8_quantize"),
+            !l.contains("attn_output"),
             "{l}"
         );
     }
+    assert_eq!(
+        int8.iter()
+            .filter(|l| *l == lowbit::runtime::gpu::kernels::COMBINE_Q8)
+            .count(),
+        2,
+        "{int8:?}"
+    );
     assert!(
         ternary
             .iter()
@@ -550,6 +561,8 @@ fn a_bundle_without_the_newer_kernels_falls_back() {
     let mut sources = lowbit::runtime::gpu::kernels::from_bundle(&model.bundle).unwrap();
     let newer = |n: &str| {
         n.starts_with("ternary_matvec_q8g_")
+            || n.starts_with("ternary_matvec_q8g4_")
+            || n == lowbit::runtime::gpu::kernels::COMBINE_Q8
             || n.starts_with("ternary_q8_quantize")
             || n == "op_attention_decode"
             || n.starts_with("op_attention_g")
@@ -601,6 +614,67 @@ fn a_bundle_without_the_newer_kernels_falls_back() {
     drop(be);
     check_model(
         "minicpm-tiny (kernels of an older bundle)",
+        &b,
+        &prompts("minicpm-tiny-tq2_0", 2),
+        INT8_TOL,
+        &older,
+    );
+}
+
+/// A bundle made before the f32 block scales: its int8 decode products are the `q8g_` ones
+/// (f16 scales; here every registered configuration in that form, as such a bundle carried
+/// its own), and it has no `op_attention_combine_q8`. The host runs those, within the int8
+/// tolerance of the CPU.
+#[test]
+fn a_bundle_with_the_f16_scale_products_runs_them() {
+    let Some(opts) = gpu_options() else { return };
+    let ctx = lowbit::runtime::gpu::context_for_tests(&Default::default()).unwrap();
+    if !ctx.has_subgroups() {
+        eprintln!(
+            "note: {} has no SUBGROUP feature: no int8 products",
+            ctx.info.name
+        );
+        return;
+    }
+    let src = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
+    let (_d, b) = make_bundle(&["gguf-to-ternary"], &src);
+    let model = runtime::open_model(&b).unwrap();
+    let mut sources = lowbit::runtime::gpu::kernels::from_bundle(&model.bundle).unwrap();
+    sources.retain(|n, _| {
+        !n.starts_with("ternary_matvec_q8g4_") && n != lowbit::runtime::gpu::kernels::COMBINE_Q8
+    });
+    let mut added = 0;
+    for c in lowbit::runtime::gpu::decode_q8_configs() {
+        if c.reads_scales4() {
+            let f16 = c.with_f16_scales();
+            sources.insert(f16.name(), f16.source());
+            added += 1;
+        }
+    }
+    let f16 = lowbit::runtime::gpu::q8_pre_subgroup_rows().with_f16_scales();
+    sources.insert(f16.name(), f16.source());
+    assert!(added > 0);
+    let older = LoadOptions {
+        gpu_sources: Some(sources),
+        ..opts.clone()
+    };
+    let be = lowbit::runtime::gpu::backend::GpuBackend::new(model, &older).unwrap();
+    let decode = be.decode_labels();
+    let products: Vec<&String> = decode
+        .iter()
+        .filter(|l| l.starts_with("ternary_matvec"))
+        .collect();
+    assert_eq!(products.len(), 2 * 4, "{decode:?}");
+    assert!(
+        products
+            .iter()
+            .all(|l| l.starts_with("ternary_matvec_q8g_") && l.contains("+q8_quantize")),
+        "{products:?}"
+    );
+    assert_eq!(be.info().kernel, "int8");
+    drop(be);
+    check_model(
+        "minicpm-tiny (f16-scale int8 products of an older bundle)",
         &b,
         &prompts("minicpm-tiny-tq2_0", 2),
         INT8_TOL,

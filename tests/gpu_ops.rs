@@ -963,3 +963,100 @@ fn argmax_takes_the_lowest_id_on_ties_skips_banned_and_flags_non_finite() {
     l[69_999] = f32::INFINITY;
     assert_eq!(go(&l, &[]), u32::MAX);
 }
+
+/// `op_attention_combine_q8` (the decode combine with the output product's quantization
+/// folded in) against `op_attention_combine` and `ternary_q8_quantize` run one after the
+/// other: the merged values within f32 rounding of the combine's (the same operations in the
+/// same order; a driver may contract differently), and its int8 x bit for bit what the
+/// quantize kernel makes of its own merged values. Head dims 64, 96 (blocks of 256 that
+/// straddle heads), 128 and 256; splits with and without positions; both split chunkings.
+#[test]
+fn combine_q8_equals_the_combine_then_the_quantize() {
+    let Some(ctx) = ctx() else { return };
+    if !ctx.has_source(lowbit::runtime::gpu::kernels::COMBINE_Q8) {
+        panic!("the built-in kernels carry op_attention_combine_q8");
+    }
+    let mut seed = 91u64;
+    for (heads, hd, splits, chunk, pos, grain) in [
+        (32usize, 128usize, 64usize, 64usize, 512u32, 8u32),
+        (4, 64, 8, 64, 300, 0),
+        (8, 96, 16, 64, 1000, 8),
+        (2, 256, 128, 32, 4000, 0),
+        (4, 64, 64, 64, 5, 8),
+    ] {
+        let k = heads * hd;
+        let stride = hd + 2;
+        // Partials: m in [-4, 4], l > 0 for most splits (a few empty), values in [-1, 1].
+        let mut part = vec![0f32; heads * splits * stride];
+        for h in 0..heads {
+            for sp in 0..splits {
+                let o = (h * splits + sp) * stride;
+                part[o] = 4.0 * lcg(&mut seed);
+                part[o + 1] = if lcg_u32(&mut seed).is_multiple_of(7) {
+                    0.0
+                } else {
+                    1.0 + 3.0 * lcg(&mut seed).abs()
+                };
+                for d in 0..hd {
+                    part[o + 2 + d] = lcg(&mut seed);
+                }
+            }
+        }
+        let pb = buf(&ctx, &part);
+        let st = step(&ctx, pos, 1);
+        let p = params(
+            &ctx,
+            &[
+                heads as u32,
+                hd as u32,
+                splits as u32,
+                chunk as u32,
+                grain,
+                0,
+                0,
+                0,
+            ],
+        );
+        // A: the combine, then the quantize kernel on its output.
+        let out_a = ctx.vector_buffer("out a", k);
+        run(
+            &ctx,
+            "op_attention_combine",
+            &[&pb, &out_a, &p, &st],
+            (heads as u32, 1, 1),
+        );
+        // B: the folded kernel.
+        let out_b = ctx.vector_buffer("out b", k);
+        let xq_b = ctx.vector_buffer("xq b", (k + k / 8) / 4);
+        run(
+            &ctx,
+            lowbit::runtime::gpu::kernels::COMBINE_Q8,
+            &[&pb, &out_b, &xq_b, &p, &st],
+            ((k / 256) as u32, 1, 1),
+        );
+        let (a, b) = (read(&ctx, &out_a, k), read(&ctx, &out_b, k));
+        let what = format!("combine_q8 heads {heads} hd {hd} pos {pos} grain {grain}");
+        let scale: Vec<f32> = a.iter().map(|v| v.abs().max(1e-3)).collect();
+        check(&what, &b, &a, &scale, 1e-5);
+        // The quantize kernel on B's own values gives B's int8 x bit for bit.
+        let xq_ref = ctx.vector_buffer("xq ref", (k + k / 8) / 4);
+        let qp = ctx.uniform("q params", bytemuck::cast_slice(&[k as u32, 0, 0, 0]));
+        run(
+            &ctx,
+            "ternary_q8_quantize",
+            &[&out_b, &xq_ref, &qp],
+            (
+                (k / 16).div_ceil(lowbit::runtime::gpu::Q8_QUANTIZE_WG as usize) as u32,
+                1,
+                1,
+            ),
+        );
+        let (got, want) = (
+            read_u32(&ctx, &xq_b, (k + k / 8) / 4),
+            read_u32(&ctx, &xq_ref, (k + k / 8) / 4),
+        );
+        assert_eq!(got, want, "{what}: int8 x");
+        // And the values are not all zero (the merge did happen).
+        assert!(b.iter().any(|v| v.abs() > 1e-3), "{what}");
+    }
+}

@@ -19,9 +19,10 @@
 //! other orders than the CPU's, so logits differ by f32 rounding (bounded per op in
 //! `tests/gpu_ops.rs` and `tests/gpu_backend.rs`).
 
+use super::kernels::COMBINE_Q8;
 use super::ops::{self, grid_1d, Bindable, BufView, OpDispatch, Step, MAX_HEAD_DIM};
 use super::weights::{Bound, GpuWeight};
-use super::{ContextOptions, Epilogue, Fuse, GpuContext, GpuError};
+use super::{q8_quantize_name, ContextOptions, Epilogue, Fuse, GpuContext, GpuError};
 use crate::arch::{Activation, RopeMode};
 use crate::runtime::model::{Model, Weight};
 use crate::runtime::{Backend, BackendInfo, LoadOptions, RuntimeError};
@@ -506,8 +507,13 @@ impl GpuBackend {
             let labels: Vec<String> = graphs[0].items.iter().map(|i| i.label()).collect();
             let ternary = labels.iter().filter(|l| l.starts_with("ternary_matvec_"));
             let (n, q8) = ternary.fold((0, 0), |(n, q), l| {
-                let int8 =
-                    l.starts_with("ternary_matvec_q8_") || l.starts_with("ternary_matvec_q8g_");
+                let int8 = [
+                    "ternary_matvec_q8_",
+                    "ternary_matvec_q8g_",
+                    "ternary_matvec_q8g4_",
+                ]
+                .iter()
+                .any(|p| l.starts_with(p));
                 (n + 1, q + int8 as usize)
             });
             match q8 {
@@ -574,7 +580,9 @@ impl GpuBackend {
     /// a pass of its own, both from timestamp queries. Returns the graph's nanoseconds and
     /// `(label, ns)` per item, in order (a pass per item adds its own start and end, so the
     /// items add up to more than the graph). Writes the KV cache at the span's positions, as
-    /// running it does. Needs the adapter's TIMESTAMP_QUERY.
+    /// running it does. Needs the adapter's TIMESTAMP_QUERY. With `LOWBIT_PROFILE_SKIP`
+    /// (substrings of item labels, comma-separated) the whole-graph pass leaves the items
+    /// whose label holds one out: their cost inside the chain, by difference.
     pub fn profile_span(
         &mut self,
         tokens: &[u32],
@@ -626,13 +634,25 @@ impl GpuBackend {
                 end_of_pass_write_index: Some(2 * i as u32 + 1),
             })
         };
+        // `LOWBIT_PROFILE_SKIP` = labels' substrings, comma-separated: the whole-graph pass
+        // leaves those items out (its outputs are then wrong; a measuring knob: the
+        // difference to the full pass is those items' cost inside the chain).
+        let skip: Vec<String> = std::env::var("LOWBIT_PROFILE_SKIP")
+            .map(|v| v.split(',').map(str::to_string).collect())
+            .unwrap_or_default();
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("step"),
                 timestamp_writes: writes(0),
             });
             for it in &g.items {
-                it.encode(&mut pass);
+                let label = it.label();
+                if !skip
+                    .iter()
+                    .any(|s| !s.is_empty() && label.contains(s.as_str()))
+                {
+                    it.encode(&mut pass);
+                }
             }
         }
         for (i, it) in g.items.iter().enumerate() {
@@ -885,6 +905,9 @@ fn build_graph(
             .collect::<Result<Vec<_>, RuntimeError>>()
     };
     let residual = Epilogue::Accumulate(hp.residual_scale.unwrap_or(1.0));
+    // The combine that writes the output product's int8 x, where the sources carry it.
+    let combine_q8 = ctx.has_source(COMBINE_Q8)
+        && std::env::var("LOWBIT_GPU_COMBINE_Q8").map_or(true, |v| v != "0");
     // The attention kernel, its query heads per workgroup and its split grain. Decode:
     // `op_attention_decode` (one cluster of invocations per score, splits that follow the
     // position) where the adapter has subgroups of at least its cluster size and
@@ -1190,20 +1213,49 @@ fn build_graph(
             0,
             0,
         ]);
-        items.push(op(
-            "op_attention_combine",
-            &[&a.part, &a.attn, &p, &a.step],
-            (nh as u32, n_tok, 1),
-        )?);
         let x_view = BufView::whole(&a.x);
         // The residual add in the product's epilogue unless a norm comes between.
         match &lv.post_attn_norm {
             Some(w) => {
+                items.push(op(
+                    "op_attention_combine",
+                    &[&a.part, &a.attn, &p, &a.step],
+                    (nh as u32, n_tok, 1),
+                )?);
                 items.push(mm(&lw.wo, &a.attn, &a.o, n_tok)?);
                 items.push(rms(&a.o, w, &a.o2, e, s, false)?);
                 items.push(add(&a.x, &a.o2)?);
             }
-            None => items.push(mm_with(&lw.wo, &a.attn, &x_view, residual)?),
+            None => {
+                let mut wo = mm_with(&lw.wo, &a.attn, &x_view, residual)?;
+                // Decode with an int8 output product that quantizes x itself: the combine
+                // writes that int8 x (op_attention_combine_q8) and the product's own
+                // quantize dispatch goes (`LOWBIT_GPU_COMBINE_Q8=0`: not, a measuring knob).
+                let fold = s == 1
+                    && combine_q8
+                    && hd >= 64
+                    && (nh * hd).is_multiple_of(256)
+                    && splits <= 128
+                    && matches!(&wo, Item::Weight(b) if b.has_pre(q8_quantize_name(false)));
+                if fold {
+                    let xq = ctx.q8_vec_scratch(nh * hd);
+                    items.push(op(
+                        COMBINE_Q8,
+                        &[&a.part, &a.attn, &xq, &p, &a.step],
+                        ((nh * hd / 256) as u32, 1, 1),
+                    )?);
+                    if let Item::Weight(b) = &mut wo {
+                        b.drop_pre(q8_quantize_name(false));
+                    }
+                } else {
+                    items.push(op(
+                        "op_attention_combine",
+                        &[&a.part, &a.attn, &p, &a.step],
+                        (nh as u32, n_tok, 1),
+                    )?);
+                }
+                items.push(wo);
+            }
         }
         // SwiGLU (and with `fold_norm` the norm) in the gate/up product where it can be;
         // else the norm in the products where it can be; else each op on its own.

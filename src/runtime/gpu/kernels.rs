@@ -73,6 +73,10 @@ pub fn ternary_matvec_configs() -> Vec<MatvecConfig> {
     v
 }
 
+/// The decode attention's combine with the output product's quantization folded in
+/// ([`super::combine_q8_source`]).
+pub const COMBINE_Q8: &str = "op_attention_combine_q8";
+
 /// Every module, sorted by name.
 pub fn all() -> Vec<KernelSource> {
     let mut v: Vec<KernelSource> = ternary_matvec_configs()
@@ -88,6 +92,10 @@ pub fn all() -> Vec<KernelSource> {
             wgsl: super::q8_quantize_source(rms),
         });
     }
+    v.push(KernelSource {
+        name: COMBINE_Q8.to_string(),
+        wgsl: super::combine_q8_source(),
+    });
     v.extend(super::ops::sources());
     v.extend(super::weights::sources());
     v.sort_by(|a, b| a.name.cmp(&b.name));

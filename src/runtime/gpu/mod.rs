@@ -390,10 +390,21 @@ pub enum MatvecKernel {
     /// workgroups can be small and many. The same quantization and per-unit arithmetic as
     /// [`MatvecKernel::Q8`], so the same values up to the order the driver contracts in.
     Q8Pre {
-        /// Rows a subgroup computes at once, sharing each unit's activations (1..=8).
+        /// Rows a subgroup computes at once, sharing each unit's activations (1..=8); with
+        /// `whole_workgroup`, rows the whole workgroup computes at once.
         rows_per_subgroup: u32,
         /// Units per lane per chunk whose codes are loaded before any is used: 1, 2 or 4.
         units_in_flight: u32,
+        /// Every invocation of the workgroup on each pass's rows (name `wgrows`): invocation
+        /// `i` streams units `i, i + WG, ...`, the row's partials added by `subgroupAdd` and
+        /// then across subgroups in workgroup memory, in subgroup order. K is split over
+        /// WG invocations instead of one subgroup's: a long row (the down product's K =
+        /// 16,384) takes one chunk instead of several, and more of the weight is in flight.
+        whole_workgroup: bool,
+        /// Block scales read as f32 in groups of four rows ([`scales4`], name `q8g4`): one
+        /// 16-byte load for a pass's rows of one group and no f16 decode; else (`q8g`, the
+        /// kernels of bundles made before) one f16 load and decode per unit and row.
+        scales4: bool,
     },
 }
 
@@ -533,9 +544,60 @@ impl MatvecConfig {
             kernel: MatvecKernel::Q8Pre {
                 rows_per_subgroup,
                 units_in_flight,
+                whole_workgroup: false,
+                scales4: true,
             },
             fuse: Fuse::default(),
         }
+    }
+
+    /// A [`MatvecKernel::Q8Pre`] configuration whose passes take the whole workgroup
+    /// (`whole_workgroup`): `rows_per_pass` rows at a time, K split over all invocations.
+    pub fn q8_pre_wg(
+        rows_per_workgroup: u32,
+        workgroup_size: u32,
+        rows_per_pass: u32,
+        units_in_flight: u32,
+    ) -> Self {
+        MatvecConfig {
+            rows_per_workgroup,
+            workgroup_size,
+            reduction: Reduction::Subgroup,
+            kernel: MatvecKernel::Q8Pre {
+                rows_per_subgroup: rows_per_pass,
+                units_in_flight,
+                whole_workgroup: true,
+                scales4: true,
+            },
+            fuse: Fuse::default(),
+        }
+    }
+
+    /// This [`MatvecKernel::Q8Pre`] configuration reading the f16 block scales as stored
+    /// (the `q8g` kernels of bundles made before the f32 scales); others unchanged.
+    pub fn with_f16_scales(self) -> Self {
+        match self.kernel {
+            MatvecKernel::Q8Pre {
+                rows_per_subgroup,
+                units_in_flight,
+                whole_workgroup,
+                ..
+            } => MatvecConfig {
+                kernel: MatvecKernel::Q8Pre {
+                    rows_per_subgroup,
+                    units_in_flight,
+                    whole_workgroup,
+                    scales4: false,
+                },
+                ..self
+            },
+            _ => self,
+        }
+    }
+
+    /// Whether this configuration binds the f32 block scales ([`scales4`]).
+    pub fn reads_scales4(&self) -> bool {
+        matches!(self.kernel, MatvecKernel::Q8Pre { scales4: true, .. })
     }
 
     /// Whether this configuration takes a weight of `cols` columns.
@@ -613,13 +675,17 @@ impl MatvecConfig {
             MatvecKernel::Q8Pre {
                 rows_per_subgroup,
                 units_in_flight,
+                whole_workgroup,
+                scales4,
             } => {
                 // The product is the same with or without the norm (the quantize kernel
                 // applies it): its name carries SwiGLU only.
                 format!(
-                    "ternary_matvec_q8g_r{}_wg{}_sgrows{}_p{}",
+                    "ternary_matvec_{}_r{}_wg{}_{}{}_p{}",
+                    if scales4 { "q8g4" } else { "q8g" },
                     self.rows_per_workgroup,
                     self.workgroup_size,
+                    if whole_workgroup { "wgrows" } else { "sgrows" },
                     rows_per_subgroup,
                     units_in_flight
                 ) + if self.fuse.swiglu { "_swiglu" } else { "" }
@@ -635,6 +701,9 @@ impl MatvecConfig {
             return Self::parse_q8(q);
         }
         if let Some(q) = s.strip_prefix("q8g_") {
+            return Self::parse_q8_pre(q).map(Self::with_f16_scales);
+        }
+        if let Some(q) = s.strip_prefix("q8g4_") {
             return Self::parse_q8_pre(q);
         }
         let mut it = s.split('_');
@@ -695,12 +764,17 @@ impl MatvecConfig {
             .then(|| MatvecConfig::q8(rows, wg, rs, p, k).fused(fuse))
     }
 
-    /// `r8_wg64_sgrows4_p1[_swiglu]` (after `ternary_matvec_q8g_`).
+    /// `r8_wg64_sgrows4_p1[_swiglu]` or `r2_wg128_wgrows2_p2[_swiglu]` (after
+    /// `ternary_matvec_q8g4_`; the caller turns `q8g_` names to f16 scales).
     fn parse_q8_pre(s: &str) -> Option<MatvecConfig> {
         let mut it = s.split('_');
         let rows = it.next()?.strip_prefix('r')?.parse().ok()?;
         let wg = it.next()?.strip_prefix("wg")?.parse().ok()?;
-        let rs = it.next()?.strip_prefix("sgrows")?.parse().ok()?;
+        let kind = it.next()?;
+        let (rs, whole) = match kind.strip_prefix("wgrows") {
+            Some(n) => (n.parse().ok()?, true),
+            None => (kind.strip_prefix("sgrows")?.parse().ok()?, false),
+        };
         let p = it.next()?.strip_prefix('p')?.parse().ok()?;
         let mut fuse = Fuse::default();
         let mut next = it.next();
@@ -708,8 +782,13 @@ impl MatvecConfig {
             fuse.swiglu = true;
             next = it.next();
         }
-        next.is_none()
-            .then(|| MatvecConfig::q8_pre(rows, wg, rs, p).fused(fuse))
+        next.is_none().then(|| {
+            if whole {
+                MatvecConfig::q8_pre_wg(rows, wg, rs, p).fused(fuse)
+            } else {
+                MatvecConfig::q8_pre(rows, wg, rs, p).fused(fuse)
+            }
+        })
     }
 
     /// The WGSL source of this variant.
@@ -770,11 +849,13 @@ impl MatvecConfig {
                 TERNARY_MATVEC_Q8_WGSL,
                 Q8_COMMON_WGSL,
                 TERNARY_MATVEC_Q8_BODY_WGSL,
-                q8_main(rows_per_subgroup, units_in_flight, self.fuse, false),
+                q8_main(rows_per_subgroup, units_in_flight, self.fuse, false, false),
             ),
             MatvecKernel::Q8Pre {
                 rows_per_subgroup,
                 units_in_flight,
+                whole_workgroup,
+                scales4,
             } => format!(
                 "// {}: parameters prepended and entry point generated by the host (src/runtime/gpu/mod.rs)\nconst ROWS: u32 = {}u;\nconst WG: u32 = {}u;\nconst RS: u32 = {}u;\nconst P: u32 = {}u;\n\n{}\n{}\n{}\n{}",
                 self.name(),
@@ -784,16 +865,21 @@ impl MatvecConfig {
                 units_in_flight,
                 TERNARY_MATVEC_Q8G_WGSL,
                 Q8_COMMON_WGSL,
-                TERNARY_MATVEC_Q8_BODY_WGSL,
-                q8_main(
-                    rows_per_subgroup,
-                    units_in_flight,
-                    Fuse {
-                        rms_norm: false,
-                        swiglu: self.fuse.swiglu
-                    },
-                    true
-                ),
+                q8_body(scales4),
+                if whole_workgroup {
+                    q8_main_wg(rows_per_subgroup, units_in_flight, self.fuse.swiglu, scales4)
+                } else {
+                    q8_main(
+                        rows_per_subgroup,
+                        units_in_flight,
+                        Fuse {
+                            rms_norm: false,
+                            swiglu: self.fuse.swiglu,
+                        },
+                        true,
+                        scales4,
+                    )
+                },
             ),
         }
     }
@@ -994,6 +1080,193 @@ pub fn q8_quantize_source(rms: bool) -> String {
     w("}".into());
     m
 }
+
+/// The decode attention's combine with the output product's int8 quantization folded in
+/// (`op_attention_combine_q8`): one workgroup of [`COMBINE_Q8_WG`] invocations per block of
+/// 256 outputs of the attention (`heads * head_dim` of them, a multiple of 256; head_dim at
+/// least 64, so a block spans at most 5 heads). Invocation i merges the splits of element
+/// `256 b + i` as `attention_combine.wgsl` does (M = max m_s, weights exp(m_s - M), sum of the
+/// weighted values over the splits that hold positions, times 1 / sum w_s l_s; the same
+/// operations in the same order: the same bits), stores it to `out`, and the block is then
+/// quantized into the product's int8 x
+/// ([`q8_quantize_source`]'s expressions: the same int8 values and `da` for the same f32
+/// values) at binding 2. One token only (decode). Bindings: part (0), out (1), xq (2), the
+/// combine's parameters (3), the step (4).
+pub fn combine_q8_source() -> String {
+    use std::fmt::Write;
+    let mut m = String::new();
+    let mut w = |line: String| {
+        let _ = writeln!(m, "{line}");
+    };
+    w("// op_attention_combine_q8: generated by the host (src/runtime/gpu/mod.rs, combine_q8_source)".into());
+    w(ops::COMMON_WGSL.into());
+    w(Q8_COMMON_WGSL.into());
+    w(r#"struct P {
+    heads: u32,
+    head_dim: u32,
+    splits: u32,
+    chunk: u32,
+    grain: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<storage, read> part: array<f32>;
+@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@group(0) @binding(2) var<storage, read_write> xq: array<vec4<u32>>;
+@group(0) @binding(3) var<uniform> p: P;
+@group(0) @binding(4) var<uniform> step: Step;
+
+const WG: u32 = 256u;
+// Heads a block of 256 outputs spans, at most (head_dim >= 64), and splits (backend.rs).
+const MAXH: u32 = 5u;
+const MAX_SPLITS: u32 = 128u;
+const NEG_BIG: f32 = -3.4028234663852886e38;
+// Per head of the block and split: m (or NEG_BIG where the split holds no position), l, and
+// then the split's weight exp(m - M).
+var<workgroup> ms: array<f32, MAXH * MAX_SPLITS>;
+var<workgroup> ls: array<f32, MAXH * MAX_SPLITS>;
+var<workgroup> ws: array<f32, MAXH * MAX_SPLITS>;
+// Per head of the block: M, then 1 / sum w l.
+var<workgroup> hm: array<f32, MAXH>;
+var<workgroup> hinv: array<f32, MAXH>;
+// The block's 256 merged values, as the quantization reads them (x[4g + i]: group g's
+// elements 4i .. 4i + 3).
+var<workgroup> x: array<vec4<f32>, 64>;
+// The block's max |x| as f32 bits (a NaN as 0x7fc00000) and its units' sums of q.
+var<workgroup> bmax: array<atomic<u32>, 1>;
+var<workgroup> usum: array<atomic<i32>, 4>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let hd = p.head_dim;
+    let blk = wid.x;
+    let pos = step.pos0;
+    let c = split_chunk(pos, p.splits, max(p.chunk, 1u), p.grain);
+    let used = min(p.splits, pos / max(c, 1u) + 1u);
+    let h0 = (blk * 256u) / hd;
+    let nhb = (blk * 256u + 255u) / hd - h0 + 1u;
+    let stride = hd + 2u;
+    if lid == 0u {
+        atomicStore(&bmax[0], 0u);
+    }
+    if lid < 4u {
+        atomicStore(&usum[lid], 0);
+    }
+    for (var j = lid; j < nhb * used; j += WG) {
+        let lh = j / used;
+        let sp = j % used;
+        let o = ((h0 + lh) * p.splits + sp) * stride;
+        let l = part[o + 1u];
+        ms[lh * MAX_SPLITS + sp] = select(NEG_BIG, part[o], l > 0.0);
+        ls[lh * MAX_SPLITS + sp] = l;
+    }
+    workgroupBarrier();
+    // M per head: four independent chains (max is exact in any order).
+    if lid < nhb {
+        let b = lid * MAX_SPLITS;
+        var m4 = vec4<f32>(NEG_BIG);
+        var sp = 0u;
+        for (; sp + 4u <= used; sp += 4u) {
+            m4 = max(m4, vec4<f32>(ms[b + sp], ms[b + sp + 1u], ms[b + sp + 2u], ms[b + sp + 3u]));
+        }
+        for (; sp < used; sp++) {
+            m4.x = max(m4.x, ms[b + sp]);
+        }
+        hm[lid] = max(max(m4.x, m4.y), max(m4.z, m4.w));
+    }
+    workgroupBarrier();
+    for (var j = lid; j < nhb * used; j += WG) {
+        let lh = j / used;
+        let k = lh * MAX_SPLITS + j % used;
+        ws[k] = select(0.0, exp(ms[k] - hm[lh]), ls[k] > 0.0);
+    }
+    workgroupBarrier();
+    // 1 / sum w l per head, the sum in attention_combine.wgsl's order.
+    if lid < nhb {
+        let b = lid * MAX_SPLITS;
+        var l4 = vec4<f32>(0.0);
+        var sp = 0u;
+        for (; sp + 4u <= used; sp += 4u) {
+            let wv = vec4<f32>(ws[b + sp], ws[b + sp + 1u], ws[b + sp + 2u], ws[b + sp + 3u]);
+            let lv = vec4<f32>(ls[b + sp], ls[b + sp + 1u], ls[b + sp + 2u], ls[b + sp + 3u]);
+            l4 += select(vec4<f32>(0.0), wv * lv, wv > vec4<f32>(0.0));
+        }
+        for (; sp < used; sp++) {
+            if ws[b + sp] > 0.0 {
+                l4.x += ws[b + sp] * ls[b + sp];
+            }
+        }
+        hinv[lid] = 1.0 / ((l4.x + l4.y) + (l4.z + l4.w));
+    }
+    workgroupBarrier();
+    // Element e's weighted values over the splits: four interleaved partial sums (their
+    // loads issued together), added in order.
+    let e = blk * 256u + lid;
+    let lh = e / hd - h0;
+    let dim = e % hd;
+    let b = lh * MAX_SPLITS;
+    let o = (e / hd) * p.splits * stride + 2u + dim;
+    // Lane k of `a` adds splits k, k + 4, ... (attention_combine.wgsl's groups), and the
+    // lanes are added in its order: the same bits as that kernel.
+    var a = vec4<f32>(0.0);
+    for (var sp = 0u; sp < used; sp += 4u) {
+        let i1 = min(sp + 1u, used - 1u);
+        let i2 = min(sp + 2u, used - 1u);
+        let i3 = min(sp + 3u, used - 1u);
+        let live = vec4<u32>(sp, sp + 1u, sp + 2u, sp + 3u) < vec4<u32>(used);
+        let wv = vec4<f32>(ws[b + sp], ws[b + i1], ws[b + i2], ws[b + i3]);
+        let pv = vec4<f32>(part[o + sp * stride], part[o + i1 * stride], part[o + i2 * stride], part[o + i3 * stride]);
+        a += select(vec4<f32>(0.0), wv * pv, (wv > vec4<f32>(0.0)) & live);
+    }
+    let v = (((a.x + a.y) + a.z) + a.w) * hinv[lh];
+    out[e] = v;
+    x[lid / 4u][lid % 4u] = v;
+    workgroupBarrier();
+    // The block's 16 groups, one invocation each (q8_quantize_source's lines).
+    let g = lid;
+    let live = g < 16u;
+    let gl = min(g, 15u);"#.into());
+    // The helpers index x by `4u * g`; the local group is `gl`.
+    let mut sub = String::new();
+    {
+        let mut w2 = |line: String| {
+            let _ = writeln!(sub, "{line}");
+        };
+        q8_load16(&mut w2, "    ", false);
+        w2("    if live {".into());
+        q8_group_max(&mut w2, "        ", "0u");
+        w2("    }".into());
+        w2("    workgroupBarrier();".into());
+        q8_quantize_group(&mut w2, "    ", "0u");
+        q8_quant4(&mut w2, "    ");
+        w2("    if live {".into());
+        q8_pack_group(&mut w2, "        ", "blk * 16u + gl", "gl / 4u");
+        w2("    }".into());
+        w2("    workgroupBarrier();".into());
+    }
+    w(sub.replace("x[4u * g +", "x[4u * gl +"));
+    w(
+        r#"    // Units 2i and 2i + 1 of the block (its da twice) after the K / 16 groups.
+    if lid < 2u {
+        let groups = p.heads * hd / 16u;
+        xq[groups + blk * 2u + lid] = vec4<u32>(
+            bitcast<u32>(atomicLoad(&usum[2u * lid])),
+            bitcast<u32>(d),
+            bitcast<u32>(atomicLoad(&usum[2u * lid + 1u])),
+            bitcast<u32>(d),
+        );
+    }
+}"#
+        .into(),
+    );
+    m
+}
+
+/// Invocations per workgroup of `op_attention_combine_q8` ([`combine_q8_source`]): one per
+/// output of a 256-block.
+pub const COMBINE_Q8_WG: u32 = 256;
 
 /// The end of a subgroup pass over `rs` rows, each line indented by `ind`: each row's sum over
 /// the subgroup (with `swiglu`, `silu(gate) * up` of its gate row and its up row `r + rs`),
@@ -1211,7 +1484,7 @@ fn rows_main_tiled(rs: u32, p: u32, wg: u32, x_tile: u32, fuse: Fuse) -> String 
 /// also takes the up rows `row + params.rows` and stores `silu(gate) * up`. With `pre`, the
 /// [`MatvecKernel::Q8Pre`] product: no quantization (x is already int8 in the layout of
 /// `shaders/ternary_matvec_q8g.wgsl`, read from binding 2), the same passes and unit terms.
-fn q8_main(rs: u32, p: u32, fuse: Fuse, pre: bool) -> String {
+fn q8_main(rs: u32, p: u32, fuse: Fuse, pre: bool, scales4: bool) -> String {
     use std::fmt::Write;
     let mut m = String::new();
     // `writeln!` into a String cannot fail.
@@ -1254,9 +1527,202 @@ fn q8_main(rs: u32, p: u32, fuse: Fuse, pre: bool) -> String {
         "    // Passes over the workgroup's rows (no barrier below: a subgroup may stop early)."
             .into(),
     );
-    q8_passes(&mut w, rs, p, fuse, pre);
+    q8_passes(&mut w, rs, p, fuse, pre, scales4);
     w("}".into());
     m
+}
+
+/// The entry point of the whole-workgroup [`MatvecKernel::Q8Pre`] product
+/// (`whole_workgroup`): the workgroup's rows `rs` at a time (with `swiglu` each output row's
+/// gate and up rows), every invocation on each pass, invocation `lid` streaming units `lid,
+/// lid + WG, ...` in chunks of `p` per invocation; each accumulator added by `subgroupAdd`,
+/// one partial per subgroup into workgroup memory, and invocation 0 adding the partials in
+/// subgroup order. The loops are the same for the whole workgroup, so every invocation
+/// reaches every barrier.
+fn q8_main_wg(rs: u32, p: u32, swiglu: bool, scales4: bool) -> String {
+    use std::fmt::Write;
+    let mut m = String::new();
+    let mut w = |line: String| {
+        let _ = writeln!(m, "{line}");
+    };
+    let nr = if swiglu { 2 * rs } else { rs };
+    w(String::new());
+    w("// One partial per subgroup (at least 4 invocations each) and accumulator.".into());
+    w(format!("const NR: u32 = {nr}u;"));
+    w("var<workgroup> part: array<f32, (WG / 4u) * NR>;".into());
+    w(String::new());
+    w("@compute @workgroup_size(WG)".into());
+    w("fn main(".into());
+    w("    @builtin(workgroup_id) wid: vec3<u32>,".into());
+    w("    @builtin(local_invocation_index) lid: u32,".into());
+    w("    @builtin(subgroup_id) sg: u32,".into());
+    w("    @builtin(subgroup_invocation_id) lane: u32,".into());
+    w("    @builtin(num_subgroups) nsg: u32,".into());
+    w(") {".into());
+    w("    let row_base = (wid.y * params.groups_x + wid.x) * ROWS;".into());
+    w("    if row_base >= params.rows {".into());
+    w("        return;".into());
+    w("    }".into());
+    w("    let units = params.cols / 64u;".into());
+    w("    let blocks = params.cols / 256u;".into());
+    w("    let groups = params.cols / 16u;".into());
+    w("    let last = params.rows - 1u;".into());
+    w("    // row_base is the workgroup's: every invocation runs the same passes.".into());
+    w("    for (var g = 0u; g < ROWS; g += RS) {".into());
+    w("        let r0 = row_base + g;".into());
+    w("        if r0 >= params.rows {".into());
+    w("            break;".into());
+    w("        }".into());
+    w("        // Rows past the end read the last row; their sums are never stored.".into());
+    for r in 0..nr {
+        if r < rs {
+            w(format!("        let row{r} = min(r0 + {r}u, last);"));
+        } else {
+            w(format!("        let row{r} = row{} + params.rows;", r - rs));
+        }
+        w(format!("        var acc{r} = 0.0;"));
+    }
+    w("        for (var c = 0u; c < units; c += WG * P) {".into());
+    w("            // Every code and scale load of the chunk before any arithmetic.".into());
+    for j in 0..p {
+        w(format!("            let u{j} = c + lid + {j}u * WG;"));
+        w(format!("            let v{j} = min(u{j}, units - 1u);"));
+    }
+    for j in 0..p {
+        for r in 0..nr {
+            w(format!(
+                "            let w{r}_{j} = codes[row{r} * units + v{j}];"
+            ));
+        }
+    }
+    q8_scale_loads(&mut w, rs, p, swiglu, scales4);
+    for j in 0..p {
+        w(format!("            if u{j} < units {{"));
+        w(format!("                let xi = 4u * u{j};"));
+        w("                let xa = x[xi];".into());
+        w("                let xb = x[xi + 1u];".into());
+        w("                let xc = x[xi + 2u];".into());
+        w("                let xd = x[xi + 3u];".into());
+        w(format!("                let m = x[groups + u{j} / 2u];"));
+        w(format!(
+            "                let sq = bitcast<i32>(select(m.x, m.z, (u{j} & 1u) == 1u));"
+        ));
+        w("                let dx = bitcast<f32>(m.y);".into());
+        for r in 0..nr {
+            w(format!(
+                "                acc{r} += (e{r}_{j} * dx) * f32(unit_dot(w{r}_{j}, xa, xb, xc, xd) - sq);"
+            ));
+        }
+        w("            }".into());
+    }
+    w("        }".into());
+    for r in 0..nr {
+        w(format!("        let s{r} = subgroupAdd(acc{r});"));
+    }
+    w("        if lane == 0u {".into());
+    for r in 0..nr {
+        w(format!("            part[sg * NR + {r}u] = s{r};"));
+    }
+    w("        }".into());
+    w("        workgroupBarrier();".into());
+    w("        if lid == 0u {".into());
+    for r in 0..nr {
+        w(format!("            var t{r} = part[{r}u];"));
+    }
+    w("            for (var i = 1u; i < nsg; i++) {".into());
+    for r in 0..nr {
+        w(format!("                t{r} += part[i * NR + {r}u];"));
+    }
+    w("            }".into());
+    for r in 0..rs {
+        let v = if swiglu {
+            let u = r + rs;
+            format!("(t{r} / (1.0 + exp(-t{r}))) * t{u}")
+        } else {
+            format!("t{r}")
+        };
+        if r == 0 {
+            w(format!("            store_y(r0, {v});"));
+        } else {
+            w(format!("            if r0 + {r}u < params.rows {{"));
+            w(format!("                store_y(r0 + {r}u, {v});"));
+            w("            }".into());
+        }
+    }
+    w("        }".into());
+    w("        // part is rewritten by the next pass.".into());
+    w("        workgroupBarrier();".into());
+    w("    }".into());
+    w("}".into());
+    m
+}
+
+/// The block scale `e{r}_{j}` of each row `r` of a pass and unit `j` of a chunk (rows `rs`,
+/// with `swiglu` also their up rows `rs..2 rs`), every load before any arithmetic. f16
+/// (`scale_at`) one per unit and row; with `scales4` ([`scales4`]) one `vec4<f32>` load for
+/// each set of rows in one group of four: the pass's first `rs` rows when `rs` divides 4
+/// (a pass starts at a multiple of `rs`, and rows past the end read the last row, so they
+/// never leave the group), a row outside its set's group (the up rows of a weight whose
+/// half is not a multiple of 4, or `rs` not dividing 4) loading its own.
+fn q8_scale_loads(w: &mut dyn FnMut(String), rs: u32, p: u32, swiglu: bool, scales4: bool) {
+    let nr = if swiglu { 2 * rs } else { rs };
+    for j in 0..p {
+        if !scales4 {
+            for r in 0..nr {
+                w(format!(
+                    "            let e{r}_{j} = scale_at(row{r} * blocks + v{j} / 4u);"
+                ));
+            }
+            continue;
+        }
+        let sets: Vec<(u32, u32)> = if swiglu {
+            vec![(0, rs), (rs, 2 * rs)]
+        } else {
+            vec![(0, rs)]
+        };
+        for (first, end) in sets {
+            w(format!(
+                "            let sv{first}_{j} = scales[(row{first} / 4u) * blocks + v{j} / 4u];"
+            ));
+            for r in first..end {
+                let same_group = first == 0 && 4 % rs == 0;
+                if r == first || same_group {
+                    w(format!(
+                        "            let e{r}_{j} = sv{first}_{j}[row{r} % 4u];"
+                    ));
+                } else {
+                    w(format!(
+                        "            var e{r}_{j} = sv{first}_{j}[row{r} % 4u];"
+                    ));
+                    w(format!("            if row{r} / 4u != row{first} / 4u {{"));
+                    w(format!(
+                        "                e{r}_{j} = scales[(row{r} / 4u) * blocks + v{j} / 4u][row{r} % 4u];"
+                    ));
+                    w("            }".into());
+                }
+            }
+        }
+    }
+}
+
+/// `shaders/ternary_matvec_q8_body.wgsl` for a [`MatvecKernel::Q8Pre`] product: as written
+/// (f16 block scales, `scale_at`), or with `scales4` binding 1 as `array<vec4<f32>>`
+/// ([`scales4`]) and no `scale_at`.
+fn q8_body(scales4: bool) -> String {
+    if !scales4 {
+        return TERNARY_MATVEC_Q8_BODY_WGSL.to_string();
+    }
+    const F16: &str = "@group(0) @binding(1) var<storage, read> scales: array<u32>;";
+    const AT: &str = "// The f16 scale at flat index i of the scales array.\nfn scale_at(i: u32) -> f32 {\n    let w = scales[i >> 1u];\n    return f16_bits_to_f32((w >> ((i & 1u) * 16u)) & 0xffffu);\n}\n";
+    debug_assert!(
+        TERNARY_MATVEC_Q8_BODY_WGSL.contains(F16) && TERNARY_MATVEC_Q8_BODY_WGSL.contains(AT)
+    );
+    TERNARY_MATVEC_Q8_BODY_WGSL
+        .replace(
+            F16,
+            "// With f32 block scales (the host's scales4): group g of four rows, block b at\n// g * K/256 + b, row 4g + i in component i.\n@group(0) @binding(1) var<storage, read> scales: array<vec4<f32>>;",
+        )
+        .replace(AT, "")
 }
 
 /// The per-workgroup quantization of x into workgroup memory ([`MatvecKernel::Q8`]), ending
@@ -1290,7 +1756,7 @@ fn q8_stage(w: &mut dyn FnMut(String), rms: bool) {
 
 /// The subgroup passes over the workgroup's rows of the int8 decode products, each unit's x
 /// from workgroup memory or (`pre`) from binding 2.
-fn q8_passes(w: &mut dyn FnMut(String), rs: u32, p: u32, fuse: Fuse, pre: bool) {
+fn q8_passes(w: &mut dyn FnMut(String), rs: u32, p: u32, fuse: Fuse, pre: bool, scales4: bool) {
     let nr = if fuse.swiglu { 2 * rs } else { rs };
     let rows = 0..nr;
     let units = 0..p;
@@ -1321,13 +1787,7 @@ fn q8_passes(w: &mut dyn FnMut(String), rs: u32, p: u32, fuse: Fuse, pre: bool) 
             ));
         }
     }
-    for j in units.clone() {
-        for r in rows.clone() {
-            w(format!(
-                "            let e{r}_{j} = scale_at(row{r} * blocks + v{j} / 4u);"
-            ));
-        }
-    }
+    q8_scale_loads(w, rs, p, fuse.swiglu, scales4);
     for j in units.clone() {
         w(format!("            if u{j} < units {{"));
         w(format!("                let xi = 4u * u{j};"));
@@ -1542,18 +2002,29 @@ pub fn decode_q8_config(rows: usize, cols: usize, swiglu: bool) -> Option<Matvec
 /// The [`MatvecKernel::Q8Pre`] decode configuration for a product of `rows` weight rows and
 /// any K up to [`MAX_Q8_COLS`] (`swiglu`: a stacked gate/up weight whose SwiGLU is folded
 /// in), or `None` where the per-workgroup quantization ([`decode_q8_config`]) is to be used:
-/// 8 (output) rows per workgroup of 128 invocations, 2 per subgroup pass, 2 units in flight,
-/// for every product. From run 1 and 2 of benches/gpu/results-2026-12-03d on an NVIDIA H200
-/// (BENCHMARKS.md): with its quantize dispatch, a chain of these took 9.5, 9.3 and 17.6 us
-/// for Q/K/V, output and down against 10.0, 12.3 and 20.8 us with the per-workgroup
-/// quantization (gate/up with SwiGLU 19.6 against 19.3 us), and the 8B model's decode step
-/// 3071 us with it in all four products, 3114 us without it in gate/up, 3288 us without it.
+/// 16 (output) rows per workgroup of 128 invocations, 4 per subgroup pass, 1 unit in flight,
+/// for every product but those of K >= [`Q8_WHOLE_WORKGROUP_COLS`] without SwiGLU, which take
+/// 4 rows per workgroup of 128 invocations, all of them on each row, 1 unit in flight
+/// ([`MatvecKernel::Q8Pre`]'s `whole_workgroup`); both read the block scales as f32 in groups
+/// of four rows ([`scales4`]: with 4 rows a pass, one 16-byte load for all four). Before
+/// them, every product took 8 rows per workgroup, 2 per pass, 2 units in flight and the f16
+/// scales ([`q8_pre_subgroup_rows`]). From run 1 and 2 of
+/// benches/gpu/results-2026-12-03d on an NVIDIA H200 (BENCHMARKS.md): with its quantize
+/// dispatch, a chain of subgroup-rows products took 9.5, 9.3 and 17.6 us for Q/K/V, output
+/// and down against 10.0, 12.3 and 20.8 us with the per-workgroup quantization (gate/up with
+/// SwiGLU 19.6 against 19.3 us), and the 8B model's decode step 3071 us with it in all four
+/// products, 3114 us without it in gate/up, 3288 us without it; from runs 1-3 of
+/// benches/gpu/results-2026-12-04: the down product (4096 x 16384) alone in a chain 14.2 us
+/// with subgroup rows, 11.7 us with the whole workgroup on 4 rows, 8.8 us with that and the
+/// f32 scales, 1 unit in flight; Q/K/V and output (K = 4096) 6.08 and 5.84 us before, 5.74
+/// and 5.49 us with 4 rows a pass and the f32 scales (the whole workgroup is slower there);
+/// gate/up with SwiGLU 16.26 before, 16.18 us so.
 /// `LOWBIT_GPU_Q8G` = `PLAIN[,SWIGLU]` ([`MatvecConfig::name`]s after
 /// `ternary_matvec_q8g_`, without `_swiglu`; `none` for either) overrides both (a
 /// benchmarking knob, read once per process: with built-in kernels, which generate any
 /// variant; with a bundle's kernels, a variant the bundle lacks falls back to
 /// [`decode_q8_config`], as for an older bundle).
-pub fn decode_q8_pre_config(rows: usize, swiglu: bool) -> Option<MatvecConfig> {
+pub fn decode_q8_pre_config(rows: usize, cols: usize, swiglu: bool) -> Option<MatvecConfig> {
     let _ = rows;
     type Knob = Option<(Option<MatvecConfig>, Option<MatvecConfig>)>;
     static KNOB: std::sync::OnceLock<Knob> = std::sync::OnceLock::new();
@@ -1563,7 +2034,7 @@ pub fn decode_q8_pre_config(rows: usize, swiglu: bool) -> Option<MatvecConfig> {
             .split(',')
             .map(|n| match n.trim() {
                 "none" => Some(None),
-                n => MatvecConfig::parse(&format!("q8g_{n}")).map(Some),
+                n => MatvecConfig::parse(&format!("q8g4_{n}")).map(Some),
             })
             .collect::<Option<Vec<_>>>()
             .unwrap_or_default();
@@ -1586,14 +2057,28 @@ pub fn decode_q8_pre_config(rows: usize, swiglu: bool) -> Option<MatvecConfig> {
                 *plain
             }
         }
-        None => default_q8_pre_config(swiglu),
+        None => Some(default_q8_pre_config(cols, swiglu)),
     }
 }
 
+/// K from which a [`MatvecKernel::Q8Pre`] product without SwiGLU takes the whole-workgroup
+/// split ([`decode_q8_pre_config`]).
+pub const Q8_WHOLE_WORKGROUP_COLS: usize = 16384;
+
+/// The subgroup-rows [`MatvecKernel::Q8Pre`] product: every product's before the
+/// whole-workgroup split, and (with f16 scales) the fallback for a bundle whose kernels
+/// predate that split.
+pub fn q8_pre_subgroup_rows() -> MatvecConfig {
+    MatvecConfig::q8_pre(8, 128, 2, 2)
+}
+
 /// [`decode_q8_pre_config`] without the knob: the registry's.
-fn default_q8_pre_config(swiglu: bool) -> Option<MatvecConfig> {
-    let _ = swiglu;
-    Some(MatvecConfig::q8_pre(8, 128, 2, 2))
+fn default_q8_pre_config(cols: usize, swiglu: bool) -> MatvecConfig {
+    if !swiglu && cols >= Q8_WHOLE_WORKGROUP_COLS {
+        MatvecConfig::q8_pre_wg(4, 128, 4, 1)
+    } else {
+        MatvecConfig::q8_pre(16, 128, 4, 1)
+    }
 }
 
 /// Every int8 decode configuration [`decode_q8_config`] gives, with the fused variants the
@@ -1611,12 +2096,17 @@ pub fn decode_q8_configs() -> Vec<MatvecConfig> {
         }
     }
     // The pre-quantized products (the norm is the quantize kernel's: one name each).
-    for swiglu in [false, true] {
-        if let Some(c) = default_q8_pre_config(swiglu) {
-            v.push(c.fused(Fuse {
-                rms_norm: false,
-                swiglu,
-            }));
+    for (cols, swiglu) in [
+        (4096, false),
+        (Q8_WHOLE_WORKGROUP_COLS, false),
+        (4096, true),
+    ] {
+        let c = default_q8_pre_config(cols, swiglu).fused(Fuse {
+            rms_norm: false,
+            swiglu,
+        });
+        if !v.contains(&c) {
+            v.push(c);
         }
     }
     v
@@ -1662,7 +2152,8 @@ fn ternary_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout {
         label: Some("ternary_matvec"),
         entries: &[
             storage(0, true, 16),
-            storage(1, true, 4),
+            // 16: the f32 scales of the int8 decode products are vec4s (scales4).
+            storage(1, true, 16),
             storage(2, true, 16),
             storage(3, false, 4),
             // The folded RMSNorm's weight (a placeholder where the kernel has none).
@@ -1859,10 +2350,18 @@ impl GpuContext {
             // knob: each workgroup quantizes x itself, the former default).
             let pre = std::env::var("LOWBIT_GPU_Q8_PRE").map_or(true, |v| v != "0");
             if pre && cols <= MAX_Q8_COLS as usize && cols.is_multiple_of(256) {
-                if let Some(c) = decode_q8_pre_config(rows, fuse.swiglu) {
-                    let c = c.fused(fuse);
-                    if usable(&c) {
-                        return Some(c);
+                if let Some(c) = decode_q8_pre_config(rows, cols, fuse.swiglu) {
+                    // A bundle made before the f32 scales has the f16 form; one made before
+                    // the whole-workgroup split, the subgroup-rows one.
+                    for c in [
+                        c,
+                        c.with_f16_scales(),
+                        q8_pre_subgroup_rows().with_f16_scales(),
+                    ] {
+                        let c = c.fused(fuse);
+                        if usable(&c) {
+                            return Some(c);
+                        }
                     }
                 }
             }
@@ -1966,6 +2465,7 @@ impl GpuContext {
         if let MatvecKernel::Q8Pre {
             rows_per_subgroup: rs,
             units_in_flight: p,
+            ..
         } = cfg.kernel
         {
             check_rows_split(r, rs, p, cfg.reduction)?;
@@ -2001,9 +2501,25 @@ impl GpuContext {
         let shared = match (cfg.kernel, cfg.reduction) {
             // The quantize kernel's: Q8_QUANTIZE_WG / 16 block maxima and / 4 unit sums, and
             // the norm's subgroup sums.
-            (MatvecKernel::Q8Pre { .. }, _) => {
+            (
+                MatvecKernel::Q8Pre {
+                    rows_per_subgroup: rs,
+                    whole_workgroup,
+                    ..
+                },
+                _,
+            ) => {
                 let q = Q8_QUANTIZE_WG as u64;
-                4 * (q / 16 + q / 4) + if cfg.fuse.rms_norm { q } else { 0 }
+                let quantize = 4 * (q / 16 + q / 4) + if cfg.fuse.rms_norm { q } else { 0 };
+                // The whole-workgroup product's partials: one per subgroup (of at least 4
+                // invocations) and accumulator.
+                let nr = if cfg.fuse.swiglu { 2 * rs } else { rs } as u64;
+                let partials = if whole_workgroup {
+                    4 * (wg as u64 / 4) * nr
+                } else {
+                    0
+                };
+                quantize.max(partials)
             }
             (MatvecKernel::SubgroupRows { x_tile, .. }, _) => 4 * x_tile as u64 + norm_sums,
             (MatvecKernel::Q8 { max_cols, .. }, _) => {
@@ -2171,11 +2687,18 @@ impl GpuContext {
             let n = (chunk_rows as usize).min(rows - row0);
             let w = &words[row0 * row_words as usize..(row0 + n) * row_words as usize];
             let s = &scales[row0 * row_scales as usize..(row0 + n) * row_scales as usize];
+            // The f16 scales, padded to the storage offset alignment, then the f32 ones.
+            let align = (self.limits.min_storage_buffer_offset_alignment as usize).max(16);
+            let off = s.len().div_ceil(align) * align;
+            let mut aux = s.to_vec();
+            aux.resize(off, 0);
+            aux.extend_from_slice(bytemuck::cast_slice(&scales4(s, n, cols / 256)));
             chunks.push(TernaryChunk {
                 row0,
                 rows: n,
                 codes: self.upload_bytes(&format!("{name}.codes[{row0}..]"), w)?,
-                scales: self.upload_bytes(&format!("{name}.scales[{row0}..]"), s)?,
+                scales: self.upload_bytes(&format!("{name}.scales[{row0}..]"), &aux)?,
+                scales4: off as u64,
             });
             row0 += n;
         }
@@ -2363,6 +2886,19 @@ impl GpuContext {
                 ),
             });
         }
+        if cfg.reads_scales4() {
+            if let Some(c) = w.chunks.iter().find(|c| c.scales4 == 0) {
+                return Err(GpuError::Shape {
+                    op: OP,
+                    detail: format!(
+                        "{}: chunk at row {} has no f32 scales for {}",
+                        w.name,
+                        c.row0,
+                        cfg.name()
+                    ),
+                });
+            }
+        }
         // Q8Pre: x quantized (and normalized) once into the scratch the product reads.
         let mut pre = None;
         let mut x = x;
@@ -2463,7 +2999,15 @@ impl GpuContext {
                     },
                     wgpu::BindGroupEntry {
                         binding: 1,
-                        resource: c.scales.as_entire_binding(),
+                        resource: if cfg.reads_scales4() {
+                            wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                buffer: &c.scales,
+                                offset: c.scales4,
+                                size: None,
+                            })
+                        } else {
+                            c.scales.as_entire_binding()
+                        },
                     },
                     wgpu::BindGroupEntry {
                         binding: 2,
@@ -2634,7 +3178,28 @@ pub struct TernaryChunk {
     pub row0: usize,
     pub rows: usize,
     pub codes: wgpu::Buffer,
+    /// The chunk's block scales as stored (`rows * cols/256` f16), then at byte offset
+    /// `scales4` the same scales as f32 in groups of four rows (see [`scales4`]).
     pub scales: wgpu::Buffer,
+    /// Byte offset of the f32 scales in `scales` (a multiple of the adapter's storage offset
+    /// alignment); 0 where the chunk has none.
+    pub scales4: u64,
+}
+
+/// A ternary chunk's block scales (`rows` rows of `blocks` little-endian f16) as the int8
+/// decode products read them ([`MatvecKernel::Q8Pre`]): f32, four rows to a `vec4`, group
+/// `g`'s block `b` at `vec4` index `g * blocks + b` holding rows `4g .. 4g + 3` (0 past the
+/// last row). A subgroup pass over 2 or 4 rows of one group takes all their scales of a
+/// block with one 16-byte load and no f16 decode (the f16 bits widen exactly).
+pub fn scales4(scales: &[u8], rows: usize, blocks: usize) -> Vec<f32> {
+    let groups = rows.div_ceil(4);
+    let mut out = vec![0f32; groups * blocks * 4];
+    for (i, h) in scales.chunks_exact(2).enumerate().take(rows * blocks) {
+        let (r, b) = (i / blocks, i % blocks);
+        out[((r / 4) * blocks + b) * 4 + r % 4] =
+            half::f16::from_bits(u16::from_le_bytes([h[0], h[1]])).to_f32();
+    }
+    out
 }
 
 /// A ternary weight on the device (row chunks that each fit one binding).
@@ -2799,5 +3364,70 @@ mod tests {
         ] {
             assert_eq!(MatvecConfig::parse(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn int8_decode_product_names_carry_split_and_scales() {
+        let sg = MatvecConfig::q8_pre(8, 128, 2, 2);
+        let wg = MatvecConfig::q8_pre_wg(4, 128, 4, 2);
+        assert_eq!(sg.name(), "ternary_matvec_q8g4_r8_wg128_sgrows2_p2");
+        assert_eq!(wg.name(), "ternary_matvec_q8g4_r4_wg128_wgrows4_p2");
+        assert_eq!(
+            wg.with_f16_scales().name(),
+            "ternary_matvec_q8g_r4_wg128_wgrows4_p2"
+        );
+        let glu = sg.fused(Fuse {
+            rms_norm: false,
+            swiglu: true,
+        });
+        for c in [sg, wg, sg.with_f16_scales(), wg.with_f16_scales(), glu] {
+            assert_eq!(MatvecConfig::parse(&c.name()), Some(c), "{}", c.name());
+        }
+        assert!(sg.reads_scales4() && !sg.with_f16_scales().reads_scales4());
+        // The f32 scales: one vec4 load per set of rows, no f16 decode; the f16 form as
+        // before.
+        let src = sg.source();
+        assert!(src.contains("var<storage, read> scales: array<vec4<f32>>;"));
+        assert!(!src.contains("scale_at("));
+        assert!(src.contains("let sv0_1 = scales[(row0 / 4u) * blocks + v1 / 4u];"));
+        assert!(src.contains("let e1_1 = sv0_1[row1 % 4u];"));
+        let src16 = sg.with_f16_scales().source();
+        assert!(src16.contains("let e1_1 = scale_at(row1 * blocks + v1 / 4u);"));
+        // Up rows share their first row's group only when they are in it.
+        let src = glu.source();
+        assert!(src.contains("let sv2_0 = scales[(row2 / 4u) * blocks + v0 / 4u];"));
+        assert!(src.contains("if row3 / 4u != row2 / 4u {"));
+        // The whole workgroup on each row: partials across subgroups in workgroup memory.
+        let src = wg.source();
+        assert!(src.contains("var<workgroup> part: array<f32, (WG / 4u) * NR>;"));
+        assert!(src.contains("let u1 = c + lid + 1u * WG;"));
+        // The registry's products read the f32 scales with 4 rows a pass; the down
+        // product's K takes the whole workgroup.
+        let four = MatvecConfig::q8_pre(16, 128, 4, 1);
+        assert_eq!(decode_q8_pre_config(4096, 4096, false), Some(four));
+        assert_eq!(
+            decode_q8_pre_config(4096, 16384, false),
+            Some(MatvecConfig::q8_pre_wg(4, 128, 4, 1))
+        );
+        assert_eq!(decode_q8_pre_config(16384, 16384, true), Some(four));
+    }
+
+    #[test]
+    fn scales4_groups_four_rows_a_block() {
+        // 6 rows of 2 blocks: row r block b = r * 10 + b.
+        let f16: Vec<u8> = (0..6)
+            .flat_map(|r| (0..2).map(move |b| (r * 10 + b) as f32))
+            .flat_map(|v| half::f16::from_f32(v).to_le_bytes())
+            .collect();
+        let s = scales4(&f16, 6, 2);
+        assert_eq!(s.len(), 2 * 2 * 4);
+        // Group 0: block 0 rows 0..3, block 1 rows 0..3; group 1 rows 4, 5 and zeros.
+        assert_eq!(&s[..8], &[0.0, 10.0, 20.0, 30.0, 1.0, 11.0, 21.0, 31.0]);
+        assert_eq!(&s[8..], &[40.0, 50.0, 0.0, 0.0, 41.0, 51.0, 0.0, 0.0]);
+        // Exact for a subnormal f16 (the kernels used to decode the bits themselves).
+        let tiny = half::f16::from_bits(0x0001);
+        let s = scales4(&tiny.to_le_bytes(), 1, 1);
+        assert_eq!(s[0], tiny.to_f32());
+        assert_eq!(s[0], 2f32.powi(-24));
     }
 }

@@ -13,6 +13,9 @@ use super::kernels::KernelSource;
 use super::{GpuContext, GpuError};
 
 const COMMON: &str = include_str!("shaders/ops/common.wgsl");
+/// `shaders/ops/common.wgsl`, for op modules the host generates
+/// ([`super::combine_q8_source`]).
+pub(crate) const COMMON_WGSL: &str = COMMON;
 
 /// The op modules: `(file stem, body)`.
 const OPS: &[(&str, &str)] = &[

@@ -401,6 +401,9 @@ pub struct WeightChunk {
     pub rows: usize,
     pub data: wgpu::Buffer,
     pub aux: wgpu::Buffer,
+    /// `ternary2`: the byte offset in `aux` of the scales as f32 in groups of four rows
+    /// ([`super::TernaryChunk::scales4`]); 0 for the other formats.
+    pub aux4: u64,
 }
 
 impl GpuWeight {
@@ -418,6 +421,7 @@ impl GpuWeight {
                     rows: c.rows,
                     codes: c.data.clone(),
                     scales: c.aux.clone(),
+                    scales4: c.aux4,
                 })
                 .collect(),
         }
@@ -657,6 +661,26 @@ impl Bound {
             pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(*gx, *gy, *gz);
         }
+    }
+
+    /// Whether this is a [`super::MatvecKernel::Q8Pre`] product with its quantize dispatch
+    /// `quantize` in front.
+    pub fn has_pre(&self, quantize: &str) -> bool {
+        let tag = format!("+{} ", quantize.trim_start_matches("ternary_"));
+        self.pre.is_some() && self.label.contains(&tag)
+    }
+
+    /// Leaves out the quantize dispatch of a [`super::MatvecKernel::Q8Pre`] decode product
+    /// whose label names `+{quantize}` (the op before it writes the int8 x instead:
+    /// `op_attention_combine_q8`); whether there was one.
+    pub fn drop_pre(&mut self, quantize: &str) -> bool {
+        if !self.has_pre(quantize) {
+            return false;
+        }
+        let tag = format!("+{} ", quantize.trim_start_matches("ternary_"));
+        self.pre = None;
+        self.label = self.label.replacen(&tag, " ", 1);
+        true
     }
 
     /// Dispatches per encode (one per row chunk, and the pre pass's).
@@ -989,6 +1013,7 @@ impl GpuContext {
                 rows: n,
                 data: self.upload_padded(&format!("{name}[{row0}..]"), part)?,
                 aux: self.upload_padded(&format!("{name}[{row0}..] aux"), &[])?,
+                aux4: 0,
             });
             row0 += n;
         }
@@ -1028,6 +1053,7 @@ impl GpuContext {
                     rows: c.rows,
                     data: c.codes,
                     aux: c.scales,
+                    aux4: c.scales4,
                 })
                 .collect(),
             parts: vec![rows],
@@ -1108,6 +1134,7 @@ impl GpuContext {
                     &format!("{name}.tables[{row0}..]"),
                     &tables[g0 * table_bytes..g1 * table_bytes],
                 )?,
+                aux4: 0,
             });
             row0 += n;
         }
