@@ -392,12 +392,28 @@ fn gpu_refuses_what_the_contract_refuses() {
     .unwrap();
     assert!(e.to_string().contains("f16 KV cache"), "{e}");
     // A model that does not fit the device memory given is refused with the bytes, before
-    // anything is uploaded; exactly what it needs loads: its weights, the f16 KV cache
-    // (K and V, per layer n_head_kv * n_ctx * head_dim halves) and one RoPE table (n_ctx *
-    // n_rot f32; one RoPE base here).
+    // anything is uploaded; exactly what it needs loads: its weights, each ternary weight's
+    // block scales again as f32 (4 bytes per 256 weights), the f16 KV cache (K and V, per
+    // layer n_head_kv * n_ctx * head_dim halves) and one RoPE table (n_ctx * n_rot f32; one
+    // RoPE base here).
     let m = runtime::open_model(&b).unwrap();
     let h = &m.layout.hyper;
+    let scales4: u64 = m
+        .bundle
+        .manifest
+        .tensors
+        .iter()
+        .filter(|t| {
+            matches!(
+                t.encoding,
+                lowbit::bundle::manifest::Encoding::Ternary2 { .. }
+            )
+        })
+        .map(|t| t.shape.iter().product::<u64>() / 256 * 4)
+        .sum();
+    assert!(scales4 > 0);
     let needed = m.weight_bytes()
+        + scales4
         + (2 * h.n_layer * h.n_head_kv * h.n_ctx * h.head_dim * 2) as u64
         + (h.n_ctx * h.n_rot * 4) as u64;
     let fit = |bytes: u64| {

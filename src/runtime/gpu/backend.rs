@@ -227,13 +227,25 @@ fn layer_kv_bytes(model: &Model) -> u64 {
 }
 
 /// Refuses a model that does not fit, before anything is uploaded: the bytes it needs at
-/// least (its weights as stored, the f16 KV cache, the RoPE tables; activations are a few MB
-/// more) against `limit` (`--gpu-memory`), or without one the adapter's own figure where the
+/// least (its weights as stored, with ternary scales a second time as f32, the f16 KV cache,
+/// the RoPE tables; activations are a few MB more) against `limit` (`--gpu-memory`), or without one the adapter's own figure where the
 /// driver gives one ([`GpuContext::device_memory`]; a heap size is a driver's hint, which the
 /// user may know better than: lavapipe reports 2 GiB whatever the RAM).
 fn check_memory(ctx: &GpuContext, model: &Model, limit: Option<u64>) -> Result<(), RuntimeError> {
     let hp = &model.layout.hyper;
-    let weights = model.weight_bytes();
+    // Ternary weights also carry their block scales as f32 for the int8 decode products
+    // (`scales4`: twice the f16 scales' bytes).
+    let scales4: u64 = model
+        .bundle
+        .manifest
+        .tensors
+        .iter()
+        .map(|t| match &t.encoding {
+            crate::bundle::manifest::Encoding::Ternary2 { scales_length, .. } => 2 * scales_length,
+            _ => 0,
+        })
+        .sum();
+    let weights = model.weight_bytes() + scales4;
     let kv = 2 * hp.n_layer as u64 * layer_kv_bytes(model);
     let mut keys: Vec<(u32, u32)> = (0..hp.n_layer)
         .map(|il| {
