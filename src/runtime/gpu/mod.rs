@@ -2020,10 +2020,11 @@ pub fn decode_q8_config(rows: usize, cols: usize, swiglu: bool) -> Option<Matvec
 /// and 5.49 us with 4 rows a pass and the f32 scales (the whole workgroup is slower there);
 /// gate/up with SwiGLU 16.26 before, 16.18 us so.
 /// `LOWBIT_GPU_Q8G` = `PLAIN[,SWIGLU]` ([`MatvecConfig::name`]s after
-/// `ternary_matvec_q8g_`, without `_swiglu`; `none` for either) overrides both (a
-/// benchmarking knob, read once per process: with built-in kernels, which generate any
-/// variant; with a bundle's kernels, a variant the bundle lacks falls back to
-/// [`decode_q8_config`], as for an older bundle).
+/// `ternary_matvec_q8g4_`, the f32-scale forms, without `_swiglu`; `none` for either)
+/// overrides both (a benchmarking knob, read once per process: with built-in kernels, which
+/// generate any variant; with a bundle's kernels, a variant the bundle lacks falls back as
+/// for an older bundle: its f16-scale form, then `q8g_r8_wg128_sgrows2_p2`, then
+/// [`decode_q8_config`]).
 pub fn decode_q8_pre_config(rows: usize, cols: usize, swiglu: bool) -> Option<MatvecConfig> {
     let _ = rows;
     type Knob = Option<(Option<MatvecConfig>, Option<MatvecConfig>)>;
