@@ -976,6 +976,30 @@ fn q8_pack_group(w: &mut dyn FnMut(String), ind: &str, dst: &str, slot: &str) {
     ));
 }
 
+/// One 16-element group `g` per invocation (where `live` is false it loads and stores
+/// nothing), each line indented by 4: the block maximum into `bmax[max_slot]`, a barrier,
+/// the group's `q` into `xq[dst]` and its sum into `usum[sum_slot]`, a barrier; with `rms`
+/// x normalized (`rinv`, `nw`). The quantize kernel's and `op_attention_combine_q8`'s.
+fn q8_quantize_groups(
+    w: &mut dyn FnMut(String),
+    rms: bool,
+    max_slot: &str,
+    dst: &str,
+    sum_slot: &str,
+) {
+    q8_load16(w, "    ", rms);
+    w("    if live {".into());
+    q8_group_max(w, "        ", max_slot);
+    w("    }".into());
+    w("    workgroupBarrier();".into());
+    q8_quantize_group(w, "    ", max_slot);
+    q8_quant4(w, "    ");
+    w("    if live {".into());
+    q8_pack_group(w, "        ", dst, sum_slot);
+    w("    }".into());
+    w("    workgroupBarrier();".into());
+}
+
 /// Invocations per workgroup of the decode quantize kernel ([`q8_quantize_name`]): one per
 /// 16-element group, so a workgroup quantizes 4096 activations.
 pub const Q8_QUANTIZE_WG: u32 = 256;
@@ -1056,17 +1080,7 @@ pub fn q8_quantize_source(rms: bool) -> String {
     w("    let g0 = wid.x * WG + lid;".into());
     w("    let live = g0 < groups;".into());
     w("    let g = min(g0, groups - 1u);".into());
-    q8_load16(&mut w, "    ", rms);
-    w("    if live {".into());
-    q8_group_max(&mut w, "        ", "lid / 16u");
-    w("    }".into());
-    w("    workgroupBarrier();".into());
-    q8_quantize_group(&mut w, "    ", "lid / 16u");
-    q8_quant4(&mut w, "    ");
-    w("    if live {".into());
-    q8_pack_group(&mut w, "        ", "g", "lid / 4u");
-    w("    }".into());
-    w("    workgroupBarrier();".into());
+    q8_quantize_groups(&mut w, rms, "lid / 16u", "g", "lid / 4u");
     w("    // Units 2i and 2i + 1 (one block: the same da) in one vec4 after the groups.".into());
     w("    if live && (lid & 7u) == 0u {".into());
     w("        let u = lid / 4u;".into());
@@ -1230,22 +1244,15 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let gl = min(g, 15u);"#.into());
     // The helpers index x by `4u * g`; the local group is `gl`.
     let mut sub = String::new();
-    {
-        let mut w2 = |line: String| {
+    q8_quantize_groups(
+        &mut |line| {
             let _ = writeln!(sub, "{line}");
-        };
-        q8_load16(&mut w2, "    ", false);
-        w2("    if live {".into());
-        q8_group_max(&mut w2, "        ", "0u");
-        w2("    }".into());
-        w2("    workgroupBarrier();".into());
-        q8_quantize_group(&mut w2, "    ", "0u");
-        q8_quant4(&mut w2, "    ");
-        w2("    if live {".into());
-        q8_pack_group(&mut w2, "        ", "blk * 16u + gl", "gl / 4u");
-        w2("    }".into());
-        w2("    workgroupBarrier();".into());
-    }
+        },
+        false,
+        "0u",
+        "blk * 16u + gl",
+        "gl / 4u",
+    );
     w(sub.replace("x[4u * g +", "x[4u * gl +"));
     w(
         r#"    // Units 2i and 2i + 1 of the block (its da twice) after the K / 16 groups.
