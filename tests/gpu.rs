@@ -712,6 +712,17 @@ fn int8_decode_kernel_matches_the_cpu_int8_arithmetic() {
         (MatvecConfig::q8_pre(8, 64, 1, 1), 256),
         (MatvecConfig::q8_pre(6, 128, 3, 4), 4352),
         (MatvecConfig::q8_pre(64, 512, 2, 2), 16384),
+        // The norm applied at the end of the product (`rms_late`; the same as the above
+        // where no norm is folded in): the registered default, x over two quantize
+        // workgroups (K = 4352: two sums of x^2 added), the whole-workgroup split.
+        (
+            gpu::decode_q8_pre_config(4096, 4096, false)
+                .unwrap()
+                .with_rms_late(),
+            4096,
+        ),
+        (MatvecConfig::q8_pre(6, 128, 3, 4).with_rms_late(), 4352),
+        (MatvecConfig::q8_pre_wg(4, 64, 2, 1).with_rms_late(), 4352),
     ] {
         for (rms_norm, swiglu, accumulate) in [
             (false, false, false),
@@ -1091,5 +1102,283 @@ fn int8_prefill_product_matches_the_cpu_int8_arithmetic() {
                 }
             }
         }
+    }
+}
+
+/// x per 16-element group as the `_y16` products write it (`gpu::Q16_LAYOUT`), from the
+/// host: per group `da = max|x| / 127`, `q = round(x / da)` (half away from zero, clamped to
+/// +-127), the group words, then per unit the four `da` and the four `da * sum q`. Returns
+/// the words and `(q, da)`.
+fn q16_host(x: &[f32]) -> (Vec<u32>, Vec<i8>, Vec<f32>) {
+    let k = x.len();
+    let mut q = vec![0i8; k];
+    let mut da = vec![0f32; k / 16];
+    let mut words = vec![0u32; (k + k / 2) / 4];
+    for g in 0..k / 16 {
+        let xs = &x[16 * g..16 * g + 16];
+        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if amax > 0.0 { 1.0 / d } else { 0.0 };
+        let mut sum = 0i32;
+        for (i, &v) in xs.iter().enumerate() {
+            let t = (v * id).round().clamp(-127.0, 127.0) as i8;
+            q[16 * g + i] = t;
+            sum += t as i32;
+        }
+        da[g] = d;
+        for kk in 0..4 {
+            let b = |j: usize| q[16 * g + 4 * j + kk] as u8 as u32;
+            words[4 * g + kk] = b(0) | (b(1) << 8) | (b(2) << 16) | (b(3) << 24);
+        }
+        let mu = k / 16 + 2 * (g / 4);
+        words[4 * mu + g % 4] = d.to_bits();
+        words[4 * mu + 4 + g % 4] = (d * sum as f32).to_bits();
+    }
+    (words, q, da)
+}
+
+/// The int8 decode products that read x per 16-element group (`_x16`: the down product after
+/// a `_y16` gate/up, no quantize dispatch) against the exact arithmetic in f64 on the same
+/// int8 x: each row `sum_b d_b * sum_g da_g * sum_k (c - 1) q`, within the int8 kernel's
+/// rounding bound `4 * (K/64 + 64) * 2^-24 * S`; both splits, several K, the residual
+/// epilogue. And the `_y16` gate/up products: their x for the down product is the host's
+/// per-16 quantization of their own f32 outputs (the same configuration without `_y16`), the
+/// int8 values equal except within 1e-4 of a rounding tie (the GPU's `1 / da` may round to a
+/// neighbouring f32), `da` within 3 ulps, `da * sum q` the product of the two it stored.
+#[test]
+fn per_16_group_int8_x_matches_the_exact_arithmetic() {
+    let Some(ctx) = context_for_tests(&ContextOptions::default()) else {
+        return;
+    };
+    if !ctx.has_subgroups() {
+        eprintln!(
+            "note: {} has no SUBGROUP feature: no int8 kernel",
+            ctx.info.name
+        );
+        return;
+    }
+    let mut seed = 91u64;
+    for (cfg, cols, accumulate) in [
+        (
+            gpu::decode_q8_pre_config(64, 4096, false).unwrap(),
+            4096usize,
+            false,
+        ),
+        (
+            gpu::decode_q8_pre_config(64, 16384, false).unwrap(),
+            16384,
+            true,
+        ),
+        (MatvecConfig::q8_pre(6, 128, 3, 4), 1280, true),
+        (MatvecConfig::q8_pre_wg(4, 64, 2, 1), 4352, false),
+    ] {
+        let cfg = cfg.with_q16(true, false);
+        assert!(cfg.name().ends_with("_x16"), "{}", cfg.name());
+        assert_eq!(MatvecConfig::parse(&cfg.name()), Some(cfg));
+        assert_eq!(cfg.pre_kernel(), None);
+        let rows = 37usize;
+        let (wd, scales) = random_weight(rows, cols, &mut seed);
+        let w = upload(&ctx, rows, cols, &wd, &scales);
+        let x: Vec<f32> = random_x(cols, &mut seed)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v * [3.0, 0.01, 250.0, 1.0][(i / 16) % 4] * ((i / 16) % 9 != 5) as u8 as f32
+            })
+            .collect();
+        let (words, q, da) = q16_host(&x);
+        let xb = ctx
+            .upload_bytes("x16", bytemuck::cast_slice(&words))
+            .unwrap();
+        let y0: Vec<f32> = (0..rows).map(|i| i as f32 * 0.25 - 3.0).collect();
+        let yb = ctx.vector_buffer("y", rows);
+        ctx.queue.write_buffer(&yb, 0, bytemuck::cast_slice(&y0));
+        let ep = if accumulate {
+            gpu::Epilogue::Accumulate(0.5)
+        } else {
+            gpu::Epilogue::Store
+        };
+        let bound = ctx
+            .bind_ternary_fused(&w, &xb, &gpu::ops::BufView::whole(&yb), &cfg, ep, None)
+            .unwrap();
+        assert_eq!(bound.dispatches(), 1);
+        let got = run_bound(&ctx, &bound, &yb, rows);
+        let blocks = cols / 256;
+        let mut worst = 0f64;
+        for r in 0..rows {
+            let (mut sum, mut s_abs) = (0f64, 0f64);
+            for k in 0..cols {
+                let c = (wd[(r * cols + k) / 16] >> (2 * (k % 16))) & 3;
+                let d = half::f16::from_bits(scales[r * blocks + k / 256]).to_f64();
+                let t = d * da[k / 16] as f64 * ((c as i64 - 1) * q[k] as i64) as f64;
+                sum += t;
+                s_abs += t.abs();
+            }
+            let mut tol = 4.0 * (cols / 64 + 64) as f64 * f32::EPSILON as f64 / 2.0 * s_abs + 1e-30;
+            let want = if accumulate {
+                tol = 0.5 * tol + 2.0 * f32::EPSILON as f64 * (y0[r] as f64 + 0.5 * sum).abs();
+                y0[r] as f64 + 0.5 * sum
+            } else {
+                sum
+            };
+            let ratio = (got[r] as f64 - want).abs() / tol;
+            assert!(
+                ratio <= 1.0,
+                "{} K={cols}: row {r}: gpu {} want {want} (tolerance {tol:e})",
+                cfg.name(),
+                got[r]
+            );
+            worst = worst.max(ratio);
+        }
+        eprintln!(
+            "{} K={cols}: worst row at {worst:.2e} of the tolerance",
+            cfg.name()
+        );
+    }
+    // The gate/up products that write it.
+    let eps = 1e-5f32;
+    for (base, cols, half) in [
+        (
+            gpu::decode_q8_pre_config(64, 4096, true).unwrap(),
+            1024usize,
+            256usize,
+        ),
+        (MatvecConfig::q8_pre(32, 128, 2, 2), 512, 512),
+    ] {
+        for rms_norm in [false, true] {
+            let plain = base.fused(gpu::Fuse {
+                rms_norm,
+                swiglu: true,
+            });
+            let plain = if rms_norm {
+                plain.with_rms_late()
+            } else {
+                plain
+            };
+            let cfg = plain.with_q16(false, true);
+            assert_eq!(
+                MatvecConfig::parse(&cfg.name()),
+                Some(cfg),
+                "{}",
+                cfg.name()
+            );
+            let (wd, scales) = random_weight(2 * half, cols, &mut seed);
+            let w = upload(&ctx, 2 * half, cols, &wd, &scales);
+            let x: Vec<f32> = random_x(cols, &mut seed).iter().map(|v| v * 3.0).collect();
+            let nw: Vec<f32> = (0..cols)
+                .map(|_| 0.5 + (lcg(&mut seed) % 1000) as f32 / 1000.0)
+                .collect();
+            let xb = ctx.upload_bytes("x", bytemuck::cast_slice(&x)).unwrap();
+            let nb = ctx.upload_bytes("norm", bytemuck::cast_slice(&nw)).unwrap();
+            let norm = rms_norm.then_some((&nb, eps));
+            let yb = ctx.vector_buffer("y", half);
+            let b = ctx
+                .bind_ternary_fused(
+                    &w,
+                    &xb,
+                    &gpu::ops::BufView::whole(&yb),
+                    &plain,
+                    gpu::Epilogue::Store,
+                    norm,
+                )
+                .unwrap();
+            let y = run_bound(&ctx, &b, &yb, half);
+            let (want_words, want_q, want_da) = q16_host(&y);
+            let qb = ctx.vector_buffer("q16", (half + half / 2) / 4);
+            let b = ctx
+                .bind_ternary_fused(
+                    &w,
+                    &xb,
+                    &gpu::ops::BufView::whole(&qb),
+                    &cfg,
+                    gpu::Epilogue::Store,
+                    norm,
+                )
+                .unwrap();
+            let got: Vec<u32> =
+                bytemuck::cast_slice::<f32, u32>(&run_bound(&ctx, &b, &qb, (half + half / 2) / 4))
+                    .to_vec();
+            let mut near = 0;
+            for g in 0..half / 16 {
+                let mu = half / 16 + 2 * (g / 4);
+                let d = f32::from_bits(got[4 * mu + g % 4]);
+                let ulps = (d.to_bits() as i64 - want_da[g].to_bits() as i64).abs();
+                assert!(
+                    ulps <= 3,
+                    "{} group {g}: da {d} want {}",
+                    cfg.name(),
+                    want_da[g]
+                );
+                let mut sum = 0i32;
+                for i in 0..16 {
+                    let (kk, j) = (i % 4, i / 4);
+                    let gq = (got[4 * g + kk] >> (8 * j)) as u8 as i8;
+                    let wq = want_q[16 * g + 4 * j + kk];
+                    sum += gq as i32;
+                    if gq != wq {
+                        let t = y[16 * g + 4 * j + kk] as f64 / want_da[g] as f64;
+                        assert!(
+                            (gq as i32 - wq as i32).abs() == 1
+                                && ((t.abs().fract()) - 0.5).abs() < 1e-4,
+                            "{} group {g} element {}: q {gq} want {wq} (t = {t})",
+                            cfg.name(),
+                            4 * j + kk
+                        );
+                        near += 1;
+                    }
+                }
+                assert_eq!(
+                    got[4 * mu + 4 + g % 4],
+                    (d * sum as f32).to_bits(),
+                    "{} group {g}",
+                    cfg.name()
+                );
+            }
+            assert_eq!(want_words.len(), got.len());
+            eprintln!(
+                "{} K={cols}: {} groups, {near} int8 values at a tie",
+                cfg.name(),
+                half / 16
+            );
+            // A `_y16` product stores no f32 sums: no residual epilogue.
+            let e = ctx
+                .bind_ternary_fused(
+                    &w,
+                    &xb,
+                    &gpu::ops::BufView::whole(&qb),
+                    &cfg,
+                    gpu::Epilogue::Accumulate(1.0),
+                    norm,
+                )
+                .err()
+                .expect("a _y16 product with the residual epilogue");
+            assert!(matches!(e, GpuError::Shape { .. }), "{e}");
+        }
+    }
+    // Refused: an `_x16` product with a norm (it has no quantize dispatch to fold one into),
+    // a `_y16` one without SwiGLU or on the whole-workgroup split.
+    let x16 = gpu::decode_q8_pre_config(64, 4096, false)
+        .unwrap()
+        .with_q16(true, false);
+    for bad in [
+        x16.fused(gpu::Fuse {
+            rms_norm: true,
+            swiglu: false,
+        }),
+        gpu::decode_q8_pre_config(64, 4096, false)
+            .unwrap()
+            .with_q16(false, true),
+        MatvecConfig::q8_pre_wg(16, 128, 4, 1)
+            .fused(gpu::Fuse {
+                rms_norm: false,
+                swiglu: true,
+            })
+            .with_q16(false, true),
+    ] {
+        let e = ctx
+            .pipeline(&bad)
+            .err()
+            .unwrap_or_else(|| panic!("{} was accepted", bad.name()));
+        assert!(matches!(e, GpuError::Shape { .. }), "{}: {e}", bad.name());
     }
 }

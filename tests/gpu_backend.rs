@@ -489,35 +489,36 @@ fn decode_uses_the_bundles_int8_kernels() {
     // Two layers, four products each (Q/K/V, output, gate/up, down).
     assert_eq!(ternary.len(), 2 * 4, "{int8:?}");
     // x quantized once before the product (`q8g4_`: the f32 block scales of a bundle made
-    // now; the quantize kernel named after `+`, the norm in it), except the output
-    // product's, which the attention's combine quantizes (op_attention_combine_q8: the tiny
-    // model's 4 heads of 64 make 256 outputs).
+    // now; the quantize kernel named after `+`), except the output product's, which the
+    // attention's combine quantizes (op_attention_combine_q8: the tiny model's 4 heads of
+    // 64 make 256 outputs), and the down product's, which gate/up writes per 16-element
+    // group (`_y16` -> `_x16`).
     for l in &ternary {
         assert!(l.starts_with("ternary_matvec_q8g4_"), "{l}");
         assert_eq!(
             l.contains("+q8_quantize"),
-            !l.contains("attn_output"),
+            !(l.contains("attn_output") || l.contains("ffn_down")),
             "{l}"
         );
+        assert_eq!(l.contains("_x16 "), l.contains("ffn_down"), "{l}");
     }
+    // The norms in the quantize dispatches of Q/K/V and gate/up.
+    assert!(
+        ternary
+            .iter()
+            .any(|l| l.contains("_y16_swiglu+q8_quantize_rms ")),
+        "{ternary:?}"
+    );
+    assert!(
+        ternary.iter().any(|l| l.contains("_p1+q8_quantize_rms ")),
+        "{ternary:?}"
+    );
     assert_eq!(
         int8.iter()
             .filter(|l| *l == lowbit::runtime::gpu::kernels::COMBINE_Q8)
             .count(),
         2,
         "{int8:?}"
-    );
-    assert!(
-        ternary
-            .iter()
-            .any(|l| l.contains("_rms_swiglu ") || l.contains("_swiglu+q8_quantize_rms ")),
-        "{ternary:?}"
-    );
-    assert!(
-        ternary
-            .iter()
-            .any(|l| l.contains("_rms ") || l.contains("+q8_quantize_rms ")),
-        "{ternary:?}"
     );
     // The prefill graph's ternary products: the int8 prefill product, each with its
     // quantization pass (one item; `mmq` in the label).
@@ -660,8 +661,9 @@ fn a_bundle_with_the_f16_scale_products_runs_them() {
         !n.starts_with("ternary_matvec_q8g4_") && n != lowbit::runtime::gpu::kernels::COMBINE_Q8
     });
     let mut added = 0;
+    // (Those bundles had no per-16-group products either.)
     for c in lowbit::runtime::gpu::decode_q8_configs() {
-        if c.reads_scales4() {
+        if c.reads_scales4() && c.q16() == (false, false) {
             let f16 = c.with_f16_scales();
             sources.insert(f16.name(), f16.source());
             added += 1;

@@ -59,7 +59,12 @@
 //! (`shaders/ternary_matvec_q8g.wgsl`, the subgroup-rows split) takes each unit's
 //! `sum c*q - sum q` exactly with `dot4I8Packed`. [`MatvecKernel::Q8`] (each workgroup
 //! quantizes all of x into workgroup memory itself) is the fallback for a bundle whose
-//! kernels predate it and `LOWBIT_GPU_Q8_PRE=0`; both give the same int8 values.
+//! kernels predate it and `LOWBIT_GPU_Q8_PRE=0`; both give the same int8 values. Two ops
+//! write a product's int8 x themselves, so that its quantize dispatch goes: the decode
+//! attention's combine (`op_attention_combine_q8`, [`combine_q8_source`]) for the output
+//! product, and the gate/up product (`_y16`: its 16 rows a workgroup quantized as one group)
+//! for the down product (`_x16`: each group's integer dot product times its own `da`;
+//! [`Q16_LAYOUT`], [`GpuContext::q16_vec_scratch`]).
 //!
 //! # Limits
 //!
@@ -386,9 +391,11 @@ pub enum MatvecKernel {
     /// ([`q8_quantize_name`], with the RMSNorm folded in where `fuse.rms_norm`) writes x's int8
     /// groups and each 64-element unit's sum q and block `da` to the context's scratch
     /// ([`GpuContext::q8_vec_scratch`]), then the product (`shaders/ternary_matvec_q8g.wgsl`;
-    /// needs SUBGROUP) reads them from there: no workgroup memory and no barrier, so its
-    /// workgroups can be small and many. The same quantization and per-unit arithmetic as
-    /// [`MatvecKernel::Q8`], so the same values up to the order the driver contracts in.
+    /// needs SUBGROUP) reads them from there: no workgroup memory and no barrier (but in a
+    /// `y16` product's epilogue), so its workgroups can be small and many. The same
+    /// quantization and per-unit arithmetic as [`MatvecKernel::Q8`], so the same values up to
+    /// the order the driver contracts in; an `x16` product reads x per 16-element group
+    /// instead, with no quantize dispatch of its own ([`Q16_LAYOUT`]).
     Q8Pre {
         /// Rows a subgroup computes at once, sharing each unit's activations (1..=8); with
         /// `whole_workgroup`, rows the whole workgroup computes at once.
@@ -405,8 +412,30 @@ pub enum MatvecKernel {
         /// 16-byte load for a pass's rows of one group and no f16 decode; else (`q8g`, the
         /// kernels of bundles made before) one f16 load and decode per unit and row.
         scales4: bool,
+        /// With `fuse.rms_norm`, the norm's `1 / sqrt(mean(x^2) + eps)` applied to each row's
+        /// sum at the end (name `_rmsl`): the quantize dispatch (`ternary_q8_quantize_rmsl`)
+        /// quantizes `x * n` (the norm's weight) in one pass over x and writes the sums of
+        /// `x^2` of its workgroups after the unit terms; the product adds them up. Else the
+        /// quantize dispatch normalizes x first (`ternary_q8_quantize_rms`, two passes).
+        rms_late: bool,
+        /// x quantized per 16-element group (name `_x16`; [`Q16_LAYOUT`]), as a
+        /// [`MatvecKernel::Q8Pre`] product that writes `y16` leaves it: no quantize dispatch.
+        x16: bool,
+        /// The SwiGLU outputs quantized per 16-element group into binding 3 (name `_y16`;
+        /// [`Q16_LAYOUT`]) in place of f32 y: each workgroup's rows (a multiple of 16) are
+        /// whole groups. Subgroup rows with SwiGLU only.
+        y16: bool,
     },
 }
+
+/// The per-16 int8 layout of x (`_x16` products read it, `_y16` products write it), as
+/// `vec4<u32>` for K activations: `[0, K/16)` the groups as
+/// `shaders/ternary_matvec_q8g.wgsl` lays them out; then per 64-element unit u two `vec4`s:
+/// at `K/16 + 2u` the f32 bits of `da` of its four groups (`da = max|x| / 127` of the group),
+/// at `K/16 + 2u + 1` each group's `da * sum q`. A row's unit term is
+/// `d * (sum_g da_g * (sum c*q)_g - sum_g da_g * sum q_g)`: the four groups' exact integer
+/// dot products each scaled by its own `da`.
+pub const Q16_LAYOUT: &str = "K + K/2 bytes: groups, then per unit (da x4, da * sum q x4)";
 
 /// The largest K an int8-activation matvec ([`MatvecKernel::Q8`]) is built for.
 pub const MAX_Q8_COLS: u32 = 32768;
@@ -546,6 +575,9 @@ impl MatvecConfig {
                 units_in_flight,
                 whole_workgroup: false,
                 scales4: true,
+                rms_late: false,
+                x16: false,
+                y16: false,
             },
             fuse: Fuse::default(),
         }
@@ -568,6 +600,9 @@ impl MatvecConfig {
                 units_in_flight,
                 whole_workgroup: true,
                 scales4: true,
+                rms_late: false,
+                x16: false,
+                y16: false,
             },
             fuse: Fuse::default(),
         }
@@ -576,23 +611,46 @@ impl MatvecConfig {
     /// This [`MatvecKernel::Q8Pre`] configuration reading the f16 block scales as stored
     /// (the `q8g` kernels of bundles made before the f32 scales); others unchanged.
     pub fn with_f16_scales(self) -> Self {
-        match self.kernel {
-            MatvecKernel::Q8Pre {
-                rows_per_subgroup,
-                units_in_flight,
-                whole_workgroup,
-                ..
-            } => MatvecConfig {
-                kernel: MatvecKernel::Q8Pre {
-                    rows_per_subgroup,
-                    units_in_flight,
-                    whole_workgroup,
-                    scales4: false,
-                },
-                ..self
-            },
-            _ => self,
+        let mut c = self;
+        if let MatvecKernel::Q8Pre { scales4, .. } = &mut c.kernel {
+            *scales4 = false;
         }
+        c
+    }
+
+    /// This [`MatvecKernel::Q8Pre`] configuration with its RMSNorm applied at the end
+    /// (`rms_late`; it takes effect where the configuration folds a norm in,
+    /// `fuse.rms_norm`); others unchanged.
+    pub fn with_rms_late(self) -> Self {
+        let mut c = self;
+        if let MatvecKernel::Q8Pre { rms_late, .. } = &mut c.kernel {
+            *rms_late = true;
+        }
+        c
+    }
+
+    /// This [`MatvecKernel::Q8Pre`] configuration reading x per 16-element group (`x16`:
+    /// `true`) or writing its SwiGLU outputs so (`y16`), as `x16` and `y16` say.
+    pub fn with_q16(self, x16_on: bool, y16_on: bool) -> Self {
+        let mut c = self;
+        if let MatvecKernel::Q8Pre { x16, y16, .. } = &mut c.kernel {
+            *x16 = x16_on;
+            *y16 = y16_on;
+        }
+        c
+    }
+
+    /// `(x16, y16)` of a [`MatvecKernel::Q8Pre`] configuration; `(false, false)` otherwise.
+    pub fn q16(&self) -> (bool, bool) {
+        match self.kernel {
+            MatvecKernel::Q8Pre { x16, y16, .. } => (x16, y16),
+            _ => (false, false),
+        }
+    }
+
+    /// Whether this is a [`MatvecKernel::Q8Pre`] product that applies its RMSNorm at the end.
+    pub fn applies_norm_late(&self) -> bool {
+        self.fuse.rms_norm && matches!(self.kernel, MatvecKernel::Q8Pre { rms_late: true, .. })
     }
 
     /// Whether this configuration binds the f32 block scales ([`scales4`]).
@@ -618,10 +676,15 @@ impl MatvecConfig {
     }
 
     /// The quantize kernel a [`MatvecKernel::Q8Pre`] configuration dispatches before its
-    /// product (with the RMSNorm where `fuse.rms_norm`); `None` for the others.
+    /// product (with the RMSNorm where `fuse.rms_norm`); `None` for an `x16` one (the product
+    /// before it writes its x) and the other kernels.
     pub fn pre_kernel(&self) -> Option<&'static str> {
-        matches!(self.kernel, MatvecKernel::Q8Pre { .. })
-            .then(|| q8_quantize_name(self.fuse.rms_norm))
+        match self.kernel {
+            MatvecKernel::Q8Pre { x16: true, .. } => None,
+            MatvecKernel::Q8Pre { .. } if self.applies_norm_late() => Some(Q8_QUANTIZE_RMS_LATE),
+            MatvecKernel::Q8Pre { .. } => Some(q8_quantize_name(self.fuse.rms_norm)),
+            _ => None,
+        }
     }
 
     /// This configuration with `fuse`.
@@ -677,9 +740,12 @@ impl MatvecConfig {
                 units_in_flight,
                 whole_workgroup,
                 scales4,
+                rms_late,
+                x16,
+                y16,
             } => {
-                // The product is the same with or without the norm (the quantize kernel
-                // applies it): its name carries SwiGLU only.
+                // The product is the same with or without a norm the quantize kernel
+                // applies: its name carries a norm applied at the end and SwiGLU only.
                 format!(
                     "ternary_matvec_{}_r{}_wg{}_{}{}_p{}",
                     if scales4 { "q8g4" } else { "q8g" },
@@ -688,7 +754,13 @@ impl MatvecConfig {
                     if whole_workgroup { "wgrows" } else { "sgrows" },
                     rows_per_subgroup,
                     units_in_flight
-                ) + if self.fuse.swiglu { "_swiglu" } else { "" }
+                ) + if rms_late && self.fuse.rms_norm {
+                    "_rmsl"
+                } else {
+                    ""
+                } + if x16 { "_x16" } else { "" }
+                    + if y16 { "_y16" } else { "" }
+                    + if self.fuse.swiglu { "_swiglu" } else { "" }
             }
         }
     }
@@ -764,7 +836,7 @@ impl MatvecConfig {
             .then(|| MatvecConfig::q8(rows, wg, rs, p, k).fused(fuse))
     }
 
-    /// `r8_wg64_sgrows4_p1[_swiglu]` or `r2_wg128_wgrows2_p2[_swiglu]` (after
+    /// `r8_wg64_sgrows4_p1[_rmsl][_x16][_y16][_swiglu]` or the same with `wgrowsN` (after
     /// `ternary_matvec_q8g4_`; the caller turns `q8g_` names to f16 scales).
     fn parse_q8_pre(s: &str) -> Option<MatvecConfig> {
         let mut it = s.split('_');
@@ -778,17 +850,33 @@ impl MatvecConfig {
         let p = it.next()?.strip_prefix('p')?.parse().ok()?;
         let mut fuse = Fuse::default();
         let mut next = it.next();
+        let late = next == Some("rmsl");
+        if late {
+            fuse.rms_norm = true;
+            next = it.next();
+        }
+        let x16 = next == Some("x16");
+        if x16 {
+            next = it.next();
+        }
+        let y16 = next == Some("y16");
+        if y16 {
+            next = it.next();
+        }
         if next == Some("swiglu") {
             fuse.swiglu = true;
             next = it.next();
         }
-        next.is_none().then(|| {
-            if whole {
-                MatvecConfig::q8_pre_wg(rows, wg, rs, p).fused(fuse)
-            } else {
-                MatvecConfig::q8_pre(rows, wg, rs, p).fused(fuse)
-            }
-        })
+        next.is_none()
+            .then(|| {
+                if whole {
+                    MatvecConfig::q8_pre_wg(rows, wg, rs, p).fused(fuse)
+                } else {
+                    MatvecConfig::q8_pre(rows, wg, rs, p).fused(fuse)
+                }
+            })
+            .map(|c| if late { c.with_rms_late() } else { c })
+            .map(|c| c.with_q16(x16, y16))
     }
 
     /// The WGSL source of this variant.
@@ -856,6 +944,9 @@ impl MatvecConfig {
                 units_in_flight,
                 whole_workgroup,
                 scales4,
+                rms_late,
+                x16,
+                y16,
             } => format!(
                 "// {}: parameters prepended and entry point generated by the host (src/runtime/gpu/mod.rs)\nconst ROWS: u32 = {}u;\nconst WG: u32 = {}u;\nconst RS: u32 = {}u;\nconst P: u32 = {}u;\n\n{}\n{}\n{}\n{}",
                 self.name(),
@@ -865,19 +956,27 @@ impl MatvecConfig {
                 units_in_flight,
                 TERNARY_MATVEC_Q8G_WGSL,
                 Q8_COMMON_WGSL,
-                q8_body(scales4),
+                q8_body_y16(q8_body(scales4), y16),
                 if whole_workgroup {
-                    q8_main_wg(rows_per_subgroup, units_in_flight, self.fuse.swiglu, scales4)
+                    q8_main_wg(
+                        rows_per_subgroup,
+                        units_in_flight,
+                        self.fuse.swiglu,
+                        scales4,
+                        rms_late && self.fuse.rms_norm,
+                        x16,
+                    )
                 } else {
-                    q8_main(
+                    q8_main_q16(
                         rows_per_subgroup,
                         units_in_flight,
                         Fuse {
-                            rms_norm: false,
+                            rms_norm: rms_late && self.fuse.rms_norm,
                             swiglu: self.fuse.swiglu,
                         },
-                        true,
                         scales4,
+                        x16,
+                        y16,
                     )
                 },
             ),
@@ -918,13 +1017,32 @@ fn rms_scale(w: &mut dyn FnMut(String)) {
 /// the per-workgroup [`q8_stage`]), each indented by `ind`: x's 16-element group `g` as
 /// `a0..a3` (normalized where `rms`).
 fn q8_load16(w: &mut dyn FnMut(String), ind: &str, rms: bool) {
+    q8_load16_as(w, ind, if rms { Q8Load::Norm } else { Q8Load::Plain });
+}
+
+/// What the quantization of a 16-element group reads ([`q8_load16_as`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Q8Load {
+    /// x as it is.
+    Plain,
+    /// x normalized: `(x * rinv) * n` (`n` the norm's weight `nw`).
+    Norm,
+    /// `x * n`, x kept as `x0..x3` (the norm applied at the end: `rms_late`).
+    Late,
+}
+
+/// [`q8_load16`] for each [`Q8Load`].
+fn q8_load16_as(w: &mut dyn FnMut(String), ind: &str, load: Q8Load) {
     for i in 0..4 {
-        if rms {
-            w(format!(
+        match load {
+            Q8Load::Norm => w(format!(
                 "{ind}let a{i} = (x[4u * g + {i}u] * rinv) * nw[4u * g + {i}u];"
-            ));
-        } else {
-            w(format!("{ind}let a{i} = x[4u * g + {i}u];"));
+            )),
+            Q8Load::Plain => w(format!("{ind}let a{i} = x[4u * g + {i}u];")),
+            Q8Load::Late => {
+                w(format!("{ind}let x{i} = x[4u * g + {i}u];"));
+                w(format!("{ind}let a{i} = x{i} * nw[4u * g + {i}u];"));
+            }
         }
     }
 }
@@ -982,12 +1100,20 @@ fn q8_pack_group(w: &mut dyn FnMut(String), ind: &str, dst: &str, slot: &str) {
 /// x normalized (`rinv`, `nw`). The quantize kernel's and `op_attention_combine_q8`'s.
 fn q8_quantize_groups(
     w: &mut dyn FnMut(String),
-    rms: bool,
+    load: Q8Load,
     max_slot: &str,
     dst: &str,
     sum_slot: &str,
 ) {
-    q8_load16(w, "    ", rms);
+    q8_load16_as(w, "    ", load);
+    if load == Q8Load::Late {
+        // The group's x . x (0 past the last group), each subgroup's sum into wssq.
+        w("    let sql = select(0.0, (dot(x0, x0) + dot(x1, x1)) + (dot(x2, x2) + dot(x3, x3)), live);".into());
+        w("    let sqs = subgroupAdd(sql);".into());
+        w("    if lane == 0u {".into());
+        w("        wssq[sg] = sqs;".into());
+        w("    }".into());
+    }
     w("    if live {".into());
     q8_group_max(w, "        ", max_slot);
     w("    }".into());
@@ -1021,14 +1147,35 @@ pub fn q8_quantize_name(rms: bool) -> &'static str {
 /// parameters `(K, eps, 0, 0)` (2) and with `rms` the norm's weight (3). Workgroup `i` takes
 /// groups `256 i ..` (blocks `16 i ..`); with `rms` every workgroup adds up `x . x` itself.
 pub fn q8_quantize_source(rms: bool) -> String {
+    q8_quantize_source_as(if rms { Q8Load::Norm } else { Q8Load::Plain })
+}
+
+/// The quantize kernel of a [`MatvecKernel::Q8Pre`] product with its RMSNorm applied at the
+/// end (`rms_late`).
+pub const Q8_QUANTIZE_RMS_LATE: &str = "ternary_q8_quantize_rmsl";
+
+/// The WGSL of [`Q8_QUANTIZE_RMS_LATE`]: [`q8_quantize_source`]'s bindings and layout, x
+/// times the norm's weight quantized in one pass over x (no `rinv`: a block's `q` do not
+/// depend on a common factor, only its `da` does, and the product multiplies its sums by
+/// `rinv` at the end), and after the unit terms (at `vec4` index `K/16 + K/128 + i`) the sum
+/// of `x^2` over workgroup `i`'s elements in `.x`, its subgroups' sums added in order.
+pub fn q8_quantize_rms_late_source() -> String {
+    q8_quantize_source_as(Q8Load::Late)
+}
+
+fn q8_quantize_source_as(load: Q8Load) -> String {
     use std::fmt::Write;
+    let rms = load != Q8Load::Plain;
     let mut m = String::new();
     let mut w = |line: String| {
         let _ = writeln!(m, "{line}");
     };
+    let name = match load {
+        Q8Load::Late => Q8_QUANTIZE_RMS_LATE,
+        _ => q8_quantize_name(rms),
+    };
     w(format!(
-        "// {}: generated by the host (src/runtime/gpu/mod.rs, q8_quantize_source)",
-        q8_quantize_name(rms)
+        "// {name}: generated by the host (src/runtime/gpu/mod.rs, q8_quantize_source)"
     ));
     w(format!("const WG: u32 = {Q8_QUANTIZE_WG}u;"));
     w(Q8_COMMON_WGSL.into());
@@ -1043,7 +1190,8 @@ pub fn q8_quantize_source(rms: bool) -> String {
     w("@group(0) @binding(2) var<uniform> params: QParams;".into());
     if rms {
         w("@group(0) @binding(3) var<storage, read> nw: array<vec4<f32>>;".into());
-        w("var<workgroup> ssq: array<f32, WG / 4u>;".into());
+        let v = if load == Q8Load::Late { "wssq" } else { "ssq" };
+        w(format!("var<workgroup> {v}: array<f32, WG / 4u>;"));
     }
     w(
         "// Per block of the workgroup: max |x| as f32 bits (a NaN as 0x7fc00000, above every"
@@ -1062,7 +1210,7 @@ pub fn q8_quantize_source(rms: bool) -> String {
     w("    @builtin(num_subgroups) nsg: u32,".into());
     w(") {".into());
     w("    let groups = params.cols / 16u;".into());
-    if rms {
+    if load == Q8Load::Norm {
         rms_scale(&mut w);
     }
     w("    if lid < WG / 16u {".into());
@@ -1080,7 +1228,23 @@ pub fn q8_quantize_source(rms: bool) -> String {
     w("    let g0 = wid.x * WG + lid;".into());
     w("    let live = g0 < groups;".into());
     w("    let g = min(g0, groups - 1u);".into());
-    q8_quantize_groups(&mut w, rms, "lid / 16u", "g", "lid / 4u");
+    q8_quantize_groups(&mut w, load, "lid / 16u", "g", "lid / 4u");
+    if load == Q8Load::Late {
+        w(
+            "    // The workgroup's x . x after the unit terms, its subgroups' sums in order."
+                .into(),
+        );
+        w("    if lid == 0u {".into());
+        w("        var t = 0.0;".into());
+        w("        for (var i = 0u; i < nsg; i++) {".into());
+        w("            t += wssq[i];".into());
+        w("        }".into());
+        w(
+            "        xq[groups + groups / 8u + wid.x] = vec4<u32>(bitcast<u32>(t), 0u, 0u, 0u);"
+                .into(),
+        );
+        w("    }".into());
+    }
     w("    // Units 2i and 2i + 1 (one block: the same da) in one vec4 after the groups.".into());
     w("    if live && (lid & 7u) == 0u {".into());
     w("        let u = lid / 4u;".into());
@@ -1145,12 +1309,17 @@ var<workgroup> ws: array<f32, MAXH * MAX_SPLITS>;
 // Per head of the block: M, then 1 / sum w l.
 var<workgroup> hm: array<f32, MAXH>;
 var<workgroup> hinv: array<f32, MAXH>;
-// The block's 256 merged values, as the quantization reads them (x[4g + i]: group g's
-// elements 4i .. 4i + 3).
-var<workgroup> x: array<vec4<f32>, 64>;
+// The block's 256 merged values, one f32 per invocation (each invocation writes a word of
+// its own: no invocation writes part of a vector another writes).
+var<workgroup> xs: array<f32, 256>;
 // The block's max |x| as f32 bits (a NaN as 0x7fc00000) and its units' sums of q.
 var<workgroup> bmax: array<atomic<u32>, 1>;
 var<workgroup> usum: array<atomic<i32>, 4>;
+
+// Elements 4j .. 4j + 3 of the block.
+fn xv(j: u32) -> vec4<f32> {
+    return vec4<f32>(xs[4u * j], xs[4u * j + 1u], xs[4u * j + 2u], xs[4u * j + 3u]);
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -1236,7 +1405,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     }
     let v = (((a.x + a.y) + a.z) + a.w) * hinv[lh];
     out[e] = v;
-    x[lid / 4u][lid % 4u] = v;
+    xs[lid] = v;
     workgroupBarrier();
     // The block's 16 groups, one invocation each (q8_quantize_source's lines).
     let g = lid;
@@ -1248,12 +1417,17 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         &mut |line| {
             let _ = writeln!(sub, "{line}");
         },
-        false,
+        Q8Load::Plain,
         "0u",
         "blk * 16u + gl",
         "gl / 4u",
     );
-    w(sub.replace("x[4u * g +", "x[4u * gl +"));
+    // The helpers read x[4g + i], group g's elements 4i .. 4i + 3, as a vec4.
+    for i in 0..4 {
+        sub = sub.replace(&format!("x[4u * g + {i}u]"), &format!("xv(4u * gl + {i}u)"));
+    }
+    debug_assert!(!sub.contains("x[4u * g"));
+    w(sub);
     w(
         r#"    // Units 2i and 2i + 1 of the block (its da twice) after the K / 16 groups.
     if lid < 2u {
@@ -1277,18 +1451,20 @@ pub const COMBINE_Q8_WG: u32 = 256;
 
 /// The end of a subgroup pass over `rs` rows, each line indented by `ind`: each row's sum over
 /// the subgroup (with `swiglu`, `silu(gate) * up` of its gate row and its up row `r + rs`),
-/// stored by lane 0 for the rows inside the dispatch.
-fn rows_store(w: &mut dyn FnMut(String), rs: u32, swiglu: bool, ind: &str) {
+/// stored by lane 0 for the rows inside the dispatch. With `late` each sum is multiplied by
+/// `rinv` first (the RMSNorm applied at the end, [`MatvecKernel::Q8Pre`]'s `rms_late`).
+fn rows_store(w: &mut dyn FnMut(String), rs: u32, swiglu: bool, late: bool, ind: &str) {
+    let k = if late { " * rinv" } else { "" };
     for r in 0..rs {
         if swiglu {
             let u = r + rs;
-            w(format!("{ind}let tg{r} = subgroupAdd(acc{r});"));
-            w(format!("{ind}let tu{r} = subgroupAdd(acc{u});"));
+            w(format!("{ind}let tg{r} = subgroupAdd(acc{r}){k};"));
+            w(format!("{ind}let tu{r} = subgroupAdd(acc{u}){k};"));
             w(format!(
                 "{ind}let t{r} = (tg{r} / (1.0 + exp(-tg{r}))) * tu{r};"
             ));
         } else {
-            w(format!("{ind}let t{r} = subgroupAdd(acc{r});"));
+            w(format!("{ind}let t{r} = subgroupAdd(acc{r}){k};"));
         }
     }
     w(format!("{ind}if lane == 0u {{"));
@@ -1477,7 +1653,7 @@ fn rows_main_tiled(rs: u32, p: u32, wg: u32, x_tile: u32, fuse: Fuse) -> String 
     w("            }".into());
     w("        }".into());
     w("        if has_rows {".into());
-    rows_store(&mut w, rs, fuse.swiglu, "            ");
+    rows_store(&mut w, rs, fuse.swiglu, false, "            ");
     w("        }".into());
     w("    }".into());
     w("}".into());
@@ -1492,13 +1668,33 @@ fn rows_main_tiled(rs: u32, p: u32, wg: u32, x_tile: u32, fuse: Fuse) -> String 
 /// [`MatvecKernel::Q8Pre`] product: no quantization (x is already int8 in the layout of
 /// `shaders/ternary_matvec_q8g.wgsl`, read from binding 2), the same passes and unit terms.
 fn q8_main(rs: u32, p: u32, fuse: Fuse, pre: bool, scales4: bool) -> String {
+    q8_main_q16_as(rs, p, fuse, pre, scales4, false, false)
+}
+
+/// [`q8_main`] of a [`MatvecKernel::Q8Pre`] product (x quantized before it), reading x per
+/// 16-element group (`x16`) and/or writing its outputs so (`y16`; [`Q16_LAYOUT`]).
+fn q8_main_q16(rs: u32, p: u32, fuse: Fuse, scales4: bool, x16: bool, y16: bool) -> String {
+    q8_main_q16_as(rs, p, fuse, true, scales4, x16, y16)
+}
+
+fn q8_main_q16_as(
+    rs: u32,
+    p: u32,
+    fuse: Fuse,
+    pre: bool,
+    scales4: bool,
+    x16: bool,
+    y16: bool,
+) -> String {
     use std::fmt::Write;
     let mut m = String::new();
     // `writeln!` into a String cannot fail.
     let mut w = |line: String| {
         let _ = writeln!(m, "{line}");
     };
-    if fuse.rms_norm {
+    // With x quantized before the product a norm is applied at the end (`rms_late`).
+    let late = pre && fuse.rms_norm;
+    if fuse.rms_norm && !late {
         rms_decls(&mut w);
     }
     w(String::new());
@@ -1524,19 +1720,86 @@ fn q8_main(rs: u32, p: u32, fuse: Fuse, pre: bool, scales4: bool) -> String {
     w("    let blocks = params.cols / 256u;".into());
     w("    let groups = params.cols / 16u;".into());
     w("    let last = params.rows - 1u;".into());
-    if fuse.rms_norm {
+    if late {
+        rms_late_loads(&mut w);
+    } else if fuse.rms_norm {
         rms_scale(&mut w);
     }
     if !pre {
         q8_stage(&mut w, fuse.rms_norm);
     }
-    w(
-        "    // Passes over the workgroup's rows (no barrier below: a subgroup may stop early)."
-            .into(),
-    );
-    q8_passes(&mut w, rs, p, fuse, pre, scales4);
+    if y16 {
+        w(
+            "    // Passes over the workgroup's rows (a subgroup may stop early; every one reaches"
+                .into(),
+        );
+        w("    // the epilogue's barrier after them).".into());
+    } else {
+        w(
+            "    // Passes over the workgroup's rows (no barrier below: a subgroup may stop early)."
+                .into(),
+        );
+    }
+    q8_passes(&mut w, rs, p, fuse, pre, scales4, x16);
+    if y16 {
+        y16_epilogue(&mut w);
+    }
     w("}".into());
     m
+}
+
+/// The end of a `_y16` product ([`Q16_LAYOUT`]): after every pass has stored its rows into
+/// `yq` (`store_y`), invocation i quantizes the workgroup's group i of 16 rows as the
+/// quantize kernels quantize a group (`da = max|y| / 127`, a NaN as the largest; `q =
+/// quant4(y * (1 / da))`) and stores its words, `da` and `da * sum q` at binding 3.
+fn y16_epilogue(w: &mut dyn FnMut(String)) {
+    w("    // The workgroup's rows as groups of 16, quantized (Q16_LAYOUT in mod.rs).".into());
+    w("    workgroupBarrier();".into());
+    w("    if lid < ROWS / 16u && row_base + 16u * lid < params.rows {".into());
+    w("        let g = row_base / 16u + lid;".into());
+    for i in 0..4 {
+        let b = 4 * i;
+        w(format!(
+            "        let a{i} = vec4<f32>(yq[16u * lid + {b}u], yq[16u * lid + {}u], yq[16u * lid + {}u], yq[16u * lid + {}u]);",
+            b + 1,
+            b + 2,
+            b + 3
+        ));
+    }
+    w("        let m4 = max(max(abs(a0), abs(a1)), max(abs(a2), abs(a3)));".into());
+    w("        let nan = any(nan4(a0) | nan4(a1) | nan4(a2) | nan4(a3));".into());
+    w("        let mb = select(bitcast<u32>(max(max(m4.x, m4.y), max(m4.z, m4.w))), 0x7fc00000u, nan);".into());
+    w("        let amax = bitcast<f32>(mb);".into());
+    w("        let d = amax / 127.0;".into());
+    w("        let id = select(0.0, 1.0 / d, amax > 0.0);".into());
+    q8_quant4(w, "        ");
+    for (k, c) in ["x", "y", "z", "w"].iter().enumerate() {
+        w(format!(
+            "        y[4u * g + {k}u] = pack4xI8(vec4<i32>(q0.{c}, q1.{c}, q2.{c}, q3.{c}));"
+        ));
+    }
+    w("        let t = (q0 + q1) + (q2 + q3);".into());
+    w("        let sq = (t.x + t.y) + (t.z + t.w);".into());
+    w("        let mu = params.rows / 16u + 2u * (g / 4u);".into());
+    w("        y[4u * mu + (g & 3u)] = bitcast<u32>(d);".into());
+    w("        y[4u * mu + 4u + (g & 3u)] = bitcast<u32>(d * f32(sq));".into());
+    w("    }".into());
+}
+
+/// [`q8_body`] for a `_y16` product: y (binding 3) as `array<u32>` ([`Q16_LAYOUT`]) and
+/// `store_y` writing the row's sum into workgroup memory for [`y16_epilogue`].
+fn q8_body_y16(body: String, y16: bool) -> String {
+    if !y16 {
+        return body;
+    }
+    const Y: &str = "@group(0) @binding(3) var<storage, read_write> y: array<f32>;";
+    const STORE: &str = "fn store_y(i: u32, sum: f32) {\n    if params.accumulate == 1u {\n        y[i] = y[i] + sum * params.scale;\n    } else {\n        y[i] = sum;\n    }\n}";
+    debug_assert!(body.contains(Y) && body.contains(STORE));
+    body.replace(
+        Y,
+        "// x of the next product per 16-element group (Q16_LAYOUT in mod.rs), and this\n// workgroup's rows until they are quantized.\n@group(0) @binding(3) var<storage, read_write> y: array<u32>;\nvar<workgroup> yq: array<f32, ROWS>;",
+    )
+    .replace(STORE, "fn store_y(i: u32, sum: f32) {\n    yq[i % ROWS] = sum;\n}")
 }
 
 /// The entry point of the whole-workgroup [`MatvecKernel::Q8Pre`] product
@@ -1546,7 +1809,7 @@ fn q8_main(rs: u32, p: u32, fuse: Fuse, pre: bool, scales4: bool) -> String {
 /// one partial per subgroup into workgroup memory, and invocation 0 adding the partials in
 /// subgroup order. The loops are the same for the whole workgroup, so every invocation
 /// reaches every barrier.
-fn q8_main_wg(rs: u32, p: u32, swiglu: bool, scales4: bool) -> String {
+fn q8_main_wg(rs: u32, p: u32, swiglu: bool, scales4: bool, late: bool, x16: bool) -> String {
     use std::fmt::Write;
     let mut m = String::new();
     let mut w = |line: String| {
@@ -1574,6 +1837,9 @@ fn q8_main_wg(rs: u32, p: u32, swiglu: bool, scales4: bool) -> String {
     w("    let blocks = params.cols / 256u;".into());
     w("    let groups = params.cols / 16u;".into());
     w("    let last = params.rows - 1u;".into());
+    if late {
+        rms_late_loads(&mut w);
+    }
     w("    // row_base is the workgroup's: every invocation runs the same passes.".into());
     w("    for (var g = 0u; g < ROWS; g += RS) {".into());
     w("        let r0 = row_base + g;".into());
@@ -1606,6 +1872,11 @@ fn q8_main_wg(rs: u32, p: u32, swiglu: bool, scales4: bool) -> String {
     for j in 0..p {
         w(format!("            if u{j} < units {{"));
         w(format!("                let xi = 4u * u{j};"));
+        if x16 {
+            q16_unit(&mut w, j, 0..nr);
+            w("            }".into());
+            continue;
+        }
         w("                let xa = x[xi];".into());
         w("                let xb = x[xi + 1u];".into());
         w("                let xc = x[xi + 2u];".into());
@@ -1641,6 +1912,12 @@ fn q8_main_wg(rs: u32, p: u32, swiglu: bool, scales4: bool) -> String {
         w(format!("                t{r} += part[i * NR + {r}u];"));
     }
     w("            }".into());
+    if late {
+        rms_late_rinv(&mut w, "            ");
+        for r in 0..nr {
+            w(format!("            t{r} *= rinv;"));
+        }
+    }
     for r in 0..rs {
         let v = if swiglu {
             let u = r + rs;
@@ -1732,6 +2009,39 @@ fn q8_body(scales4: bool) -> String {
         .replace(AT, "")
 }
 
+/// The loads of a [`MatvecKernel::Q8Pre`] product with its RMSNorm applied at the end
+/// (`rms_late`): the sums of `x^2` the quantize dispatch's workgroups wrote after x's unit
+/// terms (one `vec4` each, the sum in `.x`; at most [`MAX_Q8_COLS`] / 4096 of them), all
+/// issued before the product's loop (no loop of loads: nothing waits on them until
+/// [`rms_late_rinv`] adds them up after it).
+fn rms_late_loads(w: &mut dyn FnMut(String)) {
+    let per = Q8_QUANTIZE_WG * 16;
+    w("    // The quantize workgroups' sums of x^2, loaded now and added after the loop.".into());
+    w(format!(
+        "    let nsums = (params.cols + {}u) / {per}u;",
+        per - 1
+    ));
+    w("    let sbase = params.cols / 16u + params.cols / 128u;".into());
+    for i in 0..MAX_Q8_COLS / per {
+        w(format!(
+            "    let ps{i} = bitcast<f32>(x[sbase + min({i}u, nsums - 1u)].x);"
+        ));
+    }
+}
+
+/// `rinv = 1 / sqrt(mean(x^2) + eps)` from [`rms_late_loads`]' sums, added in workgroup
+/// order (each line indented by `ind`).
+fn rms_late_rinv(w: &mut dyn FnMut(String), ind: &str) {
+    let per = Q8_QUANTIZE_WG * 16;
+    w(format!("{ind}var total = ps0;"));
+    for i in 1..MAX_Q8_COLS / per {
+        w(format!("{ind}total += select(0.0, ps{i}, {i}u < nsums);"));
+    }
+    w(format!(
+        "{ind}let rinv = 1.0 / sqrt(total / f32(params.cols) + params.eps);"
+    ));
+}
+
 /// The per-workgroup quantization of x into workgroup memory ([`MatvecKernel::Q8`]), ending
 /// with a barrier.
 fn q8_stage(w: &mut dyn FnMut(String), rms: bool) {
@@ -1763,7 +2073,15 @@ fn q8_stage(w: &mut dyn FnMut(String), rms: bool) {
 
 /// The subgroup passes over the workgroup's rows of the int8 decode products, each unit's x
 /// from workgroup memory or (`pre`) from binding 2.
-fn q8_passes(w: &mut dyn FnMut(String), rs: u32, p: u32, fuse: Fuse, pre: bool, scales4: bool) {
+fn q8_passes(
+    w: &mut dyn FnMut(String),
+    rs: u32,
+    p: u32,
+    fuse: Fuse,
+    pre: bool,
+    scales4: bool,
+    x16: bool,
+) {
     let nr = if fuse.swiglu { 2 * rs } else { rs };
     let rows = 0..nr;
     let units = 0..p;
@@ -1798,6 +2116,11 @@ fn q8_passes(w: &mut dyn FnMut(String), rs: u32, p: u32, fuse: Fuse, pre: bool, 
     for j in units.clone() {
         w(format!("            if u{j} < units {{"));
         w(format!("                let xi = 4u * u{j};"));
+        if x16 {
+            q16_unit(w, j, rows.clone());
+            w("            }".into());
+            continue;
+        }
         if pre {
             w("                let xa = x[xi];".into());
             w("                let xb = x[xi + 1u];".into());
@@ -1825,8 +2148,33 @@ fn q8_passes(w: &mut dyn FnMut(String), rs: u32, p: u32, fuse: Fuse, pre: bool, 
         w("            }".into());
     }
     w("        }".into());
-    rows_store(w, rs, fuse.swiglu, "        ");
+    if pre && fuse.rms_norm {
+        rms_late_rinv(w, "        ");
+    }
+    rows_store(w, rs, fuse.swiglu, pre && fuse.rms_norm, "        ");
     w("    }".into());
+}
+
+/// Unit `j`'s terms of `rows` from x per 16-element group ([`Q16_LAYOUT`]), inside the
+/// unit's `if` (`xi` its first group).
+fn q16_unit(w: &mut dyn FnMut(String), j: u32, rows: std::ops::Range<u32>) {
+    w("                let xa = x[xi];".into());
+    w("                let xb = x[xi + 1u];".into());
+    w("                let xc = x[xi + 2u];".into());
+    w("                let xd = x[xi + 3u];".into());
+    w(format!(
+        "                let dv = bitcast<vec4<f32>>(x[groups + 2u * u{j}]);"
+    ));
+    w(format!(
+        "                let cv = bitcast<vec4<f32>>(x[groups + 2u * u{j} + 1u]);"
+    ));
+    w("                let cu = (cv.x + cv.y) + (cv.z + cv.w);".into());
+    for r in rows {
+        let wr = format!("w{r}_{j}");
+        w(format!(
+            "                acc{r} += e{r}_{j} * (((dv.x * f32(word_dot({wr}.x, xa)) + dv.y * f32(word_dot({wr}.y, xb))) + (dv.z * f32(word_dot({wr}.z, xc)) + dv.w * f32(word_dot({wr}.w, xd)))) - cu);"
+        ));
+    }
 }
 
 /// The entry point of the subgroup-rows kernel, unrolled over `rs` rows and `p` units per
@@ -1916,7 +2264,7 @@ fn rows_main(rs: u32, p: u32) -> String {
         w("            }".into());
     }
     w("        }".into());
-    rows_store(&mut w, rs, false, "        ");
+    rows_store(&mut w, rs, false, false, "        ");
     w("    }".into());
     w("}".into());
     m
@@ -2027,8 +2375,8 @@ pub fn decode_q8_config(rows: usize, cols: usize, swiglu: bool) -> Option<Matvec
 /// and 5.49 us with 4 rows a pass and the f32 scales (the whole workgroup is slower there);
 /// gate/up with SwiGLU 16.26 before, 16.18 us so.
 /// `LOWBIT_GPU_Q8G` = `PLAIN[,SWIGLU]` ([`MatvecConfig::name`]s after
-/// `ternary_matvec_q8g4_`, the f32-scale forms, without `_swiglu`; `none` for either)
-/// overrides both (a benchmarking knob, read once per process: with built-in kernels, which
+/// `ternary_matvec_q8g4_`, the f32-scale forms, without `_swiglu`; `none` for either; a name
+/// with `_x16`, `_y16` or `_rmsl` is refused) overrides both (a benchmarking knob, read once per process: with built-in kernels, which
 /// generate any variant; with a bundle's kernels, a variant the bundle lacks falls back as
 /// for an older bundle: its f16-scale form, then `q8g_r8_wg128_sgrows2_p2`, then
 /// [`decode_q8_config`]).
@@ -2042,6 +2390,9 @@ pub fn decode_q8_pre_config(rows: usize, cols: usize, swiglu: bool) -> Option<Ma
             .split(',')
             .map(|n| match n.trim() {
                 "none" => Some(None),
+                // The per-16-group and norm-at-the-end forms pair with a particular producer
+                // or quantize dispatch: not for every product.
+                n if ["_x16", "_y16", "_rmsl"].iter().any(|t| n.contains(t)) => None,
                 n => MatvecConfig::parse(&format!("q8g4_{n}")).map(Some),
             })
             .collect::<Option<Vec<_>>>()
@@ -2115,6 +2466,13 @@ pub fn decode_q8_configs() -> Vec<MatvecConfig> {
         });
         if !v.contains(&c) {
             v.push(c);
+        }
+        // Gate/up's writing the down product's x per 16-element group (`_y16`; its norm in
+        // the quantize dispatch, `_rms`), which the down products read (`_x16`).
+        if swiglu {
+            v.push(c.with_q16(false, true));
+        } else {
+            v.push(c.with_q16(true, false));
         }
     }
     v
@@ -2218,6 +2576,8 @@ pub struct GpuContext {
     q8_scratch: Mutex<HashMap<(u32, usize), (wgpu::Buffer, wgpu::Buffer)>>,
     /// [`GpuContext::q8_vec_scratch`]'s buffers, by K.
     q8_vec: Mutex<HashMap<usize, wgpu::Buffer>>,
+    /// [`GpuContext::q16_vec_scratch`]'s buffers, by K.
+    q16_vec: Mutex<HashMap<usize, wgpu::Buffer>>,
 }
 
 impl GpuContext {
@@ -2286,6 +2646,7 @@ impl GpuContext {
             extra: Mutex::new(HashMap::new()),
             q8_scratch: Mutex::new(HashMap::new()),
             q8_vec: Mutex::new(HashMap::new()),
+            q16_vec: Mutex::new(HashMap::new()),
             sources: match &opts.sources {
                 Some(s) => s.clone(),
                 None => kernels::all()
@@ -2359,14 +2720,23 @@ impl GpuContext {
             let pre = std::env::var("LOWBIT_GPU_Q8_PRE").map_or(true, |v| v != "0");
             if pre && cols <= MAX_Q8_COLS as usize && cols.is_multiple_of(256) {
                 if let Some(c) = decode_q8_pre_config(rows, cols, fuse.swiglu) {
-                    // A bundle made before the f32 scales has the f16 form; one made before
-                    // the whole-workgroup split, the subgroup-rows one.
-                    for c in [
-                        c,
-                        c.with_f16_scales(),
-                        q8_pre_subgroup_rows().with_f16_scales(),
-                    ] {
-                        let c = c.fused(fuse);
+                    // A norm applied at the end of the product (`rms_late`) only with
+                    // `LOWBIT_GPU_RMS_LATE=1` (a measuring knob: an H200 took 50-70 us a step
+                    // longer with it; no bundle carries those kernels) and built-in kernels;
+                    // else in the quantize dispatch. A bundle made before the f32 scales has
+                    // the f16 form; one made before the whole-workgroup split, the
+                    // subgroup-rows one.
+                    let late = fuse.rms_norm
+                        && std::env::var("LOWBIT_GPU_RMS_LATE").is_ok_and(|v| v == "1");
+                    let first = late.then(|| c.fused(fuse).with_rms_late());
+                    for c in first.into_iter().chain(
+                        [
+                            c,
+                            c.with_f16_scales(),
+                            q8_pre_subgroup_rows().with_f16_scales(),
+                        ]
+                        .map(|c| c.fused(fuse)),
+                    ) {
                         if usable(&c) {
                             return Some(c);
                         }
@@ -2473,10 +2843,32 @@ impl GpuContext {
         if let MatvecKernel::Q8Pre {
             rows_per_subgroup: rs,
             units_in_flight: p,
+            whole_workgroup,
+            y16,
             ..
         } = cfg.kernel
         {
             check_rows_split(r, rs, p, cfg.reduction)?;
+            // A `_y16` product quantizes whole groups of 16 of its SwiGLU outputs; an `_x16`
+            // one has no quantize dispatch, so no norm to fold in.
+            if y16 && (whole_workgroup || !cfg.fuse.swiglu || !r.is_multiple_of(16)) {
+                return Err(GpuError::Shape {
+                    op: OP,
+                    detail: format!(
+                        "{}: a product writing x per 16-element group takes subgroup rows, SwiGLU and a multiple of 16 rows per workgroup",
+                        cfg.name()
+                    ),
+                });
+            }
+            if cfg.q16().0 && cfg.fuse.rms_norm {
+                return Err(GpuError::Shape {
+                    op: OP,
+                    detail: format!(
+                        "{}: a product reading x per 16-element group folds no RMSNorm in",
+                        cfg.name()
+                    ),
+                });
+            }
         }
         if let MatvecKernel::SubgroupRows {
             rows_per_subgroup: rs,
@@ -2527,7 +2919,9 @@ impl GpuContext {
                 } else {
                     0
                 };
-                quantize.max(partials)
+                // A `_y16` product's rows until they are quantized.
+                let yq = if cfg.q16().1 { 4 * r as u64 } else { 0 };
+                quantize.max(partials + yq)
             }
             (MatvecKernel::SubgroupRows { x_tile, .. }, _) => 4 * x_tile as u64 + norm_sums,
             (MatvecKernel::Q8 { max_cols, .. }, _) => {
@@ -2797,8 +3191,20 @@ impl GpuContext {
     /// product (each writes it just before reading it, in one queue).
     pub fn q8_vec_scratch(&self, cols: usize) -> wgpu::Buffer {
         let mut m = self.q8_vec.lock().unwrap_or_else(|e| e.into_inner());
+        // And a `vec4` per quantize workgroup: its sum of x^2 ([`Q8_QUANTIZE_RMS_LATE`]).
+        let sums = 4 * cols.div_ceil(16 * Q8_QUANTIZE_WG as usize);
         m.entry(cols)
-            .or_insert_with(|| self.vector_buffer("q8 x", (cols + cols / 8) / 4))
+            .or_insert_with(|| self.vector_buffer("q8 x", (cols + cols / 8) / 4 + sums))
+            .clone()
+    }
+
+    /// x per 16-element group of `cols` columns ([`Q16_LAYOUT`], `cols + cols / 2` bytes): what
+    /// a `_y16` product writes and the `_x16` product after it reads, made on first use and
+    /// shared by every such pair.
+    pub fn q16_vec_scratch(&self, cols: usize) -> wgpu::Buffer {
+        let mut m = self.q16_vec.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry(cols)
+            .or_insert_with(|| self.vector_buffer("q16 x", (cols + cols / 2) / 4))
             .clone()
     }
 
@@ -2881,7 +3287,34 @@ impl GpuContext {
         }
         // Output rows: SwiGLU makes one of each gate row and its up row.
         let out_rows = if glu { w.rows / 2 } else { w.rows };
-        if x.size() < (w.cols * 4) as u64 || y.size < (out_rows * 4) as u64 {
+        // x and y per 16-element group take K + K/2 bytes ([`Q16_LAYOUT`]); a `_y16` product
+        // stores no f32 y, so it has no residual epilogue.
+        let (x16, y16) = cfg.q16();
+        if y16 && epilogue != Epilogue::Store {
+            return Err(GpuError::Shape {
+                op: OP,
+                detail: format!(
+                    "{}: {} stores no sums (no residual epilogue)",
+                    w.name,
+                    cfg.name()
+                ),
+            });
+        }
+        let x_need = if x16 { w.cols * 3 / 2 } else { w.cols * 4 };
+        let y_need = if y16 { out_rows * 3 / 2 } else { out_rows * 4 };
+        if y16 && !out_rows.is_multiple_of(256) {
+            return Err(GpuError::Shape {
+                op: OP,
+                detail: format!(
+                    "{} [{}, {}] with {}: {out_rows} outputs are not a multiple of 256",
+                    w.name,
+                    w.rows,
+                    w.cols,
+                    cfg.name()
+                ),
+            });
+        }
+        if x.size() < x_need as u64 || y.size < y_need as u64 {
             return Err(GpuError::Shape {
                 op: OP,
                 detail: format!(
@@ -2912,6 +3345,15 @@ impl GpuContext {
         let mut x = x;
         let scratch;
         if let Some(name) = cfg.pre_kernel() {
+            if self.builtin && name == Q8_QUANTIZE_RMS_LATE && !self.sources.contains_key(name) {
+                // The opt-in norm-at-the-end path's quantize kernel: not in the registry (no
+                // bundle carries it); built-in sources generate it.
+                let _ = self.extra.lock().map(|mut m| {
+                    m.entry(name.to_string())
+                        .or_insert_with(q8_quantize_rms_late_source)
+                        .clone()
+                });
+            }
             scratch = self.q8_vec_scratch(w.cols);
             let qp = self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("q8 quantize params"),
@@ -3026,7 +3468,11 @@ impl GpuContext {
                         resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                             buffer: &y.buffer,
                             offset: y.offset + y_off,
-                            size: std::num::NonZeroU64::new((c_rows * 4) as u64),
+                            size: std::num::NonZeroU64::new(if y16 {
+                                y_need as u64
+                            } else {
+                                (c_rows * 4) as u64
+                            }),
                         }),
                     },
                     wgpu::BindGroupEntry {

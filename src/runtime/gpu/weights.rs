@@ -653,7 +653,14 @@ pub struct Bound {
 impl Bound {
     /// Records the dispatches (one per row chunk, after the pre pass's) into `pass`.
     pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
-        if let Some(p) = &self.pre {
+        self.encode_with(pass, true)
+    }
+
+    /// [`Bound::encode`], leaving the pre pass out where `pre` is false (a measuring knob of
+    /// the profile: the product's cost without its quantize dispatch; its outputs are then
+    /// wrong).
+    pub fn encode_with(&self, pass: &mut wgpu::ComputePass<'_>, pre: bool) {
+        if let (Some(p), true) = (&self.pre, pre) {
             p.encode(pass);
         }
         pass.set_pipeline(&self.pipeline);
@@ -1623,6 +1630,65 @@ impl GpuContext {
             self.bind_ternary_fused(&t, x, y, &cfg, Epilogue::Store, norm)?
                 .into(),
         ))
+    }
+
+    /// One token's gate/up product with SwiGLU (and with `norm` the RMSNorm, in its quantize
+    /// dispatch, or at the end of the product with `LOWBIT_GPU_RMS_LATE=1`) writing the down
+    /// product's x per 16-element group (`_y16`), and the down product reading it (`_x16`)
+    /// into `out` as `epilogue` says: the down product's quantize dispatch goes
+    /// ([`super::Q16_LAYOUT`]). Where both weights are `ternary2`, gate/up stacked in one
+    /// chunk, the decode configurations are [`super::MatvecKernel::Q8Pre`] products (gate/up
+    /// on subgroup rows) whose `_y16` / `_x16` variants the kernels have (a bundle made before
+    /// them lacks them), and `LOWBIT_GPU_Q16` is not `0` (a measuring knob); `Ok(None)`
+    /// otherwise.
+    pub fn bind_glu_down_q16(
+        &self,
+        gate_up: &GpuWeight,
+        down: &GpuWeight,
+        x: &wgpu::Buffer,
+        norm: Option<(&wgpu::Buffer, f32)>,
+        out: &BufView,
+        epilogue: Epilogue,
+    ) -> Result<Option<(Bound, Bound)>, GpuError> {
+        if std::env::var("LOWBIT_GPU_Q16").is_ok_and(|v| v == "0")
+            || gate_up.format != WeightFormat::Ternary
+            || down.format != WeightFormat::Ternary
+            || !(gate_up.chunks.len() == 1
+                && gate_up.parts.len() == 2
+                && gate_up.parts[0] == gate_up.parts[1])
+            || down.cols != gate_up.rows / 2
+            || !down.cols.is_multiple_of(256)
+        {
+            return Ok(None);
+        }
+        let fuse = super::Fuse {
+            rms_norm: norm.is_some(),
+            swiglu: true,
+        };
+        let usable =
+            |c: &super::MatvecConfig| self.check_config(c).is_ok() && self.has_source(&c.name());
+        let (Some(gu), Some(dn)) = (
+            self.decode_config(gate_up.rows, gate_up.cols, fuse),
+            self.decode_config(down.rows, down.cols, super::Fuse::default()),
+        ) else {
+            return Ok(None);
+        };
+        let (gu, dn) = (gu.with_q16(false, true), dn.with_q16(true, false));
+        // Both int8 products with x quantized before them (not a bundle's older kernels).
+        if gu.q16() != (false, true) || dn.q16() != (true, false) || !usable(&gu) || !usable(&dn) {
+            return Ok(None);
+        }
+        let q16 = self.q16_vec_scratch(down.cols);
+        let a = self.bind_ternary_fused(
+            &gate_up.ternary_view(),
+            x,
+            &BufView::whole(&q16),
+            &gu,
+            Epilogue::Store,
+            norm,
+        )?;
+        let b = self.bind_ternary_fused(&down.ternary_view(), &q16, out, &dn, epilogue, None)?;
+        Ok(Some((a.into(), b.into())))
     }
 
     /// The decode configuration of `w`'s product without ops folded in.
