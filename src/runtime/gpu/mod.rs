@@ -3490,6 +3490,7 @@ impl GpuContext {
             parts.push((bg, (gx, gy)));
         }
         Ok(BoundMatvec {
+            pre_kernel: pre.as_ref().and(cfg.pre_kernel()),
             pre,
             pipeline,
             parts,
@@ -3676,6 +3677,8 @@ impl GpuTernary {
 pub struct BoundMatvec {
     /// [`MatvecKernel::Q8Pre`]: the quantize dispatch that writes the product's int8 x.
     pub(crate) pre: Option<(wgpu::ComputePipeline, wgpu::BindGroup, u32)>,
+    /// The name of `pre`'s kernel ([`MatvecConfig::pre_kernel`]).
+    pub(crate) pre_kernel: Option<&'static str>,
     pipeline: wgpu::ComputePipeline,
     parts: Vec<(wgpu::BindGroup, (u32, u32))>,
     /// `kernel weight`, for profiles.

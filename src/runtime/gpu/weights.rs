@@ -646,6 +646,9 @@ pub struct Bound {
     /// A dispatch encoded before this one's: the quantization of x of the int8 prefill
     /// product, or of a [`super::MatvecKernel::Q8Pre`] decode product.
     pre: Option<Box<Bound>>,
+    /// The kernel of `pre` where it is a [`super::MatvecKernel::Q8Pre`] product's quantize
+    /// dispatch ([`super::q8_quantize_name`]).
+    pre_kernel: Option<&'static str>,
     /// `kernel weight`, for profiles.
     pub label: String,
 }
@@ -673,19 +676,19 @@ impl Bound {
     /// Whether this is a [`super::MatvecKernel::Q8Pre`] product with its quantize dispatch
     /// `quantize` in front.
     pub fn has_pre(&self, quantize: &str) -> bool {
-        let tag = format!("+{} ", quantize.trim_start_matches("ternary_"));
-        self.pre.is_some() && self.label.contains(&tag)
+        self.pre.is_some() && self.pre_kernel == Some(quantize)
     }
 
-    /// Leaves out the quantize dispatch of a [`super::MatvecKernel::Q8Pre`] decode product
-    /// whose label names `+{quantize}` (the op before it writes the int8 x instead:
-    /// `op_attention_combine_q8`); whether there was one.
+    /// Leaves out the quantize dispatch `quantize` of a [`super::MatvecKernel::Q8Pre`] decode
+    /// product (the op before it writes the int8 x instead: `op_attention_combine_q8`), and
+    /// its `+{quantize}` from the label; whether there was one.
     pub fn drop_pre(&mut self, quantize: &str) -> bool {
         if !self.has_pre(quantize) {
             return false;
         }
         let tag = format!("+{} ", quantize.trim_start_matches("ternary_"));
         self.pre = None;
+        self.pre_kernel = None;
         self.label = self.label.replacen(&tag, " ", 1);
         true
     }
@@ -701,6 +704,7 @@ impl From<BoundMatvec> for Bound {
         // A Q8Pre product's quantize dispatch stays in front of it.
         let pre = b.pre.map(|(pipeline, bg, groups)| {
             Box::new(Bound {
+                pre_kernel: None,
                 label: String::new(),
                 pre: None,
                 pipeline,
@@ -709,6 +713,7 @@ impl From<BoundMatvec> for Bound {
         });
         Bound {
             label: b.label,
+            pre_kernel: b.pre_kernel,
             pre,
             pipeline: b.pipeline,
             parts: b
@@ -1450,6 +1455,7 @@ impl GpuContext {
             parts.push((bg, [gx, gy, gz]));
         }
         Ok(Bound {
+            pre_kernel: None,
             pipeline,
             parts,
             pre: None,
@@ -1532,6 +1538,7 @@ impl GpuContext {
             ],
         });
         let quantize = Bound {
+            pre_kernel: None,
             pipeline: qpipe,
             parts: vec![(qbg, [(w.cols as u32 / 16).div_ceil(64), n_tokens, 1])],
             pre: None,
@@ -1593,6 +1600,7 @@ impl GpuContext {
             parts.push((bg, [gx, gy, gz]));
         }
         Ok(Some(Bound {
+            pre_kernel: None,
             pipeline,
             parts,
             pre: Some(Box::new(quantize)),
@@ -1767,6 +1775,7 @@ impl GpuContext {
             })
             .collect();
         Ok(Bound {
+            pre_kernel: None,
             pipeline,
             parts,
             pre: None,
