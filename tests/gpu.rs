@@ -1382,3 +1382,111 @@ fn per_16_group_int8_x_matches_the_exact_arithmetic() {
         assert!(matches!(e, GpuError::Shape { .. }), "{}: {e}", bad.name());
     }
 }
+
+/// The `_y16` gate/up product and the `_x16` down product end to end, held to what the f32
+/// SwiGLU outputs give, not to the layout: the down product of gate/up's own f32 outputs `s`
+/// (the same configuration without `_y16`) in f64, within the per-16-group rounding of `s`
+/// (`sum_k |d_k (c_k - 1)| * da_g / 2`, `da_g = max|s| / 127` of k's group, plus a ulp of
+/// `da`) and the int8 kernel's f32 bound. A layout that producer and consumer misread alike
+/// (a swapped `da`, a group at the wrong place) fails here.
+#[test]
+fn gate_up_writes_what_the_down_product_reads() {
+    let Some(ctx) = context_for_tests(&ContextOptions::default()) else {
+        return;
+    };
+    if !ctx.has_subgroups() {
+        eprintln!(
+            "note: {} has no SUBGROUP feature: no int8 kernel",
+            ctx.info.name
+        );
+        return;
+    }
+    let mut seed = 123u64;
+    let (cols, half, rows) = (512usize, 512usize, 40usize);
+    let glu = gpu::Fuse {
+        rms_norm: true,
+        swiglu: true,
+    };
+    let plain = gpu::decode_q8_pre_config(64, cols, true)
+        .unwrap()
+        .fused(glu);
+    let y16 = plain.with_q16(false, true);
+    for down_cfg in [
+        gpu::decode_q8_pre_config(rows, half, false).unwrap(),
+        MatvecConfig::q8_pre_wg(4, 64, 2, 1),
+    ] {
+        let x16 = down_cfg.with_q16(true, false);
+        let (wg, sg) = random_weight(2 * half, cols, &mut seed);
+        let (wd, sd) = random_weight(rows, half, &mut seed);
+        let gu = upload(&ctx, 2 * half, cols, &wg, &sg);
+        let dn = upload(&ctx, rows, half, &wd, &sd);
+        let x: Vec<f32> = random_x(cols, &mut seed).iter().map(|v| v * 3.0).collect();
+        let nw: Vec<f32> = (0..cols)
+            .map(|_| 0.5 + (lcg(&mut seed) % 1000) as f32 / 1000.0)
+            .collect();
+        let xb = ctx.upload_bytes("x", bytemuck::cast_slice(&x)).unwrap();
+        let nb = ctx.upload_bytes("norm", bytemuck::cast_slice(&nw)).unwrap();
+        let norm = Some((&nb, 1e-5f32));
+        let view = |b: &wgpu::Buffer| gpu::ops::BufView::whole(b);
+        // s: the SwiGLU outputs in f32.
+        let sb = ctx.vector_buffer("s", half);
+        let b = ctx
+            .bind_ternary_fused(&gu, &xb, &view(&sb), &plain, gpu::Epilogue::Store, norm)
+            .unwrap();
+        let s = run_bound(&ctx, &b, &sb, half);
+        // The pair.
+        let qb = ctx.vector_buffer("q16", (half + half / 2) / 4);
+        let yb = ctx.vector_buffer("y", rows);
+        let a = ctx
+            .bind_ternary_fused(&gu, &xb, &view(&qb), &y16, gpu::Epilogue::Store, norm)
+            .unwrap();
+        let b = ctx
+            .bind_ternary_fused(&dn, &qb, &view(&yb), &x16, gpu::Epilogue::Store, None)
+            .unwrap();
+        let mut enc = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            a.encode(&mut pass);
+            b.encode(&mut pass);
+        }
+        ctx.queue.submit([enc.finish()]);
+        let got: Vec<f32> =
+            bytemuck::cast_slice::<u8, f32>(&ctx.read_buffer(&yb, (rows * 4) as u64).unwrap())
+                .to_vec();
+        let da: Vec<f64> = s
+            .chunks(16)
+            .map(|g| g.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0)
+            .collect();
+        let blocks = half / 256;
+        let mut worst = 0f64;
+        for r in 0..rows {
+            let (mut want, mut round, mut s_abs) = (0f64, 0f64, 0f64);
+            for k in 0..half {
+                let c = (wd[(r * half + k) / 16] >> (2 * (k % 16))) & 3;
+                let dw = half::f16::from_bits(sd[r * blocks + k / 256]).to_f64() * (c as f64 - 1.0);
+                want += dw * s[k] as f64;
+                round += dw.abs() * da[k / 16] * (0.5 + 4.0 * f32::EPSILON as f64);
+                s_abs += (dw * s[k] as f64).abs();
+            }
+            let tol = round
+                + 4.0 * (half / 64 + 64) as f64 * f32::EPSILON as f64 / 2.0 * (s_abs + round)
+                + 1e-30;
+            let ratio = (got[r] as f64 - want).abs() / tol;
+            assert!(
+                ratio <= 1.0,
+                "{} -> {}: row {r}: gpu {} want {want} (tolerance {tol:e})",
+                y16.name(),
+                x16.name(),
+                got[r]
+            );
+            worst = worst.max(ratio);
+        }
+        eprintln!(
+            "{} -> {}: worst row at {worst:.2e} of the rounding bound",
+            y16.name(),
+            x16.name()
+        );
+    }
+}
