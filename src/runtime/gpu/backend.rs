@@ -649,14 +649,15 @@ impl GpuBackend {
         // `LOWBIT_PROFILE_SKIP` = labels' substrings, comma-separated: the whole-graph pass
         // leaves those items out (its outputs are then wrong; a measuring knob: the
         // difference to the full pass is those items' cost inside the chain).
-        let skip: Vec<String> = std::env::var("LOWBIT_PROFILE_SKIP")
-            .map(|v| v.split(',').map(str::to_string).collect())
-            .unwrap_or_default();
+        let list = |knob: &str| -> Vec<String> {
+            std::env::var(knob)
+                .map(|v| v.split(',').map(str::to_string).collect())
+                .unwrap_or_default()
+        };
+        let skip = list("LOWBIT_PROFILE_SKIP");
         // `LOWBIT_PROFILE_SKIP_PRE`: the same for the quantize dispatches in front of the
         // products whose label holds one of the substrings (the products stay).
-        let skip_pre: Vec<String> = std::env::var("LOWBIT_PROFILE_SKIP_PRE")
-            .map(|v| v.split(',').map(str::to_string).collect())
-            .unwrap_or_default();
+        let skip_pre = list("LOWBIT_PROFILE_SKIP_PRE");
         let holds = |list: &[String], label: &str| {
             list.iter()
                 .any(|s| !s.is_empty() && label.contains(s.as_str()))
@@ -1296,53 +1297,53 @@ fn build_graph(
         if let Some((gu, dn)) = q16 {
             items.push(Item::Weight(gu));
             items.push(Item::Weight(dn));
-        } else {
-            // SwiGLU (and with `fold_norm` the norm) in the gate/up product where it can be;
-            // else the norm in the products where it can be; else each op on its own.
-            let mut glu_done = false;
-            if fold_glu && sh.gelu.is_none() && lw.gate_up.len() == 1 {
-                let (input, norm) = if fold_norm {
-                    (&a.x, Some(&lv.ffn_norm))
-                } else {
-                    (&a.h, None)
-                };
-                if let Some(fused) = mm_fused(&lw.gate_up, input, &[&a.g], norm, true)? {
-                    if !fold_norm {
-                        items.push(rms(&a.x, &lv.ffn_norm, &a.h, e, s, false)?);
-                    }
-                    items.extend(fused);
-                    glu_done = true;
+            continue;
+        }
+        // SwiGLU (and with `fold_norm` the norm) in the gate/up product where it can be;
+        // else the norm in the products where it can be; else each op on its own.
+        let mut glu_done = false;
+        if fold_glu && sh.gelu.is_none() && lw.gate_up.len() == 1 {
+            let (input, norm) = if fold_norm {
+                (&a.x, Some(&lv.ffn_norm))
+            } else {
+                (&a.h, None)
+            };
+            if let Some(fused) = mm_fused(&lw.gate_up, input, &[&a.g], norm, true)? {
+                if !fold_norm {
+                    items.push(rms(&a.x, &lv.ffn_norm, &a.h, e, s, false)?);
+                }
+                items.extend(fused);
+                glu_done = true;
+            }
+        }
+        if !glu_done {
+            let folded = if fold_norm {
+                mm_fused(&lw.gate_up, &a.x, &[&a.g, &a.u], Some(&lv.ffn_norm), false)?
+            } else {
+                None
+            };
+            match folded {
+                Some(fused) => items.extend(fused),
+                None => {
+                    items.push(rms(&a.x, &lv.ffn_norm, &a.h, e, s, false)?);
+                    items.extend(mm_parts(&lw.gate_up, &a.h, &[&a.g, &a.u])?);
                 }
             }
-            if !glu_done {
-                let folded = if fold_norm {
-                    mm_fused(&lw.gate_up, &a.x, &[&a.g, &a.u], Some(&lv.ffn_norm), false)?
-                } else {
-                    None
-                };
-                match folded {
-                    Some(fused) => items.extend(fused),
-                    None => {
-                        items.push(rms(&a.x, &lv.ffn_norm, &a.h, e, s, false)?);
-                        items.extend(mm_parts(&lw.gate_up, &a.h, &[&a.g, &a.u])?);
-                    }
-                }
-                let (p, grid) = elem(s * nff, 0)?;
-                items.push(match sh.gelu {
-                    Some(t) => op("op_geglu", &[&a.g, &a.u, t, &p], grid)?,
-                    None => op("op_swiglu", &[&a.g, &a.u, &p], grid)?,
-                });
+            let (p, grid) = elem(s * nff, 0)?;
+            items.push(match sh.gelu {
+                Some(t) => op("op_geglu", &[&a.g, &a.u, t, &p], grid)?,
+                None => op("op_swiglu", &[&a.g, &a.u, &p], grid)?,
+            });
+        }
+        // The gate part starts the buffer: the down product reads its s * nff values there.
+        let g_buf = &a.g.buffer;
+        match &lv.post_ffn_norm {
+            Some(w) => {
+                items.push(mm(&lw.w_down, g_buf, &a.o, n_tok)?);
+                items.push(rms(&a.o, w, &a.o2, e, s, false)?);
+                items.push(add(&a.x, &a.o2)?);
             }
-            // The gate part starts the buffer: the down product reads its s * nff values there.
-            let g_buf = &a.g.buffer;
-            match &lv.post_ffn_norm {
-                Some(w) => {
-                    items.push(mm(&lw.w_down, g_buf, &a.o, n_tok)?);
-                    items.push(rms(&a.o, w, &a.o2, e, s, false)?);
-                    items.push(add(&a.x, &a.o2)?);
-                }
-                None => items.push(mm_with(&lw.w_down, g_buf, &x_view, residual)?),
-            }
+            None => items.push(mm_with(&lw.w_down, g_buf, &x_view, residual)?),
         }
     }
     items.push(rms(&a.x, sh.output_norm, sh.hl, e, 1, true)?);

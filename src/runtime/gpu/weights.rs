@@ -1673,8 +1673,6 @@ impl GpuContext {
             rms_norm: norm.is_some(),
             swiglu: true,
         };
-        let usable =
-            |c: &super::MatvecConfig| self.check_config(c).is_ok() && self.has_source(&c.name());
         let (Some(gu), Some(dn)) = (
             self.decode_config(gate_up.rows, gate_up.cols, fuse),
             self.decode_config(down.rows, down.cols, super::Fuse::default()),
@@ -1683,7 +1681,11 @@ impl GpuContext {
         };
         let (gu, dn) = (gu.with_q16(false, true), dn.with_q16(true, false));
         // Both int8 products with x quantized before them (not a bundle's older kernels).
-        if gu.q16() != (false, true) || dn.q16() != (true, false) || !usable(&gu) || !usable(&dn) {
+        if gu.q16() != (false, true)
+            || dn.q16() != (true, false)
+            || !self.config_usable(&gu)
+            || !self.config_usable(&dn)
+        {
             return Ok(None);
         }
         let q16 = self.q16_vec_scratch(down.cols);
