@@ -32,7 +32,7 @@ OUT ?= $(LOWBIT_CACHE)/out
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all demo test fetch requant-real eval-data eval-vectors bench-eval eval-table artifacts venv build hf-checkpoints hf-qwen2 bench bench-ternary bench-runtime bench-dequant bench-palette bench-palette-large bench-palette-8b bench-gpu refvectors golden llama ternary-real ternary-llama ternary-vectors minicpm8b
+.PHONY: all demo test fetch requant-real eval-data eval-vectors bench-eval eval-table artifacts venv build hf-checkpoints hf-qwen2 bench bench-conversion bench-ternary bench-runtime bench-dequant bench-palette bench-palette-large bench-palette-8b bench-gpu refvectors golden llama ternary-real ternary-llama ternary-vectors minicpm8b
 
 all: build
 
@@ -223,6 +223,10 @@ minicpm8b: $(MINICPM8B)
 
 # Every benchmark, in one run; each compares lowbit with a reference tool timed in the same run.
 bench: bench-dequant bench-ternary bench-runtime bench-palette bench-palette-8b bench-eval
+
+# The conversion benchmarks alone (dequantization, ternary convert + verify, the whole 8B
+# checkpoint palettized), in one run: none needs the llama.cpp build with TERNARY_BENCH_MODEL set.
+bench-conversion: bench-dequant bench-ternary bench-palette-8b
 
 # Perplexity speed: convert eval on Botchan with SmolLM2 next to llama-perplexity, same
 # threads, in one run (benches/eval/ppl_bench.sh; EVAL_CHUNKS narrows it).

@@ -753,9 +753,11 @@ pub fn lock_entry(bundle: &Path) -> Result<serde_json::Value, BuildError> {
         })?;
     let mut files = serde_json::Map::new();
     for f in m["files"].as_array().into_iter().flatten() {
+        // A format-version-3 weight file is listed by its tensor table's SHA256.
+        let digest = f.get("sha256").or_else(|| f.get("tensors_sha256"));
         files.insert(
             f["path"].as_str().unwrap_or("?").to_string(),
-            f["sha256"].clone(),
+            digest.cloned().unwrap_or_default(),
         );
     }
     let mut tensors = serde_json::Map::new();

@@ -73,10 +73,9 @@ fn write_manifest(b: &Path, m: &mut Manifest) {
 /// computed it.
 fn strip_kernels(b: &Path) {
     let mut m = manifest(b);
-    m.format_version = 1;
-    m.manifest_digest = None;
     m.kernels.clear();
     m.files.retain(|f| !f.path.starts_with("kernels/"));
+    common::as_version(b, &mut m, 1);
     write_manifest(b, &mut m);
     std::fs::remove_dir_all(b.join("kernels")).unwrap();
 }
@@ -92,7 +91,7 @@ fn rewrite_kernel(b: &Path, file: &str, bytes: &[u8]) {
     }
     for f in m.files.iter_mut().filter(|f| f.path == file) {
         f.size = bytes.len() as u64;
-        f.sha256 = sha256_hex(bytes);
+        f.sha256 = Some(sha256_hex(bytes));
     }
     write_manifest(b, &mut m);
 }
@@ -132,7 +131,12 @@ fn written_bundle_lists_and_hashes_every_kernel() {
             (bytes.len() as u64, &*sha256_hex(&bytes))
         );
         let f = m.files.iter().find(|f| f.path == k.file).unwrap();
-        assert_eq!((f.size, &f.sha256), (k.bytes, &k.sha256), "{}", k.file);
+        assert_eq!(
+            (f.size, f.sha256.as_deref()),
+            (k.bytes, Some(k.sha256.as_str())),
+            "{}",
+            k.file
+        );
     }
     for src in &all {
         let wgsl = std::fs::read(b.join(format!("kernels/{}.wgsl", src.name))).unwrap();
@@ -168,7 +172,7 @@ fn written_bundle_lists_and_hashes_every_kernel() {
             );
         }
     }
-    // The manifest fits the version-2 schema, and one of a bundle made before kernels shipped
+    // The manifest fits the version-3 schema, and one of a bundle made before kernels shipped
     // (format version 1) the version-1 schema.
     let validator = |version: u32| {
         let schema: serde_json::Value = serde_json::from_slice(
@@ -180,17 +184,37 @@ fn written_bundle_lists_and_hashes_every_kernel() {
         .unwrap();
         jsonschema::validator_for(&schema).unwrap()
     };
-    let v = validator(2);
+    let v = validator(3);
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(b.join("manifest.json")).unwrap()).unwrap();
     let errors: Vec<String> = v.iter_errors(&json).map(|e| e.to_string()).collect();
     assert!(errors.is_empty(), "{errors:?}");
+    // The weight file listed by its tensor table, the other files by their bytes' SHA256.
+    let weights = json["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == "weights.bin")
+        .unwrap();
+    assert!(weights.get("sha256").is_none() && weights["tensors_sha256"].is_string());
+    let mut both = json.clone();
+    both["files"][0]["sha256"] = json["bundle_digest"].clone();
+    both["files"][0]["tensors_sha256"] = json["bundle_digest"].clone();
+    assert!(!v.is_valid(&both), "a file with both digests");
+    // The same manifest as version 2 wrote it fits the version-2 schema only.
+    let mut v2 = json.clone();
+    common::as_version_json(&b, &mut v2, 2);
+    let errors: Vec<String> = validator(2)
+        .iter_errors(&v2)
+        .map(|e| e.to_string())
+        .collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(!v.is_valid(&v2), "version 2 is not version 3");
     let mut old = json.clone();
     old.as_object_mut().unwrap().remove("kernels");
-    old.as_object_mut().unwrap().remove("manifest_digest");
-    old["format_version"] = 1.into();
+    common::as_version_json(&b, &mut old, 1);
     assert!(validator(1).is_valid(&old));
-    assert!(!v.is_valid(&old), "version 1 is not version 2");
+    assert!(!v.is_valid(&old), "version 1 is not version 3");
     let mut bad = json.clone();
     bad["kernels"][1].as_object_mut().unwrap().remove("msl");
     assert!(
@@ -229,7 +253,7 @@ fn the_digest_covers_the_kernels() {
     std::fs::write(b2.join(&file), &wgsl).unwrap();
     for f in m.files.iter_mut().filter(|f| f.path == file) {
         f.size = wgsl.len() as u64;
-        f.sha256 = sha256_hex(wgsl.as_bytes());
+        f.sha256 = Some(sha256_hex(wgsl.as_bytes()));
     }
     write_manifest(&b2, &mut m);
     let e = Bundle::open(&b2).err().unwrap();
@@ -510,11 +534,11 @@ fn add_kernels_replaces_kernels_of_another_build() {
     for k in &extra {
         std::fs::write(b.join(&k.entry.file), &k.bytes).unwrap();
         m.kernels.push(k.entry.clone());
-        m.files.push(lowbit::bundle::manifest::FileEntry {
-            path: k.entry.file.clone(),
-            size: k.entry.bytes,
-            sha256: k.entry.sha256.clone(),
-        });
+        m.files.push(lowbit::bundle::manifest::FileEntry::hashed(
+            k.entry.file.clone(),
+            k.entry.bytes,
+            k.entry.sha256.clone(),
+        ));
     }
     write_manifest(&b, &mut m);
     let o = convert(&["verify"], &[&b]);

@@ -62,7 +62,7 @@ fn write_manifest(b: &Path, m: &Value) {
 
 fn schema() -> jsonschema::Validator {
     let s: Value = serde_json::from_slice(
-        &std::fs::read(common::repo().join("schemas/bundle-manifest.v2.schema.json")).unwrap(),
+        &std::fs::read(common::repo().join("schemas/bundle-manifest.v3.schema.json")).unwrap(),
     )
     .unwrap();
     jsonschema::validator_for(&s).unwrap()
@@ -172,7 +172,12 @@ fn flipped_byte_is_caught() {
     }) else {
         return;
     };
-    verify_fails(&copy, 1, &["weights.bin", "sha256", "FAILED"]);
+    // Format version 3: the tensor holding the byte is named (its SHA256 covers it).
+    verify_fails(
+        &copy,
+        1,
+        &["tensor \"token_embd.weight\": sha256", "FAILED"],
+    );
     // The tensor holding the byte fails in the per-tensor report too (regression: its row
     // said "ok" and the totals counted it as passed while a failure named its SHA256).
     let o = run(&["verify", "--json"], &[&copy]);
@@ -262,12 +267,12 @@ fn escaping_paths_are_refused() {
 fn unknown_format_version_is_refused() {
     let Some((_d, copy, _)) = tampered(|b| {
         let mut m = manifest(b);
-        m["format_version"] = Value::from(3);
+        m["format_version"] = Value::from(4);
         write_manifest(b, &m);
     }) else {
         return;
     };
-    verify_fails(&copy, 2, &["unsupported format_version 3"]);
+    verify_fails(&copy, 2, &["unsupported format_version 4"]);
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! Issue 14, items 7 and 8: the manifest covered by the digests (format version 2; version 1
-//! still read, with a warning), and signed bundles (`convert keygen`, `convert sign`,
+//! Issue 14, items 7 and 8: the manifest covered by the digests (format version 3, whose weight
+//! file is listed by its tensor table (issue 15); versions 2 and 1 still read, 1 with a warning), and signed bundles (`convert keygen`, `convert sign`,
 //! `--trusted-key` on verify, run, bench and validate). On the tiny ternary MiniCPM in
 //! testdata/, so every case runs everywhere.
 
@@ -116,13 +116,13 @@ fn edit_and_reseal(b: &Path, edit: impl FnOnce(&mut Value)) {
 
 // ---- 7. The manifest is covered ----
 
-/// The writers write version 2 with both digests, and the digests are what the canonical
+/// The writers write version 3 with both digests, and the digests are what the canonical
 /// content gives (recomputed here from the JSON on disk).
 #[test]
-fn writers_write_version_2_with_both_digests() {
+fn writers_write_version_3_with_both_digests() {
     let (_d, b) = bundle();
     let m = manifest(&b);
-    assert_eq!(m["format_version"], 2);
+    assert_eq!(m["format_version"], 3);
     let mut again = m.clone();
     common::reseal_json(&mut again);
     assert_eq!(again, m, "the stored digests are the content's");
@@ -133,12 +133,12 @@ fn writers_write_version_2_with_both_digests() {
     common::reseal_json(&mut other);
     assert_eq!(other["bundle_digest"], m["bundle_digest"]);
     assert_ne!(other["manifest_digest"], m["manifest_digest"]);
-    // palettize and add-kernels write version 2 as well.
+    // palettize and add-kernels write version 3 as well.
     let p = b.parent().unwrap().join("p.bundle");
     let o = convert(&["palettize", s(&b), "-o", s(&p), "--bits", "4", "-q"]);
     assert!(o.status.success(), "{}", text(&o));
     let pm = manifest(&p);
-    assert_eq!(pm["format_version"], 2);
+    assert_eq!(pm["format_version"], 3);
     let mut again = pm.clone();
     common::reseal_json(&mut again);
     assert_eq!(again, pm);
@@ -233,21 +233,12 @@ fn an_edited_manifest_fails_verify_and_open() {
 
 /// A version-1 bundle (the digest over the file list only) still opens and verifies, with a
 /// warning that its manifest is not covered; an edited model value in range goes unnoticed
-/// there, as it always did; it cannot be signed, and add-kernels rewrites it as version 2.
+/// there, as it always did; it cannot be signed, and add-kernels rewrites it as version 3.
 #[test]
 fn version_1_bundles_are_read_with_a_warning() {
     let (_d, b) = bundle();
     let fresh = manifest(&b);
-    edit_manifest(&b, |m| {
-        m["format_version"] = 1.into();
-        m.as_object_mut().unwrap().remove("manifest_digest");
-        let files: Vec<lowbit::bundle::manifest::FileEntry> =
-            serde_json::from_value(m["files"].clone()).unwrap();
-        m["bundle_digest"] = lowbit::util::sha256_hex(
-            lowbit::bundle::manifest::canonical_file_list(&files).as_bytes(),
-        )
-        .into();
-    });
+    edit_manifest(&b, |m| common::as_version_json(&b, m, 1));
     let warning =
         "manifest format_version 1: its bundle digest covers the files but not manifest.json";
     let o = convert(&["verify", s(&b)]);
@@ -278,6 +269,226 @@ fn version_1_bundles_are_read_with_a_warning() {
         1,
         &["format_version 1", "cannot be signed"],
     );
+    // add-kernels makes it what the writer writes today.
+    let o = convert(&["add-kernels", "-q", s(&b)]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(manifest(&b), fresh);
+}
+
+/// Format version 3 as its definition gives it, computed here from the bytes on disk: each
+/// tensor's SHA256 over its bytes, the weight file's `tensors_sha256` over the lines
+/// `"<offset> <length> <sha256>\n"` by offset, zeros everywhere else in the file, and the
+/// other files listed by their bytes' SHA256.
+#[test]
+fn version_3_lists_the_weight_file_by_its_tensor_table() {
+    let (_d, b) = bundle();
+    let m = manifest(&b);
+    let w = std::fs::read(b.join("weights.bin")).unwrap();
+    let mut tensors: Vec<(u64, u64, String)> = m["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let (o, l) = (t["offset"].as_u64().unwrap(), t["length"].as_u64().unwrap());
+            let sha = t["sha256"].as_str().unwrap().to_string();
+            assert_eq!(
+                lowbit::util::sha256_hex(&w[o as usize..(o + l) as usize]),
+                sha,
+                "{}",
+                t["name"]
+            );
+            (o, l, sha)
+        })
+        .collect();
+    tensors.sort();
+    let mut table = String::new();
+    let mut covered = vec![false; w.len()];
+    for (o, l, sha) in &tensors {
+        table.push_str(&format!("{o} {l} {sha}\n"));
+        covered[*o as usize..(o + l) as usize].fill(true);
+    }
+    let outside: Vec<usize> = (0..w.len()).filter(|&i| !covered[i]).collect();
+    assert!(
+        !outside.is_empty(),
+        "the tiny model's tensors leave padding"
+    );
+    assert!(outside.iter().all(|&i| w[i] == 0), "padding is zeros");
+    for f in m["files"].as_array().unwrap() {
+        let path = f["path"].as_str().unwrap();
+        let bytes = std::fs::read(b.join(path)).unwrap();
+        assert_eq!(f["size"].as_u64().unwrap(), bytes.len() as u64, "{path}");
+        if path == "weights.bin" {
+            assert_eq!(
+                f["tensors_sha256"].as_str().unwrap(),
+                lowbit::util::sha256_hex(table.as_bytes())
+            );
+            assert!(f.get("sha256").is_none());
+        } else {
+            assert_eq!(
+                f["sha256"].as_str().unwrap(),
+                lowbit::util::sha256_hex(&bytes)
+            );
+            assert!(f.get("tensors_sha256").is_none(), "{path}");
+        }
+    }
+
+    // A non-zero byte in the padding fails verify and every command that opens the bundle,
+    // naming its offset (the tensors' hashes do not cover it).
+    let at = outside[outside.len() / 2];
+    let (_t, c) = common::edited_copy(&b, |_| {});
+    let mut w2 = w.clone();
+    w2[at] = 1;
+    std::fs::write(c.join("weights.bin"), &w2).unwrap();
+    let needle = format!("weights.bin: byte {at} lies outside every tensor and is not zero");
+    let o = convert(&["verify", s(&c)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains(&needle), "{}", text(&o));
+    let o = convert(&["verify", s(&c), "--source", s(&tiny())]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains(&needle), "{}", text(&o));
+    let o = convert(&["run", s(&c), "--prompt-ids", "1,2", "--max-tokens", "1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains(&needle), "{}", text(&o));
+
+    // A tensors_sha256 that is not its table's (the digests resealed over it) is named.
+    let (_t, c) = common::edited_copy(&b, |m| {
+        for f in m["files"].as_array_mut().unwrap() {
+            if f["path"] == "weights.bin" {
+                f["tensors_sha256"] = "0".repeat(64).into();
+            }
+        }
+        common::reseal_json(m);
+    });
+    let o = convert(&["verify", s(&c)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!(
+            "weights.bin: tensors_sha256 {} does not match",
+            "0".repeat(64)
+        )),
+        "{}",
+        text(&o)
+    );
+
+    // A version-3 weight file listed by the SHA256 of its bytes, or the tokenizer by a
+    // tensor table, is refused as a malformed manifest.
+    let (_t, c) = common::edited_copy(&b, |m| {
+        common::as_version_json(&b, m, 2);
+        m["format_version"] = 3.into();
+        common::reseal_json(m);
+    });
+    let o = convert(&["verify", s(&c)]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("file \"weights.bin\": format_version 3 lists it with tensors_sha256"),
+        "{}",
+        text(&o)
+    );
+    let (_t, c) = common::edited_copy(&b, |m| {
+        for f in m["files"].as_array_mut().unwrap() {
+            if f["path"] == "tokenizer.json" {
+                let h = f.as_object_mut().unwrap().remove("sha256").unwrap();
+                f["tensors_sha256"] = h;
+            }
+        }
+        common::reseal_json(m);
+    });
+    let o = convert(&["verify", s(&c)]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("file \"tokenizer.json\": format_version 3 lists it with sha256"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// A version-2 bundle (the weight file listed by the SHA256 of its bytes) opens, verifies
+/// (against its source too), runs and signs without a warning; a changed byte is named by
+/// the file's and the tensor's SHA256; add-kernels rewrites it as the version 3 this build
+/// writes, and refuses one whose padding is not zeros (version 3 could not list it).
+#[test]
+fn version_2_bundles_are_still_read() {
+    let (_d, b) = bundle();
+    let fresh = manifest(&b);
+    edit_manifest(&b, |m| common::as_version_json(&b, m, 2));
+    assert_eq!(manifest(&b)["format_version"], 2);
+    let o = convert(&["verify", s(&b), "--source", s(&tiny()), "--maxerr", "0"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!text(&o).contains("warning"), "{}", text(&o));
+    let o = convert(&["run", s(&b), "--prompt-ids", "1,2", "--max-tokens", "1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let k = keygen(b.parent().unwrap(), "key");
+    let o = sign(&b, &k);
+    assert!(o.status.success(), "{}", text(&o));
+    verify_trusted(&b, &[&public(&k)], 0, &["trusted"]);
+    std::fs::remove_file(b.join("signature.json")).unwrap();
+
+    let m = manifest(&b);
+    let first = m["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .min_by_key(|t| t["offset"].as_u64().unwrap())
+        .unwrap();
+    let at = first["offset"].as_u64().unwrap() as usize;
+    let (_t, c) = common::edited_copy(&b, |_| {});
+    let mut w = std::fs::read(c.join("weights.bin")).unwrap();
+    w[at] ^= 1;
+    std::fs::write(c.join("weights.bin"), &w).unwrap();
+    let o = convert(&["verify", s(&c)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("weights.bin: sha256"), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("tensor {}: sha256", first["name"])),
+        "{}",
+        text(&o)
+    );
+
+    // Padding that is not zeros: version 2 covers it by the file's hash, version 3 cannot.
+    let (_t, c) = common::edited_copy(&b, |_| {});
+    let len = std::fs::metadata(c.join("weights.bin")).unwrap().len();
+    let end = m["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["offset"].as_u64().unwrap() + t["length"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    let mut w = std::fs::read(c.join("weights.bin")).unwrap();
+    let gap = (0..w.len() as u64 - 1)
+        .find(|&i| {
+            !m["tensors"].as_array().unwrap().iter().any(|t| {
+                let o = t["offset"].as_u64().unwrap();
+                i >= o && i < o + t["length"].as_u64().unwrap()
+            })
+        })
+        .unwrap();
+    assert!(gap < end && end <= len);
+    w[gap as usize] = 7;
+    std::fs::write(c.join("weights.bin"), &w).unwrap();
+    edit_manifest(&c, |m| {
+        m["files"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .find(|f| f["path"] == "weights.bin")
+            .unwrap()["sha256"] = lowbit::util::sha256_hex(&w).into();
+        common::reseal_json(m);
+    });
+    let o = convert(&["verify", s(&c)]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let before = std::fs::read(c.join("manifest.json")).unwrap();
+    let o = convert(&["add-kernels", "-q", s(&c)]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!(
+            "byte {gap} lies outside every tensor and is not zero"
+        )),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(std::fs::read(c.join("manifest.json")).unwrap(), before);
+
     // add-kernels makes it what the writer writes today.
     let o = convert(&["add-kernels", "-q", s(&b)]);
     assert!(o.status.success(), "{}", text(&o));
@@ -526,7 +737,8 @@ fn any_change_after_signing_is_named() {
         (
             "weights flipped",
             flip("weights.bin"),
-            vec!["weights.bin: sha256".into(), AFTER.into()],
+            // Version 3: the weight file's bytes are covered by its tensors' hashes.
+            vec!["tensor \"token_embd.weight\": sha256".into(), AFTER.into()],
             false,
         ),
         (

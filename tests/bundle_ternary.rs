@@ -127,7 +127,7 @@ fn tiny_minicpm_recovers_and_verifies_bit_exactly() {
         "F32"
     );
 
-    let schema: Value = json(&common::repo().join("schemas/bundle-manifest.v2.schema.json"));
+    let schema: Value = json(&common::repo().join("schemas/bundle-manifest.v3.schema.json"));
     let v = jsonschema::validator_for(&schema).unwrap();
     let errors: Vec<String> = v.iter_errors(&m).map(|e| e.to_string()).collect();
     assert!(errors.is_empty(), "{errors:#?}");

@@ -1633,7 +1633,7 @@ fn issue16_6_padding_rule_for_groups_with_fewer_than_2b_values() {
         "README.md does not state the padding rule"
     );
     let schema =
-        std::fs::read_to_string(common::repo().join("schemas/bundle-manifest.v2.schema.json"))
+        std::fs::read_to_string(common::repo().join("schemas/bundle-manifest.v3.schema.json"))
             .unwrap();
     assert!(schema.contains("then the largest repeated until the table has 2^bits entries"));
     let v = [0.5f32, -0.25, 2.0, 0.5, 2.0];

@@ -237,7 +237,7 @@ enum Command {
         #[arg(short, long, value_name = "KEY")]
         output: PathBuf,
     },
-    /// Sign a bundle (format version 2): writes BUNDLE/signature.json, an Ed25519 signature
+    /// Sign a bundle (format version 2 or later): writes BUNDLE/signature.json, an Ed25519 signature
     /// over its bundle digest, manifest digest and file list, replacing an earlier one. The
     /// bundle must verify first. Check it with `verify --trusted-key KEY.pub`.
     Sign {

@@ -1,4 +1,4 @@
-//! Canonical JSON: the bytes the manifest digests of format version 2 are the SHA256 of.
+//! Canonical JSON: the bytes the manifest digests of format versions 2 and 3 are the SHA256 of.
 //!
 //! The scheme is RFC 8785 (JSON Canonicalization Scheme, JCS) with one change, so that integers
 //! beyond 2^53 keep their value: RFC 8785 writes every number as an IEEE 754 double.

@@ -502,10 +502,10 @@ pub(crate) fn integrity_faults(m: &Manifest) -> Vec<String> {
     let mut v = Vec::new();
     for k in &m.kernels {
         if let Some(f) = files.get(k.file.as_str()) {
-            if f.sha256 != k.sha256 || f.size != k.bytes {
+            if f.sha256.as_deref() != Some(k.sha256.as_str()) || f.size != k.bytes {
                 v.push(format!(
                     "{}: the kernels section says {} bytes with sha256 {}, the file list {} bytes with sha256 {}",
-                    k.file, k.bytes, k.sha256, f.size, f.sha256
+                    k.file, k.bytes, k.sha256, f.size, f.sha256.as_deref().unwrap_or("(none)")
                 ));
             }
         }

@@ -1,13 +1,21 @@
-//! The bundle manifest (`manifest.json`), format `lowbit-bundle` version 2 (version 1 is still
-//! read).
+//! The bundle manifest (`manifest.json`), format `lowbit-bundle` version 3 (versions 1 and 2
+//! are still read).
 //!
-//! The JSON Schemas are `schemas/bundle-manifest.v2.schema.json` (written) and
-//! `schemas/bundle-manifest.v1.schema.json`; these types are their Rust form and refuse
-//! unknown fields when reading.
+//! The JSON Schemas are `schemas/bundle-manifest.v3.schema.json` (written),
+//! `schemas/bundle-manifest.v2.schema.json` and `schemas/bundle-manifest.v1.schema.json`; these
+//! types are their Rust form and refuse unknown fields when reading.
 //!
 //! # What the digests cover
 //!
-//! - **Version 2** (every writer): `bundle_digest` is the SHA256 of the canonical content
+//! - **Version 3** (every writer): as version 2, except for a file that holds tensors (the
+//!   weight file). Its `files` entry has no `sha256`; it has `tensors_sha256`, the SHA256 of
+//!   its tensor table ([`tensor_table`]: one line `"<offset> <length> <sha256>\n"` per tensor
+//!   in the file, by offset, each tensor's own SHA256 as its entry lists it), and every byte
+//!   of the file outside its tensors must be zero. The file's content is then fixed by the
+//!   tensor entries and the size alone, and each byte is hashed once (for its tensor), not
+//!   twice (for its tensor and for the whole file, as in version 2); tensors can be hashed
+//!   in parallel. Every other file (tokenizer, kernels) keeps its plain `sha256`.
+//! - **Version 2**: `bundle_digest` is the SHA256 of the canonical content
 //!   ([`super::canonical`]: RFC 8785 JSON canonicalization, integers kept exact) of the
 //!   manifest without its `producer`, `bundle_digest` and `manifest_digest` members: the model
 //!   configuration, functions, tensors, tokenizer reference, kernels and the file list with
@@ -26,8 +34,12 @@ use serde_json::Value as Json;
 
 /// `format` of every bundle manifest.
 pub const FORMAT: &str = "lowbit-bundle";
-/// The manifest format version this build writes (it also reads [`FORMAT_VERSION_1`]).
-pub const FORMAT_VERSION: u32 = 2;
+/// The manifest format version this build writes (it also reads [`FORMAT_VERSION_2`] and
+/// [`FORMAT_VERSION_1`]).
+pub const FORMAT_VERSION: u32 = 3;
+/// The second format version: digests over the manifest's content, and the weight file
+/// listed with the plain SHA256 of its bytes.
+pub const FORMAT_VERSION_2: u32 = 2;
 /// The first format version: the bundle digest covers the files, not the manifest.
 pub const FORMAT_VERSION_1: u32 = 1;
 /// Every tensor, and the scales inside a ternary tensor, start at a multiple of this many
@@ -60,11 +72,11 @@ pub struct Manifest {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kernels: Vec<KernelEntry>,
     pub files: Vec<FileEntry>,
-    /// Version 2: SHA256 of the canonical content of the manifest without `producer`,
+    /// Versions 2 and 3: SHA256 of the canonical content of the manifest without `producer`,
     /// `bundle_digest` and `manifest_digest` ([`Manifest::digests`]). Version 1: SHA256 of
     /// [`canonical_file_list`] over `files`.
     pub bundle_digest: String,
-    /// Version 2 only: SHA256 of the canonical content of the manifest without
+    /// Versions 2 and 3: SHA256 of the canonical content of the manifest without
     /// `manifest_digest` ([`Manifest::digests`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest_digest: Option<String>,
@@ -77,7 +89,7 @@ pub const BUNDLE_DIGEST_EXCLUDES: [&str; 3] = ["producer", "bundle_digest", "man
 /// Top-level manifest members the `manifest_digest` leaves out.
 pub const MANIFEST_DIGEST_EXCLUDES: [&str; 1] = ["manifest_digest"];
 
-/// The two digests of a version-2 manifest, computed from its content.
+/// The two digests of a version-2 or -3 manifest, computed from its content.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Digests {
     pub bundle_digest: String,
@@ -96,7 +108,7 @@ pub fn content_digest(manifest: &Json, exclude: &[&str]) -> String {
     crate::util::sha256_hex(&super::canonical::to_vec(&v))
 }
 
-/// Both version-2 digests of a manifest given as JSON (as read from `manifest.json`).
+/// Both digests (versions 2 and 3) of a manifest given as JSON (as read from `manifest.json`).
 pub fn digests_of_json(manifest: &Json) -> Digests {
     Digests {
         bundle_digest: content_digest(manifest, &BUNDLE_DIGEST_EXCLUDES),
@@ -105,7 +117,7 @@ pub fn digests_of_json(manifest: &Json) -> Digests {
 }
 
 impl Manifest {
-    /// Both version-2 digests of this manifest's content (whatever its stored digests say).
+    /// Both digests (versions 2 and 3) of this manifest's content (whatever its stored digests say).
     pub fn digests(&self) -> Digests {
         let json = serde_json::to_value(self).expect("a manifest serializes to JSON");
         let bundle_digest = content_digest(&json, &BUNDLE_DIGEST_EXCLUDES);
@@ -117,10 +129,17 @@ impl Manifest {
         }
     }
 
-    /// Makes this a version-2 manifest and sets both digests from its content; what every
-    /// writer does last, after the files are listed.
+    /// Makes this a version-3 manifest and sets both digests from its content; what every
+    /// writer does last, after the files are listed (each file holding tensors listed by its
+    /// `tensors_sha256`, [`Manifest::weight_file_entry`]).
     pub fn seal(&mut self) {
-        self.format_version = FORMAT_VERSION;
+        self.seal_as(FORMAT_VERSION);
+    }
+
+    /// [`Manifest::seal`] with the given version (2 or 3) recorded; the file entries must
+    /// already be in that version's form. Tests write version-2 bundles with it.
+    pub fn seal_as(&mut self, version: u32) {
+        self.format_version = version;
         let d = self.digests();
         self.bundle_digest = d.bundle_digest;
         self.manifest_digest = Some(d.manifest_digest);
@@ -612,17 +631,79 @@ pub struct FileEntry {
     /// Relative path inside the bundle, `/`-separated, no `..`.
     pub path: String,
     pub size: u64,
-    pub sha256: String,
+    /// SHA256 of the file's bytes: every file of versions 1 and 2; in version 3 every file
+    /// that holds no tensor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// Version 3, a file that holds tensors: SHA256 of its [`tensor_table`]; every byte outside
+    /// its tensors is zero.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensors_sha256: Option<String>,
 }
 
-/// The text the bundle digest is the SHA256 of: one line per file, sorted by path,
+impl FileEntry {
+    /// An entry with the plain SHA256 of the file's bytes.
+    pub fn hashed(path: impl Into<String>, size: u64, sha256: impl Into<String>) -> FileEntry {
+        FileEntry {
+            path: path.into(),
+            size,
+            sha256: Some(sha256.into()),
+            tensors_sha256: None,
+        }
+    }
+
+    /// What identifies the content, for messages: `sha256 HEX` or `tensors_sha256 HEX`.
+    pub fn digest_text(&self) -> String {
+        match (&self.sha256, &self.tensors_sha256) {
+            (Some(h), _) => format!("sha256 {h}"),
+            (None, Some(h)) => format!("tensors_sha256 {h}"),
+            (None, None) => "no digest".into(),
+        }
+    }
+}
+
+impl Manifest {
+    /// The version-3 entry of `path`, a file of `size` bytes holding tensors: its
+    /// `tensors_sha256` over this manifest's entries of the tensors in it.
+    pub fn weight_file_entry(&self, path: &str, size: u64) -> FileEntry {
+        FileEntry {
+            path: path.into(),
+            size,
+            sha256: None,
+            tensors_sha256: Some(crate::util::sha256_hex(
+                tensor_table(&self.tensors, path).as_bytes(),
+            )),
+        }
+    }
+}
+
+/// The text a version-3 file entry's `tensors_sha256` is the SHA256 of: one line per tensor
+/// whose `file` is `path`, sorted by offset (then length),
+/// `"<offset> <length> <sha256>\n"` (decimal byte offset and length in the file, the tensor
+/// entry's lowercase hex SHA256).
+pub fn tensor_table(tensors: &[TensorEntry], path: &str) -> String {
+    let mut rows: Vec<&TensorEntry> = tensors.iter().filter(|t| t.file == path).collect();
+    rows.sort_by_key(|t| (t.offset, t.length));
+    let mut s = String::new();
+    for t in rows {
+        s.push_str(&format!("{} {} {}\n", t.offset, t.length, t.sha256));
+    }
+    s
+}
+
+/// The text the version-1 bundle digest is the SHA256 of: one line per file, sorted by path,
 /// `"<sha256> <size> <path>\n"`. `manifest.json` itself is not in the list.
 pub fn canonical_file_list(files: &[FileEntry]) -> String {
     let mut sorted: Vec<&FileEntry> = files.iter().collect();
     sorted.sort_by(|a, b| a.path.cmp(&b.path));
     let mut s = String::new();
     for f in sorted {
-        s.push_str(&format!("{} {} {}\n", f.sha256, f.size, f.path));
+        s.push_str(&format!(
+            "{} {} {}\n",
+            f.sha256.as_deref().unwrap_or_default(),
+            f.size,
+            f.path
+        ));
     }
     s
 }

@@ -5,7 +5,7 @@
 //!   manifest.json    format, producer, source fingerprint, model config, the decode function
 //!                    contract "main", every tensor (shape, encoding, file, offset, length,
 //!                    SHA256), every file's SHA256, the bundle digest and the manifest
-//!                    digest (version 2: both over the manifest's canonical content,
+//!                    digest (versions 2 and 3: both over the manifest's canonical content,
 //!                    [`manifest`] says exactly what each covers)
 //!   weights.bin      every tensor, each starting at a multiple of 256 bytes, little-endian
 //!   tokenizer.json   the GGUF tokenizer.* metadata, verbatim

@@ -36,7 +36,7 @@ use sha2::{Digest, Sha256};
 
 use super::manifest::*;
 use super::reader::Bundle;
-use super::writer::{io_err, HashingWriter, Staging};
+use super::writer::{io_err, Staging, WeightWriter};
 use super::{config, hf, BundleError};
 use crate::ggml::GgmlType;
 use crate::gguf::GgufFile;
@@ -963,7 +963,7 @@ pub fn palettize(
     let buckets = super::writer::resolve_buckets(opts.prefill_buckets.as_deref(), model.n_ctx)?;
     let tmp = Staging::new(output)?;
     let wpath = tmp.path().join(WEIGHTS_FILE);
-    let mut w = HashingWriter::create(&wpath)?;
+    let mut w = WeightWriter::create(&wpath)?;
     let total: u64 = tensors
         .iter()
         .map(|t| t.shape.iter().product::<u64>())
@@ -1013,7 +1013,7 @@ pub fn palettize(
             pb.set_message(format!("tensor {}/{} {}", i + 1, tensors.len(), t.name));
             let offset = w.align(&wpath)?;
             let mut th = Sha256::new();
-            let mut put = |w: &mut HashingWriter<crate::direct_io::DirectWriter>, b: &[u8]| {
+            let mut put = |w: &mut WeightWriter<crate::direct_io::DirectWriter>, b: &[u8]| {
                 th.update(b);
                 w.write_all(b).map_err(io_err(&wpath))
             };
@@ -1071,8 +1071,9 @@ pub fn palettize(
                 let (enc, bytes) = inp.carry(t);
                 let bytes: &[u8] = &bytes;
                 if bytes.len() >= 1 << 20 {
-                    // The tensor's hash on a second thread while the file's is taken in
-                    // writing, a chunk at a time, each chunk's source pages dropped after.
+                    // The tensor's hash on a second thread while this one copies the chunk
+                    // into the weight file, a chunk at a time, each chunk's source pages
+                    // dropped after.
                     const CHUNK: usize = 64 << 20;
                     for (c, chunk) in bytes.chunks(CHUNK).enumerate() {
                         let h = std::mem::take(&mut th);
@@ -1104,7 +1105,7 @@ pub fn palettize(
         }
         Ok(())
     })?;
-    let weights = w.finish(&wpath)?;
+    let weights_bytes = w.finish(&wpath)?;
     pb.finish_and_clear();
     if let Some(h) = source_hash {
         source.sha256 = h
@@ -1112,9 +1113,8 @@ pub fn palettize(
             .expect("hashing does not panic")
             .map_err(io_err(input))?;
     }
-    let weights_bytes = weights.size;
     let (manifest, _) = tmp.commit(
-        weights,
+        weights_bytes,
         tokenizer,
         &tokenizer_bytes,
         model,

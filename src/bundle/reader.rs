@@ -43,7 +43,7 @@ pub fn safe_relative_path(p: &str) -> bool {
 #[derive(Clone, Debug)]
 pub struct ManifestFile {
     pub manifest: Manifest,
-    /// Version 2: both digests computed from the JSON read (the bytes the manifest was parsed
+    /// Versions 2 and 3: both digests computed from the JSON read (the bytes the manifest was parsed
     /// from), for [`check_integrity`] to compare with the stored ones and [`super::sign`] with
     /// a signature. `None` for version 1, whose manifest no digest covers.
     pub computed: Option<Digests>,
@@ -63,9 +63,11 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, BundleError> {
     open_manifest(dir).map(|m| m.manifest)
 }
 
-/// Reads `manifest.json`, checks its format and version (2, or 1 with a warning on stderr,
-/// [`version_1_warning`]), parses it strictly, checks that every hash is well formed and every
-/// path stays inside the bundle, and computes its version-2 digests from the JSON read. Errors
+/// Reads `manifest.json`, checks its format and version (3, 2, or 1 with a warning on stderr,
+/// [`version_1_warning`]), parses it strictly, checks that every hash is well formed, that
+/// every file is listed by the digest its version gives it (version 3: `tensors_sha256` for a
+/// file holding tensors, `sha256` for the others; before: `sha256` for all) and that every
+/// path stays inside the bundle, and computes its digests (versions 2 and 3) from the JSON read. Errors
 /// here mean the manifest is unusable ([`BundleError::Manifest`]); whether the digests match
 /// is [`check_integrity`]'s to say.
 pub fn open_manifest(dir: &Path) -> Result<ManifestFile, BundleError> {
@@ -112,12 +114,12 @@ pub fn open_manifest(dir: &Path) -> Result<ManifestFile, BundleError> {
         }
     }
     let version = match json.get("format_version").and_then(|v| v.as_u64()) {
-        Some(v) if v == FORMAT_VERSION as u64 || v == FORMAT_VERSION_1 as u64 => v as u32,
+        Some(v) if (FORMAT_VERSION_1 as u64..=FORMAT_VERSION as u64).contains(&v) => v as u32,
         other => {
             return Err(manifest_err(
                 &mpath,
                 format!(
-                    "unsupported format_version {}: this build reads versions {FORMAT_VERSION_1} and {FORMAT_VERSION}",
+                    "unsupported format_version {}: this build reads versions {FORMAT_VERSION_1} to {FORMAT_VERSION}",
                     other
                         .map(|v| v.to_string())
                         .unwrap_or_else(|| "(missing)".into())
@@ -125,7 +127,7 @@ pub fn open_manifest(dir: &Path) -> Result<ManifestFile, BundleError> {
             ))
         }
     };
-    let computed = (version >= FORMAT_VERSION).then(|| digests_of_json(&json));
+    let computed = (version >= FORMAT_VERSION_2).then(|| digests_of_json(&json));
     let m: Manifest = serde_json::from_value(json)
         .map_err(|e| manifest_err(&mpath, format!("malformed manifest: {e}")))?;
     let bad_hash = |what: String, h: &str| -> Result<(), BundleError> {
@@ -139,21 +141,21 @@ pub fn open_manifest(dir: &Path) -> Result<ManifestFile, BundleError> {
         }
     };
     bad_hash("bundle_digest".into(), &m.bundle_digest)?;
-    match (&m.manifest_digest, version) {
-        (Some(d), FORMAT_VERSION) => bad_hash("manifest_digest".into(), d)?,
-        (None, FORMAT_VERSION) => {
+    match (&m.manifest_digest, version >= FORMAT_VERSION_2) {
+        (Some(d), true) => bad_hash("manifest_digest".into(), d)?,
+        (None, true) => {
             return Err(manifest_err(
                 &mpath,
-                format!("manifest_digest is missing (required in format_version {FORMAT_VERSION})"),
+                format!("manifest_digest is missing (required in format_version {version})"),
             ))
         }
-        (Some(_), _) => {
+        (Some(_), false) => {
             return Err(manifest_err(
                 &mpath,
-                format!("manifest_digest is not a member of format_version {version} (it came with version {FORMAT_VERSION})"),
+                format!("manifest_digest is not a member of format_version {version} (it came with version {FORMAT_VERSION_2})"),
             ))
         }
-        (None, _) => {}
+        (None, false) => {}
     }
     bad_hash("source.sha256".into(), &m.source.sha256)?;
     let mut paths = BTreeSet::new();
@@ -173,7 +175,31 @@ pub fn open_manifest(dir: &Path) -> Result<ManifestFile, BundleError> {
                 format!("file {:?} listed twice", f.path),
             ));
         }
-        bad_hash(format!("file {:?}", f.path), &f.sha256)?;
+        let holds_tensors = m.tensors.iter().any(|t| t.file == f.path);
+        match (&f.sha256, &f.tensors_sha256) {
+            (Some(h), None) if version < FORMAT_VERSION || !holds_tensors => {
+                bad_hash(format!("file {:?}", f.path), h)?
+            }
+            (None, Some(h)) if version >= FORMAT_VERSION && holds_tensors => {
+                bad_hash(format!("file {:?}: tensors_sha256", f.path), h)?
+            }
+            _ => {
+                let want = if version >= FORMAT_VERSION && holds_tensors {
+                    "tensors_sha256 (the SHA256 of its tensor table), and no sha256, as a file holding tensors"
+                } else if version >= FORMAT_VERSION {
+                    "sha256, and no tensors_sha256, as a file holding no tensor"
+                } else {
+                    "sha256, and no tensors_sha256 (which came with version 3)"
+                };
+                return Err(manifest_err(
+                    &mpath,
+                    format!(
+                        "file {:?}: format_version {version} lists it with {want}",
+                        f.path
+                    ),
+                ));
+            }
+        }
     }
     let mut names = BTreeSet::new();
     for t in &m.tensors {
@@ -251,31 +277,38 @@ fn list_files(dir: &Path, rel: &str, out: &mut Vec<String>) -> std::io::Result<(
     Ok(())
 }
 
-/// A file's hashes, fed its bytes front to back in windows: the whole file's SHA256 and each
-/// of `ranges`' (sorted by offset, not overlapping), both per window at once on two rayon
-/// workers. With `hold`, each range's bytes are also kept until the windows pass its end and
-/// then handed to the caller's visitor.
+/// A file's hashes, fed its bytes front to back in windows: the whole file's SHA256 (`whole`,
+/// format versions 1 and 2) and each of `ranges`' (sorted by offset, not overlapping), both
+/// per window at once on two rayon workers; without `whole` (version 3), the first byte
+/// outside every range that is not zero. With `hold`, each range's bytes are also kept until
+/// the windows pass its end and then handed to the caller's visitor.
 struct WindowHasher<'r> {
     ranges: &'r [(u64, u64)],
-    whole: Sha256,
+    whole: Option<Sha256>,
     hashers: Vec<Sha256>,
     /// Each range's bytes so far (`hold`), reserved at most up to `size`: a range's length
     /// comes from the manifest, which may claim more than the file holds.
     held: Option<Vec<Vec<u8>>>,
+    /// Buffers of visited ranges, for the next ranges to hold.
+    spare: Vec<Vec<u8>>,
     size: u64,
     /// The first range the windows have not passed yet.
     first: usize,
+    /// Without `whole`: the offset of the first non-zero byte outside the ranges.
+    nonzero: Option<u64>,
 }
 
 impl<'r> WindowHasher<'r> {
-    fn new(ranges: &'r [(u64, u64)], size: u64, hold: bool) -> Self {
+    fn new(ranges: &'r [(u64, u64)], size: u64, whole: bool, hold: bool) -> Self {
         WindowHasher {
             ranges,
-            whole: Sha256::new(),
+            whole: whole.then(Sha256::new),
             hashers: ranges.iter().map(|_| Sha256::new()).collect(),
             held: hold.then(|| vec![Vec::new(); ranges.len()]),
+            spare: Vec::new(),
             size,
             first: 0,
+            nonzero: None,
         }
     }
 
@@ -288,62 +321,159 @@ impl<'r> WindowHasher<'r> {
             whole,
             hashers,
             held,
+            spare,
             size,
             first,
+            nonzero,
         } = self;
-        rayon::join(
-            || whole.update(chunk),
-            || {
-                for (i, &(off, rlen)) in ranges.iter().enumerate().skip(*first) {
-                    if off >= end {
-                        break;
-                    }
-                    let a = off.max(pos);
-                    let b = (off + rlen).min(end);
-                    if b > a {
-                        let part = &chunk[(a - pos) as usize..(b - pos) as usize];
+        // Without the whole file's hash, a held range is hashed once complete, beside its
+        // visit (below), not window by window on this thread.
+        let hash_whole_ranges = whole.is_none() && held.is_some();
+        let mut ranges_part = || {
+            for (i, &(off, rlen)) in ranges.iter().enumerate().skip(*first) {
+                if off >= end {
+                    break;
+                }
+                let a = off.max(pos);
+                let b = (off + rlen).min(end);
+                if b > a {
+                    let part = &chunk[(a - pos) as usize..(b - pos) as usize];
+                    if !hash_whole_ranges {
                         hashers[i].update(part);
-                        if let Some(held) = held.as_mut() {
-                            if held[i].is_empty() {
-                                held[i].reserve_exact(rlen.min(size.saturating_sub(off)) as usize);
-                            }
-                            held[i].extend_from_slice(part);
+                    }
+                    if let Some(held) = held.as_mut() {
+                        if held[i].is_empty() {
+                            held[i] = spare.pop().unwrap_or_default();
+                            held[i].clear();
+                            held[i].reserve_exact(rlen.min(size.saturating_sub(off)) as usize);
                         }
+                        held[i].extend_from_slice(part);
                     }
                 }
-            },
-        );
+            }
+        };
+        match whole.as_mut() {
+            Some(w) => {
+                rayon::join(|| w.update(chunk), ranges_part);
+            }
+            None => {
+                if nonzero.is_none() {
+                    *nonzero = first_nonzero_outside(ranges, pos, chunk);
+                }
+                ranges_part();
+            }
+        }
         while *first < ranges.len() && ranges[*first].0 + ranges[*first].1 <= end {
             if let Some(held) = held.as_mut() {
-                visit(*first, &std::mem::take(&mut held[*first]));
+                let bytes = std::mem::take(&mut held[*first]);
+                if hash_whole_ranges {
+                    // The range's SHA256 on a thread of its own while the visitor compares it.
+                    let h = std::mem::take(&mut hashers[*first]);
+                    hashers[*first] = std::thread::scope(|s| {
+                        let h = s.spawn(|| h.chain_update(&bytes));
+                        visit(*first, &bytes);
+                        h.join().expect("hashing does not panic")
+                    });
+                } else {
+                    visit(*first, &bytes);
+                }
+                // The buffer is reused for a later range (no fresh pages to fault in).
+                if spare.len() < 2 {
+                    spare.push(bytes);
+                }
             }
             *first += 1;
         }
     }
 
-    /// The file's SHA256 and each range's (`None` for a range past `len`, the bytes hashed).
-    fn finish(self, len: u64) -> (String, Vec<Option<String>>) {
-        let hashes = self
+    /// The file's SHA256 (when taken) and each range's (`None` for a range past `len`, the
+    /// bytes hashed), and the first non-zero byte outside the ranges (when checked).
+    fn finish(self, len: u64) -> FileHashes {
+        let ranges = self
             .ranges
             .iter()
             .zip(self.hashers)
             .map(|(&(off, rlen), h)| (off + rlen <= len).then(|| hex::encode(h.finalize())))
             .collect();
-        (hex::encode(self.whole.finalize()), hashes)
+        FileHashes {
+            whole: self.whole.map(|h| hex::encode(h.finalize())),
+            ranges,
+            nonzero: self.nonzero,
+        }
     }
 }
 
+/// What [`WindowHasher`] and [`hash_map_and_ranges`] found in one file.
+struct FileHashes {
+    /// The whole file's SHA256 (format versions 1 and 2).
+    whole: Option<String>,
+    /// Each range's SHA256; `None` for one that runs past the end of the file.
+    ranges: Vec<Option<String>>,
+    /// Version 3: the offset of the first non-zero byte outside every range.
+    nonzero: Option<u64>,
+}
+
+/// The offset of the first non-zero byte of `chunk` (the file's bytes from `pos`) that lies
+/// outside every one of `ranges` (sorted by offset, not overlapping).
+fn first_nonzero_outside(ranges: &[(u64, u64)], pos: u64, chunk: &[u8]) -> Option<u64> {
+    let end = pos + chunk.len() as u64;
+    // The first range ending after `pos`.
+    let mut i = ranges.partition_point(|&(off, len)| off.saturating_add(len) <= pos);
+    let mut at = pos;
+    while at < end {
+        let (gap_end, next) = match ranges.get(i) {
+            Some(&(off, len)) if off < end => (off.max(at), off.saturating_add(len).max(at)),
+            _ => (end, end),
+        };
+        if gap_end > at {
+            let gap = &chunk[(at - pos) as usize..(gap_end - pos) as usize];
+            if let Some(j) = gap.iter().position(|&b| b != 0) {
+                return Some(at + j as u64);
+            }
+        }
+        at = next.min(end);
+        i += 1;
+    }
+    None
+}
+
+/// The offset of the first byte of the bundle file `path` (of `m`'s files, in `dir`) that lies
+/// outside every tensor and is not zero; what a version-1 or -2 weight file must not have to be
+/// listed as version 3 ([`super::writer::add_kernels`] checks it before rewriting a bundle).
+pub(crate) fn nonzero_outside_tensors(
+    dir: &Path,
+    m: &Manifest,
+    path: &str,
+) -> Result<Option<u64>, BundleError> {
+    let p = dir.join(path);
+    let file = File::open(&p).map_err(|source| BundleError::Io {
+        path: p.clone(),
+        source,
+    })?;
+    // SAFETY: read-only map; bundles must not be modified while open.
+    let map = unsafe { Mmap::map(&file) }.map_err(|source| BundleError::Io { path: p, source })?;
+    let mut ranges: Vec<(u64, u64)> = m
+        .tensors
+        .iter()
+        .filter(|t| t.file == path)
+        .map(|t| (t.offset, t.length))
+        .collect();
+    ranges.sort_unstable();
+    Ok(first_nonzero_outside(&ranges, 0, &map))
+}
+
 /// Reads a file once, front to back, with direct I/O ([`crate::direct_io::read_windows`]),
-/// hashing it and each of `ranges` ([`WindowHasher`]), and calls `visit(i, bytes)` with range
-/// `i`'s bytes once the read has passed its end (a range that runs past the end of the file
-/// gets `None` and no visit). Memory: the windows in flight and the range in progress.
+/// hashing it (`whole`) and each of `ranges` ([`WindowHasher`]), and calls `visit(i, bytes)`
+/// with range `i`'s bytes once the read has passed its end (a range that runs past the end of
+/// the file gets `None` and no visit). Memory: the windows in flight and the range in progress.
 fn scan_file(
     path: &Path,
     ranges: &[(u64, u64)],
+    whole: bool,
     visit: &mut dyn FnMut(usize, &[u8]),
-) -> std::io::Result<(String, Vec<Option<String>>)> {
+) -> std::io::Result<FileHashes> {
     let size = std::fs::metadata(path)?.len();
-    let mut h = WindowHasher::new(ranges, size, true);
+    let mut h = WindowHasher::new(ranges, size, whole, true);
     let len = crate::direct_io::read_windows(path, |pos, chunk| {
         h.window(pos, chunk, visit);
         Ok(())
@@ -351,31 +481,61 @@ fn scan_file(
     Ok(h.finish(len))
 }
 
-/// Hashes a mapped file once, front to back, and each of `ranges` ([`WindowHasher`]): each
-/// 8 MiB window is dropped from this process's resident set once hashed, so memory stays flat
-/// and no byte is copied.
-fn hash_map_and_ranges(map: &Mmap, ranges: &[(u64, u64)]) -> (String, Vec<Option<String>>) {
+/// Hashes a mapped file's `ranges` (sorted by offset, not overlapping) and, with `whole`, the
+/// whole file. With `whole` (format versions 1 and 2) the map is read once front to back
+/// ([`WindowHasher`]); without (version 3) the ranges are hashed in parallel on the rayon
+/// pool, each by itself, and the bytes outside them checked for zeros. Each 8 MiB window is
+/// dropped from this process's resident set once hashed, so memory stays flat and no byte is
+/// copied.
+fn hash_map_and_ranges(map: &Mmap, ranges: &[(u64, u64)], whole: bool) -> FileHashes {
     const WINDOW: usize = 8 << 20;
-    let mut h = WindowHasher::new(ranges, map.len() as u64, false);
-    for (wi, chunk) in map.chunks(WINDOW).enumerate() {
-        let pos = (wi * WINDOW) as u64;
-        h.window(pos, chunk, &mut |_, _| {});
-        crate::gguf::release_range(map, pos, chunk.len() as u64);
+    let len = map.len() as u64;
+    if whole {
+        let mut h = WindowHasher::new(ranges, len, true, false);
+        for (wi, chunk) in map.chunks(WINDOW).enumerate() {
+            let pos = (wi * WINDOW) as u64;
+            h.window(pos, chunk, &mut |_, _| {});
+            crate::gguf::release_range(map, pos, chunk.len() as u64);
+        }
+        return h.finish(len);
     }
-    h.finish(map.len() as u64)
+    use rayon::prelude::*;
+    let hashes = ranges
+        .par_iter()
+        .map(|&(off, rlen)| {
+            let end = off.checked_add(rlen).filter(|&e| e <= len)?;
+            let mut h = Sha256::new();
+            let mut at = off;
+            while at < end {
+                let b = (at + WINDOW as u64).min(end);
+                h.update(&map[at as usize..b as usize]);
+                crate::gguf::release_range(map, at, b - at);
+                at = b;
+            }
+            Some(hex::encode(h.finalize()))
+        })
+        .collect();
+    let nonzero = first_nonzero_outside(ranges, 0, map);
+    FileHashes {
+        whole: None,
+        ranges: hashes,
+        nonzero,
+    }
 }
 
 /// Checks the bundle against its manifest: every listed file present, regular, of the listed
 /// size and SHA256 (the kernel files among them, whose `kernels` entries must agree with the
 /// file list); no unlisted file; the bundle digest; every tensor inside its file, aligned,
 /// consistent with its encoding and shape, not overlapping another, and of the listed SHA256.
-/// Files are memory-mapped and hashed once through the map, each window dropped from the
-/// resident set after it is hashed (so checking a multi-GB bundle does not make it resident).
-/// Returns the maps and every failure found (empty when the bundle is intact).
+/// A version-3 weight file instead of its SHA256: its `tensors_sha256` equal to its tensor
+/// table's, and zeros outside its tensors. Files are memory-mapped and hashed through the
+/// map (a version-3 weight file's tensors in parallel, each hashed once), each window dropped
+/// from the resident set after it is hashed (so checking a multi-GB bundle does not make it
+/// resident). Returns the maps and every failure found (empty when the bundle is intact).
 ///
-/// The digests: for version 2, the ones [`open_manifest`] computed from the manifest's content
+/// The digests: for versions 2 and 3, the ones [`open_manifest`] computed from the manifest's content
 /// against `bundle_digest` and `manifest_digest`; for version 1, the SHA256 of
-/// [`canonical_file_list`] against `bundle_digest`. The only file a version-2 bundle may hold
+/// [`canonical_file_list`] against `bundle_digest`. The only file a version-2 or -3 bundle may hold
 /// besides its listed files and the manifest is [`SIGNATURE_FILE`] (at the top level).
 pub fn check_integrity(
     dir: &Path,
@@ -453,24 +613,46 @@ pub fn check_integrity_visiting(
         let file = File::open(&p).map_err(io)?;
         // SAFETY: read-only map; bundles must not be modified while open.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        let (h, tensor_hashes) = match visit.as_mut() {
+        // Version 3 (a file holding tensors): the tensors' hashes and zeros elsewhere stand
+        // for the file's hash; the table they make must be the one the entry lists.
+        let whole = f.tensors_sha256.is_none();
+        if let Some(listed) = &f.tensors_sha256 {
+            let table = util::sha256_hex(tensor_table(&m.tensors, &f.path).as_bytes());
+            if &table != listed {
+                failures.push(format!(
+                    "{}: tensors_sha256 {listed} does not match {table}, the SHA256 of its tensor table (each tensor's offset, length and sha256 in the manifest)",
+                    f.path
+                ));
+            }
+        }
+        let hashes = match visit.as_mut() {
             Some(v) if !overlapping && !in_file.is_empty() => {
-                scan_file(&p, &ranges, &mut |i, bytes| v(in_file[i], bytes)).map_err(io)?
+                scan_file(&p, &ranges, whole, &mut |i, bytes| v(in_file[i], bytes)).map_err(io)?
             }
             _ if overlapping => {
-                let (h, _) = hash_map_and_ranges(&map, &[]);
-                (h, vec![None; ranges.len()])
+                let mut h = hash_map_and_ranges(&map, &[], whole);
+                h.ranges = vec![None; ranges.len()];
+                h.nonzero = None;
+                h
             }
-            _ => hash_map_and_ranges(&map, &ranges),
+            _ => hash_map_and_ranges(&map, &ranges, whole),
         };
-        if h != f.sha256 {
+        if let (Some(h), Some(listed)) = (&hashes.whole, &f.sha256) {
+            if h != listed {
+                failures.push(format!(
+                    "{}: sha256 {h} does not match the manifest's {listed}",
+                    f.path
+                ));
+            }
+        }
+        if let Some(at) = hashes.nonzero {
             failures.push(format!(
-                "{}: sha256 {h} does not match the manifest's {}",
-                f.path, f.sha256
+                "{}: byte {at} lies outside every tensor and is not zero (format version {} requires zero padding between tensors)",
+                f.path, m.format_version
             ));
         }
         if !overlapping {
-            for (t, th) in in_file.iter().zip(tensor_hashes) {
+            for (t, th) in in_file.iter().zip(hashes.ranges) {
                 match th {
                     Some(th) if th == t.sha256 => {}
                     Some(th) => failures.push(format!(
@@ -497,7 +679,7 @@ pub fn check_integrity_visiting(
     })?;
     let listed: BTreeSet<&str> = m.files.iter().map(|f| f.path.as_str()).collect();
     for p in present {
-        // A version-2 bundle's signature: a regular file (a symlink is an extra file).
+        // A version-2 or -3 bundle's signature: a regular file (a symlink is an extra file).
         let signature = p == SIGNATURE_FILE
             && mf.computed.is_some()
             && std::fs::symlink_metadata(dir.join(&p)).is_ok_and(|m| m.is_file());
@@ -779,7 +961,7 @@ pub struct Bundle {
 
 impl Bundle {
     /// Opens a bundle and checks it completely (manifest, every file's SHA256, the digests
-    /// (version 2: over the manifest's content too), every tensor) before returning; any
+    /// (versions 2 and 3: over the manifest's content too), every tensor) before returning; any
     /// failure is an error. Does not look at a signature: [`super::sign::verify_signature`]
     /// does, for callers that trust keys.
     pub fn open(dir: impl AsRef<Path>) -> Result<Bundle, BundleError> {

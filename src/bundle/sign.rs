@@ -26,7 +26,7 @@
 //!   "subject": [{"name": "bundle", "digest": {"sha256": bundle_digest}},
 //!               {"name": "manifest.json", "digest": {"sha256": manifest_digest}}],
 //!   "predicateType": "urn:lowbit:bundle-signature:v1",
-//!   "predicate": {"format_version": 2, "files": [{"path", "size", "sha256"} per listed file]}}
+//!   "predicate": {"format_version": 3, "files": [{"path", "size", "sha256" or "tensors_sha256"} per listed file]}}
 //!
 //! PAE(type, body) = "DSSEv1" SP len(type) SP type SP len(body) SP body   (lengths in decimal)
 //! ```
@@ -35,8 +35,8 @@
 //! manifest, which lists every file's SHA256); the file list is there so that a file changed
 //! after signing can be named even when the manifest was rewritten to match it. The file is
 //! in the bundle directory but not in the manifest's `files`, and no digest covers it, so a
-//! bundle is signed after it is written without changing it. Only format-version-2 bundles can
-//! be signed (a version-1 manifest is covered by nothing).
+//! bundle is signed after it is written without changing it. Only bundles of format version 2
+//! or later can be signed (a version-1 manifest is covered by nothing).
 //!
 //! # The check
 //!
@@ -541,7 +541,7 @@ pub fn signature_key_id(dir: &Path) -> Option<String> {
     env.signatures.first().map(|s| s.keyid.clone())
 }
 
-/// Checks the bundle at `dir` (manifest `m`, its version-2 digests `computed` as read, `None`
+/// Checks the bundle at `dir` (manifest `m`, its digests `computed` (versions 2 and 3) as read, `None`
 /// for version 1) against `trusted` (see the module doc). On failure, every reason, named.
 /// Does not hash the files: they are checked against `m` by
 /// [`super::reader::check_integrity`], which every caller runs too.
@@ -668,9 +668,12 @@ pub fn check_signature(
     for (path, f) in &now {
         match signed.get(path) {
             None => why.push(format!("{path}: added after signing")),
-            Some(s) if s.sha256 != f.sha256 || s.size != f.size => why.push(format!(
-                "{path}: changed after signing (signed: {} bytes, sha256 {}; now {} bytes, sha256 {})",
-                s.size, s.sha256, f.size, f.sha256
+            Some(s) if s != f => why.push(format!(
+                "{path}: changed after signing (signed: {} bytes, {}; now {} bytes, {})",
+                s.size,
+                s.digest_text(),
+                f.size,
+                f.digest_text()
             )),
             Some(_) => {}
         }

@@ -88,7 +88,7 @@ pub struct VerifyReport {
     pub maxerr: f64,
     pub format_version: u32,
     pub bundle_digest: String,
-    /// Format version 2: the manifest digest (see [`super::manifest`]).
+    /// Format versions 2 and 3: the manifest digest (see [`super::manifest`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub manifest_digest: Option<String>,
     pub signature: SignatureCheck,

@@ -109,20 +109,20 @@ fn plan(mode: Mode, t: &TensorInfo) -> Plan {
     }
 }
 
-/// A writer that hashes and counts what passes through.
-pub(crate) struct HashingWriter<W: Write> {
+/// The weight file's writer: counts what passes through (the offsets of the tensors). It
+/// hashes nothing: in format version 3 the file is identified by its tensors' hashes, which
+/// the callers take ([`super::manifest::tensor_table`]).
+pub(crate) struct WeightWriter<W: Write> {
     pub(crate) inner: W,
-    pub(crate) hash: Sha256,
     pub(crate) pos: u64,
 }
 
-impl HashingWriter<DirectWriter> {
+impl WeightWriter<DirectWriter> {
     /// Creates `path` (the bundle's weight file) for writing around the page cache
     /// ([`DirectWriter`]: 8 MiB direct writes on a thread of their own).
     pub(crate) fn create(path: &Path) -> Result<Self, BundleError> {
-        Ok(HashingWriter {
+        Ok(WeightWriter {
             inner: DirectWriter::create(path).map_err(io_err(path))?,
-            hash: Sha256::new(),
             pos: 0,
         })
     }
@@ -135,15 +135,11 @@ impl HashingWriter<DirectWriter> {
         Ok(self.pos)
     }
 
-    /// Writes the rest and syncs the file; returns its [`FileEntry`] as [`WEIGHTS_FILE`].
-    pub(crate) fn finish(self, path: &Path) -> Result<FileEntry, BundleError> {
-        let entry = FileEntry {
-            path: WEIGHTS_FILE.into(),
-            size: self.pos,
-            sha256: hex::encode(self.hash.finalize()),
-        };
+    /// Writes the rest and syncs the file; returns its size in bytes.
+    pub(crate) fn finish(self, path: &Path) -> Result<u64, BundleError> {
+        let size = self.pos;
         self.inner.finish().map_err(io_err(path))?;
-        Ok(entry)
+        Ok(size)
     }
 }
 
@@ -172,12 +168,13 @@ impl Staging {
         self.dir.path()
     }
 
-    /// Writes the tokenizer, the kernels and the manifest (files sorted, digest over them),
-    /// then renames the directory into place. Returns the manifest and its length in bytes.
+    /// Writes the tokenizer, the kernels and the manifest (files sorted, the weight file of
+    /// `weights_size` bytes listed by its tensor table, digests over them), then renames the
+    /// directory into place. Returns the manifest and its length in bytes.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn commit(
         self,
-        weights: FileEntry,
+        weights_size: u64,
         tokenizer: TokenizerRef,
         tokenizer_bytes: &[u8],
         model: ModelConfig,
@@ -188,16 +185,12 @@ impl Staging {
     ) -> Result<(Manifest, u64), BundleError> {
         let tok_path = self.path().join(TOKENIZER_FILE);
         std::fs::write(&tok_path, tokenizer_bytes).map_err(io_err(&tok_path))?;
-        let mut files = vec![
-            weights,
-            FileEntry {
-                path: TOKENIZER_FILE.into(),
-                size: tokenizer_bytes.len() as u64,
-                sha256: util::sha256_hex(tokenizer_bytes),
-            },
-        ];
+        let mut files = vec![FileEntry::hashed(
+            TOKENIZER_FILE,
+            tokenizer_bytes.len() as u64,
+            util::sha256_hex(tokenizer_bytes),
+        )];
         files.extend(write_kernel_files(self.path(), &self.kernels)?);
-        files.sort_by(|a, b| a.path.cmp(&b.path));
         let functions = functions_for(&model, buckets);
         let mut manifest = Manifest {
             format: FORMAT.into(),
@@ -220,6 +213,9 @@ impl Staging {
             bundle_digest: String::new(),
             manifest_digest: None,
         };
+        let weights = manifest.weight_file_entry(WEIGHTS_FILE, weights_size);
+        manifest.files.push(weights);
+        manifest.files.sort_by(|a, b| a.path.cmp(&b.path));
         manifest.seal();
         let mlen = write_manifest(self.path(), &self.output, &manifest)?;
         self.dir
@@ -243,11 +239,11 @@ fn write_kernel_files(
     for k in files {
         let p = dir.join(&k.entry.file);
         std::fs::write(&p, &k.bytes).map_err(io_err(&p))?;
-        out.push(FileEntry {
-            path: k.entry.file.clone(),
-            size: k.entry.bytes,
-            sha256: k.entry.sha256.clone(),
-        });
+        out.push(FileEntry::hashed(
+            k.entry.file.clone(),
+            k.entry.bytes,
+            k.entry.sha256.clone(),
+        ));
     }
     Ok(out)
 }
@@ -265,10 +261,9 @@ fn write_manifest(dir: &Path, output: &Path, manifest: &Manifest) -> Result<u64,
     Ok(mbytes.len() as u64)
 }
 
-impl<W: Write> Write for HashingWriter<W> {
+impl<W: Write> Write for WeightWriter<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.inner.write(buf)?;
-        self.hash.update(&buf[..n]);
         self.pos += n as u64;
         Ok(n)
     }
@@ -413,12 +408,13 @@ enum Piece<'a> {
     Zeros(usize),
 }
 
-/// `weights.bin` written and hashed (its file SHA256) on a thread of its own, so that the
-/// file's hash, each tensor's hash (the caller's) and the source's hash run at once. Pieces
-/// go through a bounded channel (a few tensors' worth at most in flight).
+/// `weights.bin` written on a thread of its own (the copies into the direct-I/O buffers), so
+/// that each tensor's hash (the caller's) and the source's hash run beside it. Pieces go
+/// through a bounded channel (a few tensors' worth at most in flight). (Hashing the tensors on
+/// this thread instead, beside the packing of the next, measured no faster on two cores.)
 struct FileSink<'scope, 'a> {
     tx: Option<std::sync::mpsc::SyncSender<Piece<'a>>>,
-    handle: Option<std::thread::ScopedJoinHandle<'scope, Result<FileEntry, BundleError>>>,
+    handle: Option<std::thread::ScopedJoinHandle<'scope, Result<u64, BundleError>>>,
     path: &'scope Path,
     pos: u64,
 }
@@ -428,7 +424,7 @@ impl<'scope, 'a: 'scope> FileSink<'scope, 'a> {
         s: &'scope std::thread::Scope<'scope, 'env>,
         path: &'scope Path,
     ) -> Result<Self, BundleError> {
-        let mut w = HashingWriter::create(path)?;
+        let mut w = WeightWriter::create(path)?;
         let (tx, rx) = std::sync::mpsc::sync_channel::<Piece<'a>>(4);
         let handle = s.spawn(move || {
             let zeros = [0u8; ALIGNMENT as usize];
@@ -480,8 +476,8 @@ impl<'scope, 'a: 'scope> FileSink<'scope, 'a> {
         Ok(self.pos)
     }
 
-    /// Closes the channel and waits for the file to be written, synced and hashed.
-    fn join(&mut self) -> Result<FileEntry, BundleError> {
+    /// Closes the channel and waits for the file to be written and synced; returns its size.
+    fn join(&mut self) -> Result<u64, BundleError> {
         self.tx = None;
         match self.handle.take() {
             Some(h) => h.join().expect("weights writer thread"),
@@ -662,7 +658,7 @@ pub fn write_bundle(
         (hasher.join().expect("hash thread"), written)
     });
     let source_sha256 = source_sha256.map_err(io_err(input))?;
-    let (tensors, weights_entry) = written?;
+    let (tensors, weights_size) = written?;
 
     let tok_bytes = config::tokenizer_file_bytes(&file);
     let source = Source {
@@ -678,7 +674,7 @@ pub fn write_bundle(
         tensor_count: file.tensors.len() as u64,
     };
     let (manifest, manifest_len) = tmp.commit(
-        weights_entry,
+        weights_size,
         tokenizer_ref(&file),
         &tok_bytes,
         model,
@@ -705,17 +701,17 @@ pub fn write_bundle(
     })
 }
 
-/// Writes `weights.bin` into `dir`. Returns the tensor entries and the file entry.
+/// Writes `weights.bin` into `dir`. Returns the tensor entries and the file's size.
 ///
-/// Three streams of SHA256 run at once: the source's (the caller's thread), each tensor's
-/// (this thread, while the next tensor is packed on the rayon pool) and the weight file's
-/// ([`FileSink`], which also writes). Each output byte is made once and handed on by move.
+/// Two streams of SHA256 run at once: the source's (the caller's thread) and each tensor's
+/// (this thread); [`FileSink`] writes on a third. Each output byte is made once, hashed once
+/// and handed on by move.
 fn write_contents(
     file: &GgufFile,
     dir: &Path,
     plans: &[Plan],
     opts: &PackOptions,
-) -> Result<(Vec<TensorEntry>, FileEntry), BundleError> {
+) -> Result<(Vec<TensorEntry>, u64), BundleError> {
     let wpath = dir.join(WEIGHTS_FILE);
     std::thread::scope(|s| {
         let mut sink = FileSink::spawn(s, &wpath)?;
@@ -877,8 +873,9 @@ pub struct AddKernelsSummary {
 
 /// `convert add-kernels`: gives the bundle at `bundle` this binary's GPU kernels (adds them to
 /// a bundle made before kernels shipped in bundles, or replaces the ones it carries) and
-/// recomputes the manifest's `kernels`, `files` and digests (as format version 2, so a
-/// version-1 bundle comes out as version 2); every other file and the rest of the manifest stay
+/// recomputes the manifest's `kernels`, `files` and digests (as format version 3, so a
+/// version-1 or -2 bundle comes out as version 3, its weight file listed by its tensor table);
+/// every other file and the rest of the manifest stay
 /// byte for byte, so the result equals what this binary would have written. A signature
 /// (`signature.json`) is left behind: it covers the old digests. The bundle must verify first (`convert verify` without a source), else nothing is
 /// written.
@@ -954,15 +951,35 @@ pub fn add_kernels(bundle: &Path, output: Option<&Path>) -> Result<AddKernelsSum
         .collect();
     let mut manifest = old.clone();
     manifest.kernels = new_kernels.iter().map(|k| k.entry.clone()).collect();
-    manifest.files = kept.clone();
-    manifest.files.extend(new_kernels.iter().map(|k| FileEntry {
-        path: k.entry.file.clone(),
-        size: k.entry.bytes,
-        sha256: k.entry.sha256.clone(),
-    }));
+    manifest.files = Vec::with_capacity(kept.len() + new_kernels.len());
+    for f in &kept {
+        if !old.tensors.iter().any(|t| t.file == f.path) {
+            manifest.files.push(f.clone());
+            continue;
+        }
+        // A weight file of version 1 or 2 (listed by the SHA256 of its bytes) becomes a
+        // version-3 entry (its tensor table), which requires zeros outside the tensors: every
+        // writer pads with zeros, so only a hand-made file fails here.
+        if f.tensors_sha256.is_none() {
+            if let Some(at) = super::reader::nonzero_outside_tensors(bundle, &old, &f.path)? {
+                return Err(BundleError::Integrity {
+                    path: bundle.join(&f.path),
+                    detail: format!(
+                        "byte {at} lies outside every tensor and is not zero: format version {FORMAT_VERSION} lists a weight file by its tensors and requires zero padding, so this bundle cannot be rewritten (`convert pack` or `gguf-to-ternary` remakes it from its source)"
+                    ),
+                });
+            }
+        }
+        manifest.files.push(old.weight_file_entry(&f.path, f.size));
+    }
+    manifest.files.extend(
+        new_kernels.iter().map(|k| {
+            FileEntry::hashed(k.entry.file.clone(), k.entry.bytes, k.entry.sha256.clone())
+        }),
+    );
     manifest.files.sort_by(|a, b| a.path.cmp(&b.path));
-    // Written as this build writes bundles: format version 2, both digests over the content
-    // (a version-1 bundle comes out as version 2). A signature is not carried over (the
+    // Written as this build writes bundles: format version 3, both digests over the content
+    // (a version-1 or -2 bundle comes out as version 3). A signature is not carried over (the
     // digests it covers change); sign the result again.
     manifest.seal();
 

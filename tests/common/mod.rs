@@ -122,30 +122,81 @@ fn edit_copy(b: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> (tempfile::
     (dir, t)
 }
 
-/// Recomputes a version-2 manifest's digests over its JSON as it is (any JSON, typed or not);
-/// leaves other versions alone.
+/// Recomputes a version-2 or -3 manifest's digests over its JSON as it is (any JSON, typed or
+/// not); leaves other versions alone.
 pub fn reseal_json(m: &mut serde_json::Value) {
     use lowbit::bundle::manifest::{
         content_digest, BUNDLE_DIGEST_EXCLUDES, MANIFEST_DIGEST_EXCLUDES,
     };
-    if m["format_version"] != 2 {
+    if m["format_version"] != 2 && m["format_version"] != 3 {
         return;
     }
     m["bundle_digest"] = content_digest(m, &BUNDLE_DIGEST_EXCLUDES).into();
     m["manifest_digest"] = content_digest(m, &MANIFEST_DIGEST_EXCLUDES).into();
 }
 
-/// Recomputes `m`'s digests as a writer of its format version does: version 2 both digests
-/// over the manifest's content ([`Manifest::seal`]), version 1 the file list's.
+/// Recomputes `m`'s digests as a writer of its format version does: versions 2 and 3 both
+/// digests over the manifest's content ([`Manifest::seal_as`]; version 3 a weight file's
+/// `tensors_sha256` from its tensors first), version 1 the file list's.
 ///
-/// [`Manifest::seal`]: lowbit::bundle::manifest::Manifest::seal
+/// [`Manifest::seal_as`]: lowbit::bundle::manifest::Manifest::seal_as
 pub fn reseal(m: &mut lowbit::bundle::manifest::Manifest) {
     if m.format_version == 1 {
         m.bundle_digest = lowbit::util::sha256_hex(
             lowbit::bundle::manifest::canonical_file_list(&m.files).as_bytes(),
         );
     } else {
-        m.seal();
+        for i in 0..m.files.len() {
+            if m.files[i].tensors_sha256.is_some() {
+                let (path, size) = (m.files[i].path.clone(), m.files[i].size);
+                m.files[i] = m.weight_file_entry(&path, size);
+            }
+        }
+        m.seal_as(m.format_version);
+    }
+}
+
+/// Makes `m` (bundle `b`'s manifest, written as version 3) a manifest of format `version` (1
+/// or 2) as those writers wrote it: every file listed by the SHA256 of its bytes, no
+/// `manifest_digest` in version 1; the digests recomputed ([`reseal`]). The caller writes it.
+pub fn as_version(b: &Path, m: &mut lowbit::bundle::manifest::Manifest, version: u32) {
+    for f in m.files.iter_mut().filter(|f| f.tensors_sha256.is_some()) {
+        f.tensors_sha256 = None;
+        f.sha256 = Some(lowbit::util::sha256_hex(
+            &std::fs::read(b.join(&f.path)).unwrap(),
+        ));
+    }
+    m.format_version = version;
+    if version == 1 {
+        m.manifest_digest = None;
+    }
+    reseal(m);
+}
+
+/// [`as_version`] for a manifest as JSON (the members the typed manifest does not know are
+/// kept).
+pub fn as_version_json(b: &Path, m: &mut serde_json::Value, version: u32) {
+    for f in m["files"].as_array_mut().unwrap() {
+        let o = f.as_object_mut().unwrap();
+        if o.remove("tensors_sha256").is_some() {
+            let path = o["path"].as_str().unwrap().to_string();
+            o.insert(
+                "sha256".into(),
+                lowbit::util::sha256_hex(&std::fs::read(b.join(path)).unwrap()).into(),
+            );
+        }
+    }
+    m["format_version"] = version.into();
+    if version == 1 {
+        m.as_object_mut().unwrap().remove("manifest_digest");
+        let files: Vec<lowbit::bundle::manifest::FileEntry> =
+            serde_json::from_value(m["files"].clone()).unwrap();
+        m["bundle_digest"] = lowbit::util::sha256_hex(
+            lowbit::bundle::manifest::canonical_file_list(&files).as_bytes(),
+        )
+        .into();
+    } else {
+        reseal_json(m);
     }
 }
 
@@ -165,7 +216,9 @@ pub fn write_rehashed(
     }
     for f in m.files.iter_mut().filter(|f| f.path == file) {
         f.size = bytes.len() as u64;
-        f.sha256 = sha256_hex(bytes);
+        if f.sha256.is_some() {
+            f.sha256 = Some(sha256_hex(bytes));
+        }
     }
     reseal(m);
     std::fs::write(
