@@ -402,6 +402,76 @@ fn version_3_lists_the_weight_file_by_its_tensor_table() {
     );
 }
 
+/// Found by breaking format version 3 on purpose: a tensor whose `offset + length` overflows
+/// 64 bits (its SHA256 forged as the empty input's, its old bytes zeroed, every digest
+/// recomputed) is a layout failure in every version, not a pass (and on versions 1 and 2 not a
+/// panic when run); a member name twice in one object and a non-integer `format_version` are
+/// refused by name.
+#[test]
+fn overflowing_ranges_and_ambiguous_manifests_are_refused() {
+    let (_d, b) = bundle();
+    for version in [3, 2] {
+        let (_t, c) = common::edited_copy(&b, |_| {});
+        let mut m: lowbit::bundle::manifest::Manifest =
+            serde_json::from_value(manifest(&c)).unwrap();
+        let t = m
+            .tensors
+            .iter_mut()
+            .find(|t| t.name == "token_embd.weight")
+            .unwrap();
+        let (offset, length) = (t.offset as usize, t.length as usize);
+        t.offset = u64::MAX - 255;
+        t.sha256 = lowbit::util::sha256_hex(b"");
+        let mut w = std::fs::read(c.join("weights.bin")).unwrap();
+        w[offset..offset + length].fill(0);
+        std::fs::write(c.join("weights.bin"), &w).unwrap();
+        if version == 2 {
+            common::as_version(&c, &mut m, 2);
+        } else {
+            common::reseal(&mut m);
+        }
+        std::fs::write(
+            c.join("manifest.json"),
+            serde_json::to_vec_pretty(&m).unwrap(),
+        )
+        .unwrap();
+        let needle = format!(
+            "tensor \"token_embd.weight\": offset {} + length {length} overflows 64 bits",
+            u64::MAX - 255
+        );
+        let o = convert(&["verify", s(&c)]);
+        assert_eq!(o.status.code(), Some(1), "v{version}: {}", text(&o));
+        assert!(text(&o).contains(&needle), "v{version}: {}", text(&o));
+        assert!(!text(&o).contains("overlaps"), "v{version}: {}", text(&o));
+        let o = convert(&["run", s(&c), "--prompt-ids", "1,2", "--max-tokens", "1"]);
+        assert_eq!(o.status.code(), Some(2), "v{version}: {}", text(&o));
+        assert!(text(&o).contains(&needle), "v{version}: {}", text(&o));
+    }
+
+    let raw = std::fs::read_to_string(b.join("manifest.json")).unwrap();
+    for (edit, needle) in [
+        (
+            raw.replacen(
+                "\"format_version\": 3,",
+                "\"format_version\": 2, \"format_version\": 3,",
+                1,
+            ),
+            "member \"format_version\" appears twice in one object",
+        ),
+        (
+            raw.replacen("\"format_version\": 3,", "\"format_version\": 3.0,", 1),
+            "unsupported format_version 3.0 (not an unsigned integer)",
+        ),
+    ] {
+        assert_ne!(edit, raw);
+        let (_t, c) = common::edited_copy(&b, |_| {});
+        std::fs::write(c.join("manifest.json"), edit).unwrap();
+        let o = convert(&["verify", s(&c)]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(text(&o).contains(needle), "{}", text(&o));
+    }
+}
+
 /// A version-2 bundle (the weight file listed by the SHA256 of its bytes) opens, verifies
 /// (against its source too), runs and signs without a warning; a changed byte is named by
 /// the file's and the tensor's SHA256; add-kernels rewrites it as the version 3 this build

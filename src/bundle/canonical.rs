@@ -5,9 +5,11 @@
 //!
 //! - **Whitespace**: none between tokens.
 //! - **Objects**: members sorted by their keys compared as sequences of UTF-16 code units
-//!   (RFC 8785 section 3.2.3; for ASCII keys, byte order). Every member is kept; a manifest
-//!   with a key twice is refused before this point (the typed reader refuses it, and JSON
-//!   parsing keeps the last value).
+//!   (RFC 8785 section 3.2.3; for ASCII keys, byte order). Every member is kept. RFC 8785
+//!   takes I-JSON (RFC 7493), where a member name may not appear twice in one object; JSON
+//!   parsing (`serde_json::Value`) would keep the last of two, another parser the first, so
+//!   two readers could see different content under one digest: the manifest reader refuses
+//!   such a document first ([`check_unique_members`]).
 //! - **Arrays**: elements in their order.
 //! - **Strings**: `"`, then each character: `\"` and `\\` for `"` and `\`; `\b`, `\t`, `\n`,
 //!   `\f`, `\r` for U+0008, U+0009, U+000A, U+000C, U+000D; `\u00xx` (lowercase hex) for the
@@ -35,7 +37,69 @@
 //! give the same canonical text, so the writer can digest the manifest it is about to write
 //! and the reader the manifest it read.
 
+use serde::de::{Deserialize, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
 use serde_json::Value as Json;
+
+/// Checks that no object in the JSON document `bytes` has a member name twice (I-JSON, RFC
+/// 7493 section 2.3). On failure, the name and serde_json's line and column.
+pub fn check_unique_members(bytes: &[u8]) -> Result<(), String> {
+    serde_json::from_slice::<UniqueMembers>(bytes)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// A JSON value walked only to find a repeated member name.
+struct UniqueMembers;
+
+impl<'de> Deserialize<'de> for UniqueMembers {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(UniqueMembersVisitor)
+    }
+}
+
+struct UniqueMembersVisitor;
+
+impl<'de> Visitor<'de> for UniqueMembersVisitor {
+    type Value = UniqueMembers;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<UniqueMembers, E> {
+        Ok(UniqueMembers)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<UniqueMembers, E> {
+        Ok(UniqueMembers)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<UniqueMembers, E> {
+        Ok(UniqueMembers)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<UniqueMembers, E> {
+        Ok(UniqueMembers)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<UniqueMembers, E> {
+        Ok(UniqueMembers)
+    }
+    fn visit_unit<E>(self) -> Result<UniqueMembers, E> {
+        Ok(UniqueMembers)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<UniqueMembers, A::Error> {
+        while seq.next_element::<UniqueMembers>()?.is_some() {}
+        Ok(UniqueMembers)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UniqueMembers, A::Error> {
+        let mut seen = std::collections::BTreeSet::new();
+        while let Some(name) = map.next_key::<String>()? {
+            map.next_value::<UniqueMembers>()?;
+            if let Some(name) = seen.replace(name) {
+                return Err(A::Error::custom(format!(
+                    "member {name:?} appears twice in one object"
+                )));
+            }
+        }
+        Ok(UniqueMembers)
+    }
+}
 
 /// Appends the canonical form of `v` to `out`.
 pub fn write(v: &Json, out: &mut Vec<u8>) {

@@ -10,7 +10,7 @@
 //! - **Version 3** (every writer): as version 2, except for a file that holds tensors (the
 //!   weight file). Its `files` entry has no `sha256`; it has `tensors_sha256`, the SHA256 of
 //!   its tensor table ([`tensor_table`]: one line `"<offset> <length> <sha256>\n"` per tensor
-//!   in the file, by offset, each tensor's own SHA256 as its entry lists it), and every byte
+//!   in the file, by offset then length, each tensor's own SHA256 as its entry lists it), and every byte
 //!   of the file outside its tensors must be zero. The file's content is then fixed by the
 //!   tensor entries and the size alone, and each byte is hashed once (for its tensor), not
 //!   twice (for its tensor and for the whole file, as in version 2); tensors can be hashed

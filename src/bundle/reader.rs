@@ -104,6 +104,9 @@ pub fn open_manifest(dir: &Path) -> Result<ManifestFile, BundleError> {
     })?;
     let json: Json = serde_json::from_slice(&bytes)
         .map_err(|e| manifest_err(&mpath, format!("not valid JSON: {e}")))?;
+    // One member name twice in an object: serde_json keeps the last, another reader the
+    // first, and the digests cover what this reader kept.
+    super::canonical::check_unique_members(&bytes).map_err(|e| manifest_err(&mpath, e))?;
     match json.get("format").and_then(|v| v.as_str()) {
         Some(FORMAT) => {}
         other => {
@@ -120,9 +123,12 @@ pub fn open_manifest(dir: &Path) -> Result<ManifestFile, BundleError> {
                 &mpath,
                 format!(
                     "unsupported format_version {}: this build reads versions {FORMAT_VERSION_1} to {FORMAT_VERSION}",
-                    other
-                        .map(|v| v.to_string())
-                        .unwrap_or_else(|| "(missing)".into())
+                    match json.get("format_version") {
+                        None => "(missing)".to_string(),
+                        Some(raw) => other
+                            .map(|v| v.to_string())
+                            .unwrap_or_else(|| format!("{raw} (not an unsigned integer)")),
+                    }
                 ),
             ))
         }
@@ -515,7 +521,17 @@ fn hash_map_and_ranges(map: &Mmap, ranges: &[(u64, u64)], whole: bool) -> FileHa
             Some(hex::encode(h.finalize()))
         })
         .collect();
-    let nonzero = first_nonzero_outside(ranges, 0, map);
+    // The bytes outside the ranges, a window at a time, each window's pages dropped after (a
+    // file padded with gigabytes of zeros is read once, not kept resident).
+    let mut nonzero = None;
+    for (wi, chunk) in map.chunks(WINDOW).enumerate() {
+        let pos = (wi * WINDOW) as u64;
+        nonzero = first_nonzero_outside(ranges, pos, chunk);
+        crate::gguf::release_range(map, pos, chunk.len() as u64);
+        if nonzero.is_some() {
+            break;
+        }
+    }
     FileHashes {
         whole: None,
         ranges: hashes,
@@ -592,8 +608,13 @@ pub fn check_integrity_visiting(
             ));
             continue;
         }
-        let mut in_file: Vec<&TensorEntry> =
-            m.tensors.iter().filter(|t| t.file == f.path).collect();
+        // A tensor whose end overflows 64 bits is a layout failure (above) and takes no part
+        // in hashing, the overlap check or the zeros check: its range cannot be computed.
+        let mut in_file: Vec<&TensorEntry> = m
+            .tensors
+            .iter()
+            .filter(|t| t.file == f.path && t.offset.checked_add(t.length).is_some())
+            .collect();
         in_file.sort_by_key(|t| (t.offset, t.length));
         let mut ranges = Vec::with_capacity(in_file.len());
         let mut prev_end = 0u64;
@@ -605,8 +626,10 @@ pub fn check_integrity_visiting(
                     t.name, t.offset
                 ));
             }
-            prev_end = prev_end.max(t.offset.saturating_add(t.length));
-            prev_name = &t.name;
+            if t.offset + t.length > prev_end {
+                prev_end = t.offset + t.length;
+                prev_name = &t.name;
+            }
             ranges.push((t.offset, t.length));
         }
         let overlapping = failures.iter().any(|e| e.contains("overlaps"));
@@ -724,6 +747,12 @@ fn n_elements(shape: &[u64]) -> Option<u64> {
 
 /// Checks that a tensor's length, alignment and encoding parameters agree with its shape.
 pub fn check_tensor_layout(t: &TensorEntry) -> Result<(), String> {
+    if t.offset.checked_add(t.length).is_none() {
+        return Err(format!(
+            "offset {} + length {} overflows 64 bits (no file holds those bytes)",
+            t.offset, t.length
+        ));
+    }
     if !t.offset.is_multiple_of(ALIGNMENT) {
         return Err(format!(
             "offset {} is not a multiple of {ALIGNMENT}",
