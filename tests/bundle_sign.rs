@@ -405,8 +405,8 @@ fn version_3_lists_the_weight_file_by_its_tensor_table() {
 /// Found by breaking format version 3 on purpose: a tensor whose `offset + length` overflows
 /// 64 bits (its SHA256 forged as the empty input's, its old bytes zeroed, every digest
 /// recomputed) is a layout failure in every version, not a pass (and on versions 1 and 2 not a
-/// panic when run); a member name twice in one object and a non-integer `format_version` are
-/// refused by name.
+/// panic when run); two tensors at one offset are named; a member name twice in one object and
+/// a non-integer `format_version` are refused by name.
 #[test]
 fn overflowing_ranges_and_ambiguous_manifests_are_refused() {
     let (_d, b) = bundle();
@@ -446,6 +446,41 @@ fn overflowing_ranges_and_ambiguous_manifests_are_refused() {
         let o = convert(&["run", s(&c), "--prompt-ids", "1,2", "--max-tokens", "1"]);
         assert_eq!(o.status.code(), Some(2), "v{version}: {}", text(&o));
         assert!(text(&o).contains(&needle), "v{version}: {}", text(&o));
+    }
+
+    // Two tensors at one offset (the table and digests recomputed): named, in both versions.
+    for version in [3, 2] {
+        let (_t, c) = common::edited_copy(&b, |_| {});
+        let mut m: lowbit::bundle::manifest::Manifest =
+            serde_json::from_value(manifest(&c)).unwrap();
+        m.tensors.sort_by_key(|t| t.offset);
+        let (first, second) = (m.tensors[0].name.clone(), m.tensors[1].name.clone());
+        m.tensors[1].offset = m.tensors[0].offset;
+        if version == 2 {
+            common::as_version(&c, &mut m, 2);
+        } else {
+            common::reseal(&mut m);
+        }
+        std::fs::write(
+            c.join("manifest.json"),
+            serde_json::to_vec_pretty(&m).unwrap(),
+        )
+        .unwrap();
+        let o = convert(&["verify", s(&c)]);
+        assert_eq!(o.status.code(), Some(1), "v{version}: {}", text(&o));
+        // Sorted by (offset, length): the shorter one comes first, the other overlaps it.
+        let (earlier, later) = if m.tensors[1].length < m.tensors[0].length {
+            (second, first)
+        } else {
+            (first, second)
+        };
+        assert!(
+            text(&o).contains(&format!(
+                "tensor {later:?} at bytes 0.. overlaps tensor {earlier:?}"
+            )),
+            "v{version}: {}",
+            text(&o)
+        );
     }
 
     let raw = std::fs::read_to_string(b.join("manifest.json")).unwrap();

@@ -663,6 +663,11 @@ impl FileEntry {
 }
 
 impl Manifest {
+    /// Whether some tensor lives in the bundle file `path` (a weight file).
+    pub fn holds_tensors(&self, path: &str) -> bool {
+        self.tensors.iter().any(|t| t.file == path)
+    }
+
     /// The version-3 entry of `path`, a file of `size` bytes holding tensors: its
     /// `tensors_sha256` over this manifest's entries of the tensors in it.
     pub fn weight_file_entry(&self, path: &str, size: u64) -> FileEntry {

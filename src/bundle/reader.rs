@@ -181,7 +181,7 @@ pub fn open_manifest(dir: &Path) -> Result<ManifestFile, BundleError> {
                 format!("file {:?} listed twice", f.path),
             ));
         }
-        let holds_tensors = m.tensors.iter().any(|t| t.file == f.path);
+        let holds_tensors = m.holds_tensors(&f.path);
         match (&f.sha256, &f.tensors_sha256) {
             (Some(h), None) if version < FORMAT_VERSION || !holds_tensors => {
                 bad_hash(format!("file {:?}", f.path), h)?
@@ -306,6 +306,11 @@ struct WindowHasher<'r> {
 
 impl<'r> WindowHasher<'r> {
     fn new(ranges: &'r [(u64, u64)], size: u64, whole: bool, hold: bool) -> Self {
+        // Without `whole`, ranges are hashed as they complete, from the held bytes.
+        debug_assert!(
+            whole || hold,
+            "a range hash without the whole file's needs hold"
+        );
         WindowHasher {
             ranges,
             whole: whole.then(Sha256::new),
@@ -332,9 +337,9 @@ impl<'r> WindowHasher<'r> {
             first,
             nonzero,
         } = self;
-        // Without the whole file's hash, a held range is hashed once complete, beside its
+        // Without the whole file's hash, a (held) range is hashed once complete, beside its
         // visit (below), not window by window on this thread.
-        let hash_whole_ranges = whole.is_none() && held.is_some();
+        let hash_whole_ranges = whole.is_none();
         let mut ranges_part = || {
             for (i, &(off, rlen)) in ranges.iter().enumerate().skip(*first) {
                 if off >= end {
@@ -652,12 +657,15 @@ pub fn check_integrity_visiting(
             Some(v) if !overlapping && !in_file.is_empty() => {
                 scan_file(&p, &ranges, whole, &mut |i, bytes| v(in_file[i], bytes)).map_err(io)?
             }
-            _ if overlapping => {
-                let mut h = hash_map_and_ranges(&map, &[], whole);
-                h.ranges = vec![None; ranges.len()];
-                h.nonzero = None;
-                h
-            }
+            // Overlapping tensors: no range is hashed (each is failed above); the whole file
+            // still is where its entry lists its SHA256.
+            _ if overlapping => FileHashes {
+                whole: whole
+                    .then(|| hash_map_and_ranges(&map, &[], true).whole)
+                    .flatten(),
+                ranges: vec![None; ranges.len()],
+                nonzero: None,
+            },
             _ => hash_map_and_ranges(&map, &ranges, whole),
         };
         if let (Some(h), Some(listed)) = (&hashes.whole, &f.sha256) {

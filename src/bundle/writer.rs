@@ -953,7 +953,7 @@ pub fn add_kernels(bundle: &Path, output: Option<&Path>) -> Result<AddKernelsSum
     manifest.kernels = new_kernels.iter().map(|k| k.entry.clone()).collect();
     manifest.files = Vec::with_capacity(kept.len() + new_kernels.len());
     for f in &kept {
-        if !old.tensors.iter().any(|t| t.file == f.path) {
+        if !old.holds_tensors(&f.path) {
             manifest.files.push(f.clone());
             continue;
         }
