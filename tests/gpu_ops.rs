@@ -697,6 +697,11 @@ fn attention_case(
     } else if n == 1 {
         kernels.push(("op_attention_decode", 1, ops::DECODE_SPLIT_GRAIN));
     }
+    // The tiled prefill attention (group 0 here) where it runs, for any token count.
+    match ctx.attention_tile(hd) {
+        Some(name) => kernels.push((name, 0, 0)),
+        None => eprintln!("note: no tiled attention for head_dim {hd} here: not run"),
+    }
     let fresh = |x: &[f32]| buf(ctx, &x[pos0 * kv_heads * hd..(pos0 + 1) * kv_heads * hd]);
     let (kf, vf) = (fresh(&kv), fresh(&vv));
     let identity = buf(ctx, &[1.0, 0.0].repeat(n_ctx * hd / 2));
@@ -728,12 +733,16 @@ fn attention_case(
                     (heads as u32, splits as u32, 1),
                 );
             } else {
-                run(
-                    ctx,
-                    name,
-                    &[&qb, &kc, &vc, &part, &p, &st],
-                    ((heads / g) as u32, splits as u32, n as u32),
-                );
+                // g == 0: the tiled kernel's grid.
+                let grid = match heads.checked_div(g) {
+                    Some(per_group) => (per_group as u32, splits as u32, n as u32),
+                    None => (
+                        (n * (heads / kv_heads)).div_ceil(ops::attention_tile_rows(hd)) as u32,
+                        splits as u32,
+                        kv_heads as u32,
+                    ),
+                };
+                run(ctx, name, &[&qb, &kc, &vc, &part, &p, &st], grid);
             }
             // chunk: the combine reads only the splits up to each token's position (with a
             // grain, of the position-dependent size).
@@ -862,6 +871,28 @@ fn split_attention_matches_an_f64_softmax() {
     // splits of many tiles (op_attention_decode's are 456 positions here, as in a context
     // past 8192 with 128 splits): the online softmax across tiles
     attention_case(&ctx, 4, 2, 64, 2048, 1800, 1, 4, 0, &mut seed);
+}
+
+/// Prefill chunks as the tiled attention takes them: rows of several tokens in one
+/// workgroup with their own causal ends, rows past the chunk's last token, groups that do not
+/// divide a workgroup's rows (Qwen2.5's 7 heads a KV head), splits a row has no position in,
+/// tiles cut by a split's end and by a sliding window.
+#[test]
+fn prefill_attention_in_tiles_matches_an_f64_softmax() {
+    let Some(ctx) = ctx() else { return };
+    let mut seed = 5u64;
+    // the 8B shape: 16 query heads a KV head, head_dim 128 (2 tokens a workgroup), a chunk
+    // at position 300 over splits of 128 positions
+    attention_case(&ctx, 32, 2, 128, 1024, 300, 37, 8, 0, &mut seed);
+    // Qwen2.5: 7 heads a KV head, head_dim 64 (64 rows: 9.1 tokens a workgroup)
+    attention_case(&ctx, 14, 2, 64, 512, 45, 29, 4, 0, &mut seed);
+    // SmolLM2: 3 heads a KV head, from position 0 (the first tile partial)
+    attention_case(&ctx, 9, 3, 64, 256, 0, 64, 2, 0, &mut seed);
+    // Gemma 3: head_dim 256 (16 rows a workgroup, tiles of 16), a sliding window of 40
+    // that starts inside tiles and splits
+    attention_case(&ctx, 4, 1, 256, 512, 100, 50, 4, 40, &mut seed);
+    // one query head per KV head (no grouping), head_dim 128
+    attention_case(&ctx, 2, 2, 128, 128, 10, 16, 1, 0, &mut seed);
 }
 
 #[test]

@@ -842,7 +842,9 @@ const DECODE_ATTENTION: &str = "op_attention_decode";
 /// enough workgroups to fill a GPU when there are few heads, each workgroup's serial work
 /// short; `op_attention_decode` spreads the positions up to the current one over the
 /// splits, [`ops::split_chunk`], and splits past them exit at once); prefill chunks into up
-/// to 8. At most `MAX_SPLITS` of attention_combine.wgsl.
+/// to 8 (with the tiled prefill attention on an H200, splits of 256 positions gave the
+/// same prompt speed as 1024: BENCHMARKS.md). At most `MAX_SPLITS` of
+/// attention_combine.wgsl.
 fn attention_splits(s: usize, n_ctx: usize) -> (usize, usize) {
     let splits = if s == 1 {
         n_ctx.div_ceil(64).clamp(1, 128)
@@ -941,7 +943,10 @@ fn build_graph(
     // knob; a divisor of heads / kv_heads up to 4, else the default); 1 where the kernels
     // lack the variant (a bundle made before them). Decode keeps one head per workgroup (its
     // few workgroups are bound by latency: in groups of 8, a decode step's attention ran
-    // 2.5x slower on an H200).
+    // 2.5x slower on an H200). Before those, prefill takes the tiled attention
+    // (`op_attention_tile_hd{64,128,256}`, `GpuContext::attention_tile`) where it runs: on
+    // the H200 a 256-token chunk's attention of the 8B shape took 0.55 ms a layer against
+    // 1.9 with groups of 4.
     let (attention, group, grain) = if s == 1 {
         let forced_off = match std::env::var("LOWBIT_GPU_ATTN_DECODE") {
             Ok(v) if v == "0" => true,
@@ -1004,9 +1009,20 @@ fn build_graph(
             },
             Err(_) => ops::attention_group(nh, nkv),
         };
-        match ops::attention_name(group) {
-            name if ctx.has_source(name) => (name, group, 0),
-            _ => (ops::attention_name(1), 1, 0),
+        // The tiled kernel where it runs here and its grid fits (`LOWBIT_GPU_ATTN_TILE=0`:
+        // the grouped kernels, a benchmarking knob); `group` 0 marks it.
+        let tile = std::env::var("LOWBIT_GPU_ATTN_TILE").map_or(true, |v| v != "0");
+        let fits = || {
+            nkv > 0
+                && nh.is_multiple_of(nkv)
+                && (s * (nh / nkv)).div_ceil(ops::attention_tile_rows(hd)) <= 65_535
+        };
+        match (tile, ctx.attention_tile(hd)) {
+            (true, Some(name)) if fits() => (name, 0, 0),
+            _ => match ops::attention_name(group) {
+                name if ctx.has_source(name) => (name, group, 0),
+                _ => (ops::attention_name(1), 1, 0),
+            },
         }
     };
     // Which ops decode folds into the ternary products: `LOWBIT_GPU_FOLD` = `all` (the norms
@@ -1218,11 +1234,17 @@ fn build_graph(
                 &[qf, kf, &a.v, table, kc, vc, &pr, &a.step],
                 (gx, n_tok, 1),
             )?);
-            items.push(op(
-                attention,
-                &[qf, kc, vc, &a.part, &p, &a.step],
-                ((nh / group) as u32, splits as u32, n_tok),
-            )?);
+            // The tiled kernel: workgroups of `ops::attention_tile_rows` (token, head) rows
+            // of one KV head; the others: one per (head group, split, token).
+            let grid = match nh.checked_div(group) {
+                Some(per_group) => (per_group as u32, splits as u32, n_tok),
+                None => (
+                    (s * (nh / nkv)).div_ceil(ops::attention_tile_rows(hd)) as u32,
+                    splits as u32,
+                    nkv as u32,
+                ),
+            };
+            items.push(op(attention, &[qf, kc, vc, &a.part, &p, &a.step], grid)?);
         }
         let p = u32s(&[
             nh as u32,

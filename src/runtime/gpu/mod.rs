@@ -2677,6 +2677,19 @@ impl GpuContext {
         self.f16_in_f32
     }
 
+    /// The tiled prefill attention for `head_dim` (`op_attention_tile_hd{N}`) where it runs
+    /// here: a variant for the head dimension, unpack2x16float, workgroup memory for it
+    /// ([`ops::attention_tile_shared_bytes`]) and its source carried; `None` otherwise (the
+    /// grouped kernels then run prefill).
+    pub fn attention_tile(&self, head_dim: usize) -> Option<&'static str> {
+        let name = ops::attention_tile_name(head_dim)?;
+        (self.f16_in_f32
+            && ops::attention_tile_shared_bytes(head_dim)
+                <= self.limits.max_compute_workgroup_storage_size as u64
+            && self.has_source(name))
+        .then_some(name)
+    }
+
     /// Whether the device can time passes with timestamp queries.
     pub fn has_timestamps(&self) -> bool {
         self.features.contains(wgpu::Features::TIMESTAMP_QUERY)

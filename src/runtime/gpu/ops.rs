@@ -116,6 +116,105 @@ pub fn attention_name(group: usize) -> &'static str {
     NAMES[group - 1]
 }
 
+/// The tiled prefill attention's template (`attention_tile.wgsl`: HD, R and KT substituted
+/// per variant, [`attention_tile_name`]).
+const ATTENTION_TILE: &str = include_str!("shaders/ops/attention_tile.wgsl");
+
+/// Head dimensions the tiled prefill attention has a variant for (other head dimensions run
+/// the grouped kernels).
+pub const ATTENTION_TILE_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// Query rows per workgroup of the tiled prefill attention for `head_dim` (its `R`: the rows'
+/// queries fill 16 KB of workgroup memory).
+pub fn attention_tile_rows(head_dim: usize) -> usize {
+    4096 / head_dim
+}
+
+/// Positions per tile of the tiled prefill attention for `head_dim` (its `KT`).
+fn attention_tile_positions(head_dim: usize) -> usize {
+    if head_dim > 128 {
+        16
+    } else {
+        32
+    }
+}
+
+/// Bytes of workgroup memory the tiled prefill attention for `head_dim` declares (`qs`, `kv`,
+/// `sc`, `pm`, `cr` of attention_tile.wgsl), to hold against the adapter's limit.
+pub fn attention_tile_shared_bytes(head_dim: usize) -> u64 {
+    let (r, kt, hw) = (
+        attention_tile_rows(head_dim),
+        attention_tile_positions(head_dim),
+        head_dim / 2,
+    );
+    (8 * r * (hw + 1) + 4 * kt * (hw + 1) + 4 * r * (kt + 1) + 4 * 128 + 4 * r) as u64
+}
+
+/// The tiled prefill attention's name for `head_dim`, `None` for a head dimension it has no
+/// variant for.
+pub fn attention_tile_name(head_dim: usize) -> Option<&'static str> {
+    match head_dim {
+        64 => Some("op_attention_tile_hd64"),
+        128 => Some("op_attention_tile_hd128"),
+        256 => Some("op_attention_tile_hd256"),
+        _ => None,
+    }
+}
+
+/// A template's `//@for NAME COUNT` ... `//@end` blocks (nested or not) each repeated
+/// `counts[COUNT]` times with `{NAME}` replaced by the copy's index (attention_tile.wgsl).
+fn expand_for(template: &str, counts: &[(&str, usize)]) -> String {
+    fn expand(lines: &[&str], counts: &[(&str, usize)], out: &mut String) {
+        let mut i = 0;
+        while i < lines.len() {
+            let t = lines[i].trim();
+            let Some(spec) = t.strip_prefix("//@for ") else {
+                assert!(t != "//@end", "an //@end without //@for");
+                out.push_str(lines[i]);
+                out.push('\n');
+                i += 1;
+                continue;
+            };
+            let (name, count) = spec.split_once(' ').expect("//@for NAME COUNT");
+            let n = counts
+                .iter()
+                .find(|(c, _)| *c == count)
+                .unwrap_or_else(|| panic!("no count {count}"))
+                .1;
+            // The matching //@end.
+            let mut depth = 0;
+            let end = (i + 1..lines.len())
+                .find(|&j| {
+                    let u = lines[j].trim();
+                    if u.starts_with("//@for ") {
+                        depth += 1;
+                    } else if u == "//@end" {
+                        if depth == 0 {
+                            return true;
+                        }
+                        depth -= 1;
+                    }
+                    false
+                })
+                .expect("an //@for without //@end");
+            let key = format!("{{{name}}}");
+            for k in 0..n {
+                let copy: Vec<String> = lines[i + 1..end]
+                    .iter()
+                    .map(|l| l.replace(&key, &k.to_string()))
+                    .collect();
+                let refs: Vec<&str> = copy.iter().map(|l| l.as_str()).collect();
+                expand(&refs, counts, out);
+            }
+            i = end + 1;
+        }
+    }
+    let lines: Vec<&str> = template.lines().collect();
+    let mut out = String::with_capacity(template.len() * 4);
+    expand(&lines, counts, &mut out);
+    out
+}
+
 /// A template with `group` copies of each block between a `//@each` line and an `//@end` line,
 /// `{g}` replaced by the copy's index: attention_group.wgsl's once per query head, and
 /// attention_decode.wgsl's [`DECODE_ATTENTION_UNROLL`] times (its tile's loads).
@@ -192,6 +291,31 @@ pub fn sources() -> Vec<KernelSource> {
         v.push(KernelSource {
             wgsl: format!(
                 "// {name}: src/runtime/gpu/shaders/ops/common.wgsl + attention_group.wgsl with QG = {g}\n{COMMON}\n{body}"
+            ),
+            name: name.into(),
+        });
+    }
+    for hd in ATTENTION_TILE_HEAD_DIMS {
+        let name = attention_tile_name(hd).expect("a variant per listed head dimension");
+        let (r, kt) = (attention_tile_rows(hd), attention_tile_positions(hd));
+        let mut body = expand_for(
+            ATTENTION_TILE,
+            &[
+                ("SBR", r / 16),
+                ("SBK", kt / 8),
+                ("OBW", hd / 16),
+                ("LD", kt * hd / 2 / 128),
+                ("QLD", r * hd / 2 / 128),
+            ],
+        );
+        for (line, value) in [("HD", hd), ("R", r), ("KT", kt)] {
+            let decl = format!("const {line}: u32 = 0u;");
+            assert!(body.contains(&decl), "attention_tile.wgsl declares {line}");
+            body = body.replace(&decl, &format!("const {line}: u32 = {value}u;"));
+        }
+        v.push(KernelSource {
+            wgsl: format!(
+                "// {name}: src/runtime/gpu/shaders/ops/common.wgsl + attention_tile.wgsl with HD = {hd}, R = {r}, KT = {kt}\n{COMMON}\n{body}"
             ),
             name: name.into(),
         });
@@ -360,6 +484,42 @@ impl GpuContext {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn for_blocks_expand_nested_and_tiled_attention_fits_32_kb() {
+        let t = "a\n  //@for r TWO\n  x{r}\n  //@for k THREE\n  y{r}{k}\n  //@end\n  //@end\nb\n";
+        assert_eq!(
+            expand_for(t, &[("TWO", 2), ("THREE", 3)]),
+            "a\n  x0\n  y00\n  y01\n  y02\n  x1\n  y10\n  y11\n  y12\nb\n"
+        );
+        let all = sources();
+        for hd in ATTENTION_TILE_HEAD_DIMS {
+            // 32 KB: Apple GPUs' workgroup memory (the most WebGPU's own limits promise is
+            // 16 KB; the host checks the adapter's limit before choosing the kernel).
+            assert!(attention_tile_shared_bytes(hd) <= 32768, "hd {hd}");
+            let name = attention_tile_name(hd).unwrap();
+            let k = all.iter().find(|k| k.name == name).unwrap();
+            assert!(
+                k.wgsl.lines().all(|l| {
+                    let t = l.trim();
+                    !t.starts_with("//@for") && t != "//@end"
+                }),
+                "{name}"
+            );
+            for p in ["{r}", "{k}", "{d}", "{i}"] {
+                assert!(!k.wgsl.contains(p), "{name} keeps {p}");
+            }
+            assert!(
+                k.wgsl.contains(&format!("const HD: u32 = {hd}u;")),
+                "{name}"
+            );
+            // The template's constants and the host's byte count agree.
+            let r = attention_tile_rows(hd);
+            assert!(k.wgsl.contains(&format!("const R: u32 = {r}u;")), "{name}");
+            assert_eq!(r * hd, 4096);
+        }
+        assert_eq!(attention_tile_name(80), None);
+    }
 
     #[test]
     fn attention_kernels_share_max_hd_and_expand_per_head() {
