@@ -873,6 +873,97 @@ fn split_attention_matches_an_f64_softmax() {
     attention_case(&ctx, 4, 2, 64, 2048, 1800, 1, 4, 0, &mut seed);
 }
 
+/// An overflowed value (inf in the f16 cache) at the chunk's last position reaches only the
+/// rows that attend to it: the tiled attention runs the earlier tokens' rows over that
+/// position too (one workgroup holds several tokens) and must skip it there, as
+/// `op_attention` (one workgroup per token and head) never reads it.
+#[test]
+fn tiled_attention_keeps_an_inf_value_to_the_rows_that_attend_to_it() {
+    let Some(ctx) = ctx() else { return };
+    let (heads, kv_heads, hd, n_ctx, n) = (4usize, 2usize, 64usize, 64usize, 20usize);
+    let Some(tile) = ctx.attention_tile(hd) else {
+        eprintln!("note: no tiled attention here: not run");
+        return;
+    };
+    let mut seed = 6u64;
+    let kv: Vec<f32> = (0..n * kv_heads * hd).map(|_| lcg(&mut seed)).collect();
+    let mut vv: Vec<f32> = (0..n * kv_heads * hd).map(|_| lcg(&mut seed)).collect();
+    for x in &mut vv[(n - 1) * kv_heads * hd..] {
+        *x = 1e6; // past f16's largest finite value: stored as inf
+    }
+    let kc = ctx.vector_buffer("kc", kv_heads * n_ctx * hd / 2);
+    let vc = ctx.vector_buffer("vc", kv_heads * n_ctx * hd / 2);
+    let (kb, vb) = (buf(&ctx, &kv), buf(&ctx, &vv));
+    let p = params(&ctx, &[kv_heads as u32, hd as u32, n_ctx as u32, 0]);
+    let st = step(&ctx, 0, n as u32);
+    run(
+        &ctx,
+        "op_kv_store",
+        &[&kb, &vb, &kc, &vc, &p, &st],
+        ((kv_heads * hd / 2).div_ceil(64) as u32, n as u32, 1),
+    );
+    let q: Vec<f32> = (0..n * heads * hd).map(|_| lcg(&mut seed)).collect();
+    let qb = buf(&ctx, &q);
+    let part = ctx.vector_buffer("part", n * heads * (hd + 2));
+    let out = ctx.vector_buffer("out", n * heads * hd);
+    let kq = (1.0 / (hd as f32).sqrt()).to_bits();
+    let pa = params(
+        &ctx,
+        &[
+            heads as u32,
+            kv_heads as u32,
+            hd as u32,
+            n_ctx as u32,
+            1,
+            n_ctx as u32,
+            0,
+            kq,
+        ],
+    );
+    let pc = params(
+        &ctx,
+        &[heads as u32, hd as u32, 1, n_ctx as u32, 0, 0, 0, 0],
+    );
+    let rows = n * heads / kv_heads;
+    let mut outs = Vec::new();
+    for (name, grid) in [
+        ("op_attention", (heads as u32, 1, n as u32)),
+        (
+            tile,
+            (
+                rows.div_ceil(ops::attention_tile_rows(hd)) as u32,
+                1,
+                kv_heads as u32,
+            ),
+        ),
+    ] {
+        run(&ctx, name, &[&qb, &kc, &vc, &part, &pa, &st], grid);
+        run(
+            &ctx,
+            "op_attention_combine",
+            &[&part, &out, &pc, &st],
+            (heads as u32, n as u32, 1),
+        );
+        outs.push(read(&ctx, &out, n * heads * hd));
+    }
+    let (want, got) = (&outs[0], &outs[1]);
+    let earlier = (n - 1) * heads * hd;
+    assert!(want[..earlier].iter().all(|x| x.is_finite()));
+    assert!(
+        got[..earlier].iter().all(|x| x.is_finite()),
+        "{tile}: an earlier token's row took the inf of a later position"
+    );
+    let d = got[..earlier]
+        .iter()
+        .zip(&want[..earlier])
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(d < 1e-5, "{tile} against op_attention: {d}");
+    // The last token attends to its own position: not finite with either kernel.
+    assert!(want[earlier..].iter().all(|x| !x.is_finite()));
+    assert!(got[earlier..].iter().all(|x| !x.is_finite()), "{tile}");
+}
+
 /// Prefill chunks as the tiled attention takes them: rows of several tokens in one
 /// workgroup with their own causal ends, rows past the chunk's last token, groups that do not
 /// divide a workgroup's rows (Qwen2.5's 7 heads a KV head), splits a row has no position in,

@@ -19,15 +19,19 @@
 //      loaded its LD words a step earlier, into registers) and the tile's values' loads;
 //   2. scores: invocation i takes rows SBR * (i / 8) .. + SBR and positions i % 8 + 8 b
 //      (b < SBK), each a dot over the head's dims in pairs (q from `qs`, the key's pair
-//      widened by unpack2x16float, exact), times kq_scale, into `sc`;
+//      widened by unpack2x16float: exact for normal f16, a driver may flush subnormals),
+//      times kq_scale, into `sc`;
 //   3. the tile's values into `kv` (the keys are no longer read) and the next tile's keys'
 //      loads; each row's IPR invocations take KPI positions each: their max into `pm`;
 //   4. each row's new max from its IPR partial maxes (in order), the weights exp(s - m_new)
 //      of its valid positions into `sc` (0 for the others), the row's rescale exp(m_old -
 //      m_new) into `cr`; each invocation keeps its own part of the row's l, rescaled alike;
 //   5. the weighted values: invocation i owns rows SBR * (i / 8) .. + SBR and dim pairs
-//      i % 8 + 8 w (w < OBW), R * HD / 128 = 32 accumulators, rescaled by `cr`, then adds
-//      each position's weight times its value pair in position order.
+//      i % 8 + 8 w (w < OBW), R * HD / 128 = 32 values in SBR * OBW vec2 accumulators,
+//      rescaled by `cr`, then adds each position's weight times its value pair in position
+//      order, skipping the positions outside the row's range (a position a later token of
+//      the chunk attends to, or one outside a window, holding an inf or NaN value, leaves the
+//      row as the other attention kernels and the CPU leave it).
 // The rows' bounds are workgroup-uniform (the loop runs from the first row's lowest position
 // to the last row's highest), each row masked to its own. exp is WGSL's precise exp.
 // Template (src/runtime/gpu/ops.rs): HD (64, 128 or 256), R = 4096 / HD and KT (32, or 16 at
@@ -114,6 +118,10 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let last = row_range(step.pos0 + (min(r0 + R, rows) - 1u) / g, split);
     let start = first.x;
     let end = last.y;
+    // The positions every real row of the workgroup attends to: from the last row's start
+    // to the first row's end (empty where the rows' ranges do not all overlap; rows past the
+    // chunk's last token are never stored).
+    let inner = vec2<u32>(last.x, first.y);
 
     // The rows' queries (every load issued before any store).
     //@for i QLD
@@ -140,6 +148,11 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let s_valid = sr < rows;
     var m = NEG;
     var l = 0.0;
+    // Step 5's rows' own ranges (empty for a row past the chunk's last token).
+    //@for r SBR
+    let pr_{r} = r0 + rg * SBR + {r}u;
+    let range_{r} = select(vec2<u32>(0u), row_range(step.pos0 + min(pr_{r}, rows - 1u) / g, split), pr_{r} < rows);
+    //@end
     //@for r SBR
     //@for d OBW
     var acc_{r}_{d} = vec2<f32>(0.0);
@@ -242,16 +255,35 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         acc_{r}_{d} *= c_{r};
         //@end
         //@end
-        for (var j = 0u; j < n_tile; j++) {
-            //@for d OBW
-            let v_{d} = unpack2x16float(kv[j * KS + kg + 8u * {d}u]);
-            //@end
-            //@for r SBR
-            let e_{r} = sc[(rg * SBR + {r}u) * SS + j];
-            //@for d OBW
-            acc_{r}_{d} += e_{r} * v_{d};
-            //@end
-            //@end
+        // A tile inside every row's range (all but the first and last few) adds every
+        // position; the others skip each row's positions outside its range. Uniform over
+        // the workgroup: `inner` and `outer` bound every row's range.
+        if tile >= inner.x && tile + n_tile <= inner.y {
+            for (var j = 0u; j < n_tile; j++) {
+                //@for d OBW
+                let v_{d} = unpack2x16float(kv[j * KS + kg + 8u * {d}u]);
+                //@end
+                //@for r SBR
+                let wt_{r} = sc[(rg * SBR + {r}u) * SS + j];
+                //@for d OBW
+                acc_{r}_{d} += wt_{r} * v_{d};
+                //@end
+                //@end
+            }
+        } else {
+            for (var j = 0u; j < n_tile; j++) {
+                //@for d OBW
+                let v_{d} = unpack2x16float(kv[j * KS + kg + 8u * {d}u]);
+                //@end
+                //@for r SBR
+                let wt_{r} = sc[(rg * SBR + {r}u) * SS + j];
+                if tile + j >= range_{r}.x && tile + j < range_{r}.y {
+                    //@for d OBW
+                    acc_{r}_{d} += wt_{r} * v_{d};
+                    //@end
+                }
+                //@end
+            }
         }
         workgroupBarrier();
     }
