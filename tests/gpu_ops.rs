@@ -737,7 +737,7 @@ fn attention_case(
                 let grid = match heads.checked_div(g) {
                     Some(per_group) => (per_group as u32, splits as u32, n as u32),
                     None => (
-                        (n * (heads / kv_heads)).div_ceil(ops::attention_tile_rows(hd)) as u32,
+                        ops::attention_tile_workgroups(n, heads, kv_heads, hd) as u32,
                         splits as u32,
                         kv_heads as u32,
                     ),
@@ -924,14 +924,13 @@ fn tiled_attention_keeps_an_inf_value_to_the_rows_that_attend_to_it() {
         &ctx,
         &[heads as u32, hd as u32, 1, n_ctx as u32, 0, 0, 0, 0],
     );
-    let rows = n * heads / kv_heads;
     let mut outs = Vec::new();
     for (name, grid) in [
         ("op_attention", (heads as u32, 1, n as u32)),
         (
             tile,
             (
-                rows.div_ceil(ops::attention_tile_rows(hd)) as u32,
+                ops::attention_tile_workgroups(n, heads, kv_heads, hd) as u32,
                 1,
                 kv_heads as u32,
             ),

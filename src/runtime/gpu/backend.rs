@@ -1015,7 +1015,7 @@ fn build_graph(
         let fits = || {
             nkv > 0
                 && nh.is_multiple_of(nkv)
-                && (s * (nh / nkv)).div_ceil(ops::attention_tile_rows(hd)) <= 65_535
+                && ops::attention_tile_workgroups(s, nh, nkv, hd) <= 65_535
         };
         match (tile, ctx.attention_tile(hd)) {
             (true, Some(name)) if fits() => (name, 0, 0),
@@ -1234,12 +1234,12 @@ fn build_graph(
                 &[qf, kf, &a.v, table, kc, vc, &pr, &a.step],
                 (gx, n_tok, 1),
             )?);
-            // The tiled kernel: workgroups of `ops::attention_tile_rows` (token, head) rows
-            // of one KV head; the others: one per (head group, split, token).
+            // The tiled kernel: `ops::attention_tile_workgroups` per (split, KV head); the
+            // others: one per (head group, split, token).
             let grid = match nh.checked_div(group) {
                 Some(per_group) => (per_group as u32, splits as u32, n_tok),
                 None => (
-                    (s * (nh / nkv)).div_ceil(ops::attention_tile_rows(hd)) as u32,
+                    ops::attention_tile_workgroups(s, nh, nkv, hd) as u32,
                     splits as u32,
                     nkv as u32,
                 ),

@@ -130,6 +130,18 @@ pub fn attention_tile_rows(head_dim: usize) -> usize {
     4096 / head_dim
 }
 
+/// Workgroups along x of the tiled prefill attention's grid for `tokens` tokens: the
+/// (token, query head) rows of one KV head, [`attention_tile_rows`] a workgroup (the grid
+/// is `(this, splits, kv_heads)`). `kv_heads` divides `heads`.
+pub fn attention_tile_workgroups(
+    tokens: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> usize {
+    (tokens * (heads / kv_heads)).div_ceil(attention_tile_rows(head_dim))
+}
+
 /// Positions per tile of the tiled prefill attention for `head_dim` (its `KT`).
 fn attention_tile_positions(head_dim: usize) -> usize {
     if head_dim > 128 {
