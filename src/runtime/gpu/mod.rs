@@ -1001,12 +1001,30 @@ fn rms_decls(w: &mut dyn FnMut(String)) {
     w("var<workgroup> ssq: array<f32, WG / 4u>;".into());
 }
 
+/// Iterations of [`rms_scale`]'s loop over x whose loads are issued together, before any sum.
+const RMS_UNROLL: u32 = 4;
+
 /// `rinv`, rms_norm.wgsl's scale `1 / sqrt(mean(x^2) + eps)`, computed by every workgroup of a
 /// kernel with the RMSNorm folded in: every subgroup's sum added in the same order by every
-/// invocation.
+/// invocation. Invocation `lid` adds `dot(v, v)` of `x[lid]`, `x[lid + WG]`, ... in that
+/// order; the first [`RMS_UNROLL`] of those loads are issued at once (a loop with a bound
+/// known only at run time waits for each load in turn: one round trip to memory instead of
+/// four at K = 4096 and 256 invocations), a load past the end adding `0.0`, which leaves the
+/// sum's bits as they are (it is `+0.0` or more).
 fn rms_scale(w: &mut dyn FnMut(String)) {
+    w("    let n4 = params.cols / 4u;".into());
+    for k in 0..RMS_UNROLL {
+        w(format!("    let rv{k} = x[min(lid + {k}u * WG, n4 - 1u)];"));
+    }
     w("    var sq = 0.0;".into());
-    w("    for (var i = lid; i < params.cols / 4u; i += WG) {".into());
+    for k in 0..RMS_UNROLL {
+        w(format!(
+            "    sq += select(0.0, dot(rv{k}, rv{k}), lid + {k}u * WG < n4);"
+        ));
+    }
+    w(format!(
+        "    for (var i = lid + {RMS_UNROLL}u * WG; i < n4; i += WG) {{"
+    ));
     w("        let v = x[i];".into());
     w("        sq += dot(v, v);".into());
     w("    }".into());
@@ -1225,16 +1243,6 @@ fn q8_quantize_source_as(load: Q8Load) -> String {
     w("    @builtin(num_subgroups) nsg: u32,".into());
     w(") {".into());
     w("    let groups = params.cols / 16u;".into());
-    if load == Q8Load::Norm {
-        rms_scale(&mut w);
-    }
-    w("    if lid < WG / 16u {".into());
-    w("        atomicStore(&bmax[lid], 0u);".into());
-    w("    }".into());
-    w("    if lid < WG / 4u {".into());
-    w("        atomicStore(&usum[lid], 0);".into());
-    w("    }".into());
-    w("    workgroupBarrier();".into());
     w(
         "    // Every invocation reaches every barrier: those past the last group load it again"
             .into(),
@@ -1243,7 +1251,47 @@ fn q8_quantize_source_as(load: Q8Load) -> String {
     w("    let g0 = wid.x * WG + lid;".into());
     w("    let live = g0 < groups;".into());
     w("    let g = min(g0, groups - 1u);".into());
-    q8_quantize_groups(&mut w, load, "lid / 16u", "g", "lid / 4u");
+    // The group's x and norm weight are loaded first, beside the sum of squares' loads: one
+    // round trip to memory for all of them (the same values, the same expressions below).
+    w(
+        "    // The group's words first, with the sum of squares' (the same values as later)."
+            .into(),
+    );
+    for i in 0..4 {
+        w(format!("    let xg{i} = x[4u * g + {i}u];"));
+        if rms {
+            w(format!("    let ng{i} = nw[4u * g + {i}u];"));
+        }
+    }
+    w("    if lid < WG / 16u {".into());
+    w("        atomicStore(&bmax[lid], 0u);".into());
+    w("    }".into());
+    w("    if lid < WG / 4u {".into());
+    w("        atomicStore(&usum[lid], 0);".into());
+    w("    }".into());
+    if load == Q8Load::Norm {
+        // Its barrier also orders the stores above before the atomics below.
+        rms_scale(&mut w);
+    } else {
+        w("    workgroupBarrier();".into());
+    }
+    let mut sub = String::new();
+    q8_quantize_groups(
+        &mut |line| {
+            let _ = writeln!(sub, "{line}");
+        },
+        load,
+        "lid / 16u",
+        "g",
+        "lid / 4u",
+    );
+    for i in 0..4 {
+        sub = sub
+            .replace(&format!("x[4u * g + {i}u]"), &format!("xg{i}"))
+            .replace(&format!("nw[4u * g + {i}u]"), &format!("ng{i}"));
+    }
+    debug_assert!(!sub.contains("[4u * g"));
+    w(sub.trim_end().into());
     if load == Q8Load::Late {
         w(
             "    // The workgroup's x . x after the unit terms, its subgroups' sums in order."
@@ -1272,6 +1320,44 @@ fn q8_quantize_source_as(load: Q8Load) -> String {
     w("    }".into());
     w("}".into());
     m
+}
+
+/// Groups of four splits whose values `op_attention_combine_q8` loads before its first barrier,
+/// beside the splits' m and l (the 8B shape's decode step at position 512 merges 33 splits).
+/// On an H200 (BENCHMARKS.md), with 4 the step took 2358-2361 us, with 0 (every group in the
+/// loop after the barriers) 2371-2375, with 9 (36 splits) 2381-2390: the first loads help,
+/// 36 values an invocation held across the barriers cost more than the round trips saved.
+const COMBINE_Q8_PRE: u32 = 4;
+
+/// The loads of [`COMBINE_Q8_PRE`] groups of four splits' values (`pv0`, ...), indices
+/// clamped to the last split used.
+fn combine_q8_preload() -> String {
+    let mut s = String::new();
+    for k in 0..COMBINE_Q8_PRE {
+        let i: Vec<String> = (0..4)
+            .map(|j| format!("part[o + min({}u, lastu) * stride]", 4 * k + j))
+            .collect();
+        s.push_str(&format!("    let pv{k} = vec4<f32>({});\n", i.join(", ")));
+    }
+    s
+}
+
+/// The terms of the preloaded groups ([`combine_q8_preload`]), each group's as the loop
+/// after them adds one (the same expressions in the same order).
+fn combine_q8_first() -> String {
+    let mut s = String::new();
+    for k in 0..COMBINE_Q8_PRE {
+        let sp = 4 * k;
+        s.push_str(&format!(
+            "    if {sp}u < used {{
+        let live = vec4<u32>({sp}u, {}u, {}u, {}u) < vec4<u32>(used);
+        let wv = vec4<f32>(ws[b + {sp}u], ws[b + min({}u, lastu)], ws[b + min({}u, lastu)], ws[b + min({}u, lastu)]);
+        a += select(vec4<f32>(0.0), wv * pv{k}, (wv > vec4<f32>(0.0)) & live);
+    }}\n",
+            sp + 1, sp + 2, sp + 3, sp + 1, sp + 2, sp + 3
+        ));
+    }
+    s
 }
 
 /// The decode attention's combine with the output product's int8 quantization folded in
@@ -1315,6 +1401,8 @@ const WG: u32 = 256u;
 // Heads a block of 256 outputs spans, at most (head_dim >= 64), and splits (backend.rs).
 const MAXH: u32 = 5u;
 const MAX_SPLITS: u32 = 128u;
+// Groups of four splits whose values are loaded at the start.
+const PRE: u32 = {COMBINE_Q8_PRE}u;
 const NEG_BIG: f32 = -3.4028234663852886e38;
 // Per head of the block and split: m (or NEG_BIG where the split holds no position), l, and
 // then the split's weight exp(m - M).
@@ -1346,6 +1434,16 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let h0 = (blk * 256u) / hd;
     let nhb = (blk * 256u + 255u) / hd - h0 + 1u;
     let stride = hd + 2u;
+    // Element e's values of the first 4 * PRE splits, loaded here, before the barriers (in
+    // flight with the m and l loads below; the loop after the barriers waits for each group
+    // of four in turn); a split past the last used reads the last and adds nothing.
+    let e = blk * 256u + lid;
+    let lh = e / hd - h0;
+    let dim = e % hd;
+    let b = lh * MAX_SPLITS;
+    let o = (e / hd) * p.splits * stride + 2u + dim;
+    let lastu = used - 1u;
+//@pv-preload
     if lid == 0u {
         atomicStore(&bmax[0], 0u);
     }
@@ -1399,17 +1497,12 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         hinv[lid] = 1.0 / ((l4.x + l4.y) + (l4.z + l4.w));
     }
     workgroupBarrier();
-    // Element e's weighted values over the splits: four interleaved partial sums (their
-    // loads issued together), added in order.
-    let e = blk * 256u + lid;
-    let lh = e / hd - h0;
-    let dim = e % hd;
-    let b = lh * MAX_SPLITS;
-    let o = (e / hd) * p.splits * stride + 2u + dim;
-    // Lane k of `a` adds splits k, k + 4, ... (attention_combine.wgsl's groups), and the
-    // lanes are added in its order: the same bits as that kernel.
+    // Element e's weighted values over the splits: four interleaved partial sums, added in
+    // order. Lane k of `a` adds splits k, k + 4, ... (attention_combine.wgsl's groups), and
+    // the lanes are added in its order: the same bits as that kernel.
     var a = vec4<f32>(0.0);
-    for (var sp = 0u; sp < used; sp += 4u) {
+//@pv-first
+    for (var sp = 4u * PRE; sp < used; sp += 4u) {
         let i1 = min(sp + 1u, used - 1u);
         let i2 = min(sp + 2u, used - 1u);
         let i3 = min(sp + 3u, used - 1u);
@@ -1425,7 +1518,10 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     // The block's 16 groups, one invocation each (q8_quantize_source's lines).
     let g = lid;
     let live = g < 16u;
-    let gl = min(g, 15u);"#.into());
+    let gl = min(g, 15u);"#
+        .replace("{COMBINE_Q8_PRE}", &COMBINE_Q8_PRE.to_string())
+        .replace("//@pv-preload\n", &combine_q8_preload())
+        .replace("//@pv-first\n", &combine_q8_first()));
     // The helpers index x by `4u * g`; the local group is `gl`.
     let mut sub = String::new();
     q8_quantize_groups(

@@ -175,7 +175,7 @@ pub fn attention_tile_name(head_dim: usize) -> Option<&'static str> {
 
 /// A template's `//@for NAME COUNT` ... `//@end` blocks (nested or not) each repeated
 /// `counts[COUNT]` times with `{NAME}` replaced by the copy's index (attention_tile.wgsl).
-fn expand_for(template: &str, counts: &[(&str, usize)]) -> String {
+pub(crate) fn expand_for(template: &str, counts: &[(&str, usize)]) -> String {
     fn expand(lines: &[&str], counts: &[(&str, usize)], out: &mut String) {
         let mut i = 0;
         while i < lines.len() {

@@ -12,6 +12,10 @@
 // reduction appended after this file (which adds the WG partials of each row, subgroup by
 // subgroup) is unchanged; it writes y[row0 + row]. The sum's order depends on G: the GPU's
 // products are held to the CPU within a tolerance, not bit for bit.
+//
+// A template: the host repeats each `//@for R ROWS` ... `//@end` block once per row of ROWS
+// (ops.rs `expand_for`), so that every row's value is a named variable, not an element of a
+// private array indexed in the loop.
 
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
@@ -27,17 +31,15 @@ fn rows_per_wg() -> u32 {
 // the end read the last row; their sums are never stored; accumulators of rows this
 // invocation's group does not take stay 0); t0 is always 0 here.
 fn partials(lid: u32, row0: u32, t0: u32) -> array<f32, NACC> {
-    var acc: array<f32, NACC>;
     let units = params.cols / 32u;
     let lanes = params.lanes;
     let g = lid / lanes;
     let groups = WG / lanes;
-    var rr: array<u32, ROWS>;
-    var mine: array<bool, ROWS>;
-    for (var r = 0u; r < ROWS; r++) {
-        rr[r] = min(row0 + r, params.rows - 1u);
-        mine[r] = r < params.wg_rows && r % groups == g;
-    }
+    //@for R ROWS
+    let rr{R} = min(row0 + {R}u, params.rows - 1u);
+    let mine{R} = {R}u < params.wg_rows && {R}u % groups == g;
+    var acc{R} = 0.0;
+    //@end
     for (var u = lid % lanes; u < units; u += lanes) {
         let xb = u * 8u;
         let x0 = x[xb];
@@ -48,13 +50,17 @@ fn partials(lid: u32, row0: u32, t0: u32) -> array<f32, NACC> {
         let x5 = x[xb + 5u];
         let x6 = x[xb + 6u];
         let x7 = x[xb + 7u];
-        for (var r = 0u; r < ROWS; r++) {
-            if mine[r] {
-                let w = unit(rr[r], u);
-                acc[r] += ((dot(w[0], x0) + dot(w[1], x1)) + (dot(w[2], x2) + dot(w[3], x3)))
-                    + ((dot(w[4], x4) + dot(w[5], x5)) + (dot(w[6], x6) + dot(w[7], x7)));
-            }
+        //@for R ROWS
+        if mine{R} {
+            let w = unit(rr{R}, u);
+            acc{R} += ((dot(w[0], x0) + dot(w[1], x1)) + (dot(w[2], x2) + dot(w[3], x3)))
+                + ((dot(w[4], x4) + dot(w[5], x5)) + (dot(w[6], x6) + dot(w[7], x7)));
         }
+        //@end
     }
+    var acc: array<f32, NACC>;
+    //@for R ROWS
+    acc[{R}u] = acc{R};
+    //@end
     return acc;
 }

@@ -17,6 +17,11 @@
 // of each of the workgroup's params.wg_rows rows (at most ROWS), the 16 activations of a
 // task loaded once for all of them. The reduction appended after this file adds the WG
 // partials of each row.
+//
+// A template: the host repeats each `//@for R ROWS` ... `//@end` block once per row of ROWS
+// (ops.rs `expand_for`), so that every row's value is a named variable (indexed private
+// arrays in the loop took 228 us on the 8B shape's 73,448 x 4,096 head on an H200, the
+// named variables 208: BENCHMARKS.md). Rows past params.wg_rows are computed and not stored.
 
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
@@ -42,13 +47,15 @@ fn codes(c: u32) -> vec4<f32> {
 }
 
 fn partials(lid: u32, row0: u32, t0: u32) -> array<f32, NACC> {
-    var acc: array<f32, NACC>;
     let blocks = params.cols / 256u;
     let tasks = blocks * 16u;
-    var rb: array<u32, ROWS>;
-    for (var r = 0u; r < ROWS; r++) {
-        rb[r] = min(row0 + r, params.rows - 1u) * blocks * BLOCK_BYTES;
-    }
+    // Rows past params.wg_rows read the workgroup's last row again (from the cache; their
+    // sums are never stored), so that every load below is unconditional.
+    let last_r = params.wg_rows - 1u;
+    //@for R ROWS
+    let rb{R} = min(row0 + min({R}u, last_r), params.rows - 1u) * blocks * BLOCK_BYTES;
+    var acc{R} = 0.0;
+    //@end
     for (var k = lid; k < tasks; k += WG) {
         let blk = k >> 4u;
         let j = k & 15u;
@@ -61,24 +68,31 @@ fn partials(lid: u32, row0: u32, t0: u32) -> array<f32, NACC> {
         let x3 = x[xb + 24u];
         // Scale bytes h*8 + 2s + l/16: bytes l/16 and l/16 + 2 of the words at h*8, h*8 + 4.
         let so = l >> 4u;
-        for (var r = 0u; r < ROWS; r++) {
-            if r >= params.wg_rows {
-                break;
-            }
-            let b = rb[r] + blk * BLOCK_BYTES;
-            let ql0 = word_at(b + h * 64u + l);
-            let ql1 = word_at(b + h * 64u + 32u + l);
-            let qh = word_at(b + 128u + h * 32u + l);
-            let s01 = word_at(b + 192u + h * 8u);
-            let s23 = word_at(b + 196u + h * 8u);
-            let d = f16_at(b + 208u);
-            let q0 = codes((ql0 & LO4) | ((qh << 4u) & HI2));
-            let q1 = codes((ql1 & LO4) | ((qh << 2u) & HI2));
-            let q2 = codes(((ql0 >> 4u) & LO4) | (qh & HI2));
-            let q3 = codes(((ql1 >> 4u) & LO4) | ((qh >> 2u) & HI2));
-            acc[r] += ((d * scale_byte(s01, so)) * dot(q0, x0) + (d * scale_byte(s01, so + 2u)) * dot(q1, x1))
-                + ((d * scale_byte(s23, so)) * dot(q2, x2) + (d * scale_byte(s23, so + 2u)) * dot(q3, x3));
+        // Every row's loads before any arithmetic.
+        //@for R ROWS
+        let b{R} = rb{R} + blk * BLOCK_BYTES;
+        let ql0_{R} = word_at(b{R} + h * 64u + l);
+        let ql1_{R} = word_at(b{R} + h * 64u + 32u + l);
+        let qh_{R} = word_at(b{R} + 128u + h * 32u + l);
+        let s01_{R} = word_at(b{R} + 192u + h * 8u);
+        let s23_{R} = word_at(b{R} + 196u + h * 8u);
+        let d_{R} = f16_at(b{R} + 208u);
+        //@end
+        //@for R ROWS
+        {
+            let q0 = codes((ql0_{R} & LO4) | ((qh_{R} << 4u) & HI2));
+            let q1 = codes((ql1_{R} & LO4) | ((qh_{R} << 2u) & HI2));
+            let q2 = codes(((ql0_{R} >> 4u) & LO4) | (qh_{R} & HI2));
+            let q3 = codes(((ql1_{R} >> 4u) & LO4) | ((qh_{R} >> 2u) & HI2));
+            let d = d_{R};
+            acc{R} += ((d * scale_byte(s01_{R}, so)) * dot(q0, x0) + (d * scale_byte(s01_{R}, so + 2u)) * dot(q1, x1))
+                + ((d * scale_byte(s23_{R}, so)) * dot(q2, x2) + (d * scale_byte(s23_{R}, so + 2u)) * dot(q3, x3));
         }
+        //@end
     }
+    var acc: array<f32, NACC>;
+    //@for R ROWS
+    acc[{R}u] = acc{R};
+    //@end
     return acc;
 }
