@@ -628,23 +628,21 @@ fn palettes_of_every_width_match_cpu() {
 /// test that path.)
 #[test]
 fn a_bundles_four_row_matvec_kernels_still_run() {
-    let legacy: std::collections::HashMap<String, String> = gpu::kernels::all()
+    // Every `_r2_` single-token kernel replaced by its `_r4_` form (the body expanded for 4
+    // rows, `weights::legacy_matvec_sources`).
+    let mut legacy: std::collections::HashMap<String, String> = gpu::kernels::all()
         .into_iter()
-        .map(|k| {
-            if k.name.contains("_matvec_r2_") {
-                let name = k.name.replace("_matvec_r2_", "_matvec_r4_");
-                let wgsl = k.wgsl.replacen(&k.name, &name, 1).replacen(
-                    "const ROWS: u32 = 2u;",
-                    "const ROWS: u32 = 4u;",
-                    1,
-                );
-                assert!(wgsl.contains("const ROWS: u32 = 4u;"), "{}", k.name);
-                (name, wgsl)
-            } else {
-                (k.name, k.wgsl)
-            }
-        })
+        .filter(|k| !k.name.contains("_matvec_r2_"))
+        .map(|k| (k.name, k.wgsl))
         .collect();
+    for k in weights::legacy_matvec_sources() {
+        assert!(
+            k.wgsl.contains("const ROWS: u32 = 4u;") && k.wgsl.contains("acc3"),
+            "{}",
+            k.name
+        );
+        legacy.insert(k.name, k.wgsl);
+    }
     let mut seed = 9u64;
     for force in [false, true] {
         let Some(ctx) = context_for_tests(&ContextOptions {

@@ -1553,6 +1553,12 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 }"#
         .into(),
     );
+    // Every marker of the template was replaced (a checkout with CRLF line ends would keep
+    // them, and the kernel would drop the first splits' values).
+    assert!(
+        !m.contains("//@pv-") && m.contains("pv0"),
+        "op_attention_combine_q8: a //@pv- marker was not replaced"
+    );
     m
 }
 

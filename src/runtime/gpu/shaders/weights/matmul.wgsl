@@ -1,8 +1,15 @@
 // Body: y[t] = W x[t] for tokens t0 .. t0 + TOK - 1 (t0 = TOK * workgroup_id.z), a prefill
 // chunk. As matvec.wgsl, but each row's unit is decoded once and dotted with the TOK
 // tokens' activations (x is [n_tokens, K], row-major; y is [n_tokens, rows of the whole
-// weight]), so a weight block is read once per TOK tokens. acc[r * TOK + t] holds row r,
-// token t; tokens past n_tokens are neither read nor stored.
+// weight]), so a weight block is read once per TOK tokens. acc{r}_{t} holds row r, token t
+// (returned as acc[r * TOK + t]); tokens past n_tokens are neither read nor stored. Each
+// term is ((w0.x0 + w1.x1) + (w2.x2 + w3.x3)) + ((w4.x4 + w5.x5) + (w6.x6 + w7.x7)) (wi.xi a
+// vec4 dot), added unit after unit.
+//
+// A template: the host expands the `//@for NAME COUNT` blocks (ops.rs `expand_for`; ROWS
+// and TOK) so that every accumulator is a named variable, and puts the unit's loop body in
+// place of `//@order-body` (weights.rs `MATMUL_BODY`: per unit, each row's weights decoded
+// once, then each token's activations loaded once for every row).
 
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
@@ -14,25 +21,24 @@ fn rows_per_wg() -> u32 {
     return ROWS;
 }
 
-fn dot_unit(w: array<vec4<f32>, 8>, xb: u32) -> f32 {
-    return ((dot(w[0], x[xb]) + dot(w[1], x[xb + 1u])) + (dot(w[2], x[xb + 2u]) + dot(w[3], x[xb + 3u])))
-        + ((dot(w[4], x[xb + 4u]) + dot(w[5], x[xb + 5u])) + (dot(w[6], x[xb + 6u]) + dot(w[7], x[xb + 7u])));
-}
-
 fn partials(lid: u32, row0: u32, t0: u32) -> array<f32, NACC> {
-    var acc: array<f32, NACC>;
     let units = params.cols / 32u;
     let stride = params.cols / 4u;
     let nt = min(TOK, params.n_tokens - t0);
+    //@for R ROWS
+    let rr{R} = min(row0 + {R}u, params.rows - 1u);
+    //@for T TOK
+    var acc{R}_{T} = 0.0;
+    //@end
+    //@end
     for (var u = lid; u < units; u += WG) {
-        for (var r = 0u; r < ROWS; r++) {
-            let w = unit(min(row0 + r, params.rows - 1u), u);
-            for (var t = 0u; t < TOK; t++) {
-                if t < nt {
-                    acc[r * TOK + t] += dot_unit(w, (t0 + t) * stride + u * 8u);
-                }
-            }
-        }
+//@order-body
     }
+    var acc: array<f32, NACC>;
+    //@for R ROWS
+    //@for T TOK
+    acc[{R}u * TOK + {T}u] = acc{R}_{T};
+    //@end
+    //@end
     return acc;
 }
