@@ -1329,37 +1329,6 @@ fn q8_quantize_source_as(load: Q8Load) -> String {
 /// 36 values an invocation held across the barriers cost more than the round trips saved.
 const COMBINE_Q8_PRE: u32 = 4;
 
-/// The loads of [`COMBINE_Q8_PRE`] groups of four splits' values (`pv0`, ...), indices
-/// clamped to the last split used.
-fn combine_q8_preload() -> String {
-    let mut s = String::new();
-    for k in 0..COMBINE_Q8_PRE {
-        let i: Vec<String> = (0..4)
-            .map(|j| format!("part[o + min({}u, lastu) * stride]", 4 * k + j))
-            .collect();
-        s.push_str(&format!("    let pv{k} = vec4<f32>({});\n", i.join(", ")));
-    }
-    s
-}
-
-/// The terms of the preloaded groups ([`combine_q8_preload`]), each group's as the loop
-/// after them adds one (the same expressions in the same order).
-fn combine_q8_first() -> String {
-    let mut s = String::new();
-    for k in 0..COMBINE_Q8_PRE {
-        let sp = 4 * k;
-        s.push_str(&format!(
-            "    if {sp}u < used {{
-        let live = vec4<u32>({sp}u, {}u, {}u, {}u) < vec4<u32>(used);
-        let wv = vec4<f32>(ws[b + {sp}u], ws[b + min({}u, lastu)], ws[b + min({}u, lastu)], ws[b + min({}u, lastu)]);
-        a += select(vec4<f32>(0.0), wv * pv{k}, (wv > vec4<f32>(0.0)) & live);
-    }}\n",
-            sp + 1, sp + 2, sp + 3, sp + 1, sp + 2, sp + 3
-        ));
-    }
-    s
-}
-
 /// The decode attention's combine with the output product's int8 quantization folded in
 /// (`op_attention_combine_q8`): one workgroup of [`COMBINE_Q8_WG`] invocations per block of
 /// 256 outputs of the attention (`heads * head_dim` of them, a multiple of 256; head_dim at
@@ -1443,7 +1412,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let b = lh * MAX_SPLITS;
     let o = (e / hd) * p.splits * stride + 2u + dim;
     let lastu = used - 1u;
-//@pv-preload
+    //@for K PRE
+    let pv{K} = vec4<f32>(part[o + min(4u * {K}u, lastu) * stride], part[o + min(4u * {K}u + 1u, lastu) * stride], part[o + min(4u * {K}u + 2u, lastu) * stride], part[o + min(4u * {K}u + 3u, lastu) * stride]);
+    //@end
     if lid == 0u {
         atomicStore(&bmax[0], 0u);
     }
@@ -1501,7 +1472,15 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     // order. Lane k of `a` adds splits k, k + 4, ... (attention_combine.wgsl's groups), and
     // the lanes are added in its order: the same bits as that kernel.
     var a = vec4<f32>(0.0);
-//@pv-first
+    // The preloaded groups first, each as the loop below adds a group.
+    //@for K PRE
+    if 4u * {K}u < used {
+        let sp = 4u * {K}u;
+        let live = vec4<u32>(sp, sp + 1u, sp + 2u, sp + 3u) < vec4<u32>(used);
+        let wv = vec4<f32>(ws[b + sp], ws[b + min(sp + 1u, lastu)], ws[b + min(sp + 2u, lastu)], ws[b + min(sp + 3u, lastu)]);
+        a += select(vec4<f32>(0.0), wv * pv{K}, (wv > vec4<f32>(0.0)) & live);
+    }
+    //@end
     for (var sp = 4u * PRE; sp < used; sp += 4u) {
         let i1 = min(sp + 1u, used - 1u);
         let i2 = min(sp + 2u, used - 1u);
@@ -1519,9 +1498,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let g = lid;
     let live = g < 16u;
     let gl = min(g, 15u);"#
-        .replace("{COMBINE_Q8_PRE}", &COMBINE_Q8_PRE.to_string())
-        .replace("//@pv-preload\n", &combine_q8_preload())
-        .replace("//@pv-first\n", &combine_q8_first()));
+        .replace("{COMBINE_Q8_PRE}", &COMBINE_Q8_PRE.to_string()));
     // The helpers index x by `4u * g`; the local group is `gl`.
     let mut sub = String::new();
     q8_quantize_groups(
@@ -1553,13 +1530,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 }"#
         .into(),
     );
-    // Every marker of the template was replaced (a checkout with CRLF line ends would keep
-    // them, and the kernel would drop the first splits' values).
-    assert!(
-        !m.contains("//@pv-") && m.contains("pv0"),
-        "op_attention_combine_q8: a //@pv- marker was not replaced"
-    );
-    m
+    // The `//@for K PRE` blocks: the first splits' values loaded, then added.
+    ops::expand_for(&m, &[("PRE", COMBINE_Q8_PRE as usize)])
 }
 
 /// Invocations per workgroup of `op_attention_combine_q8` ([`combine_q8_source`]): one per

@@ -215,34 +215,6 @@ pub fn matvec_split(rows: usize, cols: usize) -> (u32, u32) {
     (lanes, wg_rows)
 }
 
-/// The loop body of the multi-token product (matmul.wgsl's `//@order-body`), per unit `u`:
-/// each row's weights decoded once, then per token its 8 activation words loaded once and
-/// dotted with every row's. On an H200 (BENCHMARKS.md) prompts of the SmolLM2, Qwen2.5 and
-/// Gemma 3 shape copies ran 11-14% faster than with the accumulators in a private array
-/// indexed in the loops, and faster than the same named accumulators in the former order
-/// (per row, each token's activations loaded again: +3-6%).
-const MATMUL_BODY: &str = "        //@for R ROWS
-        let w{R} = unit(rr{R}, u);
-        //@end
-        //@for T TOK
-        if {T}u < nt {
-            let xb = (t0 + {T}u) * stride + u * 8u;
-            let x0 = x[xb];
-            let x1 = x[xb + 1u];
-            let x2 = x[xb + 2u];
-            let x3 = x[xb + 3u];
-            let x4 = x[xb + 4u];
-            let x5 = x[xb + 5u];
-            let x6 = x[xb + 6u];
-            let x7 = x[xb + 7u];
-            //@for R ROWS
-            acc{R}_{T} += ((dot(w{R}[0], x0) + dot(w{R}[1], x1)) + (dot(w{R}[2], x2) + dot(w{R}[3], x3)))
-                + ((dot(w{R}[4], x4) + dot(w{R}[5], x5)) + (dot(w{R}[6], x6) + dot(w{R}[7], x7)));
-            //@end
-        }
-        //@end
-";
-
 /// Rows per workgroup of the multi-token product.
 pub const MATMUL_ROWS: u32 = 4;
 /// Tokens per workgroup of the multi-token product (a weight block is read once per this
@@ -656,13 +628,7 @@ fn source_with_rows(
     let body = match op {
         WeightOp::Matvec => super::ops::expand_for(body, &[("ROWS", matvec_rows as usize)]),
         WeightOp::Matmul => super::ops::expand_for(
-            &{
-                assert!(
-                    body.contains("//@order-body\n"),
-                    "matmul.wgsl lost //@order-body"
-                );
-                body.replace("//@order-body\n", MATMUL_BODY)
-            },
+            body,
             &[
                 ("ROWS", MATMUL_ROWS as usize),
                 ("TOK", MATMUL_TOKENS as usize),
