@@ -1,0 +1,182 @@
+//! The GPU's cost of one dependent dispatch: a chain of K dispatches in one compute pass, each
+//! reading the buffer the one before wrote (`b = a + 1`, then `a = b + 1`, ...; wgpu puts a
+//! barrier between each two), over n f32 values (n / 256 workgroups), timed for K = 1 and K =
+//! 1024 from the same submission path; the slope is what each dispatch of a decode step's
+//! chain costs at least, whatever its work. With the step's dispatch count this bounds the
+//! decode speed the one-op-per-dispatch design can reach (a step of D dependent dispatches
+//! takes at least D times the slope). The chain's result is checked (every value = K).
+//!
+//! Usage: `gpu_dispatch_floor [N_VALUES ...]` (default 256 4096 1048576); the adapter is the
+//! one `convert run --backend gpu` picks without `--gpu-adapter` (`LOWBIT_GPU_ADAPTER`: an
+//! index or a name substring). Times from timestamp queries around the pass where the adapter
+//! has them, else the wall clock from submit to done.
+use std::time::Instant;
+
+use lowbit::runtime::gpu::{AdapterSelector, ContextOptions, GpuContext};
+
+const SRC: &str = r#"
+@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read_write> b: array<f32>;
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+    if id.x < arrayLength(&b) {
+        b[id.x] = a[id.x] + 1.0;
+    }
+}
+"#;
+
+fn main() -> anyhow::Result<()> {
+    let sizes: Vec<usize> = match std::env::args().skip(1).map(|s| s.parse()).collect() {
+        Ok(v) if !Vec::<usize>::is_empty(&v) => v,
+        Ok(_) => vec![256, 4096, 1 << 20],
+        Err(e) => anyhow::bail!("usage: gpu_dispatch_floor [N_VALUES ...]: {e}"),
+    };
+    let adapter = match std::env::var("LOWBIT_GPU_ADAPTER") {
+        Ok(s) => Some(s.parse::<AdapterSelector>()?),
+        Err(_) => None,
+    };
+    let ctx = GpuContext::new(&ContextOptions {
+        adapter,
+        ..Default::default()
+    })?;
+    println!(
+        "adapter: {} ({:?}, driver {} {})",
+        ctx.info.name, ctx.info.backend, ctx.info.driver, ctx.info.driver_info
+    );
+    let dev = &ctx.device;
+    let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("chain"),
+        source: wgpu::ShaderSource::Wgsl(SRC.into()),
+    });
+    let pipeline = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some("chain"),
+        layout: None,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    let timestamps = ctx.has_timestamps();
+    let period = ctx.queue.get_timestamp_period() as f64;
+    println!(
+        "timing: {}",
+        if timestamps {
+            "timestamp queries around the pass"
+        } else {
+            "wall clock, submit to done"
+        }
+    );
+    println!("| values | workgroups | dispatches | pass us | us a dispatch (slope from 1) | CPU encode us a dispatch |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for &n in &sizes {
+        anyhow::ensure!(n > 0, "N_VALUES must be positive");
+        let groups = n.div_ceil(256);
+        anyhow::ensure!(groups <= 65_535, "{n} values: more than 65,535 workgroups");
+        let bytes = (n * 4) as u64;
+        let buf = |label| {
+            dev.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
+        let (a, b) = (buf("a"), buf("b"));
+        let layout = pipeline.get_bind_group_layout(0);
+        let bind = |src: &wgpu::Buffer, dst: &wgpu::Buffer| {
+            dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &layout,
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: src.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: dst.as_entire_binding(),
+                    },
+                ],
+            })
+        };
+        let (ab, ba) = (bind(&a, &b), bind(&b, &a));
+        let query = timestamps.then(|| {
+            (
+                dev.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: None,
+                    ty: wgpu::QueryType::Timestamp,
+                    count: 2,
+                }),
+                dev.create_buffer(&wgpu::BufferDescriptor {
+                    label: None,
+                    size: 16,
+                    usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: false,
+                }),
+            )
+        });
+        // Microseconds of a pass of k dispatches (the best of 5), and the CPU encode time.
+        let run = |k: usize| -> anyhow::Result<(f64, f64)> {
+            let mut best = (f64::INFINITY, f64::INFINITY);
+            for _ in 0..5 {
+                ctx.queue.write_buffer(&a, 0, &vec![0u8; n * 4]);
+                let t_enc = Instant::now();
+                let mut enc = dev.create_command_encoder(&Default::default());
+                {
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: None,
+                        timestamp_writes: query.as_ref().map(|(q, _)| {
+                            wgpu::ComputePassTimestampWrites {
+                                query_set: q,
+                                beginning_of_pass_write_index: Some(0),
+                                end_of_pass_write_index: Some(1),
+                            }
+                        }),
+                    });
+                    pass.set_pipeline(&pipeline);
+                    for i in 0..k {
+                        pass.set_bind_group(0, if i % 2 == 0 { &ab } else { &ba }, &[]);
+                        pass.dispatch_workgroups(groups as u32, 1, 1);
+                    }
+                }
+                if let Some((q, r)) = &query {
+                    enc.resolve_query_set(q, 0..2, r, 0);
+                }
+                let cmd = enc.finish();
+                let enc_us = t_enc.elapsed().as_secs_f64() * 1e6;
+                let t = Instant::now();
+                ctx.queue.submit([cmd]);
+                dev.poll(wgpu::PollType::wait_indefinitely())?;
+                let wall = t.elapsed().as_secs_f64() * 1e6;
+                let us = match &query {
+                    Some((_, r)) => {
+                        let ts: Vec<u64> = bytemuck::cast_slice(&ctx.read_buffer(r, 16)?).to_vec();
+                        ts[1].saturating_sub(ts[0]) as f64 * period / 1e3
+                    }
+                    None => wall,
+                };
+                best = (best.0.min(us), best.1.min(enc_us));
+            }
+            // The chain's result: k additions of 1 to zeros.
+            let last = if k % 2 == 1 { &b } else { &a };
+            let got: Vec<f32> = bytemuck::cast_slice(&ctx.read_buffer(last, bytes)?).to_vec();
+            anyhow::ensure!(
+                got.iter().all(|&v| v == k as f32),
+                "{n} values, {k} dispatches: the chain's result is wrong (first value {})",
+                got[0]
+            );
+            Ok(best)
+        };
+        let (t1, _) = run(1)?;
+        let k = 1024;
+        let (tk, enc) = run(k)?;
+        println!(
+            "| {n} | {groups} | {k} | {tk:.1} | {:.2} | {:.2} |",
+            (tk - t1) / (k - 1) as f64,
+            enc / k as f64
+        );
+    }
+    Ok(())
+}
