@@ -1,7 +1,8 @@
 //! The GPU weight kernels (src/runtime/gpu/weights.rs) for every encoding a bundle carries,
-//! against the CPU reference: the product `y = W x` for 1, 3 and 16 tokens against the
-//! dequantized rows dotted with x in f64, within `weights::matmul_tolerance` (the ternary
-//! single-token kernel within `gpu::tolerance`); the embedding gather against
+//! against the CPU reference: the product `y = W x` for 1, 3, 16 and 70 tokens against the
+//! dequantized rows dotted with x in f64, within `weights::matmul_tolerance` (the tiled
+//! kernel from 32 tokens within `weights::matmul_tile_tolerance`, the ternary single-token
+//! kernel within `gpu::tolerance`); the embedding gather against
 //! `quant::dequantize` / `ternary::row_values` / `PaletteView::row`, bit for bit. Both
 //! reductions, row chunks under a small binding cap, a 2-D grid, refusals, and a few rows of
 //! one tensor of each type in the real models' bundles. Without an adapter the tests skip and
@@ -427,6 +428,11 @@ fn check_matmul_rows(
         ctx.weight_reduction(),
         ctx.info.name
     );
+    // The tiled kernel from MATMUL_TILE_MIN_TOKENS tokens on (its own error bound).
+    let tiled = ctx.matmul_tile_applies(w, n as u32);
+    if n as u32 >= weights::MATMUL_TILE_MIN_TOKENS && !matches!(host.kind, HostKind::Ternary(..)) {
+        assert!(tiled, "{what}: the tiled product does not apply");
+    }
     let mut worst = (0.0f64, 0usize, 0usize);
     for t in 0..n {
         let xt = &x[t * cols..(t + 1) * cols];
@@ -442,6 +448,7 @@ fn check_matmul_rows(
             });
             let tol = match &dx {
                 Some(d) => gpu::tolerance(cols, d[r]),
+                None if tiled => weights::matmul_tile_tolerance(cols, a),
                 None => weights::matmul_tolerance(cols, a),
             };
             let g = y[t * host.rows + r];
@@ -492,13 +499,14 @@ fn check_gather(ctx: &GpuContext, host: &Host, w: &GpuWeight) {
     }
 }
 
-/// Every check on one weight: products for 1, 3 and 16 tokens with each reduction, the
-/// gather on the first context.
+/// Every check on one weight: products for 1, 3, 16 and 70 tokens (70: the tiled kernel,
+/// two token tiles, the second partial) with each reduction, the gather on the first
+/// context.
 fn check_all(host: &Host, seed: &mut u64) {
     for (i, ctx) in contexts().into_iter().enumerate() {
         let w = host.upload(ctx).unwrap();
         assert_eq!(w.chunks.len(), 1);
-        for n in [1, 3, 16] {
+        for n in [1, 3, 16, 70] {
             check_matmul(ctx, host, &w, n, seed);
         }
         if i == 0 {
