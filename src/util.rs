@@ -177,6 +177,16 @@ pub fn remove_partial_outputs_and_exit(code: i32) -> ! {
             eprintln!("error: removing the partial output {}: {e}", p.display());
         }
     }
+    // `_exit`, not `exit`: the main thread may be inside a GPU driver (lavapipe's LLVM JIT,
+    // a Vulkan queue), whose atexit handlers and static destructors `exit` would run under it
+    // (a segfault was seen once on a Ctrl-C during a GPU run). Stdout is line-buffered and
+    // stderr unbuffered, so at most a partial line of output is lost; the outputs are gone.
+    #[cfg(unix)]
+    // SAFETY: `_exit` ends the process at once; nothing after it runs.
+    unsafe {
+        libc::_exit(code)
+    }
+    #[cfg(not(unix))]
     std::process::exit(code)
 }
 
@@ -225,13 +235,34 @@ pub fn check_report_path(out: &Path, inputs: &[&Path]) -> Result<(), OutputError
 
 /// Writes `bytes` to `out` through a temporary file beside it renamed over `out`: readers see
 /// the old file or the new one, never a part. Check `out` with [`check_report_path`] first.
+///
+/// What is at `out` is kept: a symlink to a regular file has its target replaced the same way
+/// (the link stays); anything else that is not a regular file (a character device such as
+/// `/dev/stdout` or `/dev/null`, a FIFO, a socket, or a link to one) is written through, in
+/// place, as a shell's `>` would, since renaming over it would replace the device node or
+/// the FIFO with a file.
 pub fn replace_file(out: &Path, bytes: &[u8]) -> Result<(), OutputError> {
     use std::io::Write;
-    let dir = parent_dir(out);
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| OutputError::Io { path, source }
     };
+    let resolved;
+    let out = match (std::fs::symlink_metadata(out), std::fs::metadata(out)) {
+        (Ok(_), Ok(m)) if !m.is_file() => {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(out)
+                .map_err(io(out))?;
+            return f.write_all(bytes).and_then(|()| f.flush()).map_err(io(out));
+        }
+        (Ok(l), Ok(_)) if l.file_type().is_symlink() => {
+            resolved = out.canonicalize().map_err(io(out))?;
+            resolved.as_path()
+        }
+        _ => out,
+    };
+    let dir = parent_dir(out);
     let (made, partial) = PartialOutput::create(
         || {
             tempfile::Builder::new()
@@ -623,5 +654,64 @@ mod tests {
             .is_err());
         drop((staging, held));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A report path that is a FIFO, a character device or a symlink is written through (the
+    /// node stays what it was); a symlink to a regular file keeps the link and replaces its
+    /// target; a regular file is replaced.
+    #[cfg(unix)]
+    #[test]
+    fn reports_write_through_fifos_devices_and_links() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = tempfile::tempdir().unwrap();
+        // A FIFO, read by a thread: it gets the bytes, and it is still a FIFO.
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let f2 = fifo.clone();
+        let reader = std::thread::spawn(move || std::fs::read(&f2).unwrap());
+        replace_file(&fifo, b"through the fifo").unwrap();
+        assert_eq!(reader.join().unwrap(), b"through the fifo");
+        assert!(std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo());
+        // A character device (and a link to it): still a device.
+        let null = Path::new("/dev/null");
+        if null.exists() {
+            replace_file(null, b"x").unwrap();
+            assert!(std::fs::symlink_metadata(null)
+                .unwrap()
+                .file_type()
+                .is_char_device());
+            let link = dir.path().join("to-null");
+            std::os::unix::fs::symlink(null, &link).unwrap();
+            replace_file(&link, b"x").unwrap();
+            assert!(std::fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink());
+        }
+        // A link to a regular file: the link stays, the target is replaced.
+        let target = dir.path().join("target.json");
+        std::fs::write(&target, b"old").unwrap();
+        let link = dir.path().join("link.json");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        replace_file(&link, b"new").unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read(&target).unwrap(), b"new");
+        // A regular file is replaced; nothing else is left in the directory.
+        replace_file(&target, b"newer").unwrap();
+        assert_eq!(std::fs::read(&link).unwrap(), b"newer");
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["fifo", "link.json", "target.json", "to-null"]);
     }
 }

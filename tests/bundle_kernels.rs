@@ -569,6 +569,30 @@ fn add_kernels_replaces_kernels_of_another_build() {
     assert!(!b.join("kernels/zz_other_build.wgsl").exists());
 }
 
+/// `convert add-kernels .` from inside the bundle (and `DIR/.`) replaces it in place: the
+/// path is resolved to the directory's name before a replacement is staged beside it.
+#[test]
+fn add_kernels_takes_dot_for_the_bundle() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = written(dir.path(), "t.bundle");
+    let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+        .args(["add-kernels", "-q", "."])
+        .current_dir(&b)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let o = convert(&["add-kernels", "-q"], &[&b.join(".")]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = convert(&["verify"], &[&b]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // Nothing left beside it but the bundle.
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["t.bundle"], "{names:?}");
+}
+
 #[test]
 fn add_kernels_refuses_a_bundle_that_does_not_verify() {
     let dir = tempfile::tempdir().unwrap();

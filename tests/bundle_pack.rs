@@ -244,6 +244,25 @@ fn symlinked_file_is_refused() {
     verify_fails(&copy, 1, &["tokenizer.json", "symlink"]);
 }
 
+/// A symlink to a bundle directory is refused as a symlink (by name), not as "not a bundle".
+#[test]
+fn symlinked_bundle_directory_is_refused_by_name() {
+    let Some((d, copy, _)) = tampered(|_| {}) else {
+        return;
+    };
+    let link = d.path().join("link.bundle");
+    std::os::unix::fs::symlink(&copy, &link).unwrap();
+    let o = run(&["verify"], &[&link]);
+    let text = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("link.bundle") && text.contains("a symbolic link"),
+        "{text}"
+    );
+    // The directory it points to verifies.
+    assert_eq!(run(&["verify"], &[&copy]).status.code(), Some(0));
+}
+
 #[test]
 fn escaping_paths_are_refused() {
     for bad in [

@@ -488,6 +488,17 @@ fn bad_input_is_a_named_error_before_any_work() {
         ),
         (
             vec![
+                "--text".into(),
+                short.display().to_string(),
+                "--reference".into(),
+                bs.to_string(),
+                "--min-same-top".into(),
+                "2".into(),
+            ],
+            "--min-same-top 2: a fraction, at most 1",
+        ),
+        (
+            vec![
                 "--task".into(),
                 write(tmp.path(), "a.json", "not json").display().to_string(),
             ],

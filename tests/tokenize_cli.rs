@@ -284,6 +284,18 @@ fn unsupported_tokenizers_are_named_exit_2() {
 #[test]
 fn bad_inputs_exit_2() {
     let dir = tempfile::tempdir().unwrap();
+    // A GGUF with no metadata at all (header only): the file and its missing key named as
+    // the GGUF spells it, not as a bundle's tokenizer.json would.
+    let bare = dir.path().join("bare.gguf");
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend(0u64.to_le_bytes());
+    b.extend(0u64.to_le_bytes());
+    std::fs::write(&bare, b).unwrap();
+    expect_exit_2(
+        &["tokenize", bare.to_str().unwrap(), "-p", "hi"],
+        "bare.gguf: metadata tokenizer.ggml.model: missing",
+    );
     let missing = dir.path().join("nope.gguf");
     expect_exit_2(
         &["tokenize", missing.to_str().unwrap(), "-p", "hi"],

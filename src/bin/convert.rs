@@ -689,11 +689,13 @@ fn gpu_info(json: bool) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if reports.is_empty() {
+        // One line: the error's text (which says how to get an adapter) and the backends
+        // searched.
         writeln!(
             out,
-            "no GPU adapter found (wgpu backends: Vulkan, Metal, DX12)"
+            "{} [wgpu backends searched: Vulkan, Metal, DX12]",
+            lowbit::runtime::gpu::GpuError::NoAdapter
         )?;
-        writeln!(out, "{}", lowbit::runtime::gpu::GpuError::NoAdapter)?;
         return Ok(ExitCode::SUCCESS);
     }
     let yn = |b: bool| if b { "yes" } else { "no" };
@@ -1558,6 +1560,15 @@ fn eval_cmd(a: EvalArgs) -> anyhow::Result<ExitCode> {
     ] {
         if v.is_some_and(|v| !v.is_finite() || v < 0.0) {
             anyhow::bail!("{name}: must be a finite number >= 0");
+        }
+    }
+    // Fractions: above 1 no run could pass the gate (or, for the drop, fail it).
+    for (name, v) in [
+        ("--min-same-top", a.min_same_top),
+        ("--max-accuracy-drop", a.max_accuracy_drop),
+    ] {
+        if let Some(v) = v.filter(|&v| v > 1.0) {
+            anyhow::bail!("{name} {v}: a fraction, at most 1");
         }
     }
     if a.limit == Some(0) {

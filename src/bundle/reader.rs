@@ -76,6 +76,12 @@ pub fn open_manifest(dir: &Path) -> Result<ManifestFile, BundleError> {
         path: dir.to_path_buf(),
         source,
     })?;
+    if meta.file_type().is_symlink() {
+        return Err(manifest_err(
+            dir,
+            "a symbolic link: a bundle is opened only as the directory itself (give the path it points to)",
+        ));
+    }
     if !meta.is_dir() {
         return Err(manifest_err(dir, "not a bundle directory"));
     }

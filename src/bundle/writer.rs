@@ -886,6 +886,19 @@ pub struct AddKernelsSummary {
 /// in one `renameat2(RENAME_EXCHANGE)` (on file systems without it: two renames under the
 /// signal lock, the first undone if the second fails), then the old one is removed.
 pub fn add_kernels(bundle: &Path, output: Option<&Path>) -> Result<AddKernelsSummary, BundleError> {
+    // A path ending in `.` or `..` (`convert add-kernels .` inside the bundle) has no name to
+    // stage a replacement beside: name the directory it resolves to.
+    let named;
+    let raw = bundle.as_os_str().as_encoded_bytes();
+    let dots = [&b"."[..], b".."]
+        .iter()
+        .any(|d| raw == *d || raw.ends_with(&[b"/", *d].concat()));
+    let bundle = if dots || bundle.file_name().is_none() {
+        named = bundle.canonicalize().map_err(io_err(bundle))?;
+        named.as_path()
+    } else {
+        bundle
+    };
     if let Some(out) = output {
         util::refuse_existing(out)?;
         util::refuse_output_inside(bundle, out)?;

@@ -69,7 +69,16 @@ pub fn quantize(x: &[f32], block: usize) -> QAct {
         sum16: vec![0; x.len() / 16],
     };
     for (b, xb) in x.chunks_exact(block).enumerate() {
-        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        // `max` passes over NaN: a block with one gets d = NaN (its q stay 0), so every
+        // product term of it is NaN and the logits are reported non-finite, as with the f32
+        // kernel. An infinite value gives d = inf and terms inf * 0 = NaN likewise.
+        let (amax, nan) = xb
+            .iter()
+            .fold((0f32, false), |(m, n), v| (m.max(v.abs()), n | v.is_nan()));
+        if nan {
+            a.d[b] = f32::NAN;
+            continue;
+        }
         if amax == 0.0 {
             continue;
         }
@@ -1543,6 +1552,50 @@ mod tests {
             }
         }
         v
+    }
+
+    /// A NaN activation makes its block's scale NaN, and so every row's sum (the int8 kernel
+    /// reports non-finite logits as the f32 one does, instead of reading the NaN as 0); an
+    /// infinite one too. Single token and a prefill chunk, ternary and GGUF weights.
+    #[test]
+    fn a_non_finite_activation_gives_non_finite_sums() {
+        let (rows, cols) = (32, 512);
+        let mut seed = 7u64;
+        let words: Vec<u32> = (0..rows * cols / 16)
+            .map(|_| lcg(&mut seed) & 0x5555_5555)
+            .collect();
+        let scales = vec![half::f16::from_f32(0.01).to_bits(); rows * cols / 256];
+        let q4 = random_blocks(GgmlType::Q4_0, rows * cols / 32, &mut seed);
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let a = quantize(&[1.0, bad, 0.5, -2.0].repeat(64), 256);
+            assert!(!a.d[0].is_finite(), "{bad}");
+            for w in [
+                WeightData::Ternary {
+                    words: &words,
+                    scales: &scales,
+                },
+                WeightData::Gguf {
+                    ty: GgmlType::Q4_0,
+                    bytes: &q4,
+                },
+            ] {
+                for n in [1, 20] {
+                    let mut x: Vec<f32> = (0..n * cols).map(|i| (i % 7) as f32 - 3.0).collect();
+                    // The last token's 300th value.
+                    x[(n - 1) * cols + 300] = bad;
+                    let mut y = vec![0f32; n * rows];
+                    matvec::matmul_with(Kernel::Int8, w, cols, &x, &mut y);
+                    for t in 0..n {
+                        let yt = &y[t * rows..(t + 1) * rows];
+                        if t == n - 1 {
+                            assert!(yt.iter().all(|v| v.is_nan()), "{bad} n={n}: {yt:?}");
+                        } else {
+                            assert!(yt.iter().all(|v| v.is_finite()), "{bad} n={n} token {t}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Random blocks of `ty` with modest finite scales (every f16 field overwritten).

@@ -55,7 +55,28 @@ pub fn load(model: &Path) -> Result<Tokenizer, TokenizerError> {
         return Tokenizer::from_bundle_dir(model);
     }
     let f = GgufFile::open(model)?;
-    Tokenizer::from_json(&crate::bundle::config::tokenizer_json(&f))
+    // The tokenizer.json form names its keys without the `tokenizer.` prefix and as a bundle's
+    // file: name the GGUF and its key instead.
+    let in_gguf = |key: &str, detail: String| TokenizerError::GgufField {
+        path: model.to_path_buf(),
+        key: format!("tokenizer.{key}"),
+        detail,
+    };
+    Tokenizer::from_json(&crate::bundle::config::tokenizer_json(&f)).map_err(|e| match e {
+        TokenizerError::Field { field, detail } => match field.strip_prefix("metadata ") {
+            Some(key) => in_gguf(key, detail),
+            None => TokenizerError::Field { field, detail },
+        },
+        TokenizerError::UnsupportedModel(m) => in_gguf(
+            "ggml.model",
+            format!("unsupported tokenizer model {m:?} (supported: \"gpt2\", \"llama\")"),
+        ),
+        TokenizerError::UnsupportedPre(p) => in_gguf(
+            "ggml.pre",
+            format!("unsupported pre-tokenizer {p:?} for tokenizer.ggml.model \"gpt2\""),
+        ),
+        other => other,
+    })
 }
 
 /// `llama-tokenize`'s tokenization of `text`.

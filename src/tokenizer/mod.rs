@@ -81,6 +81,15 @@ pub enum TokenizerError {
     /// A GGUF file given as a model could not be read.
     #[error(transparent)]
     Gguf(#[from] crate::gguf::GgufError),
+    /// A GGUF file given as a model has a tokenizer key missing or malformed, or names a
+    /// tokenizer model or pre-tokenizer lowbit does not implement: `key` is the GGUF key
+    /// (`tokenizer.ggml.model`), not its name in a bundle's tokenizer.json.
+    #[error("{}: metadata {key}: {detail}", path.display())]
+    GgufField {
+        path: PathBuf,
+        key: String,
+        detail: String,
+    },
 }
 
 fn field_err(field: &str, detail: impl Into<String>) -> TokenizerError {
