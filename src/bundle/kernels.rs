@@ -603,6 +603,10 @@ pub fn check_kernels<'b>(
         ));
         return (checks, notes);
     }
+    // A file the file checks did not pass (missing, unreadable, or not the size or digest the
+    // manifest lists) is not read here: that failure is reported once, above.
+    const NOT_READ: &str =
+        "not checked: the file is missing, unreadable or failed its size or digest check";
     let mut parsed: BTreeMap<&str, Parsed> = BTreeMap::new();
     let mut texts: BTreeMap<&str, &[u8]> = BTreeMap::new();
     let check = |k: &KernelEntry, what: &str, r: Result<(), String>| KernelCheck {
@@ -615,7 +619,7 @@ pub fn check_kernels<'b>(
     };
     for k in m.kernels.iter().filter(|k| k.kind == KernelKind::Wgsl) {
         let r = (|| {
-            let bytes = file(&k.file).ok_or("missing or unreadable")?;
+            let bytes = file(&k.file).ok_or(NOT_READ)?;
             texts.insert(k.name.as_str(), bytes);
             let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
             let p = parse_and_validate(&k.name, text).map_err(|e| e.to_string())?;
@@ -638,7 +642,7 @@ pub fn check_kernels<'b>(
             continue;
         }
         let r = (|| {
-            let bytes = file(&k.file).ok_or("missing or unreadable")?;
+            let bytes = file(&k.file).ok_or(NOT_READ)?;
             let p = parsed
                 .get(k.name.as_str())
                 .ok_or_else(|| format!("its WGSL {} did not parse or validate", t.from))?;
