@@ -630,6 +630,19 @@ fn cli_refuses_too_long_and_bad_ids() {
         assert_eq!(o.status.code(), Some(2), "{bad}: {err}");
         assert!(err.contains(why), "{bad}: {err}");
     }
+    // GPU flags with the CPU backend run, with a warning that names them.
+    let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+        .args(["run", "--prompt-ids", "1", "--max-tokens", "1"])
+        .args(["--gpu-memory", "1G", "--gpu-no-subgroups"])
+        .arg(&b)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("warning: --gpu-memory, --gpu-no-subgroups apply to --backend gpu only"),
+        "{err}"
+    );
 }
 
 /// The int8 kernel (activations quantized as llama.cpp's CPU backend does, with our own

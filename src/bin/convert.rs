@@ -458,12 +458,39 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{s:?}: too large"))
 }
 
+/// A run's decode speed for the human-readable lines: `12.34 tok/s`, or what was not timed
+/// where no decode step ran (the first generated token comes from the prompt's logits).
+fn decode_rate(st: &lowbit::runtime::GenStats) -> String {
+    if st.decode_steps == 0 {
+        "(no decode step timed)".into()
+    } else {
+        format!("{:.2} tok/s", st.decode_tps())
+    }
+}
+
 impl RuntimeArgs {
     fn backend(&self) -> anyhow::Result<lowbit::runtime::BackendKind> {
         Ok(self.backend.parse()?)
     }
 
     fn load_options(&self) -> anyhow::Result<lowbit::runtime::LoadOptions> {
+        if matches!(self.backend(), Ok(lowbit::runtime::BackendKind::Cpu)) {
+            let given: Vec<&str> = [
+                ("--gpu-adapter", self.gpu_adapter.is_some()),
+                ("--gpu-memory", self.gpu_memory.is_some()),
+                ("--gpu-no-subgroups", self.gpu_no_subgroups),
+            ]
+            .into_iter()
+            .filter_map(|(f, on)| on.then_some(f))
+            .collect();
+            if !given.is_empty() {
+                eprintln!(
+                    "warning: {} {} to --backend gpu only; ignored with the cpu backend",
+                    given.join(", "),
+                    if given.len() == 1 { "applies" } else { "apply" }
+                );
+            }
+        }
         Ok(lowbit::runtime::LoadOptions {
             gpu_adapter: self.gpu_adapter.as_deref().map(str::parse).transpose()?,
             gpu_no_subgroups: self.gpu_no_subgroups,
@@ -1225,7 +1252,7 @@ fn bench_cmd(
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(
-            "{}: {} backend, {} kernel, {} threads, buckets {:?}; load {:.2}s; prompt {} tokens {:.2} tok/s; decode {} tokens {:.2} tok/s; weights {:.1} MB, KV cache {:.1} MB, peak RSS {} MB ({:.2}x weights+KV); decode reads weights ({:.1} MB per token) at {:.2} GB/s",
+            "{}: {} backend, {} kernel, {} threads, buckets {:?}; load {:.2}s; prompt {} tokens {:.2} tok/s; decode {} tokens {}; weights {:.1} MB, KV cache {:.1} MB, peak RSS {} MB ({:.2}x weights+KV); decode reads weights ({:.1} MB per token) at {:.2} GB/s",
             bundle.display(),
             info.backend,
             info.kernel,
@@ -1235,7 +1262,7 @@ fn bench_cmd(
             pp.prompt_tokens,
             pp.prompt_tps(),
             st.generated,
-            st.decode_tps(),
+            decode_rate(&st),
             weights as f64 / 1e6,
             kv as f64 / 1e6,
             rss.map(|r| format!("{:.1}", r as f64 / 1e6)).unwrap_or_else(|| "?".into()),
@@ -2055,12 +2082,12 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let info = be.info();
     eprintln!(
-        "load {:.2}s; prompt {} tokens {:.2} tok/s; decode {} tokens {:.2} tok/s ({} backend, {} kernel, {} threads)",
+        "load {:.2}s; prompt {} tokens {:.2} tok/s; decode {} tokens {} ({} backend, {} kernel, {} threads)",
         load_s,
         stats.prompt_tokens,
         stats.prompt_tps(),
         stats.generated,
-        stats.decode_tps(),
+        decode_rate(&stats),
         info.backend,
         info.kernel,
         info.threads
