@@ -253,6 +253,8 @@ LLAMA_BIN := $(LOWBIT_CACHE)/llama.cpp-11434/build/bin
 BENCH_THREADS ?= 2
 BENCH_PROMPTS ?= 64,512
 BENCH_KERNELS ?= int8,f32
+# Then the CPU's int8 ceiling in the same run (examples/vnni_peak.rs: 512-bit vpdpbusd a core,
+# and the tok/s the 8B shape's 7.58 GMAC a prompt token allow; a note on a CPU without VNNI).
 bench-runtime: build $(MINICPM8B) fetch
 	$(MAKE) llama
 	rm -rf $(OUT)/bench-smollm2.bundle $(OUT)/bench-qwen.bundle $(OUT)/bench-gemma.bundle $(OUT)/bench-minicpm8b.bundle
@@ -266,6 +268,7 @@ bench-runtime: build $(MINICPM8B) fetch
 		--json $(LOWBIT_CACHE)/bench/runtime.json \
 		$(OUT)/bench-smollm2.bundle=$(SMOLLM2) $(OUT)/bench-qwen.bundle=$(QWEN) \
 		$(OUT)/bench-gemma.bundle=$(GEMMA) $(OUT)/bench-minicpm8b.bundle=$(MINICPM8B)
+	cargo run -q --release --example vnni_peak -- $(BENCH_THREADS) 7.58
 
 # Palettization: convert palettize next to coremltools 9.0 (k-means, per_grouped_channel, group
 # size 32) on the same f16 SmolLM2 weights, 8/6/4 bits, in one run. The default is every linear
