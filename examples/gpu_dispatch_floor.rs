@@ -4,7 +4,10 @@
 //! 1024 from the same submission path; the slope is what each dispatch of a decode step's
 //! chain costs at least, whatever its work. With the step's dispatch count this bounds the
 //! decode speed the one-op-per-dispatch design can reach (a step of D dependent dispatches
-//! takes at least D times the slope). The chain's result is checked (every value = K).
+//! takes at least D times the slope). The chain's result is checked (every value = K). Beside
+//! it, up to 65,536 values, the same number of independent dispatches (each writing a buffer
+//! of its own, so wgpu puts no barrier between them): where those cost much less, the barrier
+//! is the cost, not the launch.
 //!
 //! Usage: `gpu_dispatch_floor [N_VALUES ...]` (default 256 4096 1048576); the adapter is the
 //! one `convert run --backend gpu` picks without `--gpu-adapter` (`LOWBIT_GPU_ADAPTER`: an
@@ -66,8 +69,8 @@ fn main() -> anyhow::Result<()> {
             "wall clock, submit to done"
         }
     );
-    println!("| values | workgroups | dispatches | pass us | us a dispatch (slope from 1) | CPU encode us a dispatch |");
-    println!("|---:|---:|---:|---:|---:|---:|");
+    println!("| values | workgroups | dispatches | pass us | us a dependent dispatch (slope from 1) | us an independent one | CPU encode us a dispatch |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     for &n in &sizes {
         anyhow::ensure!(n > 0, "N_VALUES must be positive");
         let groups = n.div_ceil(256);
@@ -117,8 +120,23 @@ fn main() -> anyhow::Result<()> {
                 }),
             )
         });
-        // Microseconds of a pass of k dispatches (the best of 5), and the CPU encode time.
-        let run = |k: usize| -> anyhow::Result<(f64, f64)> {
+        // Independent dispatches: each reads `a` and writes a buffer of its own (no hazard, so
+        // no barrier between them), where 1024 buffers of n values take at most 256 MiB.
+        let k = 1024;
+        let own: Vec<(wgpu::Buffer, wgpu::BindGroup)> = if n <= 65_536 {
+            (0..k)
+                .map(|_| {
+                    let d = buf("own");
+                    let g = bind(&a, &d);
+                    (d, g)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        // Microseconds of a pass of k dispatches (the best of 5), and the CPU encode time;
+        // `indep`: each dispatch on its own buffer instead of the chain.
+        let run = |k: usize, indep: bool| -> anyhow::Result<(f64, f64)> {
             let mut best = (f64::INFINITY, f64::INFINITY);
             for _ in 0..5 {
                 ctx.queue.write_buffer(&a, 0, &vec![0u8; n * 4]);
@@ -136,8 +154,15 @@ fn main() -> anyhow::Result<()> {
                         }),
                     });
                     pass.set_pipeline(&pipeline);
+                    // `i` picks the chain's buffer pair too, not only `own`'s entry.
+                    #[allow(clippy::needless_range_loop)]
                     for i in 0..k {
-                        pass.set_bind_group(0, if i % 2 == 0 { &ab } else { &ba }, &[]);
+                        let g = match indep {
+                            true => &own[i].1,
+                            false if i % 2 == 0 => &ab,
+                            false => &ba,
+                        };
+                        pass.set_bind_group(0, g, &[]);
                         pass.dispatch_workgroups(groups as u32, 1, 1);
                     }
                 }
@@ -159,21 +184,30 @@ fn main() -> anyhow::Result<()> {
                 };
                 best = (best.0.min(us), best.1.min(enc_us));
             }
-            // The chain's result: k additions of 1 to zeros.
-            let last = if k % 2 == 1 { &b } else { &a };
+            // The result: the chain's k additions of 1 to zeros, or 1 in every own buffer.
+            let (last, want) = match indep {
+                true => (&own[k - 1].0, 1.0),
+                false if k % 2 == 1 => (&b, k as f32),
+                false => (&a, k as f32),
+            };
             let got: Vec<f32> = bytemuck::cast_slice(&ctx.read_buffer(last, bytes)?).to_vec();
             anyhow::ensure!(
-                got.iter().all(|&v| v == k as f32),
-                "{n} values, {k} dispatches: the chain's result is wrong (first value {})",
+                got.iter().all(|&v| v == want),
+                "{n} values, {k} dispatches (independent: {indep}): wrong result (first value {})",
                 got[0]
             );
             Ok(best)
         };
-        let (t1, _) = run(1)?;
-        let k = 1024;
-        let (tk, enc) = run(k)?;
+        let (t1, _) = run(1, false)?;
+        let (tk, enc) = run(k, false)?;
+        let indep = if own.is_empty() {
+            "-".to_string()
+        } else {
+            let (ti, _) = run(k, true)?;
+            format!("{:.2}", (ti - t1) / (k - 1) as f64)
+        };
         println!(
-            "| {n} | {groups} | {k} | {tk:.1} | {:.2} | {:.2} |",
+            "| {n} | {groups} | {k} | {tk:.1} | {:.2} | {indep} | {:.2} |",
             (tk - t1) / (k - 1) as f64,
             enc / k as f64
         );
