@@ -593,6 +593,58 @@ fn add_kernels_takes_dot_for_the_bundle() {
     assert_eq!(names, ["t.bundle"], "{names:?}");
 }
 
+/// A signed bundle's signature is not carried over by add-kernels, and the output says so.
+#[test]
+fn add_kernels_says_the_signature_is_not_carried_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = written(dir.path(), "t.bundle");
+    let key = dir.path().join("k.pem");
+    assert!(convert(&["keygen", "-o"], &[&key]).status.success());
+    let o = convert(&["sign", "--key"], &[&key, &b]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(b.join("signature.json").exists());
+    let o = convert(&["add-kernels", "-q"], &[&b]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("signature.json is not carried over"),
+        "{}",
+        text(&o)
+    );
+    assert!(!b.join("signature.json").exists());
+    // Unsigned: no such note.
+    let o = convert(&["add-kernels", "-q"], &[&b]);
+    assert!(!text(&o).contains("signature"), "{}", text(&o));
+}
+
+/// Intact kernels that do not parse here (as another naga's output might not) are what
+/// add-kernels replaces: the bundle fails verify only for them, and add-kernels makes it
+/// this build's again. A kernel file that fails its digest still refuses the bundle.
+#[test]
+fn add_kernels_replaces_kernels_that_do_not_parse() {
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = written(dir.path(), "fresh/t.bundle");
+    let b = written(dir.path(), "t.bundle");
+    rewrite_kernel(&b, "kernels/op_argmax.wgsl", b"fn main( { not wgsl");
+    let o = convert(&["verify"], &[&b]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let o = convert(&["add-kernels", "-q"], &[&b]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(same_manifest(&b, &fresh));
+    let o = convert(&["verify"], &[&b]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // The same text without the rehash: a file failure, refused, nothing changed.
+    std::fs::write(b.join("kernels/op_argmax.wgsl"), b"fn main( { not wgsl").unwrap();
+    let before = std::fs::read(b.join("manifest.json")).unwrap();
+    let o = convert(&["add-kernels", "-q"], &[&b]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("does not verify, so no kernels were added: kernels/op_argmax.wgsl"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(std::fs::read(b.join("manifest.json")).unwrap(), before);
+}
+
 #[test]
 fn add_kernels_refuses_a_bundle_that_does_not_verify() {
     let dir = tempfile::tempdir().unwrap();

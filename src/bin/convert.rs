@@ -250,7 +250,8 @@ enum Command {
     },
     /// Give a bundle this binary's GPU kernels (every WGSL module and the MSL naga makes from
     /// it), added to a bundle made before kernels shipped in bundles or replacing the ones it
-    /// carries; recomputes the manifest and the bundle digest. The bundle must verify first.
+    /// carries; recomputes the manifest and the bundle digest. The bundle must verify first,
+    /// but for kernels that are intact and do not parse or validate here (those it replaces).
     /// Without -o the bundle is replaced (staged beside it, then swapped in).
     AddKernels {
         /// The bundle directory.
@@ -1059,6 +1060,12 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
                 s.old_digest,
                 s.new_digest
             )?;
+            if s.signature_dropped {
+                writeln!(
+                    out,
+                    "note: the bundle's signature.json is not carried over (it covered the old digests); sign the result again with `convert sign`"
+                )?;
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Keygen { output } => {

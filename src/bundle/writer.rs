@@ -869,6 +869,9 @@ pub struct AddKernelsSummary {
     pub files: usize,
     pub old_digest: String,
     pub new_digest: String,
+    /// Whether the bundle had a signature, which the result does not carry (it covered the
+    /// old digests).
+    pub signature_dropped: bool,
 }
 
 /// `convert add-kernels`: gives the bundle at `bundle` this binary's GPU kernels (adds them to
@@ -878,7 +881,8 @@ pub struct AddKernelsSummary {
 /// every other file and the rest of the manifest stay
 /// byte for byte, so the result equals what this binary would have written. A signature
 /// (`signature.json`) is left behind: it covers the old digests. The bundle must verify first (`convert verify` without a source), else nothing is
-/// written.
+/// written, except that kernels whose files are intact but do not parse, validate or
+/// re-derive here are no reason to refuse: they are what is replaced.
 ///
 /// Never half-written: with `output` the new bundle is staged beside it (files copied) and
 /// renamed into place, refusing an existing path or one inside the input; without, it is
@@ -905,9 +909,26 @@ pub fn add_kernels(bundle: &Path, output: Option<&Path>) -> Result<AddKernelsSum
     }
     let new_kernels = kernels::current()?;
     let report = super::verify::verify(bundle, &super::verify::VerifyOptions::default())?;
-    if !report.passed {
+    // Kernels that are intact (every file its listed size and digest) but do not parse,
+    // validate or re-derive here (made by another naga) are what this command replaces: only
+    // the other failures refuse the bundle. Each failed kernel check is one failure.
+    let kernel_faults: Vec<String> = report
+        .kernels
+        .iter()
+        .filter(|k| !k.passed)
+        .map(|k| format!("{}: {}", k.file, k.detail.as_deref().unwrap_or("failed")))
+        .collect();
+    let others: Vec<&str> = report
+        .failures
+        .iter()
+        .filter(|f| !kernel_faults.contains(f))
+        .map(String::as_str)
+        .collect();
+    // A kernel whose file failed its size or digest check is a file failure too (in
+    // `others`), so a damaged bundle is still refused.
+    if !others.is_empty() {
         const SHOWN: usize = 5;
-        let f = &report.failures;
+        let f = &others;
         let mut detail = format!(
             "does not verify, so no kernels were added: {}",
             f[..f.len().min(SHOWN)].join("; ")
@@ -922,6 +943,7 @@ pub fn add_kernels(bundle: &Path, output: Option<&Path>) -> Result<AddKernelsSum
         });
     }
     let old = super::reader::read_manifest(bundle)?;
+    let signature_dropped = bundle.join(super::manifest::SIGNATURE_FILE).exists();
 
     // What changes, module by module.
     let old_files: BTreeMap<(&str, KernelKind), &str> = old
@@ -1030,6 +1052,7 @@ pub fn add_kernels(bundle: &Path, output: Option<&Path>) -> Result<AddKernelsSum
         files: new_kernels.len(),
         old_digest: old.bundle_digest,
         new_digest: manifest.bundle_digest,
+        signature_dropped,
     })
 }
 
