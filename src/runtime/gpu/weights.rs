@@ -1487,26 +1487,59 @@ impl GpuContext {
                 return Ok(b);
             }
         }
-        if let Some(b) = self.bind_matmul_tile(w, x, y, n_tokens, epilogue, bias)? {
-            return Ok(b);
-        }
-        let (op, rows_per_wg, tok) = if n_tokens == 1 {
-            (WeightOp::Matvec, MATVEC_ROWS, 1)
+        // The kernel, its tokens a workgroup and its split (invocations per row, rows a
+        // workgroup; the grid's rows come from the second).
+        let (kernel, tok, split) = if self.matmul_tile_applies(w, n_tokens) {
+            // The tiled prefill product: MATMUL_TILE_ROWS rows by MATMUL_TILE_TOKENS tokens a
+            // workgroup, each weight unit decoded once per workgroup.
+            let kernel = tile_name(Decoder::of(w.format));
+            let split = (MATMUL_TILE_WORKGROUP, MATMUL_TILE_ROWS);
+            (kernel, MATMUL_TILE_TOKENS, split)
         } else {
-            (WeightOp::Matmul, MATMUL_ROWS, MATMUL_TOKENS)
-        };
-        if reduction == Reduction::Workgroup {
-            let shared = 4 * (rows_per_wg * tok * WORKGROUP) as u64;
-            let limit = self.limits.max_compute_workgroup_storage_size as u64;
-            if shared > limit {
-                return Err(GpuError::Limit {
-                    op: OP,
-                    what: "workgroup memory (bytes)",
-                    needed: shared,
-                    limit,
-                });
+            let (op, rows_per_wg, tok) = if n_tokens == 1 {
+                (WeightOp::Matvec, MATVEC_ROWS, 1)
+            } else {
+                (WeightOp::Matmul, MATMUL_ROWS, MATMUL_TOKENS)
+            };
+            if reduction == Reduction::Workgroup {
+                let shared = 4 * (rows_per_wg * tok * WORKGROUP) as u64;
+                let limit = self.limits.max_compute_workgroup_storage_size as u64;
+                if shared > limit {
+                    return Err(GpuError::Limit {
+                        op: OP,
+                        what: "workgroup memory (bytes)",
+                        needed: shared,
+                        limit,
+                    });
+                }
             }
-        }
+            let mut kernel = name_of(Decoder::of(w.format), op, reduction);
+            let mut rows_cap = rows_per_wg;
+            if op == WeightOp::Matvec && !self.has_source(&kernel) {
+                // A bundle made before the body took MATVEC_ROWS rows carries it as `_r4_`.
+                let legacy = kernel.replace(
+                    &format!("_matvec_r{MATVEC_ROWS}_"),
+                    &format!("_matvec_r{LEGACY_MATVEC_ROWS}_"),
+                );
+                if self.has_source(&legacy) {
+                    kernel = legacy;
+                    rows_cap = LEGACY_MATVEC_ROWS;
+                }
+            }
+            // The single-token bodies read their split from the parameters; a bundle's
+            // kernels from before it take ROWS rows a workgroup with every invocation on each.
+            let split = if op == WeightOp::Matvec
+                && self
+                    .source(&kernel)
+                    .is_ok_and(|s| s.contains("params.wg_rows"))
+            {
+                let (lanes, wg_rows) = matvec_split(w.rows, w.cols);
+                (lanes, wg_rows.min(rows_cap))
+            } else {
+                (WORKGROUP, rows_cap)
+            };
+            (kernel, tok, split)
+        };
         let gz = n_tokens.div_ceil(tok);
         if gz > MAX_WORKGROUPS_PER_DIM {
             return Err(GpuError::Limit {
@@ -1516,31 +1549,6 @@ impl GpuContext {
                 limit: MAX_WORKGROUPS_PER_DIM as u64 * tok as u64,
             });
         }
-        let mut kernel = name_of(Decoder::of(w.format), op, reduction);
-        let mut rows_cap = rows_per_wg;
-        if op == WeightOp::Matvec && !self.has_source(&kernel) {
-            // A bundle made before the body took MATVEC_ROWS rows carries it as `_r4_`.
-            let legacy = kernel.replace(
-                &format!("_matvec_r{MATVEC_ROWS}_"),
-                &format!("_matvec_r{LEGACY_MATVEC_ROWS}_"),
-            );
-            if self.has_source(&legacy) {
-                kernel = legacy;
-                rows_cap = LEGACY_MATVEC_ROWS;
-            }
-        }
-        // The single-token bodies read their split from the parameters; a bundle's kernels
-        // from before it take ROWS rows a workgroup with every invocation on each.
-        let split = if op == WeightOp::Matvec
-            && self
-                .source(&kernel)
-                .is_ok_and(|s| s.contains("params.wg_rows"))
-        {
-            let (lanes, wg_rows) = matvec_split(w.rows, w.cols);
-            (lanes, wg_rows.min(rows_cap))
-        } else {
-            (WORKGROUP, rows_cap)
-        };
         let pipeline = self.pipeline_named(&kernel, None)?;
         let layout = pipeline.get_bind_group_layout(0);
         // The bias binding of store.wgsl, which a bundle's kernels from before the bias
@@ -1591,67 +1599,6 @@ impl GpuContext {
             && self.has_source(&tile_name(Decoder::of(w.format)))
             && tile_shared_bytes() <= self.limits.max_compute_workgroup_storage_size as u64
             && MATMUL_TILE_WORKGROUP <= self.limits.max_compute_invocations_per_workgroup
-    }
-
-    /// The tiled prefill product ([`MATMUL_TILE_ROWS`] rows by [`MATMUL_TILE_TOKENS`] tokens
-    /// a workgroup, each weight unit decoded once per workgroup) from
-    /// [`MATMUL_TILE_MIN_TOKENS`] tokens on; `None` where it does not apply and
-    /// `matmul.wgsl` serves: fewer tokens, the sources lack it (a bundle made before it), or
-    /// the adapter's workgroup memory or invocations are too few.
-    fn bind_matmul_tile(
-        &self,
-        w: &GpuWeight,
-        x: &wgpu::Buffer,
-        y: &BufView,
-        n_tokens: u32,
-        epilogue: Epilogue,
-        bias: Option<&wgpu::Buffer>,
-    ) -> Result<Option<Bound>, GpuError> {
-        const OP: &str = "weight matmul";
-        if !self.matmul_tile_applies(w, n_tokens) {
-            return Ok(None);
-        }
-        let kernel = tile_name(Decoder::of(w.format));
-        let gz = n_tokens.div_ceil(MATMUL_TILE_TOKENS);
-        if gz > MAX_WORKGROUPS_PER_DIM {
-            return Err(GpuError::Limit {
-                op: OP,
-                what: "tokens",
-                needed: n_tokens as u64,
-                limit: MAX_WORKGROUPS_PER_DIM as u64 * MATMUL_TILE_TOKENS as u64,
-            });
-        }
-        let pipeline = self.pipeline_named(&kernel, None)?;
-        let layout = pipeline.get_bind_group_layout(0);
-        let mut parts = Vec::with_capacity(w.chunks.len());
-        for c in &w.chunks {
-            let groups = c.rows.div_ceil(MATMUL_TILE_ROWS as usize) as u64;
-            let (gx, gy) = grid(groups).ok_or(GpuError::Limit {
-                op: OP,
-                what: "workgroups",
-                needed: groups,
-                limit: MAX_WORKGROUPS_PER_DIM as u64 * MAX_WORKGROUPS_PER_DIM as u64,
-            })?;
-            let params = self.weight_params(
-                w,
-                c,
-                gx,
-                n_tokens,
-                epilogue,
-                (MATMUL_TILE_WORKGROUP, MATMUL_TILE_ROWS),
-            );
-            // store.wgsl's bias binding: the bias, or a placeholder for the other epilogues.
-            let slot = Some(bias.unwrap_or(&self.placeholder));
-            let bg = self.weight_bind_group(&layout, w, c, x, y, &params, slot);
-            parts.push((bg, [gx, gy, gz]));
-        }
-        Ok(Some(Bound {
-            pre_kernel: None,
-            pipeline,
-            parts,
-            pre: None,
-            label: format!("{kernel} {}", w.name),
-        }))
     }
 
     /// The int8 prefill product of a `ternary2` weight over `n_tokens > 1` tokens: x quantized
