@@ -3492,12 +3492,7 @@ impl GpuContext {
         for c in &w.chunks {
             let c_rows = if glu { c.rows / 2 } else { c.rows };
             let groups = c_rows.div_ceil(cfg.rows_per_workgroup as usize) as u64;
-            let (gx, gy) = grid(groups).ok_or(GpuError::Limit {
-                op: OP,
-                what: "workgroups",
-                needed: groups,
-                limit: MAX_WORKGROUPS_PER_DIM as u64 * MAX_WORKGROUPS_PER_DIM as u64,
-            })?;
+            let (gx, gy) = grid_or_limit(OP, groups)?;
             let y_off = (c.row0 * 4) as u64;
             // y of a later chunk starts at its first row: an offset the adapter must accept.
             if !y_off.is_multiple_of(align) {
@@ -3715,6 +3710,16 @@ pub fn grid(groups: u64) -> Option<(u32, u32)> {
     }
     let gy = groups.div_ceil(m);
     (gy <= m).then_some((m as u32, gy as u32))
+}
+
+/// [`grid`], or past its 65,535 x 65,535 workgroups the limit error of `op`.
+pub fn grid_or_limit(op: &'static str, groups: u64) -> Result<(u32, u32), GpuError> {
+    grid(groups).ok_or(GpuError::Limit {
+        op,
+        what: "workgroups",
+        needed: groups,
+        limit: MAX_WORKGROUPS_PER_DIM as u64 * MAX_WORKGROUPS_PER_DIM as u64,
+    })
 }
 
 /// One row chunk of a ternary weight on the device.

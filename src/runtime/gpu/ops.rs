@@ -409,12 +409,7 @@ impl OpDispatch {
 /// `(groups_x, groups_y)`; the kernels index `gid.y * groups_x * wg + gid.x`.
 pub fn grid_1d(n: usize, wg: usize) -> Result<(u32, u32), GpuError> {
     let groups = n.div_ceil(wg).max(1) as u64;
-    super::grid(groups).ok_or(GpuError::Limit {
-        op: "dispatch",
-        what: "workgroups",
-        needed: groups,
-        limit: super::MAX_WORKGROUPS_PER_DIM as u64 * super::MAX_WORKGROUPS_PER_DIM as u64,
-    })
+    super::grid_or_limit("dispatch", groups)
 }
 
 impl GpuContext {

@@ -142,8 +142,8 @@
 use super::kernels::KernelSource;
 use super::ops::{Bindable, BufView};
 use super::{
-    grid, BoundMatvec, Epilogue, Fuse, GpuContext, GpuError, GpuTernary, MatvecConfig, Reduction,
-    TernaryChunk, MAX_WORKGROUPS_PER_DIM,
+    grid_or_limit, BoundMatvec, Epilogue, Fuse, GpuContext, GpuError, GpuTernary, MatvecConfig,
+    Reduction, TernaryChunk, MAX_WORKGROUPS_PER_DIM,
 };
 use crate::ggml::GgmlType;
 
@@ -1566,12 +1566,7 @@ impl GpuContext {
         let mut parts = Vec::with_capacity(w.chunks.len());
         for c in &w.chunks {
             let groups = c.rows.div_ceil(split.1 as usize) as u64;
-            let (gx, gy) = grid(groups).ok_or(GpuError::Limit {
-                op: OP,
-                what: "workgroups",
-                needed: groups,
-                limit: MAX_WORKGROUPS_PER_DIM as u64 * MAX_WORKGROUPS_PER_DIM as u64,
-            })?;
+            let (gx, gy) = grid_or_limit(OP, groups)?;
             let params = self.weight_params(w, c, gx, n_tokens, epilogue, split);
             let slot = bias_slot.then(|| bias.unwrap_or(&self.placeholder));
             let bg = self.weight_bind_group(&layout, w, c, x, y, &params, slot);
@@ -1689,12 +1684,7 @@ impl GpuContext {
         let mut parts = Vec::with_capacity(w.chunks.len());
         for c in &w.chunks {
             let groups = c.rows.div_ceil(rows_per_wg) as u64;
-            let (gx, gy) = grid(groups).ok_or(GpuError::Limit {
-                op: OP,
-                what: "workgroups",
-                needed: groups,
-                limit: MAX_WORKGROUPS_PER_DIM as u64 * MAX_WORKGROUPS_PER_DIM as u64,
-            })?;
+            let (gx, gy) = grid_or_limit(OP, groups)?;
             let params = self.weight_params(w, c, gx, n_tokens, epilogue, (WORKGROUP, MATVEC_ROWS));
             let mut entries = vec![
                 wgpu::BindGroupEntry {
@@ -1883,12 +1873,7 @@ impl GpuContext {
             });
         }
         let groups = invocations.div_ceil(GATHER_WORKGROUP as u64);
-        let (gx, gy) = grid(groups).ok_or(GpuError::Limit {
-            op: OP,
-            what: "workgroups",
-            needed: groups,
-            limit: MAX_WORKGROUPS_PER_DIM as u64 * MAX_WORKGROUPS_PER_DIM as u64,
-        })?;
+        let (gx, gy) = grid_or_limit(OP, groups)?;
         let kernel = name_of(
             Decoder::of(w.format),
             WeightOp::Gather,
