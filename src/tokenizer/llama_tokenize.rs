@@ -47,9 +47,10 @@ pub struct Tokenized {
 /// `models/ggml-vocab-*.gguf`).
 ///
 /// Errors: [`TokenizerError::Io`] / [`TokenizerError::Json`] for a bundle's file,
-/// [`TokenizerError::Gguf`] for an unreadable GGUF, [`TokenizerError::UnsupportedModel`] /
+/// [`TokenizerError::Gguf`] for an unreadable GGUF; [`TokenizerError::UnsupportedModel`] /
 /// [`TokenizerError::UnsupportedPre`] naming a tokenizer model or pre-tokenizer lowbit does not
-/// implement, [`TokenizerError::Field`] for missing or malformed metadata.
+/// implement and [`TokenizerError::Field`] for missing or malformed metadata, for a bundle;
+/// for a GGUF each of those as [`TokenizerError::GgufField`], naming the file and its key.
 pub fn load(model: &Path) -> Result<Tokenizer, TokenizerError> {
     if model.is_dir() {
         return Tokenizer::from_bundle_dir(model);
@@ -67,13 +68,10 @@ pub fn load(model: &Path) -> Result<Tokenizer, TokenizerError> {
             Some(key) => in_gguf(key, detail),
             None => TokenizerError::Field { field, detail },
         },
-        TokenizerError::UnsupportedModel(m) => in_gguf(
-            "ggml.model",
-            format!("unsupported tokenizer model {m:?} (supported: \"gpt2\", \"llama\")"),
-        ),
+        TokenizerError::UnsupportedModel(m) => in_gguf("ggml.model", super::unsupported_model(&m)),
         TokenizerError::UnsupportedPre(p) => in_gguf(
             "ggml.pre",
-            format!("unsupported pre-tokenizer {p:?} for tokenizer.ggml.model \"gpt2\""),
+            super::unsupported_pre(&p, "tokenizer.ggml.model"),
         ),
         other => other,
     })

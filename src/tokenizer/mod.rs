@@ -70,9 +70,9 @@ pub enum TokenizerError {
     /// A field is missing or malformed. `field` names it, e.g. `metadata ggml.merges`.
     #[error("tokenizer.json: {field}: {detail}")]
     Field { field: String, detail: String },
-    #[error("tokenizer.json: metadata ggml.model: unsupported tokenizer model {0:?} (supported: \"gpt2\", \"llama\")")]
+    #[error("tokenizer.json: metadata ggml.model: {}", unsupported_model(.0))]
     UnsupportedModel(String),
-    #[error("tokenizer.json: metadata ggml.pre: unsupported pre-tokenizer {0:?} for ggml.model \"gpt2\"")]
+    #[error("tokenizer.json: metadata ggml.pre: {}", unsupported_pre(.0, "ggml.model"))]
     UnsupportedPre(String),
     #[error("tokenizer.json has no chat template (metadata chat_template)")]
     NoChatTemplate,
@@ -90,6 +90,17 @@ pub enum TokenizerError {
         key: String,
         detail: String,
     },
+}
+
+/// What [`TokenizerError::UnsupportedModel`] says of model `m` (a GGUF's error says the same).
+pub(crate) fn unsupported_model(m: &str) -> String {
+    format!("unsupported tokenizer model {m:?} (supported: \"gpt2\", \"llama\")")
+}
+
+/// What [`TokenizerError::UnsupportedPre`] says of pre-tokenizer `p`, the model key named as
+/// `model_key` (`ggml.model` in a bundle's tokenizer.json, `tokenizer.ggml.model` in a GGUF).
+pub(crate) fn unsupported_pre(p: &str, model_key: &str) -> String {
+    format!("unsupported pre-tokenizer {p:?} for {model_key} \"gpt2\"")
 }
 
 fn field_err(field: &str, detail: impl Into<String>) -> TokenizerError {
