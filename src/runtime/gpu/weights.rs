@@ -1584,12 +1584,10 @@ impl GpuContext {
     /// Whether a product of `w` over `n_tokens` tokens takes the tiled kernel
     /// (`matmul_tile.wgsl`, error bound [`matmul_tile_tolerance`]): a weight other than an
     /// int8 `ternary2` one, at least [`MATMUL_TILE_MIN_TOKENS`] tokens, the kernel among the
-    /// sources and the adapter's workgroup memory and invocations enough for it.
-    /// `LOWBIT_GPU_TILE=0` keeps `matmul.wgsl` (a measuring knob: the two differ by f32
-    /// rounding within their bounds).
+    /// sources and the adapter's workgroup memory and invocations enough for it. On an H200
+    /// it took the shape copies' prompts 3.4-4.4x past `matmul.wgsl` (BENCHMARKS.md).
     pub fn matmul_tile_applies(&self, w: &GpuWeight, n_tokens: u32) -> bool {
-        std::env::var("LOWBIT_GPU_TILE").map_or(true, |v| v != "0")
-            && !(w.format == WeightFormat::Ternary && self.decodes_int8(w.cols))
+        !(w.format == WeightFormat::Ternary && self.decodes_int8(w.cols))
             && n_tokens >= MATMUL_TILE_MIN_TOKENS
             && self.has_source(&tile_name(Decoder::of(w.format)))
             && tile_shared_bytes() <= self.limits.max_compute_workgroup_storage_size as u64

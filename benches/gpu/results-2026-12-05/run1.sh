@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# The device run planned for the next session with an nvidia-h200 (written 2026-12-05, when
-# no machine was lent). No llama.cpp; about 8 minutes. Copy it to benches/gpu/results-DATE/
-# when it has run, with what it printed.
+# Device run 1 (one nvidia-h200, 2026-12-05, seventh session; written the session before as
+# benches/gpu/next_run.sh, when no machine was lent). No llama.cpp; 79 s of work.
 # 1. The floor of one dependent dispatch (examples/gpu_dispatch_floor.rs), at 1, 16 and 4096
 #    workgroups: with the 8B decode step's 261 dependent dispatches it bounds what the
 #    one-op-per-dispatch design can reach (the aim, 1000 tok/s, is 1000 us a step; the
@@ -18,8 +17,8 @@
 # Carry .gpubin (convert, gpu_decode_profile, gpu_dispatch_floor) and .anchor (debs, gguf
 # wheel, generator, tokenizer, shapes/*.json.gz; the llama.cpp tarball is not needed).
 set -u
-cd "$(dirname "$0")/../.."
-RUN=next; . benches/gpu/device_env.sh
+cd "$(dirname "$0")/../../.."
+RUN=run1; . benches/gpu/device_env.sh
 $B/gpu_dispatch_floor 256 4096 1048576 | tee $W/dispatch-floor.md
 el "floor"
 copies
@@ -55,5 +54,5 @@ rm -f $W/*.f32
 el "tile A/B"
 rm -rf /tmp/m.b; $B/convert gguf-to-ternary -q -o /tmp/m.b /tmp/minicpm8b.gguf
 $B/gpu_decode_profile /tmp/m.b 512 8 > $W/profile-minicpm8b.md 2>&1; sed -n 1,12p $W/profile-minicpm8b.md
-tar czf $O/next.tar.gz -C $W .
+tar czf $O/run1.tar.gz -C $W .
 el "done"
