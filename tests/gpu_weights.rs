@@ -676,6 +676,49 @@ fn a_bundles_four_row_matvec_kernels_still_run() {
     }
 }
 
+/// A bundle made before the single-token body put four invocations on a unit
+/// (matvec_quads.wgsl) carries matvec.wgsl under the same `_r2_` names; the host tells the
+/// two apart by their source and gives the older one its own split (`Params::lanes`: two rows
+/// of 32 invocations at K = 800 and 96), and its products still match the CPU.
+#[test]
+fn a_bundles_whole_unit_matvec_kernels_still_run() {
+    let mut older: std::collections::HashMap<String, String> = gpu::kernels::all()
+        .into_iter()
+        .map(|k| (k.name, k.wgsl))
+        .collect();
+    let replaced = weights::unit_matvec_sources();
+    assert!(replaced.len() >= 16, "{}", replaced.len());
+    for k in replaced {
+        let current = older.get(&k.name).expect("a current kernel of that name");
+        assert!(
+            current.contains("QUAD_TASKS") && !k.wgsl.contains("QUAD_TASKS"),
+            "{}",
+            k.name
+        );
+        older.insert(k.name, k.wgsl);
+    }
+    let mut seed = 17u64;
+    for force in [false, true] {
+        let Some(ctx) = context_for_tests(&ContextOptions {
+            sources: Some(older.clone()),
+            force_workgroup_reduction: force,
+            ..Default::default()
+        }) else {
+            return;
+        };
+        for (ty, rows, cols) in [
+            (GgmlType::Q8_0, 37, 800),
+            (GgmlType::Q4_1, 13, 96),
+            (GgmlType::Q5_0, 7, 1120),
+            (GgmlType::F16, 5, 256),
+        ] {
+            let host = Host::gguf(ty, rows, cols, &mut seed);
+            let w = host.upload(&ctx).unwrap();
+            check_matmul(&ctx, &host, &w, 1, &mut seed);
+        }
+    }
+}
+
 /// A binding cap of 8 KiB splits every weight into several row chunks (palette chunks that
 /// start inside a group, ternary chunks at the offset alignment); the results equal the
 /// whole weight's bit for bit (same kernel, same rows), the gather reads every chunk, and

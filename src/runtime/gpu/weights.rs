@@ -149,6 +149,7 @@ use crate::ggml::GgmlType;
 
 const COMMON_WGSL: &str = include_str!("shaders/weights/common.wgsl");
 const MATVEC_WGSL: &str = include_str!("shaders/weights/matvec.wgsl");
+const MATVEC_QUADS_WGSL: &str = include_str!("shaders/weights/matvec_quads.wgsl");
 /// The single-token body of Q6_K (each `ql` and `qh` byte read once; matvec.wgsl's bindings,
 /// grid and reduction).
 const MATVEC_Q6_K_WGSL: &str = include_str!("shaders/weights/matvec_q6_k.wgsl");
@@ -166,6 +167,10 @@ const MMQ_TERNARY2_WGSL: &str = include_str!("shaders/weights/mmq_ternary2.wgsl"
 pub const UNIT: usize = 32;
 /// Rows per workgroup of the single-token product.
 pub const MATVEC_ROWS: u32 = 2;
+/// A line of matvec_quads.wgsl by which the host tells that body in a kernel's source (a
+/// bundle made before it carries matvec.wgsl under the same name, which reads
+/// `Params::lanes`).
+const QUADS_MARK: &str = "const QUAD_TASKS: u32 = 4u;";
 /// Rows per workgroup of the single-token body in bundles made before it took
 /// [`MATVEC_ROWS`] = 2 (kernels `weights_{enc}_matvec_r4_wg64_{sg|wg}`): the host runs those
 /// where a bundle has no `_r2_` kernel. 4 accumulators per invocation cost registers: on an
@@ -179,8 +184,12 @@ pub const LEGACY_MATVEC_ROWS: u32 = 4;
 /// GPU waiting on memory.
 pub const MATVEC_MIN_WORKGROUPS: usize = 1024;
 
-/// How the single-token body (matvec.wgsl; matvec_q6_k.wgsl takes the rows only) splits a
-/// weight of `rows` x `cols`: (`Params::lanes`, `Params::wg_rows`).
+/// How the single-token body (matvec.wgsl; matvec_quads.wgsl, `quads`, and matvec_q6_k.wgsl
+/// take the rows only) splits a weight of `rows` x `cols`: (`Params::lanes`,
+/// `Params::wg_rows`).
+///
+/// With `quads` every invocation of a workgroup works on each of its rows: lanes are
+/// `WORKGROUP`, and rows per workgroup go down to 1 by the rule below.
 ///
 /// Lanes, the invocations per row: the smallest power of two at least the row's units (32
 /// elements each), between `WORKGROUP / MATVEC_ROWS` and `WORKGROUP`. K = 576 and 896
@@ -193,7 +202,7 @@ pub const MATVEC_MIN_WORKGROUPS: usize = 1024;
 /// those ranges) force either, for measurements (lanes 64 with 1 row puts every invocation of
 /// a workgroup on one row; the split before this choice, 64 lanes on each of 4 rows, needs
 /// the `_r4_` kernel, which this build no longer makes).
-pub fn matvec_split(rows: usize, cols: usize) -> (u32, u32) {
+pub fn matvec_split(rows: usize, cols: usize, quads: bool) -> (u32, u32) {
     let knob = |name: &str| {
         std::env::var(name)
             .ok()
@@ -202,9 +211,13 @@ pub fn matvec_split(rows: usize, cols: usize) -> (u32, u32) {
     };
     let lo = WORKGROUP / MATVEC_ROWS;
     let units = (cols / 32).max(1) as u32;
-    let lanes = knob("LOWBIT_GPU_MATVEC_LANES")
-        .unwrap_or(units.next_power_of_two())
-        .clamp(lo, WORKGROUP);
+    let lanes = if quads {
+        WORKGROUP
+    } else {
+        knob("LOWBIT_GPU_MATVEC_LANES")
+            .unwrap_or(units.next_power_of_two())
+            .clamp(lo, WORKGROUP)
+    };
     let min_rows = WORKGROUP / lanes;
     let wg_rows = match knob("LOWBIT_GPU_MATVEC_WG_ROWS") {
         Some(n) => n.clamp(min_rows, MATVEC_ROWS),
@@ -532,6 +545,19 @@ impl Decoder {
         }
     }
 
+    /// Whether the single-token body is matvec_quads.wgsl (four invocations on a unit,
+    /// through the decoder's `quads`). Not Q4_K and Q5_K: there each task decoded its
+    /// sub-block's 6-bit scale and min again (four byte reads), and on an H200 Qwen2.5-0.5B's
+    /// Q4_K down product took 22.0 us that way against 19.8 with matvec.wgsl (BENCHMARKS.md),
+    /// where the 32-element blocks' products halved.
+    fn has_quads(self) -> bool {
+        use GgmlType::*;
+        matches!(
+            self,
+            Decoder::Gguf(Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | F16 | BF16 | F32)
+        )
+    }
+
     /// Whether the kernel binds `aux` (binding 1).
     fn has_aux(self) -> bool {
         !matches!(self, Decoder::Gguf(_))
@@ -602,7 +628,37 @@ fn name_of(d: Decoder, op: WeightOp, reduction: Reduction) -> String {
 /// The complete module of a kernel: its constants, common.wgsl, the decoder, the body and
 /// (products) the reduction.
 fn source_of(d: Decoder, op: WeightOp, reduction: Reduction) -> String {
-    source_with_rows(d, op, reduction, MATVEC_ROWS, name_of(d, op, reduction))
+    source_with_rows(
+        d,
+        op,
+        reduction,
+        MATVEC_ROWS,
+        name_of(d, op, reduction),
+        true,
+    )
+}
+
+/// The single-token kernels of the decoders whose body is matvec_quads.wgsl, under their
+/// names but with matvec.wgsl, as a bundle made before that body carries them: for the test
+/// that such a bundle still runs (with matvec.wgsl's split, `Params::lanes` included).
+#[doc(hidden)]
+pub fn unit_matvec_sources() -> Vec<KernelSource> {
+    let mut v = Vec::new();
+    for d in Decoder::all().into_iter().filter(|d| d.has_quads()) {
+        for reduction in [Reduction::Subgroup, Reduction::Workgroup] {
+            let name = name_of(d, WeightOp::Matvec, reduction);
+            let wgsl = source_with_rows(
+                d,
+                WeightOp::Matvec,
+                reduction,
+                MATVEC_ROWS,
+                name.clone(),
+                false,
+            );
+            v.push(KernelSource { name, wgsl });
+        }
+    }
+    v
 }
 
 /// The single-token kernels as a bundle made before the body took [`MATVEC_ROWS`] rows names
@@ -626,6 +682,7 @@ pub fn legacy_matvec_sources() -> Vec<KernelSource> {
                 reduction,
                 LEGACY_MATVEC_ROWS,
                 name.clone(),
+                false,
             );
             v.push(KernelSource { name, wgsl });
         }
@@ -634,19 +691,22 @@ pub fn legacy_matvec_sources() -> Vec<KernelSource> {
 }
 
 /// [`source_of`] with `matvec_rows` rows a workgroup in the single-token body (its `ROWS` and
-/// the count its template is expanded with) and the kernel named `name`.
+/// the count its template is expanded with), the kernel named `name`, and (`quads` false)
+/// matvec.wgsl as the single-token body even where the decoder's is matvec_quads.wgsl.
 fn source_with_rows(
     d: Decoder,
     op: WeightOp,
     reduction: Reduction,
     matvec_rows: u32,
     name: String,
+    quads: bool,
 ) -> String {
     let (consts, body, reduce) = match op {
         WeightOp::Matvec | WeightOp::Matmul => {
             let (rows, tok, body) = if op == WeightOp::Matvec {
                 let body = match d {
                     Decoder::Gguf(GgmlType::Q6_K) => MATVEC_Q6_K_WGSL,
+                    d if quads && d.has_quads() => MATVEC_QUADS_WGSL,
                     _ => MATVEC_WGSL,
                 };
                 (matvec_rows, 1, body)
@@ -1528,12 +1588,13 @@ impl GpuContext {
             }
             // The single-token bodies read their split from the parameters; a bundle's
             // kernels from before it take ROWS rows a workgroup with every invocation on each.
-            let split = if op == WeightOp::Matvec
-                && self
-                    .source(&kernel)
-                    .is_ok_and(|s| s.contains("params.wg_rows"))
-            {
-                let (lanes, wg_rows) = matvec_split(w.rows, w.cols);
+            let body = match self.source(&kernel) {
+                Ok(s) if op == WeightOp::Matvec && s.contains(QUADS_MARK) => Some(true),
+                Ok(s) if op == WeightOp::Matvec && s.contains("params.wg_rows") => Some(false),
+                _ => None,
+            };
+            let split = if let Some(quads) = body {
+                let (lanes, wg_rows) = matvec_split(w.rows, w.cols, quads);
                 (lanes, wg_rows.min(rows_cap))
             } else {
                 (WORKGROUP, rows_cap)
@@ -2049,17 +2110,32 @@ mod tests {
     fn the_single_token_split_fills_small_weights() {
         // Qwen2.5-0.5B (K = 896, 28 units): Q/O, stacked Q/K/V, stacked gate/up, the head;
         // its down (K = 4864); SmolLM2 (K = 576, 18 units); the 8B's down.
-        assert_eq!(matvec_split(896, 896), (32, 2));
-        assert_eq!(matvec_split(1152, 896), (32, 2));
-        assert_eq!(matvec_split(9728, 896), (32, 2));
-        assert_eq!(matvec_split(151_936, 896), (32, 2));
-        assert_eq!(matvec_split(896, 4864), (64, 1));
-        assert_eq!(matvec_split(576, 576), (32, 2));
-        assert_eq!(matvec_split(4096, 16_384), (64, 2));
-        assert_eq!(matvec_split(13, 96), (32, 2));
+        assert_eq!(matvec_split(896, 896, false), (32, 2));
+        assert_eq!(matvec_split(1152, 896, false), (32, 2));
+        assert_eq!(matvec_split(9728, 896, false), (32, 2));
+        assert_eq!(matvec_split(151_936, 896, false), (32, 2));
+        assert_eq!(matvec_split(896, 4864, false), (64, 1));
+        assert_eq!(matvec_split(576, 576, false), (32, 2));
+        assert_eq!(matvec_split(4096, 16_384, false), (64, 2));
+        assert_eq!(matvec_split(13, 96, false), (32, 2));
+        // The quads body: every invocation on each row, rows halved down to 1 while the grid
+        // has fewer than MATVEC_MIN_WORKGROUPS workgroups.
+        assert_eq!(matvec_split(896, 896, true), (64, 1));
+        assert_eq!(matvec_split(1536, 576, true), (64, 1));
+        assert_eq!(matvec_split(9728, 896, true), (64, 2));
+        assert_eq!(matvec_split(151_936, 896, true), (64, 2));
+        for rows in [1, 7, 100, 2047, 2048, 100_000] {
+            let (lanes, wg_rows) = matvec_split(rows, 896, true);
+            assert_eq!(lanes, WORKGROUP);
+            assert!(wg_rows.is_power_of_two() && wg_rows <= MATVEC_ROWS);
+            assert_eq!(
+                wg_rows == MATVEC_ROWS,
+                rows.div_ceil(2) >= MATVEC_MIN_WORKGROUPS
+            );
+        }
         for cols in (32..=2048).step_by(32) {
             for rows in [1, 7, 100, 1000, 5000, 100_000] {
-                let (lanes, wg_rows) = matvec_split(rows, cols);
+                let (lanes, wg_rows) = matvec_split(rows, cols, false);
                 assert!(lanes.is_power_of_two() && wg_rows.is_power_of_two());
                 assert!((WORKGROUP / MATVEC_ROWS..=WORKGROUP).contains(&lanes));
                 // Every group of lanes has a row; no workgroup has more than the kernel's ROWS.

@@ -58,6 +58,13 @@ struct Params {
     wg_rows: u32,
 }
 
+// Elements 4i .. 4i+3 (lo) and 16+4i .. 16+4i+3 (hi) of a 32-element unit: what a decoder's
+// `quads(r, u, i)` returns (i < 4), where it has one (matvec_quads.wgsl).
+struct Quads {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
 @group(0) @binding(0) var<storage, read> data: array<u32>;
 @group(0) @binding(4) var<uniform> params: Params;
 

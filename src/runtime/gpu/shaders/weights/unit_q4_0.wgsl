@@ -19,3 +19,13 @@ fn unit(r: u32, u: u32) -> array<vec4<f32>, 8> {
     }
     return v;
 }
+
+// quads(r, u, i), i < 4: elements 4i .. 4i+3 (lo) and 16+4i .. 16+4i+3 (hi) of unit u, the
+// values of unit(r, u)[i] and [i + 4] (matvec_quads.wgsl): the low and high nibbles of qs
+// word i.
+fn quads(r: u32, u: u32, i: u32) -> Quads {
+    let b = (r * (params.cols / 32u) + u) * BLOCK_BYTES;
+    let d = f16_at(b);
+    let w = vec4<u32>(word_at(b + 2u + 4u * i));
+    return Quads(d * ints((w >> SH_LO) & vec4<u32>(15u), 8.0), d * ints((w >> SH_HI) & vec4<u32>(15u), 8.0));
+}

@@ -19,3 +19,12 @@ fn unit(r: u32, u: u32) -> array<vec4<f32>, 8> {
     }
     return v;
 }
+
+// quads(r, u, i), i < 4: unit(r, u)[i] and [i + 4] (matvec_quads.wgsl), from qs word i.
+fn quads(r: u32, u: u32, i: u32) -> Quads {
+    let b = (r * (params.cols / 32u) + u) * BLOCK_BYTES;
+    let d = f16_at(b);
+    let m = f16_at(b + 2u);
+    let w = vec4<u32>(word_at(b + 4u + 4u * i));
+    return Quads(d * ints((w >> SH_LO) & vec4<u32>(15u), 0.0) + m, d * ints((w >> SH_HI) & vec4<u32>(15u), 0.0) + m);
+}

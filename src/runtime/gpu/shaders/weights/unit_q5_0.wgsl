@@ -20,3 +20,16 @@ fn unit(r: u32, u: u32) -> array<vec4<f32>, 8> {
     }
     return v;
 }
+
+// quads(r, u, i), i < 4: unit(r, u)[i] and [i + 4] (matvec_quads.wgsl), from qs word i and
+// qh.
+fn quads(r: u32, u: u32, i: u32) -> Quads {
+    let b = (r * (params.cols / 32u) + u) * BLOCK_BYTES;
+    let d = f16_at(b);
+    let qh = vec4<u32>(word_at(b + 2u));
+    let w = vec4<u32>(word_at(b + 6u + 4u * i));
+    let j = vec4<u32>(0u, 1u, 2u, 3u) + 4u * i;
+    let h0 = ((qh >> j) & vec4<u32>(1u)) << vec4<u32>(4u);
+    let h1 = ((qh >> (j + 16u)) & vec4<u32>(1u)) << vec4<u32>(4u);
+    return Quads(d * ints(((w >> SH_LO) & vec4<u32>(15u)) | h0, 16.0), d * ints(((w >> SH_HI) & vec4<u32>(15u)) | h1, 16.0));
+}

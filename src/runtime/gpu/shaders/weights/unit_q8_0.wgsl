@@ -14,3 +14,12 @@ fn unit(r: u32, u: u32) -> array<vec4<f32>, 8> {
     }
     return v;
 }
+
+// quads(r, u, i), i < 4: unit(r, u)[i] and [i + 4] (matvec_quads.wgsl), qs words i and i + 4.
+fn quads(r: u32, u: u32, i: u32) -> Quads {
+    let b = (r * (params.cols / 32u) + u) * BLOCK_BYTES;
+    let d = f16_at(b);
+    let lo = vec4<u32>(word_at(b + 2u + 4u * i));
+    let hi = vec4<u32>(word_at(b + 18u + 4u * i));
+    return Quads(d * ints(((lo >> SH8) & vec4<u32>(255u)) ^ vec4<u32>(128u), 128.0), d * ints(((hi >> SH8) & vec4<u32>(255u)) ^ vec4<u32>(128u), 128.0));
+}
