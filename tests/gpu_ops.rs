@@ -243,6 +243,115 @@ fn rms_norm_matches_the_cpu_and_the_last_row_mode() {
     }
 }
 
+/// `op_rms_norm_add` (Gemma 3's post-norms): the post-norm of y added into x and the next
+/// norm of the new x, bit for bit what `op_rms_norm`, `op_add` and `op_rms_norm` give one
+/// after another, and within rms_norm's tolerance of the CPU; with `next` 0, h untouched.
+#[test]
+fn rms_norm_add_equals_the_norm_the_add_and_the_next_norm() {
+    let Some(ctx) = ctx() else { return };
+    let mut seed = 5u64;
+    for (len, rows, s) in [
+        (640usize, 1usize, 1.0f32),
+        (576, 3, 1.0),
+        (1000, 2, 0.5),
+        (5000, 2, 1.0),
+    ] {
+        let x: Vec<f32> = (0..len * rows).map(|_| lcg(&mut seed) * 3.0).collect();
+        let y: Vec<f32> = (0..len * rows).map(|_| lcg(&mut seed) * 20.0).collect();
+        let w: Vec<f32> = (0..len).map(|_| lcg(&mut seed) + 1.0).collect();
+        let w2: Vec<f32> = (0..len).map(|_| lcg(&mut seed) + 1.0).collect();
+        let eps = 1e-6f32;
+        // The three ops.
+        let (xb, yb, wb, w2b) = (buf(&ctx, &x), buf(&ctx, &y), buf(&ctx, &w), buf(&ctx, &w2));
+        let (ob, hb) = (
+            ctx.vector_buffer("o", len * rows),
+            ctx.vector_buffer("h", len * rows),
+        );
+        let st = step(&ctx, 0, rows as u32);
+        let p = params(&ctx, &[len as u32, eps.to_bits(), rows as u32, 0]);
+        run(
+            &ctx,
+            "op_rms_norm",
+            &[&yb, &wb, &ob, &p, &st],
+            (rows as u32, 1, 1),
+        );
+        let n = (len * rows) as u32;
+        let gx = n.div_ceil(256);
+        let pa = params(&ctx, &[n, gx, s.to_bits(), 0]);
+        run(&ctx, "op_add", &[&xb, &ob, &pa], (gx, 1, 1));
+        run(
+            &ctx,
+            "op_rms_norm",
+            &[&xb, &w2b, &hb, &p, &st],
+            (rows as u32, 1, 1),
+        );
+        let (x3, h3) = (read(&ctx, &xb, len * rows), read(&ctx, &hb, len * rows));
+        // The fused op, with and without the next norm.
+        for next in [1u32, 0] {
+            let xf = buf(&ctx, &x);
+            let hf = buf(&ctx, &vec![7.0f32; len * rows]);
+            let pf = params(
+                &ctx,
+                &[
+                    len as u32,
+                    eps.to_bits(),
+                    rows as u32,
+                    next,
+                    s.to_bits(),
+                    0,
+                    0,
+                    0,
+                ],
+            );
+            run(
+                &ctx,
+                "op_rms_norm_add",
+                &[&xf, &yb, &wb, &w2b, &hf, &pf],
+                (rows as u32, 1, 1),
+            );
+            let (xg, hg) = (read(&ctx, &xf, len * rows), read(&ctx, &hf, len * rows));
+            for i in 0..len * rows {
+                assert_eq!(
+                    xg[i].to_bits(),
+                    x3[i].to_bits(),
+                    "x at {i} (len {len}, next {next})"
+                );
+                if next == 1 {
+                    assert_eq!(hg[i].to_bits(), h3[i].to_bits(), "h at {i} (len {len})");
+                } else {
+                    assert_eq!(hg[i], 7.0, "h written without next at {i}");
+                }
+            }
+        }
+        // Against the CPU: x + rms_norm(y) * s, then rms_norm of that.
+        let tol = (len as f32 + 8.0) * f32::EPSILON;
+        let mut wantx = x.clone();
+        let mut wanth = vec![0f32; len * rows];
+        let mut o = vec![0f32; len];
+        for r in 0..rows {
+            let rr = r * len..(r + 1) * len;
+            cpu::rms_norm(&y[rr.clone()], &w, eps, &mut o);
+            for (i, v) in o.iter().enumerate() {
+                wantx[r * len + i] += v * s;
+            }
+            cpu::rms_norm(&wantx[rr.clone()], &w2, eps, &mut wanth[rr]);
+        }
+        let scale: Vec<f32> = x3.iter().map(|v| v.abs() + 20.0).collect();
+        check("rms_norm_add x", &x3, &wantx, &scale, tol);
+        // h against its row's largest value (an element of x near 0 after the add keeps the
+        // absolute error of the add, not a relative one).
+        let hscale: Vec<f32> = (0..len * rows)
+            .map(|i| {
+                let r = i / len;
+                wanth[r * len..(r + 1) * len]
+                    .iter()
+                    .fold(0f32, |m, v| m.max(v.abs()))
+            })
+            .collect();
+        check("rms_norm_add h", &h3, &wanth, &hscale, 4.0 * tol);
+    }
+}
+
 #[test]
 fn rope_rotates_with_the_cpu_table_norm_and_neox() {
     let Some(ctx) = ctx() else { return };

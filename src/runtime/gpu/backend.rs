@@ -1102,6 +1102,47 @@ fn build_graph(
         let (p, grid) = elem(s * e, hp.residual_scale.unwrap_or(1.0).to_bits())?;
         op("op_add", &[x, y, &p], grid)
     };
+    // A post-norm of `y` and the residual add into x, and with `next` the norm of the new x
+    // into h: `op_rms_norm_add`, one dispatch with the same arithmetic (the same bits), where
+    // the sources carry it; else the ops one by one (the next norm then left to its site).
+    // Whether h was written.
+    let post_norm_add = |items: &mut Vec<Item>,
+                         y: &wgpu::Buffer,
+                         w: &wgpu::Buffer,
+                         next: Option<&wgpu::Buffer>|
+     -> Result<bool, RuntimeError> {
+        if !ctx.has_source("op_rms_norm_add") {
+            items.push(rms(y, w, &a.o2, e, s, false)?);
+            items.push(add(&a.x, &a.o2)?);
+            return Ok(false);
+        }
+        let p = u32s(&[
+            e as u32,
+            hp.norm_eps.to_bits(),
+            s as u32,
+            next.is_some() as u32,
+            hp.residual_scale.unwrap_or(1.0).to_bits(),
+            0,
+            0,
+            0,
+        ]);
+        let (gx, gy) = super::grid(s as u64).ok_or_else(|| {
+            gpu_err(GpuError::Shape {
+                op: "rms_norm_add",
+                detail: format!("{s} rows"),
+            })
+        })?;
+        items.push(op(
+            "op_rms_norm_add",
+            &[&a.x, y, w, next.unwrap_or(w), &a.h, &p],
+            (gx, gy, 1),
+        )?);
+        Ok(next.is_some())
+    };
+    // Whether a.h holds the norm the next layer's attention (or this layer's FFN) starts
+    // with, written by `op_rms_norm_add`: only where that norm is an op of its own
+    // (`fold_norm` puts it in the products' quantize dispatch instead).
+    let mut h_ready = false;
 
     items.push(Item::Weight(
         ctx.bind_gather(sh.tok_embd, &a.ids, &a.x, n_tok)
@@ -1137,7 +1178,9 @@ fn build_graph(
         match folded {
             Some(fused) => items.extend(fused),
             None => {
-                items.push(rms(&a.x, &lv.attn_norm, &a.h, e, s, false)?);
+                if !std::mem::take(&mut h_ready) {
+                    items.push(rms(&a.x, &lv.attn_norm, &a.h, e, s, false)?);
+                }
                 // The biases in the products' epilogue where they can be (GGUF and palette
                 // weights; a stacked weight takes the stacked biases): the same operation as
                 // op_bias_add, one dispatch less per bias.
@@ -1266,8 +1309,8 @@ fn build_graph(
                     (nh as u32, n_tok, 1),
                 )?);
                 items.push(mm(&lw.wo, &a.attn, &a.o, n_tok)?);
-                items.push(rms(&a.o, w, &a.o2, e, s, false)?);
-                items.push(add(&a.x, &a.o2)?);
+                let next = (!fold_norm).then_some(&lv.ffn_norm);
+                h_ready = post_norm_add(&mut items, &a.o, w, next)?;
             }
             None => {
                 let mut wo = mm_with(&lw.wo, &a.attn, &x_view, residual)?;
@@ -1331,7 +1374,7 @@ fn build_graph(
                 (&a.h, None)
             };
             if let Some(fused) = mm_fused(&lw.gate_up, input, &[&a.g], norm, true)? {
-                if !fold_norm {
+                if !fold_norm && !std::mem::take(&mut h_ready) {
                     items.push(rms(&a.x, &lv.ffn_norm, &a.h, e, s, false)?);
                 }
                 items.extend(fused);
@@ -1347,7 +1390,9 @@ fn build_graph(
             match folded {
                 Some(fused) => items.extend(fused),
                 None => {
-                    items.push(rms(&a.x, &lv.ffn_norm, &a.h, e, s, false)?);
+                    if !std::mem::take(&mut h_ready) {
+                        items.push(rms(&a.x, &lv.ffn_norm, &a.h, e, s, false)?);
+                    }
                     items.extend(mm_parts(&lw.gate_up, &a.h, &[&a.g, &a.u])?);
                 }
             }
@@ -1362,8 +1407,11 @@ fn build_graph(
         match &lv.post_ffn_norm {
             Some(w) => {
                 items.push(mm(&lw.w_down, g_buf, &a.o, n_tok)?);
-                items.push(rms(&a.o, w, &a.o2, e, s, false)?);
-                items.push(add(&a.x, &a.o2)?);
+                let next = match sh.vecs.get(il + 1) {
+                    Some(nv) if !fold_norm => Some(&nv.attn_norm),
+                    _ => None,
+                };
+                h_ready = post_norm_add(&mut items, &a.o, w, next)?;
             }
             None => items.push(mm_with(&lw.w_down, g_buf, &x_view, residual)?),
         }

@@ -1,4 +1,5 @@
-//! The GPU backend's ops other than the weight kernels: RMSNorm, RoPE, the f16 KV cache
+//! The GPU backend's ops other than the weight kernels: RMSNorm (and a post-norm with the
+//! residual add and the next norm, `rms_norm_add`), RoPE, the f16 KV cache
 //! store (and RoPE with the store fused, `rope_kv`), split attention and its combine, SwiGLU/GeGLU, residual and bias adds, scales and
 //! soft caps, and the greedy argmax. Each is one WGSL module (`shaders/ops/`, with
 //! `common.wgsl` prepended: the [`Step`] uniform and exact f16 conversions), registered in
@@ -34,6 +35,10 @@ const OPS: &[(&str, &str)] = &[
     ("geglu", include_str!("shaders/ops/geglu.wgsl")),
     ("kv_store", include_str!("shaders/ops/kv_store.wgsl")),
     ("rms_norm", include_str!("shaders/ops/rms_norm.wgsl")),
+    (
+        "rms_norm_add",
+        include_str!("shaders/ops/rms_norm_add.wgsl"),
+    ),
     ("rope", include_str!("shaders/ops/rope.wgsl")),
     ("rope_kv", include_str!("shaders/ops/rope_kv.wgsl")),
     ("scale", include_str!("shaders/ops/scale.wgsl")),
