@@ -189,8 +189,8 @@ pub const MATVEC_MIN_WORKGROUPS: usize = 1024;
 /// `Params::wg_rows`).
 ///
 /// With `quads` every invocation of a workgroup works on each of its rows: lanes are
-/// `WORKGROUP` (`LOWBIT_GPU_MATVEC_LANES=32`: two groups, a row each, for measurement), and
-/// rows per workgroup go down to 1 by the rule below.
+/// `WORKGROUP`, and rows per workgroup go down to 1 by the rule below (on an H200 two groups
+/// of 32 lanes, a row each, decoded the shape copies 1-8% slower; BENCHMARKS.md).
 ///
 /// Lanes, the invocations per row: the smallest power of two at least the row's units (32
 /// elements each), between `WORKGROUP / MATVEC_ROWS` and `WORKGROUP`. K = 576 and 896
@@ -213,9 +213,7 @@ pub fn matvec_split(rows: usize, cols: usize, quads: bool) -> (u32, u32) {
     let lo = WORKGROUP / MATVEC_ROWS;
     let units = (cols / 32).max(1) as u32;
     let lanes = if quads {
-        knob("LOWBIT_GPU_MATVEC_LANES")
-            .unwrap_or(WORKGROUP)
-            .clamp(lo, WORKGROUP)
+        WORKGROUP
     } else {
         knob("LOWBIT_GPU_MATVEC_LANES")
             .unwrap_or(units.next_power_of_two())

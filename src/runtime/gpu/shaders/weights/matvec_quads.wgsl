@@ -7,10 +7,9 @@
 // threads: task k of a row is unit k / 4 and i = k % 4, elements 4i .. 4i+3 and 16+4i ..
 // 16+4i+3 (`quads(r, u, i)`, the values of `unit(r, u)[i]` and `[i + 4]`: the low and high
 // nibbles of one word in the 4-bit and 5-bit blocks), so a subgroup's load instruction
-// reads 8 neighbouring blocks. The workgroup's invocations form WG / G groups of
-// G = params.lanes (WG, or 32 where that wastes fewer task slots: weights.rs `matvec_split`);
-// group g takes rows g, g + WG/G, ... of the workgroup's ROWS, and its invocation j tasks j,
-// j + G, ... of each, x loaded once per task for the group's rows:
+// reads 8 neighbouring blocks. Invocation lid takes tasks lid, lid + WG, ... of every row of
+// the workgroup (params.lanes is not read: all WG invocations work on each row, the host
+// passes WG), x loaded once per task for all of them:
 //     acc[r] += dot(lo, x[4u .. 4u+3 of unit u]) + dot(hi, x[16+4i ..])
 // Rows past params.wg_rows read the workgroup's last row again (their sums are never
 // stored), so that every load is unconditional. The reduction appended after this file adds
@@ -35,33 +34,25 @@ fn rows_per_wg() -> u32 {
 fn partials(lid: u32, row0: u32, t0: u32) -> array<f32, NACC> {
     let tasks = (params.cols / 32u) * QUAD_TASKS;
     let last_r = params.wg_rows - 1u;
-    let lanes = params.lanes;
-    let groups = WG / lanes;
-    let g = lid / lanes;
-    // Rows an invocation takes: rows g, g + groups, ... of the workgroup's ROWS (the same
-    // count in every invocation, so the branches below do not diverge).
-    let per = ROWS / groups;
     //@for R ROWS
-    let rr{R} = min(row0 + min(g + {R}u * groups, last_r), params.rows - 1u);
+    let rr{R} = min(row0 + min({R}u, last_r), params.rows - 1u);
     var acc{R} = 0.0;
     //@end
-    for (var k = lid % lanes; k < tasks; k += lanes) {
+    for (var k = lid; k < tasks; k += WG) {
         let u = k >> 2u;
         let i = k & 3u;
         let xa = x[u * 8u + i];
         let xb = x[u * 8u + i + 4u];
         //@for R ROWS
-        if {R}u < per {
-            let q = quads(rr{R}, u, i);
-            acc{R} += dot(q.lo, xa) + dot(q.hi, xb);
-        }
+        let q{R} = quads(rr{R}, u, i);
+        //@end
+        //@for R ROWS
+        acc{R} += dot(q{R}.lo, xa) + dot(q{R}.hi, xb);
         //@end
     }
     var acc: array<f32, NACC>;
     //@for R ROWS
-    if {R}u < per {
-        acc[g + {R}u * groups] = acc{R};
-    }
+    acc[{R}u] = acc{R};
     //@end
     return acc;
 }
