@@ -43,9 +43,12 @@
 //! [`GpuContext::pipeline_named`]; names carry their parameters (see [`kernel_name`]):
 //!
 //! - `weights_{enc}_matvec_r2_wg64_{sg|wg}`: one token; up to 2 rows per workgroup of 64
-//!   invocations in groups of G (32 or 64, [`matvec_split`]), invocation `i` of a group
-//!   takes units `i, i + G, ...` of its row (consecutive invocations read consecutive
-//!   blocks), x loaded once per unit for the invocation's rows. For
+//!   invocations. Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, F16, BF16, F32 (`matvec_quads.wgsl`): four
+//!   invocations on each 32-element unit, each 8 of its elements through the decoder's
+//!   `quads`, all 64 on each row. The other encodings (`matvec.wgsl`): groups of G (32 or
+//!   64, [`matvec_split`]), invocation `i` of a group takes units `i, i + G, ...` of its row
+//!   (consecutive invocations read consecutive blocks), x loaded once per unit for the
+//!   invocation's rows; Q6_K has a body of its own (`matvec_q6_k.wgsl`). For
 //!   `ternary2` the single-token product is the ternary kernel of
 //!   [`GpuContext::default_matvec_config`]: `ternary_matvec_r8_wg128_sgrows2_p2_xs4096`
 //!   (subgroup rows) with `sg`, `ternary_matvec_r4_wg64_wg` (split) with `wg`.
@@ -199,8 +202,8 @@ pub const MATVEC_MIN_WORKGROUPS: usize = 1024;
 /// them idle. Rows per workgroup: [`MATVEC_ROWS`], halved while the grid has fewer than
 /// [`MATVEC_MIN_WORKGROUPS`] workgroups and each group of lanes keeps a row.
 ///
-/// `LOWBIT_GPU_MATVEC_LANES=N` and `LOWBIT_GPU_MATVEC_WG_ROWS=N` (powers of two, clamped to
-/// those ranges) force either, for measurements (lanes 64 with 1 row puts every invocation of
+/// `LOWBIT_GPU_MATVEC_LANES=N` (not with `quads`) and `LOWBIT_GPU_MATVEC_WG_ROWS=N` (powers
+/// of two, clamped to those ranges) force either, for measurements (lanes 64 with 1 row puts every invocation of
 /// a workgroup on one row; the split before this choice, 64 lanes on each of 4 rows, needs
 /// the `_r4_` kernel, which this build no longer makes).
 pub fn matvec_split(rows: usize, cols: usize, quads: bool) -> (u32, u32) {

@@ -11,8 +11,9 @@
 // the workgroup (params.lanes is not read: all WG invocations work on each row, the host
 // passes WG), x loaded once per task for all of them:
 //     acc[r] += dot(lo, x[4u .. 4u+3 of unit u]) + dot(hi, x[16+4i ..])
-// Rows past params.wg_rows read the workgroup's last row again (their sums are never
-// stored), so that every load is unconditional. The reduction appended after this file adds
+// With params.wg_rows = 1 a loop on row 0 alone; otherwise rows past params.wg_rows read the
+// workgroup's last row again (their sums are never stored), so that every load is
+// unconditional. The reduction appended after this file adds
 // the WG partials of each row. The sum's order is not matvec.wgsl's: the GPU's products are
 // held to the CPU within a tolerance, not bit for bit.
 //
@@ -38,17 +39,28 @@ fn partials(lid: u32, row0: u32, t0: u32) -> array<f32, NACC> {
     let rr{R} = min(row0 + min({R}u, last_r), params.rows - 1u);
     var acc{R} = 0.0;
     //@end
-    for (var k = lid; k < tasks; k += WG) {
-        let u = k >> 2u;
-        let i = k & 3u;
-        let xa = x[u * 8u + i];
-        let xb = x[u * 8u + i + 4u];
-        //@for R ROWS
-        let q{R} = quads(rr{R}, u, i);
-        //@end
-        //@for R ROWS
-        acc{R} += dot(q{R}.lo, xa) + dot(q{R}.hi, xb);
-        //@end
+    if params.wg_rows == 1u {
+        // One row a workgroup (a weight of few rows): only row 0 is decoded (the loop below
+        // would decode it ROWS times), its sum in the same order.
+        for (var k = lid; k < tasks; k += WG) {
+            let u = k >> 2u;
+            let i = k & 3u;
+            let q = quads(rr0, u, i);
+            acc0 += dot(q.lo, x[u * 8u + i]) + dot(q.hi, x[u * 8u + i + 4u]);
+        }
+    } else {
+        for (var k = lid; k < tasks; k += WG) {
+            let u = k >> 2u;
+            let i = k & 3u;
+            let xa = x[u * 8u + i];
+            let xb = x[u * 8u + i + 4u];
+            //@for R ROWS
+            let q{R} = quads(rr{R}, u, i);
+            //@end
+            //@for R ROWS
+            acc{R} += dot(q{R}.lo, xa) + dot(q{R}.hi, xb);
+            //@end
+        }
     }
     var acc: array<f32, NACC>;
     //@for R ROWS
