@@ -652,14 +652,7 @@ fn a_bundles_four_row_matvec_kernels_still_run() {
         legacy.insert(k.name, k.wgsl);
     }
     let mut seed = 9u64;
-    for force in [false, true] {
-        let Some(ctx) = context_for_tests(&ContextOptions {
-            sources: Some(legacy.clone()),
-            force_workgroup_reduction: force,
-            ..Default::default()
-        }) else {
-            return;
-        };
+    for ctx in contexts_with_sources(&legacy) {
         for (ty, rows, cols) in [
             (GgmlType::Q8_0, 37, 800),
             (GgmlType::Q4_K, 7, 1280),
@@ -674,6 +667,21 @@ fn a_bundles_four_row_matvec_kernels_still_run() {
             check_matmul(&ctx, &host, &w, 1, &mut seed);
         }
     }
+}
+
+/// Contexts (the subgroup and the workgroup reduction) compiling only `sources`, as a
+/// bundle's kernels; none without an adapter.
+fn contexts_with_sources(sources: &std::collections::HashMap<String, String>) -> Vec<GpuContext> {
+    [false, true]
+        .into_iter()
+        .map_while(|force| {
+            context_for_tests(&ContextOptions {
+                sources: Some(sources.clone()),
+                force_workgroup_reduction: force,
+                ..Default::default()
+            })
+        })
+        .collect()
 }
 
 /// A bundle made before the single-token body put four invocations on a unit
@@ -699,14 +707,7 @@ fn a_bundles_whole_unit_matvec_kernels_still_run() {
         older.insert(k.name, k.wgsl);
     }
     let mut seed = 17u64;
-    for force in [false, true] {
-        let Some(ctx) = context_for_tests(&ContextOptions {
-            sources: Some(older.clone()),
-            force_workgroup_reduction: force,
-            ..Default::default()
-        }) else {
-            return;
-        };
+    for ctx in contexts_with_sources(&older) {
         for (ty, rows, cols) in [
             (GgmlType::Q8_0, 37, 800),
             (GgmlType::Q4_1, 13, 96),

@@ -1,5 +1,6 @@
-# Sourced by device run scripts (benches/gpu/results-*/run*.sh from 2026-12-05 on, and
-# results-2026-12-05/run1.sh, written as benches/gpu/next_run.sh): the setup the earlier run scripts each wrote out. Run from the
+# Sourced by device run scripts (benches/gpu/results-*/run*.sh from 2026-12-05 on; the first,
+# results-2026-12-05/run1.sh, was written as benches/gpu/next_run.sh): the setup the earlier
+# run scripts each wrote out. Run from the
 # repository root on an offline nvidia-h200 machine with `.gpubin` (convert and the examples,
 # built here and stripped) and `.anchor` (../shared/anchors/gpu/prepare.sh; `.anchor/shapes`
 # from `benches/gpu/shape_copy.py describe`) carried.

@@ -1082,6 +1082,16 @@ fn build_graph(
         let (gx, gy) = grid_1d(n, 256).map_err(gpu_err)?;
         Ok((u32s(&[n as u32, gx, third, 0]), (gx, gy, 1)))
     };
+    // One workgroup a row (the norms): the 2-D grid, or a shape error naming the op.
+    let row_grid = |op: &'static str, rows: usize| -> Result<(u32, u32, u32), RuntimeError> {
+        let (gx, gy) = super::grid(rows as u64).ok_or_else(|| {
+            gpu_err(GpuError::Shape {
+                op,
+                detail: format!("{rows} rows"),
+            })
+        })?;
+        Ok((gx, gy, 1))
+    };
     let rms = |x: &dyn Bindable,
                w: &wgpu::Buffer,
                out: &wgpu::Buffer,
@@ -1090,13 +1100,11 @@ fn build_graph(
                last: bool|
      -> Result<Item, RuntimeError> {
         let p = u32s(&[len as u32, hp.norm_eps.to_bits(), rows as u32, last as u32]);
-        let (gx, gy) = super::grid(rows as u64).ok_or_else(|| {
-            gpu_err(GpuError::Shape {
-                op: "rms_norm",
-                detail: format!("{rows} rows"),
-            })
-        })?;
-        op("op_rms_norm", &[x, w, out, &p, &a.step], (gx, gy, 1))
+        op(
+            "op_rms_norm",
+            &[x, w, out, &p, &a.step],
+            row_grid("rms_norm", rows)?,
+        )
     };
     let add = |x: &wgpu::Buffer, y: &wgpu::Buffer| -> Result<Item, RuntimeError> {
         let (p, grid) = elem(s * e, hp.residual_scale.unwrap_or(1.0).to_bits())?;
@@ -1126,16 +1134,10 @@ fn build_graph(
             0,
             0,
         ]);
-        let (gx, gy) = super::grid(s as u64).ok_or_else(|| {
-            gpu_err(GpuError::Shape {
-                op: "rms_norm_add",
-                detail: format!("{s} rows"),
-            })
-        })?;
         items.push(op(
             "op_rms_norm_add",
             &[&a.x, y, w, next.unwrap_or(w), &a.h, &p],
-            (gx, gy, 1),
+            row_grid("rms_norm_add", s)?,
         )?);
         Ok(next.is_some())
     };

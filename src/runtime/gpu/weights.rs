@@ -203,9 +203,9 @@ pub const MATVEC_MIN_WORKGROUPS: usize = 1024;
 /// [`MATVEC_MIN_WORKGROUPS`] workgroups and each group of lanes keeps a row.
 ///
 /// `LOWBIT_GPU_MATVEC_LANES=N` (not with `quads`) and `LOWBIT_GPU_MATVEC_WG_ROWS=N` (powers
-/// of two, clamped to those ranges) force either, for measurements (lanes 64 with 1 row puts every invocation of
-/// a workgroup on one row; the split before this choice, 64 lanes on each of 4 rows, needs
-/// the `_r4_` kernel, which this build no longer makes).
+/// of two, clamped to those ranges) force either, for measurements (lanes 64 with 1 row puts
+/// every invocation of a workgroup on one row; the split before this choice, 64 lanes on
+/// each of 4 rows, needs the `_r4_` kernel, which this build no longer makes).
 pub fn matvec_split(rows: usize, cols: usize, quads: bool) -> (u32, u32) {
     let knob = |name: &str| {
         std::env::var(name)
@@ -647,22 +647,7 @@ fn source_of(d: Decoder, op: WeightOp, reduction: Reduction) -> String {
 /// that such a bundle still runs (with matvec.wgsl's split, `Params::lanes` included).
 #[doc(hidden)]
 pub fn unit_matvec_sources() -> Vec<KernelSource> {
-    let mut v = Vec::new();
-    for d in Decoder::all().into_iter().filter(|d| d.has_quads()) {
-        for reduction in [Reduction::Subgroup, Reduction::Workgroup] {
-            let name = name_of(d, WeightOp::Matvec, reduction);
-            let wgsl = source_with_rows(
-                d,
-                WeightOp::Matvec,
-                reduction,
-                MATVEC_ROWS,
-                name.clone(),
-                false,
-            );
-            v.push(KernelSource { name, wgsl });
-        }
-    }
-    v
+    older_matvec_sources(MATVEC_ROWS, Decoder::has_quads)
 }
 
 /// The single-token kernels as a bundle made before the body took [`MATVEC_ROWS`] rows names
@@ -670,24 +655,20 @@ pub fn unit_matvec_sources() -> Vec<KernelSource> {
 /// test that such a bundle still runs (a real one carries its own, older source).
 #[doc(hidden)]
 pub fn legacy_matvec_sources() -> Vec<KernelSource> {
+    older_matvec_sources(LEGACY_MATVEC_ROWS, |d| d != Decoder::Ternary)
+}
+
+/// matvec.wgsl (never matvec_quads.wgsl) with `rows` rows a workgroup, named `_r{rows}_`, for
+/// each decoder `keep` takes and both reductions.
+fn older_matvec_sources(rows: u32, keep: fn(Decoder) -> bool) -> Vec<KernelSource> {
     let mut v = Vec::new();
-    for d in Decoder::all() {
-        if d == Decoder::Ternary {
-            continue;
-        }
+    for d in Decoder::all().into_iter().filter(|&d| keep(d)) {
         for reduction in [Reduction::Subgroup, Reduction::Workgroup] {
             let name = name_of(d, WeightOp::Matvec, reduction).replace(
                 &format!("_matvec_r{MATVEC_ROWS}_"),
-                &format!("_matvec_r{LEGACY_MATVEC_ROWS}_"),
+                &format!("_matvec_r{rows}_"),
             );
-            let wgsl = source_with_rows(
-                d,
-                WeightOp::Matvec,
-                reduction,
-                LEGACY_MATVEC_ROWS,
-                name.clone(),
-                false,
-            );
+            let wgsl = source_with_rows(d, WeightOp::Matvec, reduction, rows, name.clone(), false);
             v.push(KernelSource { name, wgsl });
         }
     }
