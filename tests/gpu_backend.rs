@@ -364,6 +364,74 @@ fn gemma3_gpu_equals_cpu() {
         GEMMA_TOL,
         &opts,
     );
+    post_norms_without_the_fused_kernel_give_the_same_bits(&b, &opts);
+}
+
+/// Gemma 3's post-norms on a bundle without `op_rms_norm_add` (made before it): the host
+/// runs the post-norm, the residual add and the next norm as three dispatches, whose
+/// arithmetic the fused kernel repeats, so every step's logits are the fused graph's bit
+/// for bit (a prompt of several tokens through the prefill graph, then decode steps).
+fn post_norms_without_the_fused_kernel_give_the_same_bits(b: &Path, opts: &LoadOptions) {
+    use lowbit::runtime::gpu::backend::GpuBackend;
+    let model = runtime::open_model(b).unwrap();
+    let mut sources = lowbit::runtime::gpu::kernels::from_bundle(&model.bundle).unwrap();
+    assert!(
+        sources.remove("op_rms_norm_add").is_some(),
+        "the bundle carries it"
+    );
+    let older = LoadOptions {
+        gpu_sources: Some(sources),
+        ..opts.clone()
+    };
+    let mut fused = GpuBackend::new(runtime::open_model(b).unwrap(), opts).unwrap();
+    let mut three = GpuBackend::new(model, &older).unwrap();
+    let count = |labels: Vec<String>| labels.iter().filter(|l| *l == "op_rms_norm_add").count();
+    assert!(
+        count(fused.decode_labels()) > 0,
+        "{:?}",
+        fused.decode_labels()
+    );
+    assert_eq!(
+        count(three.decode_labels()),
+        0,
+        "{:?}",
+        three.decode_labels()
+    );
+    assert_eq!(
+        count(three.prefill_labels()),
+        0,
+        "{:?}",
+        three.prefill_labels()
+    );
+    assert!(
+        three.dispatches_per_token() > fused.dispatches_per_token(),
+        "{} against {}",
+        three.dispatches_per_token(),
+        fused.dispatches_per_token()
+    );
+    let prompt = &prompts("gemma-3-270m-q4_k_m", 1)[0];
+    fused.prefill(prompt, 0).unwrap();
+    three.prefill(prompt, 0).unwrap();
+    for (step, pos) in (prompt.len()..prompt.len() + 4).enumerate() {
+        let (a, c) = (
+            fused.logits().unwrap().to_vec(),
+            three.logits().unwrap().to_vec(),
+        );
+        let same = a.iter().zip(&c).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(
+            same,
+            "step {step}: the three ops' logits are not the fused kernel's"
+        );
+        let t = fused.argmax(&[]).unwrap().unwrap();
+        fused.decode(t, pos).unwrap();
+        three.decode(t, pos).unwrap();
+    }
+    eprintln!(
+        "Gemma 3 270M without op_rms_norm_add: {} dispatches a step against {}, logits of 4 \
+         steps bit-identical",
+        three.dispatches_per_token(),
+        fused.dispatches_per_token()
+    );
 }
 
 #[test]

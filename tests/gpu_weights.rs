@@ -687,8 +687,9 @@ fn contexts_with_sources(sources: &std::collections::HashMap<String, String>) ->
 /// A bundle made before the single-token body put four invocations on a unit
 /// (matvec_quads.wgsl) carries matvec.wgsl under the same `_r2_` names; the host tells the
 /// two apart by their source and gives the older one its own split (`Params::lanes`: two rows
-/// of 32 invocations at K = 800 and 96). Either body is correct under either split, so this
-/// checks that such a bundle's products still match the CPU, not which split it got.
+/// of 32 invocations at K = 800 and 96, where the current body takes one row a workgroup).
+/// Either body is correct under either split, so this checks both: the grid each gets and
+/// that such a bundle's products still match the CPU.
 #[test]
 fn a_bundles_whole_unit_matvec_kernels_still_run() {
     let mut older: std::collections::HashMap<String, String> = gpu::kernels::all()
@@ -706,7 +707,10 @@ fn a_bundles_whole_unit_matvec_kernels_still_run() {
         );
         older.insert(k.name, k.wgsl);
     }
-    let mut seed = 17u64;
+    let Some(&current) = contexts().first() else {
+        return;
+    };
+    let (mut seed, mut differ) = (17u64, false);
     for ctx in contexts_with_sources(&older) {
         for (ty, rows, cols) in [
             (GgmlType::Q8_0, 37, 800),
@@ -716,9 +720,29 @@ fn a_bundles_whole_unit_matvec_kernels_still_run() {
         ] {
             let host = Host::gguf(ty, rows, cols, &mut seed);
             let w = host.upload(&ctx).unwrap();
+            // Each body's split from matvec_split (where they differ, e.g. 37 x 800: 19
+            // workgroups of two rows of 32 lanes for matvec.wgsl, 37 of one row for quads).
+            let grid = |c: &GpuContext, w: &GpuWeight| {
+                let (x, y) = (c.vector_buffer("x", cols), c.vector_buffer("y", rows));
+                c.bind_matmul(w, &x, &y, 1).unwrap().grids()
+            };
+            let older_rows = weights::matvec_split(rows, cols, false).1 as usize;
+            let quads_rows = weights::matvec_split(rows, cols, true).1 as usize;
+            differ |= older_rows != quads_rows;
+            assert_eq!(
+                grid(&ctx, &w),
+                vec![[rows.div_ceil(older_rows) as u32, 1, 1]],
+                "{ty:?} {rows} x {cols}: matvec.wgsl's split"
+            );
+            assert_eq!(
+                grid(current, &host.upload(current).unwrap()),
+                vec![[rows.div_ceil(quads_rows) as u32, 1, 1]],
+                "{ty:?} {rows} x {cols}: the quads body's split"
+            );
             check_matmul(&ctx, &host, &w, 1, &mut seed);
         }
     }
+    assert!(differ, "no case where the two bodies' splits differ");
 }
 
 /// A binding cap of 8 KiB splits every weight into several row chunks (palette chunks that

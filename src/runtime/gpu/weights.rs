@@ -809,6 +809,12 @@ pub struct Bound {
 }
 
 impl Bound {
+    /// The workgroup grid of each of its dispatches (one per row chunk; the pre pass's not
+    /// included): how the host split the product, for tests and profiles.
+    pub fn grids(&self) -> Vec<[u32; 3]> {
+        self.parts.iter().map(|p| p.1).collect()
+    }
+
     /// Records the dispatches (one per row chunk, after the pre pass's) into `pass`.
     pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
         self.encode_with(pass, true)
