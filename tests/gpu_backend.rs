@@ -308,6 +308,16 @@ fn smollm2_gpu_equals_cpu_packed_and_palettized() {
         TOL,
         &opts,
     );
+    // Without the gate/up products with SwiGLU folded in (rows_swiglu.wgsl): the product,
+    // then op_swiglu.
+    without_fused_kernels_the_same_bits(
+        "SmolLM2 Q4_1 without the SwiGLU products",
+        &b,
+        &opts,
+        "SmolLM2-135M-Instruct.Q4_1",
+        &|n| n.starts_with("weights_") && n.ends_with("_swiglu"),
+        "_swiglu ",
+    );
     let (_d, b) = make_bundle(
         &[
             "palettize",
@@ -364,72 +374,88 @@ fn gemma3_gpu_equals_cpu() {
         GEMMA_TOL,
         &opts,
     );
-    post_norms_without_the_fused_kernel_give_the_same_bits(&b, &opts);
+    // Gemma 3's post-norms on a bundle without `op_rms_norm_add`: post-norm, residual add and
+    // the next norm as three dispatches.
+    without_fused_kernels_the_same_bits(
+        "Gemma 3 270M without op_rms_norm_add",
+        &b,
+        &opts,
+        "gemma-3-270m-q4_k_m",
+        &|n| n == "op_rms_norm_add",
+        "op_rms_norm_add",
+    );
 }
 
-/// Gemma 3's post-norms on a bundle without `op_rms_norm_add` (made before it): the host
-/// runs the post-norm, the residual add and the next norm as three dispatches, whose
-/// arithmetic the fused kernel repeats, so every step's logits are the fused graph's bit
-/// for bit (a prompt of several tokens through the prefill graph, then decode steps).
-fn post_norms_without_the_fused_kernel_give_the_same_bits(b: &Path, opts: &LoadOptions) {
+/// A bundle made before a fused kernel (the kernels `dropped` picks removed from the
+/// bundle's sources): the host runs the ops it fuses on their own, whose arithmetic the
+/// fused kernel repeats, so every step's logits are the fused graph's bit for bit (a prompt
+/// of several tokens through the prefill graph, then 4 decode steps); the fused graph has
+/// decode dispatches whose label contains `fused_label`, and fewer of them in all.
+fn without_fused_kernels_the_same_bits(
+    what: &str,
+    b: &Path,
+    opts: &LoadOptions,
+    stem: &str,
+    dropped: &dyn Fn(&str) -> bool,
+    fused_label: &str,
+) {
     use lowbit::runtime::gpu::backend::GpuBackend;
     let model = runtime::open_model(b).unwrap();
     let mut sources = lowbit::runtime::gpu::kernels::from_bundle(&model.bundle).unwrap();
-    assert!(
-        sources.remove("op_rms_norm_add").is_some(),
-        "the bundle carries it"
-    );
+    let before = sources.len();
+    sources.retain(|n, _| !dropped(n));
+    assert!(sources.len() < before, "{what}: the bundle carries them");
     let older = LoadOptions {
         gpu_sources: Some(sources),
         ..opts.clone()
     };
     let mut fused = GpuBackend::new(runtime::open_model(b).unwrap(), opts).unwrap();
-    let mut three = GpuBackend::new(model, &older).unwrap();
-    let count = |labels: Vec<String>| labels.iter().filter(|l| *l == "op_rms_norm_add").count();
+    let mut apart = GpuBackend::new(model, &older).unwrap();
+    let count = |labels: Vec<String>| labels.iter().filter(|l| l.contains(fused_label)).count();
     assert!(
         count(fused.decode_labels()) > 0,
-        "{:?}",
+        "{what}: {:?}",
         fused.decode_labels()
     );
     assert_eq!(
-        count(three.decode_labels()),
+        count(apart.decode_labels()),
         0,
-        "{:?}",
-        three.decode_labels()
+        "{what}: {:?}",
+        apart.decode_labels()
     );
     assert_eq!(
-        count(three.prefill_labels()),
+        count(apart.prefill_labels()),
         0,
-        "{:?}",
-        three.prefill_labels()
+        "{what}: {:?}",
+        apart.prefill_labels()
     );
     assert!(
-        three.dispatches_per_token() > fused.dispatches_per_token(),
-        "{} against {}",
-        three.dispatches_per_token(),
+        apart.dispatches_per_token() > fused.dispatches_per_token(),
+        "{what}: {} against {}",
+        apart.dispatches_per_token(),
         fused.dispatches_per_token()
     );
-    let prompt = &prompts("gemma-3-270m-q4_k_m", 1)[0];
+    let prompt = &prompts(stem, 1)[0];
     fused.prefill(prompt, 0).unwrap();
-    three.prefill(prompt, 0).unwrap();
+    apart.prefill(prompt, 0).unwrap();
     for (step, pos) in (prompt.len()..prompt.len() + 4).enumerate() {
         let (a, c) = (
             fused.logits().unwrap().to_vec(),
-            three.logits().unwrap().to_vec(),
+            apart.logits().unwrap().to_vec(),
         );
         let same = a.iter().zip(&c).all(|(x, y)| x.to_bits() == y.to_bits());
         assert!(
             same,
-            "step {step}: the three ops' logits are not the fused kernel's"
+            "{what}: step {step}: the separate ops' logits are not the fused kernel's"
         );
         let t = fused.argmax(&[]).unwrap().unwrap();
         fused.decode(t, pos).unwrap();
-        three.decode(t, pos).unwrap();
+        apart.decode(t, pos).unwrap();
     }
     eprintln!(
-        "Gemma 3 270M without op_rms_norm_add: {} dispatches a step against {}, logits of 4 \
-         steps bit-identical",
-        three.dispatches_per_token(),
+        "{what}: {} dispatches a step without the fused kernels against {}, logits of 4 steps \
+         bit-identical",
+        apart.dispatches_per_token(),
         fused.dispatches_per_token()
     );
 }

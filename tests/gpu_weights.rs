@@ -840,6 +840,97 @@ fn run_read(ctx: &GpuContext, bound: &weights::Bound, y: &wgpu::Buffer, n: usize
     bytemuck::cast_slice::<u8, f32>(&ctx.read_buffer(y, (n * 4) as u64).unwrap()).to_vec()
 }
 
+/// SwiGLU folded into the single-token product of a stacked gate/up GGUF weight
+/// (rows_swiglu.wgsl, the decoders of matvec_quads.wgsl): F workgroups, one output a row,
+/// `silu(g) * u` of the plain product's gate and up rows within WGSL's exp accuracy of the
+/// CPU's formula on them (the end-to-end test in gpu_backend.rs compares it bit for bit with
+/// the product followed by op_swiglu), both reductions, rows on both sides of 2048. Where it
+/// does not apply (no four-invocation body, unequal parts, a bundle without the kernel) the
+/// caller gets `None`.
+#[test]
+fn swiglu_folded_into_the_gguf_product_is_silu_of_gate_times_up() {
+    let fuse = gpu::Fuse {
+        rms_norm: false,
+        swiglu: true,
+    };
+    let mut seed = 29u64;
+    for ctx in contexts() {
+        for (ty, f, cols) in [
+            (GgmlType::Q4_1, 40, 256),
+            (GgmlType::Q8_0, 1100, 96),
+            (GgmlType::Q5_0, 7, 576),
+            (GgmlType::F16, 9, 64),
+        ] {
+            let parts = [
+                Host::gguf(ty, f, cols, &mut seed),
+                Host::gguf(ty, f, cols, &mut seed),
+            ];
+            let host = Host::stack(&parts);
+            let mut w = host.upload(ctx).unwrap();
+            w.parts = vec![f, f];
+            let what = format!("{ty:?} 2 x {f} x {cols} on {}", ctx.info.name);
+            let x = random_x(cols, &mut seed);
+            let plain = ctx.run_matmul(&w, &x, 1).unwrap();
+            let xb = ctx.upload_bytes("x", bytemuck::cast_slice(&x)).unwrap();
+            let yb = ctx.vector_buffer("y", f);
+            let bound = ctx
+                .bind_matvec_fused(&w, &xb, &gpu::ops::BufView::whole(&yb), fuse, None)
+                .unwrap()
+                .unwrap_or_else(|| panic!("{what}: no fused product"));
+            assert!(
+                bound.label.ends_with(&format!("_swiglu {}", host.name)),
+                "{}",
+                bound.label
+            );
+            assert_eq!(bound.grids(), vec![[f as u32, 1, 1]], "{what}");
+            let got = run_read(ctx, &bound, &yb, f);
+            for i in 0..f {
+                let (g, u) = (plain[i], plain[f + i]);
+                let want = (g / (1.0 + (-g).exp())) * u;
+                // WGSL's exp is accurate to 3 + 2|x| ULP; the add, divide and multiply after it
+                // round once each.
+                let tol = (6.0 + 2.0 * g.abs()) * f32::EPSILON * want.abs() + f32::MIN_POSITIVE;
+                assert!(
+                    (got[i] - want).abs() <= tol,
+                    "{what}: row {i}: gpu {} against silu({g}) * {u} = {want}",
+                    got[i]
+                );
+            }
+            // Unequal parts: not a gate/up stack.
+            w.parts = vec![f - 1, f + 1];
+            let none = ctx.bind_matvec_fused(&w, &xb, &gpu::ops::BufView::whole(&yb), fuse, None);
+            assert!(none.unwrap().is_none(), "{what}: unequal parts");
+        }
+        // No four-invocation body (Q4_K keeps matvec.wgsl): the caller runs op_swiglu.
+        let parts = [
+            Host::gguf(GgmlType::Q4_K, 8, 256, &mut seed),
+            Host::gguf(GgmlType::Q4_K, 8, 256, &mut seed),
+        ];
+        let mut w = Host::stack(&parts).upload(ctx).unwrap();
+        w.parts = vec![8, 8];
+        let (xb, yb) = (ctx.vector_buffer("x", 256), ctx.vector_buffer("y", 8));
+        let none = ctx.bind_matvec_fused(&w, &xb, &gpu::ops::BufView::whole(&yb), fuse, None);
+        assert!(none.unwrap().is_none(), "Q4_K");
+    }
+    // A bundle made before the kernel: none.
+    let older: std::collections::HashMap<String, String> = gpu::kernels::all()
+        .into_iter()
+        .filter(|k| !(k.name.starts_with("weights_") && k.name.ends_with("_swiglu")))
+        .map(|k| (k.name, k.wgsl))
+        .collect();
+    for ctx in contexts_with_sources(&older) {
+        let parts = [
+            Host::gguf(GgmlType::Q4_1, 8, 64, &mut seed),
+            Host::gguf(GgmlType::Q4_1, 8, 64, &mut seed),
+        ];
+        let mut w = Host::stack(&parts).upload(&ctx).unwrap();
+        w.parts = vec![8, 8];
+        let (xb, yb) = (ctx.vector_buffer("x", 64), ctx.vector_buffer("y", 8));
+        let none = ctx.bind_matvec_fused(&w, &xb, &gpu::ops::BufView::whole(&yb), fuse, None);
+        assert!(none.unwrap().is_none(), "without the kernel");
+    }
+}
+
 /// A stacked weight (Q, K and V of a layer as one, `GpuWeight::parts`) stores each part's
 /// products as its own `[n, rows_j]` block, part after part: bit for bit each part's own
 /// product (a row's sum does not depend on the rows beside it), for one token (the tuned

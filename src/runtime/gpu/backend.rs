@@ -1368,19 +1368,26 @@ fn build_graph(
         }
         // SwiGLU (and with `fold_norm` the norm) in the gate/up product where it can be;
         // else the norm in the products where it can be; else each op on its own.
+        // With `fold_norm` the norm too where the product takes it (int8 ternary), else
+        // SwiGLU alone after the norm's own dispatch (also the GGUF products of
+        // matvec_quads.wgsl: rows_swiglu.wgsl).
         let mut glu_done = false;
         if fold_glu && sh.gelu.is_none() && lw.gate_up.len() == 1 {
-            let (input, norm) = if fold_norm {
-                (&a.x, Some(&lv.ffn_norm))
-            } else {
-                (&a.h, None)
-            };
-            if let Some(fused) = mm_fused(&lw.gate_up, input, &[&a.g], norm, true)? {
-                if !fold_norm && !std::mem::take(&mut h_ready) {
-                    items.push(rms(&a.x, &lv.ffn_norm, &a.h, e, s, false)?);
+            let forms: &[bool] = if fold_norm { &[true, false] } else { &[false] };
+            for &with_norm in forms {
+                let (input, norm) = if with_norm {
+                    (&a.x, Some(&lv.ffn_norm))
+                } else {
+                    (&a.h, None)
+                };
+                if let Some(fused) = mm_fused(&lw.gate_up, input, &[&a.g], norm, true)? {
+                    if !with_norm && !std::mem::take(&mut h_ready) {
+                        items.push(rms(&a.x, &lv.ffn_norm, &a.h, e, s, false)?);
+                    }
+                    items.extend(fused);
+                    glu_done = true;
+                    break;
                 }
-                items.extend(fused);
-                glu_done = true;
             }
         }
         if !glu_done {

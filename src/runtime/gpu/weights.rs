@@ -160,6 +160,8 @@ const MATMUL_WGSL: &str = include_str!("shaders/weights/matmul.wgsl");
 const MATMUL_TILE_WGSL: &str = include_str!("shaders/weights/matmul_tile.wgsl");
 const GATHER_WGSL: &str = include_str!("shaders/weights/gather.wgsl");
 const STORE_WGSL: &str = include_str!("shaders/weights/store.wgsl");
+const ROWS_WGSL: &str = include_str!("shaders/weights/rows.wgsl");
+const ROWS_SWIGLU_WGSL: &str = include_str!("shaders/weights/rows_swiglu.wgsl");
 const REDUCE_SUBGROUP_WGSL: &str = include_str!("shaders/weights/reduce_subgroup.wgsl");
 const REDUCE_WORKGROUP_WGSL: &str = include_str!("shaders/weights/reduce_workgroup.wgsl");
 const Q8_QUANTIZE_WGSL: &str = include_str!("shaders/weights/q8_quantize.wgsl");
@@ -639,6 +641,26 @@ fn source_of(d: Decoder, op: WeightOp, reduction: Reduction) -> String {
         MATVEC_ROWS,
         name_of(d, op, reduction),
         true,
+        false,
+    )
+}
+
+/// The registered name of the single-token product of a stacked gate/up weight with SwiGLU
+/// folded in (rows_swiglu.wgsl), for the decoders whose body is matvec_quads.wgsl:
+/// `weights_q4_1_matvec_r2_wg64_sg_swiglu`.
+fn swiglu_name(d: Decoder, reduction: Reduction) -> String {
+    format!("{}_swiglu", name_of(d, WeightOp::Matvec, reduction))
+}
+
+fn swiglu_source(d: Decoder, reduction: Reduction) -> String {
+    source_with_rows(
+        d,
+        WeightOp::Matvec,
+        reduction,
+        MATVEC_ROWS,
+        swiglu_name(d, reduction),
+        true,
+        true,
     )
 }
 
@@ -668,7 +690,15 @@ fn older_matvec_sources(rows: u32, keep: fn(Decoder) -> bool) -> Vec<KernelSourc
                 &format!("_matvec_r{MATVEC_ROWS}_"),
                 &format!("_matvec_r{rows}_"),
             );
-            let wgsl = source_with_rows(d, WeightOp::Matvec, reduction, rows, name.clone(), false);
+            let wgsl = source_with_rows(
+                d,
+                WeightOp::Matvec,
+                reduction,
+                rows,
+                name.clone(),
+                false,
+                false,
+            );
             v.push(KernelSource { name, wgsl });
         }
     }
@@ -676,8 +706,9 @@ fn older_matvec_sources(rows: u32, keep: fn(Decoder) -> bool) -> Vec<KernelSourc
 }
 
 /// [`source_of`] with `matvec_rows` rows a workgroup in the single-token body (its `ROWS` and
-/// the count its template is expanded with), the kernel named `name`, and (`quads` false)
-/// matvec.wgsl as the single-token body even where the decoder's is matvec_quads.wgsl.
+/// the count its template is expanded with), the kernel named `name`, (`quads` false)
+/// matvec.wgsl as the single-token body even where the decoder's is matvec_quads.wgsl, and
+/// (`swiglu`) rows_swiglu.wgsl in place of rows.wgsl.
 fn source_with_rows(
     d: Decoder,
     op: WeightOp,
@@ -685,7 +716,9 @@ fn source_with_rows(
     matvec_rows: u32,
     name: String,
     quads: bool,
+    swiglu: bool,
 ) -> String {
+    let rows_wgsl = if swiglu { ROWS_SWIGLU_WGSL } else { ROWS_WGSL };
     let (consts, body, reduce) = match op {
         WeightOp::Matvec | WeightOp::Matmul => {
             let (rows, tok, body) = if op == WeightOp::Matvec {
@@ -702,8 +735,12 @@ fn source_with_rows(
                 format!("const ROWS: u32 = {rows}u;\nconst TOK: u32 = {tok}u;\nconst WG: u32 = {WORKGROUP}u;\n"),
                 body,
                 match reduction {
-                    Reduction::Subgroup => format!("{STORE_WGSL}\n{REDUCE_SUBGROUP_WGSL}"),
-                    Reduction::Workgroup => format!("{STORE_WGSL}\n{REDUCE_WORKGROUP_WGSL}"),
+                    Reduction::Subgroup => {
+                        format!("{STORE_WGSL}\n{rows_wgsl}\n{REDUCE_SUBGROUP_WGSL}")
+                    }
+                    Reduction::Workgroup => {
+                        format!("{STORE_WGSL}\n{rows_wgsl}\n{REDUCE_WORKGROUP_WGSL}")
+                    }
                 },
             )
         }
@@ -746,6 +783,12 @@ pub fn sources() -> Vec<KernelSource> {
                 v.push(KernelSource {
                     name: name_of(d, op, reduction),
                     wgsl: source_of(d, op, reduction),
+                });
+            }
+            if d.has_quads() {
+                v.push(KernelSource {
+                    name: swiglu_name(d, reduction),
+                    wgsl: swiglu_source(d, reduction),
                 });
             }
         }
@@ -1801,6 +1844,9 @@ impl GpuContext {
         fuse: Fuse,
         norm: Option<(&wgpu::Buffer, f32)>,
     ) -> Result<Option<Bound>, GpuError> {
+        if w.format != WeightFormat::Ternary && fuse.swiglu && !fuse.rms_norm && norm.is_none() {
+            return self.bind_gguf_swiglu(w, x, y);
+        }
         if w.format != WeightFormat::Ternary
             || norm.is_some() != fuse.rms_norm
             || (fuse.swiglu
@@ -1816,6 +1862,59 @@ impl GpuContext {
             self.bind_ternary_fused(&t, x, y, &cfg, Epilogue::Store, norm)?
                 .into(),
         ))
+    }
+
+    /// One token's product of a stacked gate/up weight (two equal parts, one row chunk) of a
+    /// decoder with the four-invocation body (matvec_quads.wgsl) with SwiGLU folded in
+    /// (rows_swiglu.wgsl): `y[r] = silu(gate_r . x) * (up_r . x)` for the F = rows / 2 output
+    /// rows, one workgroup each, the bits of the plain product followed by op_swiglu. Where
+    /// it does not apply (another encoding, not such a stack, a bundle made before the
+    /// kernel) `Ok(None)`: the caller dispatches the product and op_swiglu.
+    fn bind_gguf_swiglu(
+        &self,
+        w: &GpuWeight,
+        x: &wgpu::Buffer,
+        y: &BufView,
+    ) -> Result<Option<Bound>, GpuError> {
+        const OP: &str = "weight matvec with SwiGLU";
+        let d = Decoder::of(w.format);
+        let kernel = swiglu_name(d, self.weight_reduction());
+        let gate_up = w.chunks.len() == 1 && w.parts.len() == 2 && w.parts[0] == w.parts[1];
+        if !(d.has_quads() && gate_up && self.has_source(&kernel)) {
+            return Ok(None);
+        }
+        let f = w.parts[0];
+        if x.size() < (w.cols * 4) as u64 || y.size < (f * 4) as u64 {
+            return Err(shape_err(
+                OP,
+                &w.name,
+                w.rows,
+                w.cols,
+                format!(
+                    "x of {} bytes and y of {} bytes; {} and {} needed",
+                    x.size(),
+                    y.size,
+                    w.cols * 4,
+                    f * 4
+                ),
+            ));
+        }
+        let pipeline = self.pipeline_named(&kernel, None)?;
+        let layout = pipeline.get_bind_group_layout(0);
+        let c = &w.chunks[0];
+        let (gx, gy) = grid_or_limit(OP, f as u64)?;
+        // Two accumulator rows a workgroup (a gate row and its up row), every invocation on
+        // each, as matvec_split gives the plain product of 2F rows from 2048 rows on.
+        let params = self.weight_params(w, c, gx, 1, Epilogue::Store, (WORKGROUP, 2));
+        let slot = self.has_bias_slot(&kernel).then_some(&self.placeholder);
+        let bg = self.weight_bind_group(&layout, w, c, x, y, &params, slot);
+        Ok(Some(Bound {
+            pre_kernel: None,
+            pipeline,
+            parts: vec![(bg, [gx, gy, 1])],
+            pre: None,
+            label: format!("{kernel} {}", w.name),
+        }))
     }
 
     /// One token's gate/up product with SwiGLU (and with `norm` the RMSNorm, in its quantize

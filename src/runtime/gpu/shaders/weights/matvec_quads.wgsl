@@ -11,9 +11,10 @@
 // the workgroup (params.lanes is not read: all WG invocations work on each row, the host
 // passes WG), x loaded once per task for all of them:
 //     acc[r] += dot(lo, x[4u .. 4u+3 of unit u]) + dot(hi, x[16+4i ..])
-// With params.wg_rows = 1 a loop on row 0 alone; otherwise rows past params.wg_rows read the
-// workgroup's last row again (their sums are never stored), so that every load is
-// unconditional. The reduction appended after this file adds
+// With params.wg_rows = 1 a loop on row 0 alone; otherwise each accumulator row decodes the
+// weight row `weight_row` gives (rows.wgsl: rows past params.wg_rows read the workgroup's
+// last row again, their sums never stored, so that every load is unconditional;
+// rows_swiglu.wgsl: a gate row and its up row). The reduction appended after this file adds
 // the WG partials of each row. The sum's order is not matvec.wgsl's: the GPU's products are
 // held to the CPU within a tolerance, not bit for bit.
 //
@@ -34,9 +35,8 @@ fn rows_per_wg() -> u32 {
 
 fn partials(lid: u32, row0: u32, t0: u32) -> array<f32, NACC> {
     let tasks = (params.cols / 32u) * QUAD_TASKS;
-    let last_r = params.wg_rows - 1u;
     //@for R ROWS
-    let rr{R} = min(row0 + min({R}u, last_r), params.rows - 1u);
+    let rr{R} = weight_row(row0, {R}u);
     var acc{R} = 0.0;
     //@end
     if params.wg_rows == 1u {

@@ -1,8 +1,8 @@
 // Reduction of matvec.wgsl / matvec_q6_k.wgsl / matmul.wgsl (each body defines
 // rows_per_wg(), the workgroup's rows) with subgroup operations: subgroupAdd per
-// accumulator, one partial per subgroup in workgroup memory, then invocation i < NACC adds
-// accumulator i's partials and stores it. The subgroup size is read from the hardware
-// (subgroup_id, num_subgroups), never assumed.
+// accumulator, one partial per subgroup in workgroup memory, then `store_sums` (rows.wgsl or
+// rows_swiglu.wgsl) stores what `total` adds of them. The subgroup size is read from the
+// hardware (subgroup_id, num_subgroups), never assumed.
 
 // wgpu's smallest subgroup is 4 invocations, so a workgroup holds at most WG / 4 subgroups.
 const MAX_SUBGROUPS: u32 = WG / 4u;
@@ -29,15 +29,14 @@ fn main(
         }
     }
     workgroupBarrier();
-    if lid < NACC {
-        let r = lid / TOK;
-        let t = lid % TOK;
-        if r < rows_per_wg() && row0 + r < params.rows && t0 + t < params.n_tokens {
-            var total = 0.0;
-            for (var i = 0u; i < nsg; i++) {
-                total += part[lid * MAX_SUBGROUPS + i];
-            }
-            store_y(t0 + t, params.row0 + row0 + r, total);
-        }
+    store_sums(lid, row0, t0, nsg);
+}
+
+// Accumulator i's sum over the workgroup: its nsg subgroup partials in subgroup order.
+fn total(i: u32, nsg: u32) -> f32 {
+    var total = 0.0;
+    for (var k = 0u; k < nsg; k++) {
+        total += part[i * MAX_SUBGROUPS + k];
     }
+    return total;
 }

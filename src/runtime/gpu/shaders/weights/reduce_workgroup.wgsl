@@ -1,7 +1,7 @@
 // Reduction of matvec.wgsl / matvec_q6_k.wgsl / matmul.wgsl (each body defines
 // rows_per_wg(), the workgroup's rows) without subgroup operations: every invocation's
 // partials in workgroup memory, then a tree of halving steps (WG a power of two), one
-// barrier each; invocation i < NACC stores accumulator i.
+// barrier each; then `store_sums` (rows.wgsl or rows_swiglu.wgsl) stores the roots.
 
 var<workgroup> red: array<f32, NACC * WG>;
 
@@ -28,11 +28,10 @@ fn main(
         }
         workgroupBarrier();
     }
-    if lid < NACC {
-        let r = lid / TOK;
-        let t = lid % TOK;
-        if r < rows_per_wg() && row0 + r < params.rows && t0 + t < params.n_tokens {
-            store_y(t0 + t, params.row0 + row0 + r, red[lid * WG]);
-        }
-    }
+    store_sums(lid, row0, t0, 1u);
+}
+
+// Accumulator i's sum over the workgroup (the tree's root; `nsg` unused).
+fn total(i: u32, nsg: u32) -> f32 {
+    return red[i * WG];
 }
