@@ -205,6 +205,20 @@ impl Recipe {
         if !is_sha256(&self.source.sha256) {
             return Err(bad(p, "source.sha256: not 64 lowercase hex digits"));
         }
+        // The name is the folder published under `-o`: one path component of its own.
+        if !valid_name(&self.name) {
+            return Err(bad(
+                p,
+                format!(
+                    "name {:?}: use letters, digits, '-', '_', '.' (it names the folder under -o; \
+                     not starting with '.')",
+                    self.name
+                ),
+            ));
+        }
+        if self.steps.is_empty() {
+            return Err(bad(p, "no [[step]]: a recipe builds at least one artifact"));
+        }
         let mut names = BTreeSet::new();
         for s in &self.steps {
             if s.artifact == "source" || !valid_name(&s.artifact) {

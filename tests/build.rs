@@ -288,6 +288,7 @@ fn bad_recipes_are_named_errors() {
         ),
         (recipe(d, "expect", &format!("{pack}[expected]\nz = \"00\"\n")), "expected.z: no such artifact"),
         (recipe(d, "output", "[[step]]\nartifact = \"a\"\nop = \"pack\"\nargs = [\"-o\", \"x\"]\n"), "-o is set by the build"),
+        (recipe(d, "nosteps", ""), "no [[step]]"),
     ];
     for (r, want) in &cases {
         let out = d.join("out");
@@ -304,6 +305,38 @@ fn bad_recipes_are_named_errors() {
             text(&o).contains(r.to_str().unwrap()),
             "names the recipe: {}",
             text(&o)
+        );
+    }
+    // A name that is not one folder under -o (it would publish outside it, or nowhere):
+    // refused before any work, nothing published.
+    for (i, bad_name) in ["../escape", "/tmp/abs", "a/b", "", ".hidden"]
+        .iter()
+        .enumerate()
+    {
+        let r = recipe(d, &format!("badname{i}"), pack);
+        let text_of = std::fs::read_to_string(&r).unwrap().replacen(
+            &format!("name = \"badname{i}\""),
+            &format!("name = {bad_name:?}"),
+            1,
+        );
+        std::fs::write(&r, text_of).unwrap();
+        let out = d.join(format!("nout{i}"));
+        let o = convert(&[
+            "build",
+            r.to_str().unwrap(),
+            "-q",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{bad_name:?}: {}", text(&o));
+        assert!(
+            text(&o).contains(&format!("name {bad_name:?}")),
+            "{bad_name:?}: {}",
+            text(&o)
+        );
+        assert!(
+            !out.exists() && !d.join("escape").exists(),
+            "{bad_name:?} published"
         );
     }
     // --json over the recipe itself, or where a recipe publishes: refused before any work,

@@ -1247,3 +1247,98 @@ fn keys_interoperate_with_openssl() {
         text(&o)
     );
 }
+
+/// A report path that is a key file given to the same command (`--trusted-key`, `build
+/// --key`) is refused before any work, the key untouched: a report never overwrites an input.
+#[test]
+fn reports_never_overwrite_a_key_given_to_the_command() {
+    let (d, b) = bundle();
+    let k = keygen(d.path(), "k");
+    let pb = public(&k);
+    let before = std::fs::read(&pb).unwrap();
+    let text_file = d.path().join("t.txt");
+    std::fs::write(&text_file, "Some text to score.").unwrap();
+    let cases: [Vec<&str>; 3] = [
+        vec![
+            "run",
+            s(&b),
+            "--prompt-ids",
+            "1,2",
+            "--max-tokens",
+            "1",
+            "--dump-logits",
+        ],
+        vec![
+            "validate",
+            s(&b),
+            "--reference",
+            s(&b),
+            "--gen-tokens",
+            "1",
+            "--json",
+        ],
+        vec!["eval", s(&b), "--text", s(&text_file), "--json"],
+    ];
+    for mut args in cases {
+        let flag = args.last().unwrap().to_string();
+        args.extend([s(&pb), "--trusted-key", s(&pb)]);
+        let o = convert(&args);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {t}");
+        assert!(
+            t.contains(&format!(
+                "{flag}: {}: is an input of this command",
+                pb.display()
+            )),
+            "{args:?}: {t}"
+        );
+        assert_eq!(
+            std::fs::read(&pb).unwrap(),
+            before,
+            "{args:?} wrote the key"
+        );
+    }
+}
+
+/// Reports to a closed or full stdout: `bench`, `validate` and `keygen` stop with the write
+/// error (exit 2, a full device) or quietly (a pipe closed by its reader, exit 0), never a
+/// panic.
+#[test]
+fn a_closed_or_full_stdout_is_an_error_not_a_panic() {
+    use std::process::Stdio;
+    let (d, b) = bundle();
+    let key = d.path().join("k2");
+    let cmds: [Vec<&str>; 3] = [
+        vec!["bench", s(&b), "--prompt-tokens", "2", "--gen-tokens", "2"],
+        vec!["validate", s(&b), "--reference", s(&b), "--gen-tokens", "1"],
+        vec!["keygen", "-o", s(&key)],
+    ];
+    for args in &cmds {
+        let _ = std::fs::remove_file(&key);
+        let _ = std::fs::remove_file(public(&key));
+        let full = std::fs::File::create("/dev/full").unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+            .args(args)
+            .stdout(Stdio::from(full))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?} > /dev/full: {err}");
+        assert!(err.contains("No space left on device"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    // A pipe whose reader has gone: the output is not wanted, not an error.
+    let _ = std::fs::remove_file(&key);
+    let _ = std::fs::remove_file(public(&key));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_convert"))
+        .args(&cmds[0])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "bench | (closed): {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -6,6 +6,23 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+/// `println!` that returns the error of a closed or full stdout (`?`) instead of panicking:
+/// `main` reports it (a closed pipe quietly, as `head` closing it is not an error).
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($t)*)?
+    }};
+}
+
+/// `print!` as [`outln`] does it.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout(), $($t)*)?
+    }};
+}
+
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -1076,7 +1093,7 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             });
             match written {
                 Ok(((key, public), id)) => {
-                    println!(
+                    outln!(
                         "wrote {} (private, PKCS#8 PEM, mode 0600) and {} (public); key id {id}",
                         key.display(),
                         public.display()
@@ -1093,7 +1110,7 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             use lowbit::bundle::sign;
             match sign::read_signing_key(&key).and_then(|k| sign::sign_bundle(&bundle, &k)) {
                 Ok(s) => {
-                    println!(
+                    outln!(
                         "signed {} with key {}: {} ({}) over bundle digest {}, manifest digest {} and {} files",
                         bundle.display(),
                         s.key_id,
@@ -1256,9 +1273,9 @@ fn bench_cmd(
         "device": info.device,
     });
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!(
+        outln!(
             "{}: {} backend, {} kernel, {} threads, buckets {:?}; load {:.2}s; prompt {} tokens {:.2} tok/s; decode {} tokens {}; weights {:.1} MB, KV cache {:.1} MB, peak RSS {} MB ({:.2}x weights+KV); decode reads weights ({:.1} MB per token) at {:.2} GB/s",
             bundle.display(),
             info.backend,
@@ -1278,7 +1295,7 @@ fn bench_cmd(
             per_token as f64 * st.decode_tps() / 1e9
         );
         if let Some(dev) = &info.device {
-            println!(
+            outln!(
                 "  device: {dev}; {} dispatches per decode step; CPU time {} ms per decode step",
                 info.dispatches_per_token.unwrap_or(0),
                 st.decode_cpu_seconds
@@ -1395,6 +1412,7 @@ fn build_cmd(
             .iter()
             .map(|r| r.path.as_path())
             .chain(sources.iter().map(|p| p.as_path()))
+            .chain(key)
             .collect();
         lowbit::util::check_report_path(p, &inputs).context("--json")?;
         // (OUT/NAME does not exist yet, checked above: a report inside it has no folder.)
@@ -1426,7 +1444,7 @@ fn build_cmd(
             },
         )?;
         for s in rep.steps.iter().chain(&rep.gates) {
-            println!(
+            outln!(
                 "{} {}: {} ({:.1} s){}{}",
                 r.name,
                 s.what,
@@ -1436,7 +1454,7 @@ fn build_cmd(
                 s.summary
             );
             if !s.passed {
-                println!(
+                outln!(
                     "  {}\n  {}",
                     s.command.join(" "),
                     s.output_tail.replace('\n', "\n  ")
@@ -1447,17 +1465,20 @@ fn build_cmd(
             let update = update && rep.passed;
             match (&d.expected, d.matches, update) {
                 (Some(e), _, true) if *e != d.digest => {
-                    println!(
+                    outln!(
                         "{} {}: expected {} -> {} (updated)",
-                        r.name, d.artifact, e, d.digest
+                        r.name,
+                        d.artifact,
+                        e,
+                        d.digest
                     )
                 }
                 (None, _, true) => {
-                    println!("{} {}: expected (new) {}", r.name, d.artifact, d.digest)
+                    outln!("{} {}: expected (new) {}", r.name, d.artifact, d.digest)
                 }
-                (_, true, _) => println!("{} {}: digest {} ok", r.name, d.artifact, d.digest),
+                (_, true, _) => outln!("{} {}: digest {} ok", r.name, d.artifact, d.digest),
                 (e, false, _) => {
-                    println!(
+                    outln!(
                         "{} {}: DRIFT: digest {} expected {}",
                         r.name,
                         d.artifact,
@@ -1465,15 +1486,15 @@ fn build_cmd(
                         e.as_deref().unwrap_or("?")
                     );
                     for x in &d.drift {
-                        println!("  {x}");
+                        outln!("  {x}");
                     }
                     if d.drift.is_empty() {
-                        println!("  (no lock file entry to name what differs: run --update once to write {})", build::lock_path(&r.path).display());
+                        outln!("  (no lock file entry to name what differs: run --update once to write {})", build::lock_path(&r.path).display());
                     }
                 }
             }
         }
-        println!(
+        outln!(
             "{}: {}",
             r.name,
             if rep.published {
@@ -1613,6 +1634,7 @@ fn eval_cmd(a: EvalArgs) -> anyhow::Result<ExitCode> {
         inputs.extend(a.reference.as_deref());
         inputs.extend(a.text.as_deref());
         inputs.extend(a.tasks.iter().map(|t| t.as_path()));
+        inputs.extend(a.rt.trusted_keys.iter().map(|k| k.as_path()));
         lowbit::util::check_report_path(p, &inputs).context("--json")?;
     }
     let text = match &a.text {
@@ -1758,7 +1780,7 @@ fn eval_cmd(a: EvalArgs) -> anyhow::Result<ExitCode> {
         gates: gate_results,
         seconds: t0.elapsed().as_secs_f64(),
     };
-    print_eval(&report);
+    print_eval(&report)?;
     if let Some(p) = &a.json {
         let mut j = serde_json::to_vec_pretty(&report)?;
         j.push(b'\n');
@@ -1772,26 +1794,32 @@ fn eval_cmd(a: EvalArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The human-readable eval report, in llama-perplexity's terms.
-fn print_eval(r: &lowbit::eval::EvalReport) {
+fn print_eval(r: &lowbit::eval::EvalReport) -> std::io::Result<()> {
     if let Some(p) = &r.perplexity {
-        println!(
+        outln!(
             "perplexity: {} chunks of {} tokens ({} tokens, {} scored)",
-            p.chunks, p.ctx, p.tokens, p.scored
+            p.chunks,
+            p.ctx,
+            p.tokens,
+            p.scored
         );
-        println!(
+        outln!(
             "Final estimate: PPL = {:.4} +/- {:.5}",
-            p.perplexity.ppl.value, p.perplexity.ppl.error
+            p.perplexity.ppl.value,
+            p.perplexity.ppl.error
         );
         if let Some(d) = &p.reference {
-            println!(
+            outln!(
                 "Mean PPL(base)            : {:10.6} ± {:10.6}",
-                d.ppl_reference.value, d.ppl_reference.error
+                d.ppl_reference.value,
+                d.ppl_reference.error
             );
-            println!(
+            outln!(
                 "Mean PPL(Q)/PPL(base)     : {:10.6} ± {:10.6}",
-                d.ppl_ratio.value, d.ppl_ratio.error
+                d.ppl_ratio.value,
+                d.ppl_ratio.error
             );
-            println!(
+            outln!(
                 "Mean    KLD: {:10.6} ± {:10.6}   median {:.6}  90% {:.6}  95% {:.6}  99% {:.6}  99.9% {:.6}  max {:.6}",
                 d.kld.value,
                 d.kld.error,
@@ -1802,7 +1830,7 @@ fn print_eval(r: &lowbit::eval::EvalReport) {
                 d.kld_quantiles.p99_9,
                 d.kld_quantiles.max
             );
-            println!(
+            outln!(
                 "RMS Δp    : {:6.3} ± {:5.3} %   max |Δp| {:.3} %",
                 100.0 * d.p_diff_rms.value,
                 100.0 * d.p_diff_rms.error,
@@ -1812,7 +1840,7 @@ fn print_eval(r: &lowbit::eval::EvalReport) {
                         .abs()
                         .max(d.p_diff_quantiles.min.abs())
             );
-            println!(
+            outln!(
                 "Same top p: {:6.3} ± {:5.3} %",
                 100.0 * d.same_top.value,
                 100.0 * d.same_top.error
@@ -1823,7 +1851,7 @@ fn print_eval(r: &lowbit::eval::EvalReport) {
         let pc = |p: &lowbit::eval::stats::Proportion| {
             format!("{:.3} [{:.3}, {:.3}]", p.value, p.low, p.high)
         };
-        print!(
+        out!(
             "task {} ({:?}, {} of {}): acc {}",
             t.task,
             t.mode,
@@ -1832,11 +1860,11 @@ fn print_eval(r: &lowbit::eval::EvalReport) {
             pc(&t.acc)
         );
         if let Some(n) = &t.acc_norm {
-            print!("  acc_norm {}", pc(n));
+            out!("  acc_norm {}", pc(n));
         }
-        println!();
+        outln!();
         if let Some(rf) = &t.reference {
-            println!(
+            outln!(
                 "  reference acc {}; paired difference {:+.3} [{:+.3}, {:+.3}], McNemar p = {:.4} ({} only the model, {} only the reference)",
                 pc(&rf.acc),
                 rf.paired.diff,
@@ -1849,7 +1877,7 @@ fn print_eval(r: &lowbit::eval::EvalReport) {
         }
     }
     for g in &r.gates {
-        println!(
+        outln!(
             "gate {}: {:.6} vs {} -> {}",
             g.gate,
             g.value,
@@ -1858,8 +1886,9 @@ fn print_eval(r: &lowbit::eval::EvalReport) {
         );
     }
     if !r.gates.is_empty() {
-        println!("passed: {}", r.passed);
+        outln!("passed: {}", r.passed);
     }
+    Ok(())
 }
 
 fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {
@@ -1871,6 +1900,7 @@ fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {
     if let Some(p) = &a.json {
         let mut inputs = vec![a.candidate.as_path(), a.reference.as_path()];
         inputs.extend(a.prompts.as_deref());
+        inputs.extend(a.rt.trusted_keys.iter().map(|k| k.as_path()));
         lowbit::util::check_report_path(p, &inputs).context("--json")?;
     }
     let prompts = match &a.prompts {
@@ -1930,7 +1960,7 @@ fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {
         b.push(b'\n');
         lowbit::util::replace_file(p, &b).context("--json")?;
     }
-    println!(
+    outln!(
         "{}: {} prompts, {} steps; argmax agreement {:.4}; max |dp| {:.6} (limit {}); finite {}; repeats identical {} ({}x)",
         if r.passed { "PASSED" } else { "FAILED" },
         r.prompts_evaluated,
@@ -1942,7 +1972,7 @@ fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {
         r.repeats_identical,
         r.repeats
     );
-    println!(
+    outln!(
         "not judged: max |logit diff| {:.4}, KL(ref||cand) mean {:.3e} max {:.3e} nats, top-1 agreement {:.4}; {:.1}s",
         r.max_abs_logit_diff,
         r.kl_mean,
@@ -1951,10 +1981,10 @@ fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {
         t0.elapsed().as_secs_f64()
     );
     for f in r.failures.iter().take(10) {
-        println!("  {f}");
+        outln!("  {f}");
     }
     if r.failures_total > 10 {
-        println!("  ... {} more failures", r.failures_total - 10);
+        outln!("  ... {} more failures", r.failures_total - 10);
     }
     Ok(if r.passed {
         ExitCode::SUCCESS
@@ -1967,7 +1997,9 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
     use lowbit::runtime::{self, Sampler, SamplerConfig};
     let backend = a.rt.backend()?;
     if let Some(p) = &a.dump_logits {
-        lowbit::util::check_report_path(p, &[a.bundle.as_path()]).context("--dump-logits")?;
+        let mut inputs = vec![a.bundle.as_path()];
+        inputs.extend(a.rt.trusted_keys.iter().map(|k| k.as_path()));
+        lowbit::util::check_report_path(p, &inputs).context("--dump-logits")?;
     }
     let t_load = std::time::Instant::now();
     let mut be = runtime::load(backend, &a.bundle, &a.rt.load_options()?)

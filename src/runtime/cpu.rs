@@ -400,6 +400,23 @@ fn kv_elements(c: &ModelConfig, elem_bytes: u64) -> Result<usize, RuntimeError> 
     usize::try_from(n).map_err(|_| err(format!("{n} elements do not fit this address space")))
 }
 
+/// `n` zeroed elements from the allocator's zeroed pages (`calloc`: untouched until written),
+/// or `None` where the allocation is refused (`vec![0; n]` would abort the process).
+fn zeroed<T: bytemuck::Zeroable>(n: usize) -> Option<Vec<T>> {
+    let layout = std::alloc::Layout::array::<T>(n).ok()?;
+    if layout.size() == 0 {
+        return Some(Vec::new());
+    }
+    // SAFETY: the layout has a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: p is the global allocator's, with the layout Vec<T> uses for capacity n, and
+    // its n elements are initialized: all-zero bytes are a valid T (Zeroable).
+    Some(unsafe { Vec::from_raw_parts(p, n, n) })
+}
+
 /// Physical memory in bytes (u64::MAX where it cannot be read).
 fn physical_memory() -> u64 {
     #[cfg(unix)]
@@ -514,14 +531,24 @@ impl CpuBackend {
                 KvType::F32 => 4,
             },
         )?;
+        // Zeroed pages (calloc, as `vec![0; n]`), but a refused allocation is an error naming
+        // the bytes, not an abort: a process limit (ulimit -v, a cgroup) can be far below the
+        // physical memory `kv_elements` checks.
+        let refused = |elem: usize| RuntimeError::KvCache {
+            n_ctx: c.n_ctx,
+            detail: format!(
+                "allocating K and V ({} bytes each) failed: not enough memory for this process",
+                n * elem
+            ),
+        };
         let kv = match opts.kv {
             KvType::F16 => KvStore::F16 {
-                k: vec![0; n],
-                v: vec![0; n],
+                k: zeroed(n).ok_or_else(|| refused(2))?,
+                v: zeroed(n).ok_or_else(|| refused(2))?,
             },
             KvType::F32 => KvStore::F32 {
-                k: vec![0.0; n],
-                v: vec![0.0; n],
+                k: zeroed(n).ok_or_else(|| refused(4))?,
+                v: zeroed(n).ok_or_else(|| refused(4))?,
             },
         };
         let b = &model.bundle;
