@@ -1082,3 +1082,74 @@ fn a_non_finite_ternary_scale_is_refused_at_load() {
         "{e}"
     );
 }
+
+/// `bench --gen-tokens 1`: the one token comes from the prompt's logits, no decode step is
+/// timed, so the decode speed and read rate are null (text: "no decode step timed"), not 0.
+#[test]
+fn bench_without_a_decode_step_reports_no_decode_speed() {
+    let (_d, b) = make_bundle(
+        &common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf"),
+        "gguf-to-ternary",
+    );
+    let bench = |extra: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+            .arg("bench")
+            .arg(&b)
+            .args(["--prompt-tokens", "2"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let j: serde_json::Value =
+        serde_json::from_str(&bench(&["--gen-tokens", "1", "--json"])).unwrap();
+    assert!(j["decode_tokens_per_second"].is_null(), "{j}");
+    assert!(j["decode_weight_read_gb_per_second"].is_null(), "{j}");
+    assert!(j["prompt_tokens_per_second"].as_f64().unwrap() > 0.0, "{j}");
+    let t = bench(&["--gen-tokens", "1"]);
+    assert!(
+        t.contains("no decode step timed") && !t.contains("0.00 GB/s"),
+        "{t}"
+    );
+    let j: serde_json::Value =
+        serde_json::from_str(&bench(&["--gen-tokens", "3", "--json"])).unwrap();
+    assert!(j["decode_tokens_per_second"].as_f64().unwrap() > 0.0, "{j}");
+}
+
+/// A KV cache the process may not allocate (here `ulimit -v` of 4 GiB against 16 GiB of K and
+/// V; the machine's physical memory may be more) is an error naming n_ctx, exit 2, not an
+/// abort of the process.
+#[test]
+fn a_kv_cache_the_process_cannot_allocate_is_an_error() {
+    let src = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
+    let mut bytes = std::fs::read(&src).unwrap();
+    let key = b"minicpm.context_length";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    assert_eq!(&bytes[at..at + 4], &4u32.to_le_bytes(), "a u32 value");
+    bytes[at + 4..at + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("big.gguf");
+    std::fs::write(&gguf, &bytes).unwrap();
+    let b = dir.path().join("big.bundle");
+    let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+        .args(["pack", "-q", "--context", "16777216", "-o"])
+        .arg(&b)
+        .arg(&gguf)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -v 4194304; exec '{}' run '{}' --prompt-ids 1,2 --max-tokens 1",
+            env!("CARGO_BIN_EXE_convert"),
+            b.display()
+        ))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("KV cache for n_ctx = 16777216"), "{err}");
+    assert!(!err.contains("memory allocation of"), "{err}");
+}

@@ -335,3 +335,50 @@ fn bad_inputs_exit_2() {
     ]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// A GGUF whose `tokenizer.chat_template` is not UTF-8 (one byte of the tiny MiniCPM's
+/// template made 0xff): `pack` writes a bundle that verifies and runs, `tokenize` works,
+/// and only `run --chat` is refused, naming the key and the byte.
+#[test]
+fn a_chat_template_that_is_not_utf8_refuses_only_chat() {
+    let src = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
+    let mut bytes = std::fs::read(&src).unwrap();
+    let key = b"tokenizer.chat_template";
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("the tiny MiniCPM has a chat template");
+    // Key, then the value's type (u32) and length (u64), then its bytes.
+    let value = at + key.len() + 4 + 8;
+    bytes[value] = 0xff;
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("t.gguf");
+    std::fs::write(&gguf, &bytes).unwrap();
+    let b = dir.path().join("t.bundle");
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let text = |o: &Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    let o = convert(&["pack", "-q", "-o", &s(&b), &s(&gguf)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = convert(&["verify", &s(&b)]);
+    assert!(o.status.success(), "{}", text(&o));
+    for m in [s(&gguf), s(&b)] {
+        let o = convert(&["tokenize", &m, "--prompt", "hi", "--ids"]);
+        assert!(o.status.success(), "{m}: {}", text(&o));
+    }
+    let run = ["run", &s(&b), "--prompt", "hi", "--max-tokens", "1"];
+    let o = convert(&run);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = convert(&[&run[..], &["--chat"]].concat());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("metadata chat_template: not valid UTF-8 (byte 0 of"),
+        "{}",
+        text(&o)
+    );
+}

@@ -1249,6 +1249,7 @@ fn bench_cmd(
     let kv = info.kv_cache_bytes;
     let per_token = info.decode_bytes_per_token;
     let rss = peak_rss_bytes();
+    let timed = st.decode_steps > 0;
     let report = serde_json::json!({
         "bundle": bundle.display().to_string(),
         "info": info,
@@ -1261,13 +1262,15 @@ fn bench_cmd(
         "gen_tokens": st.generated,
         "load_seconds": load_s,
         "prompt_tokens_per_second": pp.prompt_tps(),
-        "decode_tokens_per_second": st.decode_tps(),
+        // null where no decode step was timed (--gen-tokens 1: the first token comes from the
+        // prompt's logits), not a speed of 0.
+        "decode_tokens_per_second": timed.then(|| st.decode_tps()),
         "weight_bytes": weights,
         "kv_cache_bytes": kv,
         "peak_rss_bytes": rss,
         "rss_over_weights_plus_kv": rss.map(|r| r as f64 / (weights + kv) as f64),
         "decode_bytes_per_token": per_token,
-        "decode_weight_read_gb_per_second": per_token as f64 * st.decode_tps() / 1e9,
+        "decode_weight_read_gb_per_second": timed.then(|| per_token as f64 * st.decode_tps() / 1e9),
         "decode_cpu_ms_per_token": st.decode_cpu_seconds.map(|c| c * 1e3 / st.decode_steps.max(1) as f64),
         "dispatches_per_token": info.dispatches_per_token,
         "device": info.device,
@@ -1276,7 +1279,7 @@ fn bench_cmd(
         outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         outln!(
-            "{}: {} backend, {} kernel, {} threads, buckets {:?}; load {:.2}s; prompt {} tokens {:.2} tok/s; decode {} tokens {}; weights {:.1} MB, KV cache {:.1} MB, peak RSS {} MB ({:.2}x weights+KV); decode reads weights ({:.1} MB per token) at {:.2} GB/s",
+            "{}: {} backend, {} kernel, {} threads, buckets {:?}; load {:.2}s; prompt {} tokens {:.2} tok/s; decode {} tokens {}; weights {:.1} MB, KV cache {:.1} MB, peak RSS {} MB ({:.2}x weights+KV); decode reads weights ({:.1} MB per token) at {}",
             bundle.display(),
             info.backend,
             info.kernel,
@@ -1292,7 +1295,11 @@ fn bench_cmd(
             rss.map(|r| format!("{:.1}", r as f64 / 1e6)).unwrap_or_else(|| "?".into()),
             rss.map(|r| r as f64 / (weights + kv) as f64).unwrap_or(f64::NAN),
             per_token as f64 / 1e6,
-            per_token as f64 * st.decode_tps() / 1e9
+            if timed {
+                format!("{:.2} GB/s", per_token as f64 * st.decode_tps() / 1e9)
+            } else {
+                "(no decode step timed)".into()
+            }
         );
         if let Some(dev) = &info.device {
             outln!(

@@ -296,6 +296,8 @@ pub struct Tokenizer {
     add_space_prefix: bool,
     clean_spaces: bool,
     chat_template: Option<String>,
+    /// Why the file's chat template cannot be used (not UTF-8), where it has one.
+    chat_template_error: Option<String>,
     byte_chars: [char; 256],
 }
 
@@ -676,7 +678,26 @@ impl Tokenizer {
             add_eos = b;
         }
 
-        let chat_template = meta.string("chat_template")?;
+        // A template that is not UTF-8 (a GGUF string of other bytes; the bundle keeps it as
+        // `{"hex": ..}`) cannot be rendered, but the model still runs without --chat: kept as
+        // the error `apply_chat_template` gives.
+        let (chat_template, chat_template_error) = match meta.get("chat_template") {
+            Some(v @ Json::Object(_)) => match json_bytes(v) {
+                Some(b) => match String::from_utf8(b) {
+                    Ok(t) => (Some(t), None),
+                    Err(e) => (
+                        None,
+                        Some(format!(
+                            "not valid UTF-8 (byte {} of {}): it cannot be rendered",
+                            e.utf8_error().valid_up_to(),
+                            e.as_bytes().len()
+                        )),
+                    ),
+                },
+                None => (None, Some(format!("expected a string, found {}", kind(v)))),
+            },
+            _ => (meta.string("chat_template")?, None),
+        };
 
         let mut tok = Tokenizer {
             model,
@@ -693,6 +714,7 @@ impl Tokenizer {
             add_space_prefix,
             clean_spaces,
             chat_template,
+            chat_template_error,
             byte_chars: unicode::byte_to_char_table(),
         };
         tok.detect_special_tokens();
@@ -1185,7 +1207,7 @@ impl Tokenizer {
 
     /// Uses `template` when the model file carries none (an architecture's own turn format).
     pub fn set_fallback_chat_template(&mut self, template: &str) {
-        if self.chat_template.is_none() {
+        if self.chat_template.is_none() && self.chat_template_error.is_none() {
             self.chat_template = Some(template.to_string());
         }
     }
@@ -1195,6 +1217,9 @@ impl Tokenizer {
         messages: &[(R, C)],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        if let Some(e) = &self.chat_template_error {
+            return Err(field_err("metadata chat_template", e.clone()));
+        }
         let tmpl = self
             .chat_template
             .as_deref()
