@@ -1153,3 +1153,29 @@ fn a_kv_cache_the_process_cannot_allocate_is_an_error() {
     assert!(err.contains("KV cache for n_ctx = 16777216"), "{err}");
     assert!(!err.contains("memory allocation of"), "{err}");
 }
+
+/// `run --chat` with a chat template that renders nothing (the bundle's template edited to
+/// "", written consistently) is refused naming the template, not run with no prompt.
+#[test]
+fn a_chat_template_that_renders_nothing_is_refused() {
+    use lowbit::bundle::manifest::Manifest;
+    let (_d, b) = make_bundle(
+        &common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf"),
+        "gguf-to-ternary",
+    );
+    let mut tok = json(&b.join("tokenizer.json"));
+    tok["metadata"]["chat_template"] = serde_json::json!("");
+    let bytes = serde_json::to_vec_pretty(&tok).unwrap();
+    let mut m: Manifest =
+        serde_json::from_slice(&std::fs::read(b.join("manifest.json")).unwrap()).unwrap();
+    common::write_rehashed(&b, &mut m, "tokenizer.json", &bytes);
+    let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+        .arg("run")
+        .arg(&b)
+        .args(["--prompt", "hello", "--max-tokens", "1", "--chat"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("chat_template: renders nothing"), "{err}");
+}

@@ -382,3 +382,31 @@ fn a_chat_template_that_is_not_utf8_refuses_only_chat() {
         text(&o)
     );
 }
+
+/// A bundle's tokenizer.json changed after writing: `tokenize` refuses it as `run` does (the
+/// manifest's size and SHA256), instead of tokenizing with the edited file.
+#[test]
+fn an_edited_bundle_tokenizer_is_refused() {
+    let src = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let b = dir.path().join("t.bundle");
+    let bs = b.to_str().unwrap();
+    let o = convert(&["gguf-to-ternary", "-q", "-o", bs, src.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = convert(&["tokenize", bs, "--prompt", "hi", "--ids"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let t = b.join("tokenizer.json");
+    let mut bytes = std::fs::read(&t).unwrap();
+    bytes.push(b'\n');
+    std::fs::write(&t, &bytes).unwrap();
+    expect_exit_2(
+        &["tokenize", bs, "--prompt", "hi", "--ids"],
+        "tokenizer.json: ",
+    );
+    let o = convert(&["tokenize", bs, "--prompt", "hi"]);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("the manifest says"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -673,6 +673,40 @@ fn one_line(e: &anyhow::Error) -> String {
     s
 }
 
+/// A bundle's tokenizer as `run` takes it, without opening the weights: the manifest read and
+/// checked, tokenizer.json's size and SHA256 against it, its tokens against the model's
+/// n_vocab.
+fn tokenizer_of_bundle(dir: &std::path::Path) -> anyhow::Result<lowbit::tokenizer::Tokenizer> {
+    use lowbit::bundle::manifest::TOKENIZER_FILE;
+    let mf = lowbit::bundle::reader::open_manifest(dir)?;
+    let m = &mf.manifest;
+    let entry = m
+        .files
+        .iter()
+        .find(|f| f.path == TOKENIZER_FILE)
+        .ok_or_else(|| anyhow::anyhow!("the manifest lists no {TOKENIZER_FILE}"))?;
+    let p = dir.join(TOKENIZER_FILE);
+    let size = std::fs::metadata(&p)
+        .with_context(|| p.display().to_string())?
+        .len();
+    if size != entry.size {
+        anyhow::bail!(
+            "{TOKENIZER_FILE}: {size} bytes, the manifest says {} (truncated or extended)",
+            entry.size
+        );
+    }
+    let sha = lowbit::util::sha256_file(&p).with_context(|| p.display().to_string())?;
+    if entry.sha256.as_deref() != Some(sha.as_str()) {
+        anyhow::bail!(
+            "{TOKENIZER_FILE}: SHA256 {sha} is not the manifest's: changed after writing"
+        );
+    }
+    Ok(lowbit::tokenizer::Tokenizer::for_model(
+        dir,
+        m.model.n_vocab as usize,
+    )?)
+}
+
 /// File name of a path, for the manifest's command line.
 fn base(p: &std::path::Path) -> String {
     p.file_name()
@@ -991,7 +1025,15 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             show_count,
         } => {
             use lowbit::tokenizer::llama_tokenize as lt;
-            let tok = lt::load(&model).with_context(|| format!("tokenize {}", model.display()))?;
+            // A bundle is checked as `run` checks its tokenizer; a folder holding only a
+            // tokenizer.json (no manifest to check it against) is read as it is.
+            let bundle = model.join(lowbit::bundle::manifest::MANIFEST_FILE).exists();
+            let tok = if model.is_dir() && bundle {
+                tokenizer_of_bundle(&model)
+            } else {
+                lt::load(&model).map_err(anyhow::Error::from)
+            }
+            .with_context(|| format!("tokenize {}", model.display()))?;
             let opts = lt::TokenizeOptions {
                 no_bos,
                 parse_special,
