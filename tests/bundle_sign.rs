@@ -1342,3 +1342,26 @@ fn a_closed_or_full_stdout_is_an_error_not_a_panic() {
     assert_eq!(o.status.code(), Some(0), "bench | (closed): {err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// weights.bin extended past its last tensor by more than the alignment padding (zeros, the
+/// manifest's size and digests made to match): refused by `verify` and `run` naming the bytes
+/// after the last tensor, before reading them (a sparse file could claim gigabytes).
+#[test]
+fn bytes_after_the_last_tensor_past_the_padding_are_refused() {
+    use lowbit::bundle::manifest::Manifest;
+    let (_d, b) = bundle();
+    let mut bytes = std::fs::read(b.join("weights.bin")).unwrap();
+    bytes.resize(bytes.len() + (1 << 20), 0);
+    let mut m: Manifest =
+        serde_json::from_slice(&std::fs::read(b.join("manifest.json")).unwrap()).unwrap();
+    common::write_rehashed(&b, &mut m, "weights.bin", &bytes);
+    for args in [
+        vec!["verify", s(&b)],
+        vec!["run", s(&b), "--prompt-ids", "1,2", "--max-tokens", "1"],
+    ] {
+        let o = convert(&args);
+        let t = text(&o);
+        assert_ne!(o.status.code(), Some(0), "{args:?}: {t}");
+        assert!(t.contains("bytes after the last tensor"), "{args:?}: {t}");
+    }
+}

@@ -644,6 +644,19 @@ pub fn check_integrity_visiting(
             ranges.push((t.offset, t.length));
         }
         let overlapping = failures.iter().any(|e| e.contains("overlaps"));
+        // Version 3 (a file holding tensors): after the last tensor a writer leaves at most
+        // the zero padding to the next multiple of ALIGNMENT. More is refused before any
+        // byte is read: a sparse file claiming gigabytes of "padding" would otherwise be
+        // scanned for zeros end to end.
+        let tail = f.size.saturating_sub(prev_end);
+        if f.tensors_sha256.is_some() && tail >= ALIGNMENT {
+            failures.push(format!(
+                "{}: {tail} bytes after the last tensor (which ends at byte {prev_end}); a bundle \
+                 pads a tensor file to a multiple of {ALIGNMENT} bytes at most",
+                f.path
+            ));
+            continue;
+        }
         let file = File::open(&p).map_err(io)?;
         // SAFETY: read-only map; bundles must not be modified while open.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
