@@ -2123,13 +2123,26 @@ mod tests {
     fn every_module_is_complete_and_named_by_its_parameters() {
         let all = sources();
         // 24 decoders x (2 reductions x 2 products + 1 gather + 1 tiled product), less
-        // ternary2's 2 matvecs, plus the int8 prefill path: the activation quantizer and one
-        // ternary mmq per tokens-per-invocation shape.
+        // ternary2's 2 matvecs, plus the SwiGLU matvec of the 8 decoders of
+        // matvec_quads.wgsl with either reduction, plus the int8 prefill path: the activation
+        // quantizer and one ternary mmq per tokens-per-invocation shape.
         let int8: Vec<String> = std::iter::once(Q8_QUANTIZE.to_string())
             .chain(MMQ_TOKENS_PER_INVOCATION.iter().map(|&t| mmq_name(t)))
             .collect();
         assert_eq!(int8.len(), 3);
-        assert_eq!(all.len(), 24 * 6 - 2 + int8.len());
+        let swiglu: Vec<&KernelSource> =
+            all.iter().filter(|k| k.name.ends_with("_swiglu")).collect();
+        assert_eq!(swiglu.len(), 8 * 2);
+        for k in &swiglu {
+            // The quads body with rows_swiglu.wgsl's rows and store, not rows.wgsl's.
+            assert!(
+                k.wgsl.contains("const QUAD_TASKS") && k.wgsl.contains("silu(g) * u"),
+                "{}",
+                k.name
+            );
+            assert!(!k.wgsl.contains("if lid < NACC {"), "{}", k.name);
+        }
+        assert_eq!(all.len(), 24 * 6 - 2 + 16 + int8.len());
         assert_eq!(
             all.iter()
                 .filter(|k| k.name.contains("_mmt_r64_t64_wg256"))
