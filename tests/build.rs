@@ -339,6 +339,30 @@ fn bad_recipes_are_named_errors() {
             "{bad_name:?} published"
         );
     }
+    // --json over the signing key given with --key: refused, the key untouched.
+    let key = d.join("sk");
+    let o = convert(&["keygen", "-o", key.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let before = std::fs::read(&key).unwrap();
+    let r = recipe(d, "jsonkey", pack);
+    let o = convert(&[
+        "build",
+        r.to_str().unwrap(),
+        "-q",
+        "-o",
+        d.join("kout").to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+        "--json",
+        key.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("is an input of this command"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(std::fs::read(&key).unwrap(), before, "the key was written");
     // --json over the recipe itself, or where a recipe publishes: refused before any work,
     // the recipe untouched.
     let r = recipe(d, "jsonover", pack);

@@ -1479,6 +1479,7 @@ fn build_cmd(
     let threads = Some(rayon::current_num_threads());
     let mode = if update { Mode::Update } else { Mode::Check };
     let mut reports = Vec::new();
+    let mut shown: anyhow::Result<()> = Ok(());
     for (r, key) in list.iter().zip(&keys) {
         let rep = build::build(
             r,
@@ -1492,66 +1493,11 @@ fn build_cmd(
                 }
             },
         )?;
-        for s in rep.steps.iter().chain(&rep.gates) {
-            outln!(
-                "{} {}: {} ({:.1} s){}{}",
-                r.name,
-                s.what,
-                if s.passed { "ok" } else { "FAILED" },
-                s.seconds,
-                if s.summary.is_empty() { "" } else { ": " },
-                s.summary
-            );
-            if !s.passed {
-                outln!(
-                    "  {}\n  {}",
-                    s.command.join(" "),
-                    s.output_tail.replace('\n', "\n  ")
-                );
-            }
+        // A report line that cannot be written (a closed or full stdout) stops no build:
+        // the first such error is kept for the end.
+        if shown.is_ok() {
+            shown = show_build_report(r, &rep, update);
         }
-        for d in &rep.digests {
-            let update = update && rep.passed;
-            match (&d.expected, d.matches, update) {
-                (Some(e), _, true) if *e != d.digest => {
-                    outln!(
-                        "{} {}: expected {} -> {} (updated)",
-                        r.name,
-                        d.artifact,
-                        e,
-                        d.digest
-                    )
-                }
-                (None, _, true) => {
-                    outln!("{} {}: expected (new) {}", r.name, d.artifact, d.digest)
-                }
-                (_, true, _) => outln!("{} {}: digest {} ok", r.name, d.artifact, d.digest),
-                (e, false, _) => {
-                    outln!(
-                        "{} {}: DRIFT: digest {} expected {}",
-                        r.name,
-                        d.artifact,
-                        d.digest,
-                        e.as_deref().unwrap_or("?")
-                    );
-                    for x in &d.drift {
-                        outln!("  {x}");
-                    }
-                    if d.drift.is_empty() {
-                        outln!("  (no lock file entry to name what differs: run --update once to write {})", build::lock_path(&r.path).display());
-                    }
-                }
-            }
-        }
-        outln!(
-            "{}: {}",
-            r.name,
-            if rep.published {
-                format!("published {}", rep.output.display())
-            } else {
-                "FAILED, nothing published".into()
-            }
-        );
         reports.push(rep);
     }
     if !quiet {
@@ -1562,11 +1508,93 @@ fn build_cmd(
         j.push(b'\n');
         lowbit::util::replace_file(p, &j)?;
     }
-    Ok(if reports.iter().all(|r| r.passed) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    verdict(reports.iter().all(|r| r.passed), shown)
+}
+
+/// One recipe's report lines (steps, gates, digests, the outcome) on stdout.
+fn show_build_report(
+    r: &lowbit::build::Recipe,
+    rep: &lowbit::build::Report,
+    update: bool,
+) -> anyhow::Result<()> {
+    use lowbit::build;
+    for s in rep.steps.iter().chain(&rep.gates) {
+        outln!(
+            "{} {}: {} ({:.1} s){}{}",
+            r.name,
+            s.what,
+            if s.passed { "ok" } else { "FAILED" },
+            s.seconds,
+            if s.summary.is_empty() { "" } else { ": " },
+            s.summary
+        );
+        if !s.passed {
+            outln!(
+                "  {}\n  {}",
+                s.command.join(" "),
+                s.output_tail.replace('\n', "\n  ")
+            );
+        }
+    }
+    for d in &rep.digests {
+        let update = update && rep.passed;
+        match (&d.expected, d.matches, update) {
+            (Some(e), _, true) if *e != d.digest => {
+                outln!(
+                    "{} {}: expected {} -> {} (updated)",
+                    r.name,
+                    d.artifact,
+                    e,
+                    d.digest
+                )
+            }
+            (None, _, true) => {
+                outln!("{} {}: expected (new) {}", r.name, d.artifact, d.digest)
+            }
+            (_, true, _) => outln!("{} {}: digest {} ok", r.name, d.artifact, d.digest),
+            (e, false, _) => {
+                outln!(
+                    "{} {}: DRIFT: digest {} expected {}",
+                    r.name,
+                    d.artifact,
+                    d.digest,
+                    e.as_deref().unwrap_or("?")
+                );
+                for x in &d.drift {
+                    outln!("  {x}");
+                }
+                if d.drift.is_empty() {
+                    outln!("  (no lock file entry to name what differs: run --update once to write {})", build::lock_path(&r.path).display());
+                }
+            }
+        }
+    }
+    outln!(
+        "{}: {}",
+        r.name,
+        if rep.published {
+            format!("published {}", rep.output.display())
+        } else {
+            "FAILED, nothing published".into()
+        }
+    );
+    Ok(())
+}
+
+/// A command's exit code from its verdict and whether its report reached stdout: a failed
+/// verdict stays exit 1 even where the report could not be printed (a closed pipe must not
+/// turn a failure into success); a passed one with an unwritable stdout is the write error
+/// (exit 2, or 0 for a pipe its reader closed, as `main` treats one).
+fn verdict(passed: bool, shown: anyhow::Result<()>) -> anyhow::Result<ExitCode> {
+    match shown {
+        Ok(()) if passed => Ok(ExitCode::SUCCESS),
+        Ok(()) => Ok(ExitCode::from(1)),
+        Err(e) if !passed => {
+            eprintln!("warning: the report was not printed: {}", one_line(&e));
+            Ok(ExitCode::from(1))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Bytes of every file under `d` (a bundle's, kernels/ included); 0 for what cannot be read.
@@ -1829,17 +1857,13 @@ fn eval_cmd(a: EvalArgs) -> anyhow::Result<ExitCode> {
         gates: gate_results,
         seconds: t0.elapsed().as_secs_f64(),
     };
-    print_eval(&report)?;
     if let Some(p) = &a.json {
         let mut j = serde_json::to_vec_pretty(&report)?;
         j.push(b'\n');
         lowbit::util::replace_file(p, &j)?;
     }
-    Ok(if report.passed {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    let shown = print_eval(&report).map_err(anyhow::Error::from);
+    verdict(report.passed, shown)
 }
 
 /// The human-readable eval report, in llama-perplexity's terms.
@@ -2009,37 +2033,36 @@ fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {
         b.push(b'\n');
         lowbit::util::replace_file(p, &b).context("--json")?;
     }
-    outln!(
-        "{}: {} prompts, {} steps; argmax agreement {:.4}; max |dp| {:.6} (limit {}); finite {}; repeats identical {} ({}x)",
-        if r.passed { "PASSED" } else { "FAILED" },
-        r.prompts_evaluated,
-        r.steps,
-        r.argmax_agreement,
-        r.max_prob_err,
-        r.threshold_max_prob_err,
-        r.all_finite,
-        r.repeats_identical,
-        r.repeats
-    );
-    outln!(
-        "not judged: max |logit diff| {:.4}, KL(ref||cand) mean {:.3e} max {:.3e} nats, top-1 agreement {:.4}; {:.1}s",
-        r.max_abs_logit_diff,
-        r.kl_mean,
-        r.kl_max,
-        r.top1_agreement_rate,
-        t0.elapsed().as_secs_f64()
-    );
-    for f in r.failures.iter().take(10) {
-        outln!("  {f}");
-    }
-    if r.failures_total > 10 {
-        outln!("  ... {} more failures", r.failures_total - 10);
-    }
-    Ok(if r.passed {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    let shown = (|| -> anyhow::Result<()> {
+        outln!(
+            "{}: {} prompts, {} steps; argmax agreement {:.4}; max |dp| {:.6} (limit {}); finite {}; repeats identical {} ({}x)",
+            if r.passed { "PASSED" } else { "FAILED" },
+            r.prompts_evaluated,
+            r.steps,
+            r.argmax_agreement,
+            r.max_prob_err,
+            r.threshold_max_prob_err,
+            r.all_finite,
+            r.repeats_identical,
+            r.repeats
+        );
+        outln!(
+            "not judged: max |logit diff| {:.4}, KL(ref||cand) mean {:.3e} max {:.3e} nats, top-1 agreement {:.4}; {:.1}s",
+            r.max_abs_logit_diff,
+            r.kl_mean,
+            r.kl_max,
+            r.top1_agreement_rate,
+            t0.elapsed().as_secs_f64()
+        );
+        for f in r.failures.iter().take(10) {
+            outln!("  {f}");
+        }
+        if r.failures_total > 10 {
+            outln!("  ... {} more failures", r.failures_total - 10);
+        }
+        Ok(())
+    })();
+    verdict(r.passed, shown)
 }
 
 fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {

@@ -1234,19 +1234,20 @@ impl Tokenizer {
             .map(|(r, c)| (r.as_ref(), c.as_ref()))
             .collect();
         let mut out = chat::render(tmpl, &msgs, add_generation_prompt, &bos, &eos)?;
-        // A template that renders nothing of non-empty messages (an empty template, say)
-        // would send the model no prompt at all: refused rather than run silently.
-        if out.trim().is_empty() && msgs.iter().any(|(_, c)| !c.trim().is_empty()) {
-            return Err(field_err(
-                "metadata chat_template",
-                "renders nothing for the messages (an empty template?): the prompt would be lost",
-            ));
-        }
         if self.add_bos && !bos.is_empty() && out.starts_with(&bos) {
             out.drain(..bos.len());
         }
         if self.add_eos && !eos.is_empty() && out.ends_with(&eos) {
             out.truncate(out.len() - eos.len());
+        }
+        // A template that renders nothing of non-empty messages (an empty template, or one
+        // of only the BOS the tokenizer adds anyway) would send the model no prompt at all:
+        // refused rather than run silently.
+        if out.trim().is_empty() && msgs.iter().any(|(_, c)| !c.trim().is_empty()) {
+            return Err(field_err(
+                "metadata chat_template",
+                "renders nothing for the messages (an empty template?): the prompt would be lost",
+            ));
         }
         Ok(out)
     }

@@ -2136,7 +2136,7 @@ mod tests {
         for k in &swiglu {
             // The quads body with rows_swiglu.wgsl's rows and store, not rows.wgsl's.
             assert!(
-                k.wgsl.contains("const QUAD_TASKS") && k.wgsl.contains("silu(g) * u"),
+                k.wgsl.contains("const QUAD_TASKS") && k.wgsl.contains("(g / (1.0 + exp(-g))) * u"),
                 "{}",
                 k.name
             );
