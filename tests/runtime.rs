@@ -20,6 +20,18 @@ use lowbit::runtime::matvec::Kernel;
 use lowbit::runtime::{self, Backend, RuntimeError, Sampler, SamplerConfig};
 use serde_json::Value;
 
+/// Rewrites bundle `b`'s tokenizer.json with `edit`, written consistently (the file's SHA256
+/// and the bundle digest recomputed), so only what the edit changed can be refused.
+fn edit_tokenizer(b: &Path, edit: impl FnOnce(&mut Value)) {
+    use lowbit::bundle::manifest::Manifest;
+    let mut tok = json(&b.join("tokenizer.json"));
+    edit(&mut tok);
+    let bytes = serde_json::to_vec_pretty(&tok).unwrap();
+    let mut m: Manifest =
+        serde_json::from_slice(&std::fs::read(b.join("manifest.json")).unwrap()).unwrap();
+    common::write_rehashed(b, &mut m, "tokenizer.json", &bytes);
+}
+
 fn json(p: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
 }
@@ -882,21 +894,17 @@ fn out_of_range_model_configs_are_refused_naming_the_field() {
 /// `validate`, naming it.
 #[test]
 fn tokenizer_of_another_vocabulary_size_is_refused() {
-    use lowbit::bundle::manifest::Manifest;
     let (_d, b) = make_bundle(
         &common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf"),
         "gguf-to-ternary",
     );
-    let mut tok = json(&b.join("tokenizer.json"));
-    for key in ["ggml.tokens", "ggml.scores", "ggml.token_type"] {
-        if let Some(a) = tok["metadata"][key].as_array_mut() {
-            a.truncate(400);
+    edit_tokenizer(&b, |tok| {
+        for key in ["ggml.tokens", "ggml.scores", "ggml.token_type"] {
+            if let Some(a) = tok["metadata"][key].as_array_mut() {
+                a.truncate(400);
+            }
         }
-    }
-    let bytes = serde_json::to_vec_pretty(&tok).unwrap();
-    let mut m: Manifest =
-        serde_json::from_slice(&std::fs::read(b.join("manifest.json")).unwrap()).unwrap();
-    common::write_rehashed(&b, &mut m, "tokenizer.json", &bytes);
+    });
     let o = Command::new(env!("CARGO_BIN_EXE_convert"))
         .arg("verify")
         .arg(&b)
@@ -1124,8 +1132,7 @@ fn bench_without_a_decode_step_reports_no_decode_speed() {
 fn a_kv_cache_the_process_cannot_allocate_is_an_error() {
     let src = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
     let mut bytes = std::fs::read(&src).unwrap();
-    let key = b"minicpm.context_length";
-    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    let at = common::gguf_key_end(&bytes, "minicpm.context_length");
     assert_eq!(&bytes[at..at + 4], &4u32.to_le_bytes(), "a u32 value");
     bytes[at + 4..at + 8].copy_from_slice(&u32::MAX.to_le_bytes());
     let dir = tempfile::tempdir().unwrap();
@@ -1161,17 +1168,13 @@ fn a_kv_cache_the_process_cannot_allocate_is_an_error() {
 /// "", written consistently) is refused naming the template, not run with no prompt.
 #[test]
 fn a_chat_template_that_renders_nothing_is_refused() {
-    use lowbit::bundle::manifest::Manifest;
     let (_d, b) = make_bundle(
         &common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf"),
         "gguf-to-ternary",
     );
-    let mut tok = json(&b.join("tokenizer.json"));
-    tok["metadata"]["chat_template"] = serde_json::json!("");
-    let bytes = serde_json::to_vec_pretty(&tok).unwrap();
-    let mut m: Manifest =
-        serde_json::from_slice(&std::fs::read(b.join("manifest.json")).unwrap()).unwrap();
-    common::write_rehashed(&b, &mut m, "tokenizer.json", &bytes);
+    edit_tokenizer(&b, |tok| {
+        tok["metadata"]["chat_template"] = serde_json::json!("")
+    });
     let o = Command::new(env!("CARGO_BIN_EXE_convert"))
         .arg("run")
         .arg(&b)

@@ -343,13 +343,8 @@ fn bad_inputs_exit_2() {
 fn a_chat_template_that_is_not_utf8_refuses_only_chat() {
     let src = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
     let mut bytes = std::fs::read(&src).unwrap();
-    let key = b"tokenizer.chat_template";
-    let at = bytes
-        .windows(key.len())
-        .position(|w| w == key)
-        .expect("the tiny MiniCPM has a chat template");
-    // Key, then the value's type (u32) and length (u64), then its bytes.
-    let value = at + key.len() + 4 + 8;
+    // After the key: the value's type (u32) and length (u64), then its bytes.
+    let value = common::gguf_key_end(&bytes, "tokenizer.chat_template") + 4 + 8;
     bytes[value] = 0xff;
     let dir = tempfile::tempdir().unwrap();
     let gguf = dir.path().join("t.gguf");

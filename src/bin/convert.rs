@@ -1200,18 +1200,17 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::from(2));
                 }
             };
-            let mut out = std::io::stdout().lock();
-            if json {
-                serde_json::to_writer_pretty(&mut out, &report)?;
-                writeln!(out)?;
-            } else {
-                print_verify(&mut out, &report)?;
-            }
-            Ok(if report.passed {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
+            let shown = (|| -> anyhow::Result<()> {
+                let mut out = std::io::stdout().lock();
+                if json {
+                    serde_json::to_writer_pretty(&mut out, &report)?;
+                    writeln!(out)?;
+                } else {
+                    print_verify(&mut out, &report)?;
+                }
+                Ok(())
+            })();
+            verdict(report.passed, shown)
         }
     }
 }

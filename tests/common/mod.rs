@@ -272,3 +272,14 @@ pub fn check_lock(recipe: &str, artifact: &str, bundle: &Path) {
         drift.join("\n  ")
     );
 }
+
+/// The offset just past the first occurrence of metadata key `key`'s name in GGUF `bytes`:
+/// the value's type (u32) follows, then the value, for tests that edit one value in place.
+pub fn gguf_key_end(bytes: &[u8], key: &str) -> usize {
+    let k = key.as_bytes();
+    let at = bytes
+        .windows(k.len())
+        .position(|w| w == k)
+        .unwrap_or_else(|| panic!("no metadata key {key}"));
+    at + k.len()
+}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device run 6 (one nvidia-h200; written in the eighth session, 2026-12-05, when no device was
-# lent: run it first next time, in place of run5.sh, which it contains): on the three shape
+# lent: run it first next time; run 5, never run, is part of it): on the three shape
 # copies, alternating, three builds of the decode step:
 #   old   the build of bed396e (`convert-old`, its own bundles): the figures of record's;
 #   row   this build with LOWBIT_GPU_FOLD=norm (no SwiGLU folded into GGUF products): the

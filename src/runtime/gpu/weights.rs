@@ -471,6 +471,12 @@ pub struct WeightChunk {
 }
 
 impl GpuWeight {
+    /// A stacked gate/up weight in one row chunk: two equal parts, the gate rows then the up
+    /// rows, as the products with SwiGLU folded in read them.
+    pub fn is_gate_up_stack(&self) -> bool {
+        self.chunks.len() == 1 && self.parts.len() == 2 && self.parts[0] == self.parts[1]
+    }
+
     /// A `ternary2` weight as the ternary kernels take it (the same buffers).
     fn ternary_view(&self) -> GpuTernary {
         GpuTernary {
@@ -1849,8 +1855,7 @@ impl GpuContext {
         }
         if w.format != WeightFormat::Ternary
             || norm.is_some() != fuse.rms_norm
-            || (fuse.swiglu
-                && !(w.chunks.len() == 1 && w.parts.len() == 2 && w.parts[0] == w.parts[1]))
+            || (fuse.swiglu && !w.is_gate_up_stack())
         {
             return Ok(None);
         }
@@ -1879,8 +1884,7 @@ impl GpuContext {
         const OP: &str = "weight matvec with SwiGLU";
         let d = Decoder::of(w.format);
         let kernel = swiglu_name(d, self.weight_reduction());
-        let gate_up = w.chunks.len() == 1 && w.parts.len() == 2 && w.parts[0] == w.parts[1];
-        if !(d.has_quads() && gate_up && self.has_source(&kernel)) {
+        if !(d.has_quads() && w.is_gate_up_stack() && self.has_source(&kernel)) {
             return Ok(None);
         }
         let f = w.parts[0];
@@ -1938,9 +1942,7 @@ impl GpuContext {
         if std::env::var("LOWBIT_GPU_Q16").is_ok_and(|v| v == "0")
             || gate_up.format != WeightFormat::Ternary
             || down.format != WeightFormat::Ternary
-            || !(gate_up.chunks.len() == 1
-                && gate_up.parts.len() == 2
-                && gate_up.parts[0] == gate_up.parts[1])
+            || !gate_up.is_gate_up_stack()
             || down.cols != gate_up.rows / 2
             || !down.cols.is_multiple_of(256)
         {
