@@ -384,6 +384,16 @@ fn gemma3_gpu_equals_cpu() {
         &|n| n == "op_rms_norm_add",
         "op_rms_norm_add",
     );
+    // Without the gate/up products with GELU gating folded in (rows_geglu.wgsl; its Q5_0
+    // gate/up): the product, then op_geglu.
+    without_fused_kernels_the_same_bits(
+        "Gemma 3 270M without the GELU-gating products",
+        &b,
+        &opts,
+        "gemma-3-270m-q4_k_m",
+        &|n| n.starts_with("weights_") && n.ends_with("_geglu"),
+        "_geglu ",
+    );
 }
 
 /// A bundle made before a fused kernel (the kernels `dropped` picks removed from the

@@ -931,6 +931,124 @@ fn swiglu_folded_into_the_gguf_product_is_silu_of_gate_times_up() {
     }
 }
 
+/// GELU-tanh gating folded into the single-token product of a stacked gate/up GGUF weight
+/// (rows_geglu.wgsl): F workgroups, one output a row, bit for bit the CPU backend's
+/// `geglu(g, u)` (ggml's f16 table) of the plain product's gate and up rows, every branch of
+/// it taken (g at or below -10, at or above 10, between), both reductions, rows on both sides
+/// of 2048. A table too short, another encoding and a bundle without the kernel: refused or
+/// `None`.
+#[test]
+fn geglu_folded_into_the_gguf_product_is_the_cpu_table_gating() {
+    let table = lowbit::runtime::cpu::gelu_table();
+    let mut seed = 31u64;
+    for ctx in contexts() {
+        let tb = ctx
+            .upload_bytes("gelu table", bytemuck::cast_slice(table))
+            .unwrap();
+        let (mut low, mut high, mut mid) = (0, 0, 0);
+        for (ty, f, cols, scale) in [
+            (GgmlType::Q5_0, 40, 640, 1.0f32),
+            (GgmlType::Q5_0, 40, 640, 60.0),
+            (GgmlType::Q8_0, 1100, 96, 30.0),
+            (GgmlType::Q4_0, 7, 256, 8.0),
+            (GgmlType::BF16, 9, 64, 20.0),
+        ] {
+            let parts = [
+                Host::gguf(ty, f, cols, &mut seed),
+                Host::gguf(ty, f, cols, &mut seed),
+            ];
+            let host = Host::stack(&parts);
+            let mut w = host.upload(ctx).unwrap();
+            w.parts = vec![f, f];
+            let what = format!(
+                "{ty:?} 2 x {f} x {cols}, x times {scale} on {}",
+                ctx.info.name
+            );
+            let x: Vec<f32> = random_x(cols, &mut seed)
+                .into_iter()
+                .map(|v| v * scale)
+                .collect();
+            let plain = ctx.run_matmul(&w, &x, 1).unwrap();
+            let xb = ctx.upload_bytes("x", bytemuck::cast_slice(&x)).unwrap();
+            let yb = ctx.vector_buffer("y", f);
+            let y = gpu::ops::BufView::whole(&yb);
+            let bound = ctx
+                .bind_gguf_glu(&w, &xb, &y, Some(&tb))
+                .unwrap()
+                .unwrap_or_else(|| panic!("{what}: no fused product"));
+            assert!(
+                bound.label.ends_with(&format!("_geglu {}", host.name)),
+                "{}",
+                bound.label
+            );
+            assert_eq!(bound.grids(), vec![[f as u32, 1, 1]], "{what}");
+            let got = run_read(ctx, &bound, &yb, f);
+            for i in 0..f {
+                let (g, u) = (plain[i], plain[f + i]);
+                let want = lowbit::runtime::cpu::geglu(g, u, table);
+                assert_eq!(
+                    got[i].to_bits(),
+                    want.to_bits(),
+                    "{what}: row {i}: gpu {} against geglu({g}, {u}) = {want}",
+                    got[i]
+                );
+                match g {
+                    g if g <= -10.0 => low += 1,
+                    g if g >= 10.0 => high += 1,
+                    _ => mid += 1,
+                }
+            }
+            // Unequal parts: not a gate/up stack.
+            w.parts = vec![f - 1, f + 1];
+            assert!(
+                ctx.bind_gguf_glu(&w, &xb, &y, Some(&tb)).unwrap().is_none(),
+                "{what}: unequal parts"
+            );
+            // A table of half the entries: a shape error naming the weight.
+            w.parts = vec![f, f];
+            let short = ctx.vector_buffer("short table", 1 << 14);
+            match ctx.bind_gguf_glu(&w, &xb, &y, Some(&short)) {
+                Err(e) => assert!(e.to_string().contains(&host.name), "{e}"),
+                Ok(_) => panic!("{what}: a short table was bound"),
+            }
+        }
+        assert!(
+            low > 0 && high > 0 && mid > 0,
+            "branches: {low} {high} {mid}"
+        );
+        // No four-invocation body (Q4_K keeps matvec.wgsl): the caller runs op_geglu.
+        let parts = [
+            Host::gguf(GgmlType::Q4_K, 8, 256, &mut seed),
+            Host::gguf(GgmlType::Q4_K, 8, 256, &mut seed),
+        ];
+        let mut w = Host::stack(&parts).upload(ctx).unwrap();
+        w.parts = vec![8, 8];
+        let (xb, yb) = (ctx.vector_buffer("x", 256), ctx.vector_buffer("y", 8));
+        let none = ctx.bind_gguf_glu(&w, &xb, &gpu::ops::BufView::whole(&yb), Some(&tb));
+        assert!(none.unwrap().is_none(), "Q4_K");
+    }
+    // A bundle made before the kernel: none.
+    let older: std::collections::HashMap<String, String> = gpu::kernels::all()
+        .into_iter()
+        .filter(|k| !(k.name.starts_with("weights_") && k.name.ends_with("_geglu")))
+        .map(|k| (k.name, k.wgsl))
+        .collect();
+    for ctx in contexts_with_sources(&older) {
+        let tb = ctx
+            .upload_bytes("gelu table", bytemuck::cast_slice(table))
+            .unwrap();
+        let parts = [
+            Host::gguf(GgmlType::Q5_0, 8, 64, &mut seed),
+            Host::gguf(GgmlType::Q5_0, 8, 64, &mut seed),
+        ];
+        let mut w = Host::stack(&parts).upload(&ctx).unwrap();
+        w.parts = vec![8, 8];
+        let (xb, yb) = (ctx.vector_buffer("x", 64), ctx.vector_buffer("y", 8));
+        let none = ctx.bind_gguf_glu(&w, &xb, &gpu::ops::BufView::whole(&yb), Some(&tb));
+        assert!(none.unwrap().is_none(), "without the kernel");
+    }
+}
+
 /// A stacked weight (Q, K and V of a layer as one, `GpuWeight::parts`) stores each part's
 /// products as its own `[n, rows_j]` block, part after part: bit for bit each part's own
 /// product (a row's sum does not depend on the rows beside it), for one token (the tuned

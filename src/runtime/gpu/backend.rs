@@ -1025,9 +1025,9 @@ fn build_graph(
             },
         }
     };
-    // Which ops decode folds into the ternary products: `LOWBIT_GPU_FOLD` = `all` (the norms
-    // into Q/K/V and gate/up, SwiGLU into gate/up), `glu` (SwiGLU only), `norm` (the norms
-    // only) or `none`. A benchmarking knob: the folded and separate forms compute the same
+    // Which ops decode folds into the products: `LOWBIT_GPU_FOLD` = `all` (the norms into the
+    // ternary Q/K/V and gate/up, the gating (SwiGLU, or GELU on GGUF weights) into gate/up),
+    // `glu` (the gating only), `norm` (the norms only) or `none`. A benchmarking knob: the folded and separate forms compute the same
     // values within the tests' tolerances. The default is `all` where the products take int8
     // activations (every workgroup quantizes all of x anyway, so normalizing it on the way
     // costs one more read of x and saves a dispatch: 206 -> 241 tok/s on the 8B shape,
@@ -1372,6 +1372,20 @@ fn build_graph(
         // SwiGLU alone after the norm's own dispatch (also the GGUF products of
         // matvec_quads.wgsl: rows_swiglu.wgsl).
         let mut glu_done = false;
+        // GELU gating (Gemma 3) folded into a GGUF gate/up product (rows_geglu.wgsl), after
+        // the norm's own dispatch.
+        if let (true, 1, [gu], Some(t)) = (fold_glu, s, &lw.gate_up[..], sh.gelu) {
+            if let Some(b) = ctx
+                .bind_gguf_glu(gu, &a.h, &a.g, Some(t))
+                .map_err(gpu_err)?
+            {
+                if !std::mem::take(&mut h_ready) {
+                    items.push(rms(&a.x, &lv.ffn_norm, &a.h, e, s, false)?);
+                }
+                items.push(Item::Weight(b));
+                glu_done = true;
+            }
+        }
         if fold_glu && sh.gelu.is_none() && lw.gate_up.len() == 1 {
             let forms: &[bool] = if fold_norm { &[true, false] } else { &[false] };
             for &with_norm in forms {

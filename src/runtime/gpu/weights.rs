@@ -162,6 +162,7 @@ const GATHER_WGSL: &str = include_str!("shaders/weights/gather.wgsl");
 const STORE_WGSL: &str = include_str!("shaders/weights/store.wgsl");
 const ROWS_WGSL: &str = include_str!("shaders/weights/rows.wgsl");
 const ROWS_SWIGLU_WGSL: &str = include_str!("shaders/weights/rows_swiglu.wgsl");
+const ROWS_GEGLU_WGSL: &str = include_str!("shaders/weights/rows_geglu.wgsl");
 const REDUCE_SUBGROUP_WGSL: &str = include_str!("shaders/weights/reduce_subgroup.wgsl");
 const REDUCE_WORKGROUP_WGSL: &str = include_str!("shaders/weights/reduce_workgroup.wgsl");
 const Q8_QUANTIZE_WGSL: &str = include_str!("shaders/weights/q8_quantize.wgsl");
@@ -647,27 +648,61 @@ fn source_of(d: Decoder, op: WeightOp, reduction: Reduction) -> String {
         MATVEC_ROWS,
         name_of(d, op, reduction),
         true,
-        false,
+        None,
     )
 }
 
-/// The registered name of the single-token product of a stacked gate/up weight with SwiGLU
-/// folded in (rows_swiglu.wgsl), for the decoders whose body is matvec_quads.wgsl:
-/// `weights_q4_1_matvec_r2_wg64_sg_swiglu`.
-fn swiglu_name(d: Decoder, reduction: Reduction) -> String {
-    format!("{}_swiglu", name_of(d, WeightOp::Matvec, reduction))
+/// The gating a stacked gate/up weight's single-token product can have folded in (for the
+/// decoders whose body is matvec_quads.wgsl): SwiGLU (rows_swiglu.wgsl) or GELU-tanh gating
+/// with ggml's f16 table (rows_geglu.wgsl, the table at binding 7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Glu {
+    Swiglu,
+    Geglu,
 }
 
-fn swiglu_source(d: Decoder, reduction: Reduction) -> String {
+impl Glu {
+    fn suffix(self) -> &'static str {
+        match self {
+            Glu::Swiglu => "swiglu",
+            Glu::Geglu => "geglu",
+        }
+    }
+}
+
+/// The registered name of the single-token product of a stacked gate/up weight with its
+/// gating folded in: `weights_q4_1_matvec_r2_wg64_sg_swiglu`, `..._geglu`.
+fn glu_name(d: Decoder, reduction: Reduction, glu: Glu) -> String {
+    format!(
+        "{}_{}",
+        name_of(d, WeightOp::Matvec, reduction),
+        glu.suffix()
+    )
+}
+
+fn glu_source(d: Decoder, reduction: Reduction, glu: Glu) -> String {
     source_with_rows(
         d,
         WeightOp::Matvec,
         reduction,
         MATVEC_ROWS,
-        swiglu_name(d, reduction),
+        glu_name(d, reduction, glu),
         true,
-        true,
+        Some(glu),
     )
+}
+
+/// The text of WGSL function `name` in `src`, from its `fn` line to its closing brace at the
+/// start of a line (the op modules' `f32_to_f16_bits` for rows_geglu.wgsl: the weights' own
+/// common.wgsl has a function of another's name, so the whole ops/common.wgsl cannot come).
+fn wgsl_fn<'a>(src: &'a str, name: &str) -> &'a str {
+    let start = src
+        .find(&format!("fn {name}("))
+        .unwrap_or_else(|| panic!("no fn {name} in the WGSL"));
+    let len = src[start..]
+        .find("\n}\n")
+        .unwrap_or_else(|| panic!("fn {name} has no closing brace"));
+    &src[start..start + len + 3]
 }
 
 /// The single-token kernels of the decoders whose body is matvec_quads.wgsl, under their
@@ -703,7 +738,7 @@ fn older_matvec_sources(rows: u32, keep: fn(Decoder) -> bool) -> Vec<KernelSourc
                 rows,
                 name.clone(),
                 false,
-                false,
+                None,
             );
             v.push(KernelSource { name, wgsl });
         }
@@ -714,7 +749,8 @@ fn older_matvec_sources(rows: u32, keep: fn(Decoder) -> bool) -> Vec<KernelSourc
 /// [`source_of`] with `matvec_rows` rows a workgroup in the single-token body (its `ROWS` and
 /// the count its template is expanded with), the kernel named `name`, (`quads` false)
 /// matvec.wgsl as the single-token body even where the decoder's is matvec_quads.wgsl, and
-/// (`swiglu`) rows_swiglu.wgsl in place of rows.wgsl.
+/// (`glu`) rows_swiglu.wgsl or rows_geglu.wgsl (with ops/common.wgsl's `f32_to_f16_bits`)
+/// in place of rows.wgsl.
 fn source_with_rows(
     d: Decoder,
     op: WeightOp,
@@ -722,9 +758,20 @@ fn source_with_rows(
     matvec_rows: u32,
     name: String,
     quads: bool,
-    swiglu: bool,
+    glu: Option<Glu>,
 ) -> String {
-    let rows_wgsl = if swiglu { ROWS_SWIGLU_WGSL } else { ROWS_WGSL };
+    let geglu_rows;
+    let rows_wgsl = match glu {
+        None => ROWS_WGSL,
+        Some(Glu::Swiglu) => ROWS_SWIGLU_WGSL,
+        Some(Glu::Geglu) => {
+            geglu_rows = format!(
+                "{ROWS_GEGLU_WGSL}\n// From ops/common.wgsl.\n{}",
+                wgsl_fn(super::ops::COMMON_WGSL, "f32_to_f16_bits")
+            );
+            &geglu_rows
+        }
+    };
     let (consts, body, reduce) = match op {
         WeightOp::Matvec | WeightOp::Matmul => {
             let (rows, tok, body) = if op == WeightOp::Matvec {
@@ -792,10 +839,12 @@ pub fn sources() -> Vec<KernelSource> {
                 });
             }
             if d.has_quads() {
-                v.push(KernelSource {
-                    name: swiglu_name(d, reduction),
-                    wgsl: swiglu_source(d, reduction),
-                });
+                for glu in [Glu::Swiglu, Glu::Geglu] {
+                    v.push(KernelSource {
+                        name: glu_name(d, reduction, glu),
+                        wgsl: glu_source(d, reduction, glu),
+                    });
+                }
             }
         }
         v.push(KernelSource {
@@ -1442,6 +1491,22 @@ impl GpuContext {
         params: &wgpu::Buffer,
         bias: Option<&wgpu::Buffer>,
     ) -> wgpu::BindGroup {
+        self.weight_bind_group_with(layout, w, c, input, output, params, bias, None)
+    }
+
+    /// [`Self::weight_bind_group`] with `table` at binding 7 (rows_geglu.wgsl's GELU table).
+    #[allow(clippy::too_many_arguments)]
+    fn weight_bind_group_with(
+        &self,
+        layout: &wgpu::BindGroupLayout,
+        w: &GpuWeight,
+        c: &WeightChunk,
+        input: &wgpu::Buffer,
+        output: &dyn Bindable,
+        params: &wgpu::Buffer,
+        bias: Option<&wgpu::Buffer>,
+        table: Option<&wgpu::Buffer>,
+    ) -> wgpu::BindGroup {
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
             resource: c.data.as_entire_binding(),
@@ -1470,6 +1535,12 @@ impl GpuContext {
             entries.push(wgpu::BindGroupEntry {
                 binding: 6,
                 resource: b.as_entire_binding(),
+            });
+        }
+        if let Some(t) = table {
+            entries.push(wgpu::BindGroupEntry {
+                binding: 7,
+                resource: t.as_entire_binding(),
             });
         }
         self.device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -1851,7 +1922,7 @@ impl GpuContext {
         norm: Option<(&wgpu::Buffer, f32)>,
     ) -> Result<Option<Bound>, GpuError> {
         if w.format != WeightFormat::Ternary && fuse.swiglu && !fuse.rms_norm && norm.is_none() {
-            return self.bind_gguf_swiglu(w, x, y);
+            return self.bind_gguf_glu(w, x, y, None);
         }
         if w.format != WeightFormat::Ternary
             || norm.is_some() != fuse.rms_norm
@@ -1870,20 +1941,28 @@ impl GpuContext {
     }
 
     /// One token's product of a stacked gate/up weight (two equal parts, one row chunk) of a
-    /// decoder with the four-invocation body (matvec_quads.wgsl) with SwiGLU folded in
-    /// (rows_swiglu.wgsl): `y[r] = silu(gate_r . x) * (up_r . x)` for the F = rows / 2 output
-    /// rows, one workgroup each, the bits of the plain product followed by op_swiglu. Where
-    /// it does not apply (another encoding, not such a stack, a bundle made before the
-    /// kernel) `Ok(None)`: the caller dispatches the product and op_swiglu.
-    fn bind_gguf_swiglu(
+    /// decoder with the four-invocation body (matvec_quads.wgsl) with its gating folded in:
+    /// SwiGLU (`gelu_table` None; rows_swiglu.wgsl), `y[r] = silu(gate_r . x) * (up_r . x)`,
+    /// or GELU-tanh gating with `gelu_table` (rows_geglu.wgsl; the CPU backend's
+    /// [`crate::runtime::cpu::gelu_table`], two f16 to a u32, as op_geglu binds it), for the
+    /// F = rows / 2 output rows, one workgroup each: the bits of the plain product followed by
+    /// op_swiglu or op_geglu. Where it does not apply (another encoding, not such a stack, a
+    /// bundle made before the kernel) `Ok(None)`: the caller dispatches the product and the
+    /// op.
+    pub fn bind_gguf_glu(
         &self,
         w: &GpuWeight,
         x: &wgpu::Buffer,
         y: &BufView,
+        gelu_table: Option<&wgpu::Buffer>,
     ) -> Result<Option<Bound>, GpuError> {
-        const OP: &str = "weight matvec with SwiGLU";
+        const OP: &str = "weight matvec with gating";
         let d = Decoder::of(w.format);
-        let kernel = swiglu_name(d, self.weight_reduction());
+        let glu = match gelu_table {
+            None => Glu::Swiglu,
+            Some(_) => Glu::Geglu,
+        };
+        let kernel = glu_name(d, self.weight_reduction(), glu);
         if !(d.has_quads() && w.is_gate_up_stack() && self.has_source(&kernel)) {
             return Ok(None);
         }
@@ -1903,6 +1982,18 @@ impl GpuContext {
                 ),
             ));
         }
+        if let Some(t) = gelu_table {
+            // 65,536 f16 values.
+            if t.size() < 1 << 17 {
+                return Err(shape_err(
+                    OP,
+                    &w.name,
+                    w.rows,
+                    w.cols,
+                    format!("a GELU table of {} bytes; 131072 needed", t.size()),
+                ));
+            }
+        }
         let pipeline = self.pipeline_named(&kernel, None)?;
         let layout = pipeline.get_bind_group_layout(0);
         let c = &w.chunks[0];
@@ -1911,7 +2002,7 @@ impl GpuContext {
         // each, as matvec_split gives the plain product of 2F rows from 2048 rows on.
         let params = self.weight_params(w, c, gx, 1, Epilogue::Store, (WORKGROUP, 2));
         let slot = self.has_bias_slot(&kernel).then_some(&self.placeholder);
-        let bg = self.weight_bind_group(&layout, w, c, x, y, &params, slot);
+        let bg = self.weight_bind_group_with(&layout, w, c, x, y, &params, slot, gelu_table);
         Ok(Some(Bound {
             pre_kernel: None,
             pipeline,
@@ -2125,8 +2216,8 @@ mod tests {
     fn every_module_is_complete_and_named_by_its_parameters() {
         let all = sources();
         // 24 decoders x (2 reductions x 2 products + 1 gather + 1 tiled product), less
-        // ternary2's 2 matvecs, plus the SwiGLU matvec of the 8 decoders of
-        // matvec_quads.wgsl with either reduction, plus the int8 prefill path: the activation
+        // ternary2's 2 matvecs, plus the SwiGLU and the GELU-gating matvecs of the 8 decoders
+        // of matvec_quads.wgsl with either reduction, plus the int8 prefill path: the activation
         // quantizer and one ternary mmq per tokens-per-invocation shape.
         let int8: Vec<String> = std::iter::once(Q8_QUANTIZE.to_string())
             .chain(MMQ_TOKENS_PER_INVOCATION.iter().map(|&t| mmq_name(t)))
@@ -2144,7 +2235,22 @@ mod tests {
             );
             assert!(!k.wgsl.contains("if lid < NACC {"), "{}", k.name);
         }
-        assert_eq!(all.len(), 24 * 6 - 2 + 16 + int8.len());
+        let geglu: Vec<&KernelSource> = all.iter().filter(|k| k.name.ends_with("_geglu")).collect();
+        assert_eq!(geglu.len(), 8 * 2);
+        for k in &geglu {
+            // The quads body with rows_geglu.wgsl's store, its table and the f16 rounding of
+            // ops/common.wgsl, once each.
+            assert!(
+                k.wgsl.contains("const QUAD_TASKS")
+                    && k.wgsl.contains("@binding(7) var<storage, read> gelu_table")
+                    && k.wgsl.matches("fn f32_to_f16_bits(").count() == 1
+                    && k.wgsl.matches("fn f16_bits_to_f32(").count() == 1,
+                "{}",
+                k.name
+            );
+            assert!(!k.wgsl.contains("if lid < NACC {"), "{}", k.name);
+        }
+        assert_eq!(all.len(), 24 * 6 - 2 + 16 + 16 + int8.len());
         assert_eq!(
             all.iter()
                 .filter(|k| k.name.contains("_mmt_r64_t64_wg256"))
