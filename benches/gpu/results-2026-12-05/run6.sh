@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Device run 6 (one nvidia-h200; written in the eighth session, 2026-12-05, when no device was
-# lent: run it first next time; run 5, never run, is part of it): on the three shape
+# lent, and run in the ninth with f32747d's build as `new`; run 5, never run, is part of it): on the three shape
 # copies, alternating, three builds of the decode step:
 #   old   the build of bed396e (`convert-old`, its own bundles): the figures of record's;
 #   row   this build with LOWBIT_GPU_FOLD=norm (no SwiGLU folded into GGUF products): the
 #         quads body's loop on row 0 alone where a workgroup has one row (67443aa), alone;
-#   new   this build as it ships: that, and SwiGLU folded into the GGUF gate/up product
-#         (rows_swiglu.wgsl; SmolLM2 273 -> 243 dispatches a token, Qwen2.5 24 fewer; Gemma 3
-#         unchanged, GeGLU).
+#   new   this build as it ships: that, and the gating folded into the GGUF gate/up product
+#         (rows_swiglu.wgsl: SmolLM2 273 -> 243 dispatches a token, Qwen2.5 24 fewer;
+#         rows_geglu.wgsl, ninth session: Gemma 3 258 -> 240).
 # Then 32 greedy ids of each copy against the CPU f32 reference. Carry .gpubin (bin.tar.xz:
 # convert, convert-old) and .anchor (debs, gguf wheel, shapes). About 3 minutes of work.
 set -u
