@@ -495,6 +495,39 @@ fn verify_survives_a_huge_tensor_length() {
     }
 }
 
+/// A manifest field of the wrong type or range is refused with the field's path, so the
+/// user sees which of hundreds of values is wrong.
+#[test]
+fn a_malformed_manifest_field_is_named_by_its_path() {
+    let (_d, b) = to_ternary(&tiny(), &[]);
+    let mpath = b.join("manifest.json");
+    let m0 = json(&mpath);
+    type Edit = fn(&mut Value);
+    let cases: [(Edit, &str); 3] = [
+        (
+            |m| m["tensors"][3]["offset"] = "12".into(),
+            "tensors[3].offset: invalid type: string \"12\", expected u64",
+        ),
+        (
+            |m| m["model"]["n_layer"] = (-2).into(),
+            "model.n_layer: invalid value: integer `-2`",
+        ),
+        (
+            |m| m["model"]["rope"]["freq_base"] = "x".into(),
+            "model.rope.freq_base: invalid type: string",
+        ),
+    ];
+    for (edit, want) in cases {
+        let mut m = m0.clone();
+        edit(&mut m);
+        std::fs::write(&mpath, serde_json::to_vec(&m).unwrap()).unwrap();
+        let o = run(&["verify"], &[&b]);
+        // Exit 2: the bundle cannot be read (1 is a verification that ran and failed).
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(text(&o).contains(want), "{}", text(&o));
+    }
+}
+
 /// Same input, same flags: byte-identical bundles whatever the thread count, and the bundle
 /// digest recorded for the `ternary` artifact of `manifests/minicpm-tiny.toml` (its lock file
 /// names what differs when it does not match; see `common::check_lock`).

@@ -817,6 +817,66 @@ fn unsupported_safetensors_dtype_names_the_tensor() {
     assert!(!out.exists());
 }
 
+/// A safetensors header entry the format refuses (a dtype it does not know, a shape whose
+/// bytes are not its span, a span that overlaps the one before) is refused naming the
+/// tensor and the field, where the safetensors crate's own errors name none.
+#[test]
+fn a_bad_safetensors_header_entry_names_the_tensor() {
+    let src = tiny_f16();
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("model.safetensors");
+    let o = run(&["dequantize", s(&src), "-o", s(&st), "--with-config", "-q"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let clean = std::fs::read(&st).unwrap();
+    let edit = |f: &dyn Fn(&mut serde_json::Map<String, Value>)| {
+        let n = u64::from_le_bytes(clean[..8].try_into().unwrap()) as usize;
+        let mut h: serde_json::Map<String, Value> =
+            serde_json::from_slice(&clean[8..8 + n]).unwrap();
+        f(&mut h);
+        let mut text = serde_json::to_string(&h).unwrap();
+        while !text.len().is_multiple_of(8) {
+            text.push(' ');
+        }
+        let mut out = (text.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(text.as_bytes());
+        out.extend_from_slice(&clean[8 + n..]);
+        std::fs::write(&st, out).unwrap();
+    };
+    let t = "blk.0.ffn_up.weight";
+    type Edit<'a> = &'a dyn Fn(&mut serde_json::Map<String, Value>);
+    let cases: [(Edit, &str); 3] = [
+        (
+            &|h| h[t]["dtype"] = "F12".into(),
+            "dtype: unknown variant `F12`",
+        ),
+        (
+            &|h| h[t]["shape"][0] = (h[t]["shape"][0].as_u64().unwrap() + 1).into(),
+            "hold",
+        ),
+        (
+            &|h| {
+                let (a, b) = (
+                    h[t]["data_offsets"][0].as_u64().unwrap(),
+                    h[t]["data_offsets"][1].as_u64().unwrap(),
+                );
+                h[t]["data_offsets"] = serde_json::json!([a + 2, b + 2]);
+            },
+            "do not start where the tensor before ends",
+        ),
+    ];
+    for (f, want) in cases {
+        edit(f);
+        let (_d, out, o) = palettize(&st, &["--bits", "4"]);
+        let msg = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{msg}");
+        assert!(
+            msg.contains(&format!("tensor \"{t}\"")) && msg.contains(want) && msg.contains(s(&st)),
+            "{msg}"
+        );
+        assert!(!out.exists());
+    }
+}
+
 #[test]
 fn verify_catches_a_palette_error_the_manifest_misstates() {
     let src = tiny_f16();

@@ -227,6 +227,59 @@ fn duplicate_header_name(map: &[u8]) -> Option<String> {
         .flatten()
 }
 
+/// The first tensor of a safetensors header that the format refuses, and why, for the
+/// errors of `SafeTensors::read_metadata` that name none (a dtype it does not know, a shape
+/// whose bytes are not its span, a span that leaves a gap or overlaps the one before, a size
+/// that overflows): entries in the order of their offsets, as the crate checks them. `None`
+/// where the header is not a JSON object or every entry passes (the error is the file's).
+fn header_culprit(map: &[u8]) -> Option<(String, String)> {
+    use safetensors::tensor::TensorInfo;
+    let n = u64::from_le_bytes(map.get(..8)?.try_into().ok()?);
+    let end = usize::try_from(n).ok()?.checked_add(8)?;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(map.get(8..end)?).ok()?;
+    let mut infos = Vec::new();
+    for (name, v) in header.into_iter().filter(|(k, _)| k != "__metadata__") {
+        match serde_path_to_error::deserialize::<_, TensorInfo>(v) {
+            Ok(info) => infos.push((name, info)),
+            Err(e) => return Some((name, super::reader::field_error(&e))),
+        }
+    }
+    infos.sort_by_key(|(_, i)| i.data_offsets);
+    let mut at = 0usize;
+    for (name, i) in infos {
+        let (s, e) = i.data_offsets;
+        if s != at || e < s {
+            return Some((
+                name,
+                format!("data_offsets [{s}, {e}] do not start where the tensor before ends ({at})"),
+            ));
+        }
+        at = e;
+        let bits = i
+            .shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .and_then(|n| n.checked_mul(i.dtype.bitsize()));
+        match bits {
+            None => return Some((name, format!("shape {:?} overflows", i.shape))),
+            Some(b) if b % 8 != 0 || b / 8 != e - s => {
+                return Some((
+                    name,
+                    format!(
+                        "shape {:?} of {:?} is {b} bits; data_offsets [{s}, {e}] hold {} bytes",
+                        i.shape,
+                        i.dtype,
+                        e - s
+                    ),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    None
+}
+
 fn open_shard(path: &Path) -> Result<Shard, BundleError> {
     let f = util::open_input(path).map_err(io_err(path))?;
     // SAFETY: read-only map of a file we do not modify; see crate::gguf for the caveat.
@@ -238,9 +291,12 @@ fn open_shard(path: &Path) -> Result<Shard, BundleError> {
             "listed twice in the safetensors header (a reader keeps only one of them)",
         ));
     }
-    let (n, meta) = SafeTensors::read_metadata(&map).map_err(|e| BundleError::Manifest {
-        path: path.to_path_buf(),
-        detail: format!("not a valid safetensors file: {e}"),
+    let (n, meta) = SafeTensors::read_metadata(&map).map_err(|e| match header_culprit(&map) {
+        Some((name, detail)) => terr(path, &name, format!("{detail} ({e})")),
+        None => BundleError::Manifest {
+            path: path.to_path_buf(),
+            detail: format!("not a valid safetensors file: {e}"),
+        },
     })?;
     Ok(Shard {
         path: path.to_path_buf(),
@@ -412,14 +468,16 @@ fn open_safetensors(path: &Path, context: Option<u64>) -> Result<Input, BundleEr
         })
     };
     let model: ModelConfig =
-        serde_json::from_value(parse("model")?).map_err(|e| BundleError::Manifest {
+        serde_path_to_error::deserialize(parse("model")?).map_err(|e| BundleError::Manifest {
             path: cpath.clone(),
-            detail: format!("lowbit.model: {e}"),
+            detail: super::reader::field_error_under("lowbit.model", &e),
         })?;
     let tokenizer: TokenizerRef =
-        serde_json::from_value(parse("tokenizer")?).map_err(|e| BundleError::Manifest {
-            path: cpath.clone(),
-            detail: format!("lowbit.tokenizer: {e}"),
+        serde_path_to_error::deserialize(parse("tokenizer")?).map_err(|e| {
+            BundleError::Manifest {
+                path: cpath.clone(),
+                detail: super::reader::field_error_under("lowbit.tokenizer", &e),
+            }
         })?;
     let tpath = dir.join(TOKENIZER_FILE);
     let tokenizer_bytes = crate::util::read_input(&tpath).map_err(|e| BundleError::Manifest {

@@ -21,6 +21,26 @@ use crate::util;
 /// The largest manifest accepted (a manifest holds no tensor data; real ones are < 1 MiB).
 pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 
+/// A typed parse error with the path of the field it is about (`tensors[3].ne: invalid type:
+/// string "x", expected u64`), or without one where the document itself is the problem.
+pub(crate) fn field_error(e: &serde_path_to_error::Error<serde_json::Error>) -> String {
+    field_error_under("", e)
+}
+
+/// [`field_error`] for a document found under `prefix` (`lowbit.model.n_layer: ...`).
+pub(crate) fn field_error_under(
+    prefix: &str,
+    e: &serde_path_to_error::Error<serde_json::Error>,
+) -> String {
+    let path = e.path().to_string();
+    let path = if path == "." { "" } else { path.as_str() };
+    match (prefix, path) {
+        ("", "") => e.inner().to_string(),
+        (pre, "") | ("", pre) => format!("{pre}: {}", e.inner()),
+        (pre, p) => format!("{pre}.{p}: {}", e.inner()),
+    }
+}
+
 fn manifest_err(path: &Path, detail: impl Into<String>) -> BundleError {
     BundleError::Manifest {
         path: path.to_path_buf(),
@@ -140,8 +160,8 @@ pub fn open_manifest(dir: &Path) -> Result<ManifestFile, BundleError> {
         }
     };
     let computed = (version >= FORMAT_VERSION_2).then(|| digests_of_json(&json));
-    let m: Manifest = serde_json::from_value(json)
-        .map_err(|e| manifest_err(&mpath, format!("malformed manifest: {e}")))?;
+    let m: Manifest = serde_path_to_error::deserialize(json)
+        .map_err(|e| manifest_err(&mpath, format!("malformed manifest: {}", field_error(&e))))?;
     let bad_hash = |what: String, h: &str| -> Result<(), BundleError> {
         if is_sha256(h) {
             Ok(())
