@@ -108,7 +108,12 @@ pub fn report_text(f: &GgufFile) -> String {
             val.truncate(cut);
             val.push_str("...");
         }
-        let _ = writeln!(s, "  {k:<48} {:<7} {val}", v.value_type().name());
+        let _ = writeln!(
+            s,
+            "  {:<48} {:<7} {val}",
+            crate::util::printable(k),
+            v.value_type().name()
+        );
     }
     let _ = writeln!(s, "\ntensors ({}):", f.tensors.len());
     let _ = writeln!(
@@ -120,7 +125,7 @@ pub fn report_text(f: &GgufFile) -> String {
         let _ = writeln!(
             s,
             "  {:<40} {:<6} {:<24} {:<24} {:>12} {:>12}",
-            t.name,
+            crate::util::printable(&t.name),
             t.ty.name(),
             format!("{:?}", t.ne),
             format!("{:?}", t.shape()),

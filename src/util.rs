@@ -6,6 +6,17 @@ use std::path::{Path, PathBuf};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sha2::{Digest, Sha256};
 
+/// `s` for a terminal: as it is unless it holds a control character (a name read from a file
+/// could carry escape sequences or line breaks that forge output), then Rust's escaped form
+/// (`\u{1b}`, `\n`) without quotes.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.chars().any(char::is_control) {
+        std::borrow::Cow::Owned(s.escape_debug().to_string())
+    } else {
+        std::borrow::Cow::Borrowed(s)
+    }
+}
+
 /// Lowercase hex SHA256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))

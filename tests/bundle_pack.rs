@@ -493,3 +493,50 @@ fn issue16_9_special_token_ids_outside_the_vocabulary_are_refused() {
         assert!(t.contains(n), "{t:?} should name {n:?}");
     }
 }
+
+/// A tensor the runtime reads, of a type it has no kernel for (IQ2_XXS: the tiny model's
+/// TQ2_0 `blk.0.attn_q.weight` retyped in place, both 66 bytes a 256-block), is refused by
+/// `pack` naming the file, the tensor and the type, with the types it runs; nothing is
+/// written. (Before, `pack` made the bundle and `run` failed on it.)
+#[test]
+fn a_tensor_type_without_a_kernel_is_refused_at_pack() {
+    let src = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
+    let mut b = std::fs::read(&src).unwrap();
+    let name = b"blk.0.attn_q.weight";
+    let mut key = (name.len() as u64).to_le_bytes().to_vec();
+    key.extend_from_slice(name);
+    let at = b
+        .windows(key.len())
+        .position(|w| w == key.as_slice())
+        .expect("the tensor's info")
+        + key.len();
+    let n_dims = u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
+    let ty = at + 4 + 8 * n_dims;
+    assert_eq!(
+        u32::from_le_bytes(b[ty..ty + 4].try_into().unwrap()),
+        35,
+        "TQ2_0"
+    );
+    b[ty..ty + 4].copy_from_slice(&16u32.to_le_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("iq.gguf");
+    std::fs::write(&gguf, &b).unwrap();
+    let out = dir.path().join("iq.bundle");
+    let o = run(&["pack", "-q", "-o"], &[&out, &gguf]);
+    let t = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    for want in [
+        "iq.gguf",
+        "blk.0.attn_q.weight",
+        "type IQ2_XXS: the runtime has no kernel for it",
+        "Q4_K",
+    ] {
+        assert!(t.contains(want), "{t:?} should contain {want:?}");
+    }
+    assert!(!out.exists());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "{t}");
+}

@@ -1276,6 +1276,29 @@ fn cli_inspect_bad_file_exits_2_naming_file_and_offset() {
     assert!(stderr.contains("\"w\""), "{stderr}");
 }
 
+/// A tensor name with an escape sequence or a line break is printed escaped by `inspect`
+/// (text form), so a file cannot forge lines or colour a terminal.
+#[test]
+fn cli_inspect_escapes_control_characters_in_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("esc.gguf");
+    let (bytes, _, _) = one_tensor(b"w\x1b[2Jx\nfake", &[8], GgmlType::F32.id(), 0, 32);
+    std::fs::write(&path, bytes).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_convert"))
+        .arg("inspect")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("w\\u{1b}[2Jx\\nfake"), "{stdout}");
+    assert!(!stdout.contains('\x1b') && !stdout.lines().any(|l| l.starts_with("fake")));
+}
+
 #[test]
 fn cli_inspect_json_on_valid_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -877,6 +877,26 @@ fn a_bad_safetensors_header_entry_names_the_tensor() {
     }
 }
 
+/// Options that select no tensor (every matrix under `--min-elements`, or `--exclude`
+/// taking all that are left) are refused naming the options, with nothing written: a bundle
+/// that palettizes nothing is not what `palettize` was asked for.
+#[test]
+fn palettizing_nothing_is_refused() {
+    let src = tiny_f16();
+    for args in [
+        vec!["--bits", "4", "--min-elements", "100000000"],
+        vec!["--bits", "4", "--exclude", "*.weight"],
+    ] {
+        let (d, out, o) = palettize(&src, &args);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{t}");
+        assert!(t.contains("no tensor to palettize"), "{t}");
+        assert!(t.contains("--min-elements"), "{t}");
+        assert!(!out.exists());
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0, "{t}");
+    }
+}
+
 #[test]
 fn verify_catches_a_palette_error_the_manifest_misstates() {
     let src = tiny_f16();

@@ -968,6 +968,31 @@ pub fn palettize(
                 && inp.stored(t).0.is_some_and(|ty| ty.can_dequantize())
         })
         .collect();
+    // Nothing selected from an input whose matrices are all GGUF-typed: the bundle would
+    // palettize nothing. (A palettized or ternary bundle's own tensors are kept as they are,
+    // so such an input may select nothing new.)
+    if !selected.iter().any(|&s| s) && tensors.iter().all(|t| inp.stored(t).0.is_some()) {
+        return Err(BundleError::Manifest {
+            path: input.to_path_buf(),
+            detail: format!(
+                "no tensor to palettize: of {} tensors none has more than --min-elements {} \
+                 elements{}{}, is a matrix (norms and RoPE factors never are) and is of a type \
+                 that can be dequantized; nothing written",
+                tensors.len(),
+                opts.min_elements,
+                if opts.include.is_empty() {
+                    ""
+                } else {
+                    ", matches --include"
+                },
+                if opts.exclude.is_empty() {
+                    ""
+                } else {
+                    ", escapes --exclude"
+                },
+            ),
+        });
+    }
     // Check every selected tensor before writing anything.
     for (t, _) in tensors.iter().zip(&selected).filter(|(_, s)| **s) {
         let rows = t.shape[0];

@@ -645,8 +645,35 @@ pub fn write_bundle(
     let buckets = resolve_buckets(opts.prefill_buckets.as_deref(), model.n_ctx)?;
     // The tensors the architecture needs, with their shapes: checked before anything is
     // written (a bundle the runtime could not build is never made).
-    crate::arch::Layout::new(&model, &|name| file.tensor(name).map(|t| t.shape()))
+    let layout = crate::arch::Layout::new(&model, &|name| file.tensor(name).map(|t| t.shape()))
         .map_err(|e| super::layout_error(input, e))?;
+    // Every tensor the runtime reads, carried as it is, must be of a type it has kernels for
+    // (the dequantizable ones: the CPU's and the GPU's decoders are those).
+    for r in layout.tensors() {
+        if let Some((t, Plan::Carry)) = file
+            .tensors
+            .iter()
+            .zip(&plans)
+            .find(|(t, _)| t.name == r.name)
+        {
+            if !t.ty.can_dequantize() {
+                return Err(BundleError::Tensor {
+                    file: input.to_path_buf(),
+                    tensor: t.name.clone(),
+                    detail: format!(
+                        "type {}: the runtime has no kernel for it (it runs {}); requantize the \
+                         model to one of those (llama-quantize)",
+                        t.ty,
+                        GgmlType::all()
+                            .filter(|ty| ty.can_dequantize())
+                            .map(|ty| ty.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                });
+            }
+        }
+    }
 
     let tmp = Staging::new(output)?;
 
