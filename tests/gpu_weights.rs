@@ -669,6 +669,50 @@ fn a_bundles_four_row_matvec_kernels_still_run() {
     }
 }
 
+/// A Q6_K weight of many rows (an output head: at least 8 x 1024 rows) takes the 8-row body
+/// (`weights_q6_k_matvec_r8_wg64_*`), matching the CPU and, bit for bit, the 2-row body a
+/// bundle made before it runs (each row's sum in the same order); fewer rows keep the 2-row
+/// body.
+#[test]
+fn a_q6_k_head_takes_the_wide_body_with_the_same_bits() {
+    let without: std::collections::HashMap<String, String> = gpu::kernels::all()
+        .into_iter()
+        .filter(|k| !k.name.starts_with("weights_q6_k_matvec_r8_"))
+        .map(|k| (k.name, k.wgsl))
+        .collect();
+    let older = contexts_with_sources(&without);
+    for (i, ctx) in contexts().into_iter().enumerate() {
+        let mut seed = 77u64;
+        for (rows, want) in [(8200usize, "_matvec_r8_"), (8184, "_matvec_r2_")] {
+            let host = Host::gguf(GgmlType::Q6_K, rows, 256, &mut seed);
+            let w = host.upload(ctx).unwrap();
+            let (xb, yb) = (xb_of(ctx, 256), ctx.vector_buffer("y", rows));
+            let label = ctx.bind_matmul(&w, &xb, &yb, 1).unwrap().label;
+            assert!(label.contains(want), "{rows} rows: {label}");
+            let mut s1 = seed;
+            let y = check_matmul(ctx, &host, &w, 1, &mut s1);
+            if let Some(old) = older.get(i) {
+                let wo = host.upload(old).unwrap();
+                let (xo, yo) = (xb_of(old, 256), old.vector_buffer("y", rows));
+                let label = old.bind_matmul(&wo, &xo, &yo, 1).unwrap().label;
+                assert!(label.contains("_matvec_r2_"), "{label}");
+                let mut s2 = seed;
+                let yo = check_matmul(old, &host, &wo, 1, &mut s2);
+                assert!(
+                    y.iter().zip(&yo).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{rows} rows on {}: the 8-row body's bits differ from the 2-row body's",
+                    ctx.info.name
+                );
+            }
+            seed = s1;
+        }
+    }
+}
+
+fn xb_of(ctx: &GpuContext, cols: usize) -> wgpu::Buffer {
+    ctx.upload_bytes("x", &vec![0u8; cols * 4]).unwrap()
+}
+
 /// Contexts (the subgroup and the workgroup reduction) compiling only `sources`, as a
 /// bundle's kernels; none without an adapter.
 fn contexts_with_sources(sources: &std::collections::HashMap<String, String>) -> Vec<GpuContext> {

@@ -184,6 +184,22 @@ const QUADS_MARK: &str = "const QUAD_TASKS: u32 = 4u;";
 /// against 323 (an `_r8_` body: 432 and 307; BENCHMARKS.md).
 pub const LEGACY_MATVEC_ROWS: u32 = 4;
 
+/// Rows per workgroup of Q6_K's single-token body for a weight of many rows (at least
+/// [`Q6_K_WIDE_ROWS`] x [`MATVEC_MIN_WORKGROUPS`]: an output head), kernels
+/// `weights_q6_k_matvec_r8_wg64_{sg|wg}`. Each task's loads are issued for every row before
+/// any arithmetic, so more rows keep more loads in flight: the 8B shape's 73,448 x 4,096
+/// Q6_K head took 206 us at 2 rows a workgroup on an H100 and an H200 alike (1.2 TB/s,
+/// latency-bound) and 391 at 1 (BENCHMARKS.md).
+pub const Q6_K_WIDE_ROWS: u32 = 8;
+
+/// The registered name of Q6_K's single-token product with [`Q6_K_WIDE_ROWS`] rows.
+fn q6_k_wide_name(reduction: Reduction) -> String {
+    name_of(Decoder::Gguf(GgmlType::Q6_K), WeightOp::Matvec, reduction).replace(
+        &format!("_matvec_r{MATVEC_ROWS}_"),
+        &format!("_matvec_r{Q6_K_WIDE_ROWS}_"),
+    )
+}
+
 /// Workgroups below which [`matvec_split`] gives a workgroup fewer rows than
 /// [`MATVEC_ROWS`]: a weight of few rows (Qwen2.5-0.5B's 896-row down and output products
 /// made 224 workgroups of 64 invocations, under two per SM of an H200) leaves most of the
@@ -836,6 +852,20 @@ pub fn sources() -> Vec<KernelSource> {
                 v.push(KernelSource {
                     name: name_of(d, op, reduction),
                     wgsl: source_of(d, op, reduction),
+                });
+            }
+            if d == Decoder::Gguf(GgmlType::Q6_K) {
+                v.push(KernelSource {
+                    name: q6_k_wide_name(reduction),
+                    wgsl: source_with_rows(
+                        d,
+                        WeightOp::Matvec,
+                        reduction,
+                        Q6_K_WIDE_ROWS,
+                        q6_k_wide_name(reduction),
+                        true,
+                        None,
+                    ),
                 });
             }
             if d.has_quads() {
@@ -1686,6 +1716,21 @@ impl GpuContext {
             }
             let mut kernel = name_of(Decoder::of(w.format), op, reduction);
             let mut rows_cap = rows_per_wg;
+            // A Q6_K weight of many rows: the body with Q6_K_WIDE_ROWS rows, where the
+            // sources have it (a bundle made before it runs the 2-row one;
+            // `LOWBIT_GPU_Q6K_WIDE=0` too, a measuring knob).
+            let wide = q6_k_wide_name(reduction);
+            if op == WeightOp::Matvec
+                && std::env::var("LOWBIT_GPU_Q6K_WIDE").map_or(true, |v| v != "0")
+                && Decoder::of(w.format) == Decoder::Gguf(GgmlType::Q6_K)
+                && w.chunks
+                    .iter()
+                    .all(|c| c.rows.div_ceil(Q6_K_WIDE_ROWS as usize) >= MATVEC_MIN_WORKGROUPS)
+                && self.has_source(&wide)
+            {
+                kernel = wide;
+                rows_cap = Q6_K_WIDE_ROWS;
+            }
             if op == WeightOp::Matvec && !self.has_source(&kernel) {
                 // A bundle made before the body took MATVEC_ROWS rows carries it as `_r4_`.
                 let legacy = kernel.replace(
@@ -1706,7 +1751,12 @@ impl GpuContext {
             };
             let split = if let Some(quads) = body {
                 let (lanes, wg_rows) = matvec_split(w.rows, w.cols, quads);
-                (lanes, wg_rows.min(rows_cap))
+                if rows_cap == Q6_K_WIDE_ROWS {
+                    // Every chunk has MATVEC_MIN_WORKGROUPS workgroups of these rows (above).
+                    (lanes, Q6_K_WIDE_ROWS)
+                } else {
+                    (lanes, wg_rows.min(rows_cap))
+                }
             } else {
                 (WORKGROUP, rows_cap)
             };
@@ -2217,7 +2267,8 @@ mod tests {
         let all = sources();
         // 24 decoders x (2 reductions x 2 products + 1 gather + 1 tiled product), less
         // ternary2's 2 matvecs, plus the SwiGLU and the GELU-gating matvecs of the 8 decoders
-        // of matvec_quads.wgsl with either reduction, plus the int8 prefill path: the activation
+        // of matvec_quads.wgsl with either reduction, plus Q6_K's 8-row matvec with either,
+        // plus the int8 prefill path: the activation
         // quantizer and one ternary mmq per tokens-per-invocation shape.
         let int8: Vec<String> = std::iter::once(Q8_QUANTIZE.to_string())
             .chain(MMQ_TOKENS_PER_INVOCATION.iter().map(|&t| mmq_name(t)))
@@ -2250,7 +2301,16 @@ mod tests {
             );
             assert!(!k.wgsl.contains("if lid < NACC {"), "{}", k.name);
         }
-        assert_eq!(all.len(), 24 * 6 - 2 + 16 + 16 + int8.len());
+        assert_eq!(all.len(), 24 * 6 - 2 + 16 + 16 + 2 + int8.len());
+        // Q6_K's wide single-token body: matvec_q6_k.wgsl with 8 named rows.
+        for r in [Reduction::Subgroup, Reduction::Workgroup] {
+            let k = all
+                .iter()
+                .find(|k| k.name == q6_k_wide_name(r))
+                .expect("the wide Q6_K body");
+            assert!(k.wgsl.contains("const ROWS: u32 = 8u;") && k.wgsl.contains("var acc7 = 0.0;"));
+            assert!(k.name.contains("_matvec_r8_"), "{}", k.name);
+        }
         assert_eq!(
             all.iter()
                 .filter(|k| k.name.contains("_mmt_r64_t64_wg256"))
