@@ -112,6 +112,32 @@ fn a_qwen2_bias_of_the_wrong_length_is_refused_at_pack() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
 }
 
+/// Gemma 3's `attention.sliding_window` of 0 (a window of no positions: llama.cpp would mask
+/// every key on those layers) is refused at pack naming the key, not run as global attention.
+#[test]
+fn a_gemma3_sliding_window_of_zero_is_refused_at_pack() {
+    let Some(src) = common::model(GEMMA) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = std::fs::read(&src).unwrap();
+    let at = common::gguf_key_end(&b, "gemma3.attention.sliding_window");
+    // The value's type (u32 = 4), then the value.
+    assert_eq!(u32::from_le_bytes(b[at..at + 4].try_into().unwrap()), 4);
+    b[at + 4..at + 8].copy_from_slice(&0u32.to_le_bytes());
+    let bad = dir.path().join("g.gguf");
+    std::fs::write(&bad, b).unwrap();
+    let out = dir.path().join("o.bundle");
+    let o = convert(&["pack", "-q", s(&bad), "-o", s(&out)]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("attention.sliding_window") && err.contains("0 is a window of no positions"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}
+
 /// pack, verify --source --maxerr 0, run the prompt (`--chat` for an instruction-tuned model),
 /// palettize one layer and run it, dequantize one layer.
 fn end_to_end(name: &str, chat: bool, prompt: &str, want: &[&str]) {

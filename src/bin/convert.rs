@@ -1550,6 +1550,13 @@ fn show_build_report(
             (None, _, true) => {
                 outln!("{} {}: expected (new) {}", r.name, d.artifact, d.digest)
             }
+            (None, _, false) => outln!(
+                "{} {}: digest {} not checked: the recipe has no [expected] entry for it \
+                 (`convert build --update` records it)",
+                r.name,
+                d.artifact,
+                d.digest
+            ),
             (_, true, _) => outln!("{} {}: digest {} ok", r.name, d.artifact, d.digest),
             (e, false, _) => {
                 outln!(
