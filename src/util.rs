@@ -518,6 +518,30 @@ impl StagingDir {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let tag = process_tag();
+        let bad = |kind: std::io::ErrorKind, detail: String| OutputError::Io {
+            path: out.to_path_buf(),
+            source: std::io::Error::new(kind, detail),
+        };
+        if !parent.is_dir() {
+            return Err(bad(
+                std::io::ErrorKind::NotFound,
+                format!("the directory {} does not exist", parent.display()),
+            ));
+        }
+        // `.NAME.TAG.XXXXXX.partial` must fit a file name (255 bytes on the usual file
+        // systems), or the error would name the staging path instead of the output.
+        let staged_len = name.len() + tag.len() + ".....partial".len() + 6;
+        if staged_len > 255 {
+            return Err(bad(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "the name is {} bytes; at most {} here (it is staged beside itself as \
+                     .NAME.{tag}.XXXXXX.partial, a name of at most 255 bytes)",
+                    name.len(),
+                    255 - (staged_len - name.len())
+                ),
+            ));
+        }
         remove_stale_partials(&parent, &name, &tag);
         let (dir, partial) = PartialOutput::create(
             || {

@@ -540,3 +540,26 @@ fn a_tensor_type_without_a_kernel_is_refused_at_pack() {
     assert!(!out.exists());
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "{t}");
 }
+
+/// An output in a directory that does not exist, or with a name too long to stage beside it
+/// (`.NAME.HOST-PID.XXXXXX.partial` past 255 bytes), is refused naming the output and why
+/// (the error named the staging path before), with nothing written.
+#[test]
+fn an_output_that_cannot_be_staged_is_refused_naming_it() {
+    let src = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let long = format!("{}.bundle", "a".repeat(240));
+    for (out, want) in [
+        (dir.path().join("no-such-dir/x.bundle"), "does not exist"),
+        (dir.path().join(&long), "bytes; at most"),
+    ] {
+        let o = run(&["pack", "-q", "-o"], &[&out, &src]);
+        let t = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{t}");
+        assert!(
+            t.contains(&out.display().to_string()) && t.contains(want) && !t.contains(".partial:"),
+            "{t}"
+        );
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
