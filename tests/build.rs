@@ -295,6 +295,10 @@ fn bad_recipes_are_named_errors() {
             "step a: its flags do not parse",
         ),
         (
+            recipe(d, "threads", &format!("{pack}[[gate]]\nop = \"bench\"\nartifact = \"a\"\nargs = [\"--threads\", \"0\"]\n")),
+            "gate bench a: its flags do not parse: invalid value '0' for '--threads <THREADS>': must be between 1 and 1024",
+        ),
+        (
             recipe(d, "benchjson", &format!("{pack}[[gate]]\nop = \"bench\"\nartifact = \"a\"\nargs = [\"--json\"]\n")),
             "--json is set by the build",
         ),

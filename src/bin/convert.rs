@@ -39,8 +39,8 @@ use lowbit::inspect;
     about = "lowbit: GGUF to low-bit bundles, verified bit for bit"
 )]
 struct Cli {
-    /// Worker threads for parallel stages (default: all cores).
-    #[arg(long, global = true)]
+    /// Worker threads for parallel stages (default: all cores), 1 to 1024.
+    #[arg(long, global = true, value_parser = thread_count)]
     threads: Option<usize>,
     #[command(subcommand)]
     command: Command,
@@ -99,9 +99,9 @@ enum Command {
         /// Consecutive rows sharing one table; default one table per tensor.
         #[arg(long)]
         group_size: Option<u64>,
-        /// Worker threads (default: --threads, else all cores); the output does not depend
-        /// on it.
-        #[arg(long)]
+        /// Worker threads (default: --threads, else all cores), 1 to 1024; the output does
+        /// not depend on it.
+        #[arg(long, value_parser = thread_count)]
         workers: Option<usize>,
         /// Palettize only matrices with more than this many elements.
         #[arg(long, default_value_t = lowbit::bundle::palettize::DEFAULT_MIN_ELEMENTS)]
@@ -615,6 +615,17 @@ fn is_untrusted(e: &anyhow::Error) -> bool {
 /// `MAX_THREADS`: `--threads` and `--workers` above this are refused (more than any machine's
 /// cores; each thread costs a stack and a kernel task).
 const MAX_THREADS: usize = 1024;
+
+/// `--threads` / `--workers`: 1 to [`MAX_THREADS`], checked when the command line is parsed
+/// (so a recipe's step with `--threads 0` is refused when the recipe is loaded, not when the
+/// step runs).
+fn thread_count(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=MAX_THREADS).contains(&n) => Ok(n),
+        Ok(_) => Err(format!("must be between 1 and {MAX_THREADS}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
