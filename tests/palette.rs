@@ -833,14 +833,7 @@ fn a_bad_safetensors_header_entry_names_the_tensor() {
         let mut h: serde_json::Map<String, Value> =
             serde_json::from_slice(&clean[8..8 + n]).unwrap();
         f(&mut h);
-        let mut text = serde_json::to_string(&h).unwrap();
-        while !text.len().is_multiple_of(8) {
-            text.push(' ');
-        }
-        let mut out = (text.len() as u64).to_le_bytes().to_vec();
-        out.extend_from_slice(text.as_bytes());
-        out.extend_from_slice(&clean[8 + n..]);
-        std::fs::write(&st, out).unwrap();
+        write_with_header(&st, serde_json::to_string(&h).unwrap(), &clean[8 + n..]);
     };
     let t = "blk.0.ffn_up.weight";
     type Edit<'a> = &'a dyn Fn(&mut serde_json::Map<String, Value>);
@@ -1465,13 +1458,18 @@ fn duplicate_in_header(path: &Path, name: &str, offsets_of: &str) {
             parts.push(format!("{}:{d}", Value::from(k.as_str())));
         }
     }
-    let mut text = format!("{{{}}}", parts.join(","));
-    while text.len() % 8 != 0 {
+    write_with_header(path, format!("{{{}}}", parts.join(",")), &b[8 + n..]);
+}
+
+/// Writes a safetensors file at `path`: header `text` (padded with spaces to 8 bytes, as the
+/// format's writers do) and the data bytes `data`.
+fn write_with_header(path: &Path, mut text: String, data: &[u8]) {
+    while !text.len().is_multiple_of(8) {
         text.push(' ');
     }
     let mut out = (text.len() as u64).to_le_bytes().to_vec();
     out.extend_from_slice(text.as_bytes());
-    out.extend_from_slice(&b[8 + n..]);
+    out.extend_from_slice(data);
     std::fs::write(path, out).unwrap();
 }
 
