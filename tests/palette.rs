@@ -1226,7 +1226,9 @@ fn hugging_face_index_and_shards_must_agree() {
     );
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
-        text(&o).contains("--workers 100000 must be between 1 and 1024"),
+        text(&o).contains(
+            "invalid value '100000' for '--workers <WORKERS>': must be between 1 and 1024"
+        ),
         "{}",
         text(&o)
     );
