@@ -456,7 +456,7 @@ pub(crate) fn remove_stale_partials(parent: &Path, name: &str, tag: &str) {
         let Some(rest) = file_name
             .to_str()
             .and_then(|f| f.strip_prefix(&prefix))
-            .and_then(|r| r.strip_suffix(".partial"))
+            .and_then(|r| r.strip_suffix(STAGING_SUFFIX))
         else {
             continue;
         };
@@ -466,7 +466,7 @@ pub(crate) fn remove_stale_partials(parent: &Path, name: &str, tag: &str) {
         };
         let exact = !pid.is_empty()
             && pid.bytes().all(|b| b.is_ascii_digit())
-            && random.len() == 6
+            && random.len() == STAGING_RANDOM_LEN
             && random.bytes().all(|b| b.is_ascii_alphanumeric());
         let Some(pid) = pid.parse::<u32>().ok().filter(|_| exact) else {
             continue;
@@ -509,6 +509,11 @@ pub(crate) struct StagingDir {
     _lock: Option<std::fs::File>,
 }
 
+/// Random characters in a staging directory's name (`XXXXXX` of `.NAME.HOST-PID.XXXXXX.partial`).
+const STAGING_RANDOM_LEN: usize = 6;
+/// The end of a staging directory's name.
+const STAGING_SUFFIX: &str = ".partial";
+
 impl StagingDir {
     /// Creates the staging directory beside `out`.
     pub(crate) fn beside(out: &Path) -> Result<StagingDir, OutputError> {
@@ -522,21 +527,31 @@ impl StagingDir {
             path: out.to_path_buf(),
             source: std::io::Error::new(kind, detail),
         };
-        if !parent.is_dir() {
-            return Err(bad(
-                std::io::ErrorKind::NotFound,
-                format!("the directory {} does not exist", parent.display()),
-            ));
+        match std::fs::metadata(&parent) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(bad(
+                    std::io::ErrorKind::NotADirectory,
+                    format!("{} is not a directory", parent.display()),
+                ))
+            }
+            Err(_) => {
+                return Err(bad(
+                    std::io::ErrorKind::NotFound,
+                    format!("the directory {} does not exist", parent.display()),
+                ))
+            }
         }
-        // `.NAME.TAG.XXXXXX.partial` must fit a file name (255 bytes on the usual file
-        // systems), or the error would name the staging path instead of the output.
-        let staged_len = name.len() + tag.len() + ".....partial".len() + 6;
+        let prefix = format!(".{name}.{tag}.");
+        // The staging name must fit a file name (255 bytes on the usual file systems), or the
+        // error would name the staging path instead of the output.
+        let staged_len = prefix.len() + STAGING_RANDOM_LEN + STAGING_SUFFIX.len();
         if staged_len > 255 {
             return Err(bad(
                 std::io::ErrorKind::InvalidInput,
                 format!(
                     "the name is {} bytes; at most {} here (it is staged beside itself as \
-                     .NAME.{tag}.XXXXXX.partial, a name of at most 255 bytes)",
+                     .NAME.{tag}.XXXXXX{STAGING_SUFFIX}, a name of at most 255 bytes)",
                     name.len(),
                     255 - (staged_len - name.len())
                 ),
@@ -546,8 +561,9 @@ impl StagingDir {
         let (dir, partial) = PartialOutput::create(
             || {
                 tempfile::Builder::new()
-                    .prefix(&format!(".{name}.{tag}."))
-                    .suffix(".partial")
+                    .prefix(&prefix)
+                    .rand_bytes(STAGING_RANDOM_LEN)
+                    .suffix(STAGING_SUFFIX)
                     .tempdir_in(&parent)
             },
             |t| t.path(),

@@ -905,13 +905,7 @@ fn swiglu_folded_into_the_gguf_product_is_silu_of_gate_times_up() {
             (GgmlType::Q5_0, 7, 576),
             (GgmlType::F16, 9, 64),
         ] {
-            let parts = [
-                Host::gguf(ty, f, cols, &mut seed),
-                Host::gguf(ty, f, cols, &mut seed),
-            ];
-            let host = Host::stack(&parts);
-            let mut w = host.upload(ctx).unwrap();
-            w.parts = vec![f, f];
+            let (host, mut w) = gate_up_stack(ctx, ty, f, cols, &mut seed);
             let what = format!("{ty:?} 2 x {f} x {cols} on {}", ctx.info.name);
             let x = random_x(cols, &mut seed);
             let plain = ctx.run_matmul(&w, &x, 1).unwrap();
@@ -945,33 +939,59 @@ fn swiglu_folded_into_the_gguf_product_is_silu_of_gate_times_up() {
             let none = ctx.bind_matvec_fused(&w, &xb, &gpu::ops::BufView::whole(&yb), fuse, None);
             assert!(none.unwrap().is_none(), "{what}: unequal parts");
         }
-        // No four-invocation body (Q4_K keeps matvec.wgsl): the caller runs op_swiglu.
-        let parts = [
-            Host::gguf(GgmlType::Q4_K, 8, 256, &mut seed),
-            Host::gguf(GgmlType::Q4_K, 8, 256, &mut seed),
-        ];
-        let mut w = Host::stack(&parts).upload(ctx).unwrap();
-        w.parts = vec![8, 8];
-        let (xb, yb) = (ctx.vector_buffer("x", 256), ctx.vector_buffer("y", 8));
-        let none = ctx.bind_matvec_fused(&w, &xb, &gpu::ops::BufView::whole(&yb), fuse, None);
-        assert!(none.unwrap().is_none(), "Q4_K");
     }
-    // A bundle made before the kernel: none.
+    // The caller runs op_swiglu.
+    glu_refusals("swiglu", GgmlType::Q4_1, &mut seed, &|ctx, w, x, y| {
+        ctx.bind_matvec_fused(w, x, y, fuse, None).unwrap()
+    });
+}
+
+/// A stacked gate/up weight of `ty`: two random parts of `f` rows x `cols` uploaded as one,
+/// its parts set (`GpuWeight::is_gate_up_stack`).
+fn gate_up_stack(
+    ctx: &GpuContext,
+    ty: GgmlType,
+    f: usize,
+    cols: usize,
+    seed: &mut u64,
+) -> (Host, GpuWeight) {
+    let parts = [Host::gguf(ty, f, cols, seed), Host::gguf(ty, f, cols, seed)];
+    let host = Host::stack(&parts);
+    let mut w = host.upload(ctx).unwrap();
+    w.parts = vec![f, f];
+    (host, w)
+}
+
+/// Where a folded gating's kernel does not apply, `bind` (x, y) gives `None` and the caller
+/// runs the op: a Q4_K stack (no four-invocation body: matvec.wgsl) on every context, and a
+/// stack of `ty` on contexts compiling every kernel but those named `weights_..._{suffix}`
+/// (a bundle made before them).
+fn glu_refusals(
+    suffix: &str,
+    ty: GgmlType,
+    seed: &mut u64,
+    bind: &dyn Fn(
+        &GpuContext,
+        &GpuWeight,
+        &wgpu::Buffer,
+        &gpu::ops::BufView,
+    ) -> Option<weights::Bound>,
+) {
+    let none = |ctx: &GpuContext, ty: GgmlType, cols: usize, seed: &mut u64| {
+        let (_, w) = gate_up_stack(ctx, ty, 8, cols, seed);
+        let (xb, yb) = (ctx.vector_buffer("x", cols), ctx.vector_buffer("y", 8));
+        bind(ctx, &w, &xb, &gpu::ops::BufView::whole(&yb)).is_none()
+    };
+    for ctx in contexts() {
+        assert!(none(ctx, GgmlType::Q4_K, 256, seed), "Q4_K");
+    }
     let older: std::collections::HashMap<String, String> = gpu::kernels::all()
         .into_iter()
-        .filter(|k| !(k.name.starts_with("weights_") && k.name.ends_with("_swiglu")))
+        .filter(|k| !(k.name.starts_with("weights_") && k.name.ends_with(&format!("_{suffix}"))))
         .map(|k| (k.name, k.wgsl))
         .collect();
     for ctx in contexts_with_sources(&older) {
-        let parts = [
-            Host::gguf(GgmlType::Q4_1, 8, 64, &mut seed),
-            Host::gguf(GgmlType::Q4_1, 8, 64, &mut seed),
-        ];
-        let mut w = Host::stack(&parts).upload(&ctx).unwrap();
-        w.parts = vec![8, 8];
-        let (xb, yb) = (ctx.vector_buffer("x", 64), ctx.vector_buffer("y", 8));
-        let none = ctx.bind_matvec_fused(&w, &xb, &gpu::ops::BufView::whole(&yb), fuse, None);
-        assert!(none.unwrap().is_none(), "without the kernel");
+        assert!(none(&ctx, ty, 64, seed), "without the kernel");
     }
 }
 
@@ -997,13 +1017,7 @@ fn geglu_folded_into_the_gguf_product_is_the_cpu_table_gating() {
             (GgmlType::Q4_0, 7, 256, 8.0),
             (GgmlType::BF16, 9, 64, 20.0),
         ] {
-            let parts = [
-                Host::gguf(ty, f, cols, &mut seed),
-                Host::gguf(ty, f, cols, &mut seed),
-            ];
-            let host = Host::stack(&parts);
-            let mut w = host.upload(ctx).unwrap();
-            w.parts = vec![f, f];
+            let (host, mut w) = gate_up_stack(ctx, ty, f, cols, &mut seed);
             let what = format!(
                 "{ty:?} 2 x {f} x {cols}, x times {scale} on {}",
                 ctx.info.name
@@ -1060,37 +1074,14 @@ fn geglu_folded_into_the_gguf_product_is_the_cpu_table_gating() {
             low > 0 && high > 0 && mid > 0,
             "branches: {low} {high} {mid}"
         );
-        // No four-invocation body (Q4_K keeps matvec.wgsl): the caller runs op_geglu.
-        let parts = [
-            Host::gguf(GgmlType::Q4_K, 8, 256, &mut seed),
-            Host::gguf(GgmlType::Q4_K, 8, 256, &mut seed),
-        ];
-        let mut w = Host::stack(&parts).upload(ctx).unwrap();
-        w.parts = vec![8, 8];
-        let (xb, yb) = (ctx.vector_buffer("x", 256), ctx.vector_buffer("y", 8));
-        let none = ctx.bind_gguf_glu(&w, &xb, &gpu::ops::BufView::whole(&yb), Some(&tb));
-        assert!(none.unwrap().is_none(), "Q4_K");
     }
-    // A bundle made before the kernel: none.
-    let older: std::collections::HashMap<String, String> = gpu::kernels::all()
-        .into_iter()
-        .filter(|k| !(k.name.starts_with("weights_") && k.name.ends_with("_geglu")))
-        .map(|k| (k.name, k.wgsl))
-        .collect();
-    for ctx in contexts_with_sources(&older) {
+    // The caller runs op_geglu.
+    glu_refusals("geglu", GgmlType::Q5_0, &mut seed, &|ctx, w, x, y| {
         let tb = ctx
             .upload_bytes("gelu table", bytemuck::cast_slice(table))
             .unwrap();
-        let parts = [
-            Host::gguf(GgmlType::Q5_0, 8, 64, &mut seed),
-            Host::gguf(GgmlType::Q5_0, 8, 64, &mut seed),
-        ];
-        let mut w = Host::stack(&parts).upload(&ctx).unwrap();
-        w.parts = vec![8, 8];
-        let (xb, yb) = (ctx.vector_buffer("x", 64), ctx.vector_buffer("y", 8));
-        let none = ctx.bind_gguf_glu(&w, &xb, &gpu::ops::BufView::whole(&yb), Some(&tb));
-        assert!(none.unwrap().is_none(), "without the kernel");
-    }
+        ctx.bind_gguf_glu(w, x, y, Some(&tb)).unwrap()
+    });
 }
 
 /// A stacked weight (Q, K and V of a layer as one, `GpuWeight::parts`) stores each part's

@@ -68,61 +68,63 @@ pub(super) fn hyper(c: &ModelConfig, h: &mut Hyper) -> Result<(), ArchError> {
         }
     }
     let n_layer = c.n_layer as usize;
-    h.swa =
-        match hparam_u64(c, "attention.sliding_window")? {
-            None => None,
-            // llama.cpp masks every key where p - j >= n_swa: a window of 0 masks them all.
-            Some(0) => return Err(bad(
-                c,
-                "attention.sliding_window",
-                "0 is a window of no positions (every key masked on the sliding-window layers); \
-                 leave the key out for global attention on every layer"
-                    .to_string(),
-            )),
-            Some(w) => {
-                let layers: Vec<bool> = match hparam(c, "attention.sliding_window_pattern") {
-                    Some(serde_json::Value::Array(a)) => {
-                        if a.len() != n_layer {
-                            return Err(bad(
-                                c,
-                                "attention.sliding_window_pattern",
-                                format!("{} entries for {n_layer} layers", a.len()),
-                            ));
-                        }
-                        a.iter()
-                            .map(|v| {
-                                v.as_bool().ok_or_else(|| {
-                                    bad(
-                                        c,
-                                        "attention.sliding_window_pattern",
-                                        format!("entry {v} is not a boolean"),
-                                    )
-                                })
+    let window = hparam_u64(c, "attention.sliding_window")?;
+    // llama.cpp masks every key where p - j >= n_swa: a window of 0 masks them all.
+    if window == Some(0) {
+        return Err(bad(
+            c,
+            "attention.sliding_window",
+            "0 is a window of no positions (every key masked on the sliding-window layers); \
+             leave the key out for global attention on every layer"
+                .to_string(),
+        ));
+    }
+    h.swa = match window {
+        None => None,
+        Some(w) => {
+            let layers: Vec<bool> = match hparam(c, "attention.sliding_window_pattern") {
+                Some(serde_json::Value::Array(a)) => {
+                    if a.len() != n_layer {
+                        return Err(bad(
+                            c,
+                            "attention.sliding_window_pattern",
+                            format!("{} entries for {n_layer} layers", a.len()),
+                        ));
+                    }
+                    a.iter()
+                        .map(|v| {
+                            v.as_bool().ok_or_else(|| {
+                                bad(
+                                    c,
+                                    "attention.sliding_window_pattern",
+                                    format!("entry {v} is not a boolean"),
+                                )
                             })
-                            .collect::<Result<_, _>>()?
-                    }
-                    _ => {
-                        let p = hparam_u64(c, "attention.sliding_window_pattern")?.unwrap_or(6);
-                        (0..n_layer as u64)
-                            .map(|il| p == 0 || il % p < p - 1)
-                            .collect()
-                    }
-                };
-                let base = hparam_f64(c, "rope.freq_base_swa")?.unwrap_or(10000.0);
-                if base <= 0.0 {
-                    return Err(bad(
-                        c,
-                        "rope.freq_base_swa",
-                        format!("{base} must be positive"),
-                    ));
+                        })
+                        .collect::<Result<_, _>>()?
                 }
-                Some(Swa {
-                    window: usize::try_from(w).unwrap_or(usize::MAX),
-                    layers,
-                    rope_base: base as f32,
-                })
+                _ => {
+                    let p = hparam_u64(c, "attention.sliding_window_pattern")?.unwrap_or(6);
+                    (0..n_layer as u64)
+                        .map(|il| p == 0 || il % p < p - 1)
+                        .collect()
+                }
+            };
+            let base = hparam_f64(c, "rope.freq_base_swa")?.unwrap_or(10000.0);
+            if base <= 0.0 {
+                return Err(bad(
+                    c,
+                    "rope.freq_base_swa",
+                    format!("{base} must be positive"),
+                ));
             }
-        };
+            Some(Swa {
+                window: usize::try_from(w).unwrap_or(usize::MAX),
+                layers,
+                rope_base: base as f32,
+            })
+        }
+    };
     // llama.cpp: 1/sqrt(n_embd_head_k), except the 27B model (62 layers): 1/sqrt(n_embd/n_head).
     let d = if c.n_layer == 62 {
         (c.n_embd / c.n_head) as f32

@@ -192,6 +192,14 @@ pub fn sidecar_config(model: &ModelConfig, tokenizer: &TokenizerRef) -> serde_js
     })
 }
 
+/// A safetensors file's JSON header: the bytes after its 8-byte little-endian length, where
+/// the file holds them.
+fn header_bytes(map: &[u8]) -> Option<&[u8]> {
+    let n = u64::from_le_bytes(map.get(..8)?.try_into().ok()?);
+    let end = usize::try_from(n).ok()?.checked_add(8)?;
+    map.get(8..end)
+}
+
 /// The first name a safetensors header lists twice, if any. The `safetensors` crate reads
 /// the header into a map, where the last of two entries wins (and when they point at
 /// different bytes its offset check then blames a neighbouring tensor), so the header's keys
@@ -218,10 +226,7 @@ fn duplicate_header_name(map: &[u8]) -> Option<String> {
             Ok(first)
         }
     }
-    let n = u64::from_le_bytes(map.get(..8)?.try_into().ok()?);
-    let end = usize::try_from(n).ok()?.checked_add(8)?;
-    let header = map.get(8..end)?;
-    serde_json::Deserializer::from_slice(header)
+    serde_json::Deserializer::from_slice(header_bytes(map)?)
         .deserialize_map(Keys)
         .ok()
         .flatten()
@@ -234,10 +239,8 @@ fn duplicate_header_name(map: &[u8]) -> Option<String> {
 /// where the header is not a JSON object or every entry passes (the error is the file's).
 fn header_culprit(map: &[u8]) -> Option<(String, String)> {
     use safetensors::tensor::TensorInfo;
-    let n = u64::from_le_bytes(map.get(..8)?.try_into().ok()?);
-    let end = usize::try_from(n).ok()?.checked_add(8)?;
     let header: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(map.get(8..end)?).ok()?;
+        serde_json::from_slice(header_bytes(map)?).ok()?;
     let mut infos = Vec::new();
     for (name, v) in header.into_iter().filter(|(k, _)| k != "__metadata__") {
         match serde_path_to_error::deserialize::<_, TensorInfo>(v) {

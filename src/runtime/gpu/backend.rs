@@ -1027,12 +1027,13 @@ fn build_graph(
     };
     // Which ops decode folds into the products: `LOWBIT_GPU_FOLD` = `all` (the norms into the
     // ternary Q/K/V and gate/up, the gating (SwiGLU, or GELU on GGUF weights) into gate/up),
-    // `glu` (the gating only), `norm` (the norms only) or `none`. A benchmarking knob: the folded and separate forms compute the same
-    // values within the tests' tolerances. The default is `all` where the products take int8
-    // activations (every workgroup quantizes all of x anyway, so normalizing it on the way
-    // costs one more read of x and saves a dispatch: 206 -> 241 tok/s on the 8B shape,
-    // BENCHMARKS.md) and `glu` with f32 activations (there each workgroup stages only a
-    // tile of x, and the norm's extra pass over x cost an H200 more than the dispatch).
+    // `glu` (the gating only), `norm` (the norms only) or `none`. A benchmarking knob: the
+    // folded and separate forms compute the same values within the tests' tolerances. The
+    // default is `all` where the products take int8 activations (every workgroup quantizes
+    // all of x anyway, so normalizing it on the way costs one more read of x and saves a
+    // dispatch: 206 -> 241 tok/s on the 8B shape, BENCHMARKS.md) and `glu` with f32
+    // activations (there each workgroup stages only a tile of x, and the norm's extra pass
+    // over x cost an H200 more than the dispatch).
     let fold = std::env::var("LOWBIT_GPU_FOLD").unwrap_or_default();
     let int8 = ctx.decodes_int8(e);
     let (fold_norm, fold_glu) = match fold.as_str() {

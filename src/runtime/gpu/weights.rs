@@ -1719,16 +1719,15 @@ impl GpuContext {
             // A Q6_K weight of many rows: the body with Q6_K_WIDE_ROWS rows, where the
             // sources have it (a bundle made before it runs the 2-row one;
             // `LOWBIT_GPU_Q6K_WIDE=0` too, a measuring knob).
-            let wide = q6_k_wide_name(reduction);
-            if op == WeightOp::Matvec
+            let wide = op == WeightOp::Matvec
                 && std::env::var("LOWBIT_GPU_Q6K_WIDE").map_or(true, |v| v != "0")
                 && Decoder::of(w.format) == Decoder::Gguf(GgmlType::Q6_K)
                 && w.chunks
                     .iter()
                     .all(|c| c.rows.div_ceil(Q6_K_WIDE_ROWS as usize) >= MATVEC_MIN_WORKGROUPS)
-                && self.has_source(&wide)
-            {
-                kernel = wide;
+                && self.has_source(&q6_k_wide_name(reduction));
+            if wide {
+                kernel = q6_k_wide_name(reduction);
                 rows_cap = Q6_K_WIDE_ROWS;
             }
             if op == WeightOp::Matvec && !self.has_source(&kernel) {
@@ -1751,12 +1750,16 @@ impl GpuContext {
             };
             let split = if let Some(quads) = body {
                 let (lanes, wg_rows) = matvec_split(w.rows, w.cols, quads);
-                if rows_cap == Q6_K_WIDE_ROWS {
-                    // Every chunk has MATVEC_MIN_WORKGROUPS workgroups of these rows (above).
-                    (lanes, Q6_K_WIDE_ROWS)
-                } else {
-                    (lanes, wg_rows.min(rows_cap))
-                }
+                // The wide body keeps all its rows: every chunk has MATVEC_MIN_WORKGROUPS
+                // workgroups of them (above).
+                (
+                    lanes,
+                    if wide {
+                        rows_cap
+                    } else {
+                        wg_rows.min(rows_cap)
+                    },
+                )
             } else {
                 (WORKGROUP, rows_cap)
             };
@@ -2033,14 +2036,15 @@ impl GpuContext {
             ));
         }
         if let Some(t) = gelu_table {
-            // 65,536 f16 values.
-            if t.size() < 1 << 17 {
+            // The CPU backend's table: an f16 for each of the 65,536 f16 values.
+            let need = std::mem::size_of_val(crate::runtime::cpu::gelu_table()) as u64;
+            if t.size() < need {
                 return Err(shape_err(
                     OP,
                     &w.name,
                     w.rows,
                     w.cols,
-                    format!("a GELU table of {} bytes; 131072 needed", t.size()),
+                    format!("a GELU table of {} bytes; {need} needed", t.size()),
                 ));
             }
         }
