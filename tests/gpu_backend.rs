@@ -308,15 +308,25 @@ fn smollm2_gpu_equals_cpu_packed_and_palettized() {
         TOL,
         &opts,
     );
-    // Without the gate/up products with SwiGLU folded in (rows_swiglu.wgsl): the product,
-    // then op_swiglu.
+    // Without the gate/up products with SwiGLU folded in (rows_swiglu.wgsl, with or without
+    // the norm): the product, then op_swiglu.
     without_fused_kernels_the_same_bits(
         "SmolLM2 Q4_1 without the SwiGLU products",
         &b,
         &opts,
         "SmolLM2-135M-Instruct.Q4_1",
-        &|n| n.starts_with("weights_") && n.ends_with("_swiglu"),
-        "_swiglu ",
+        &|n| n.starts_with("weights_") && (n.ends_with("_swiglu") || n.ends_with("_swiglu_rms")),
+        &|l| l.starts_with("weights_") && l.contains("_swiglu"),
+    );
+    // Without the products with the RMSNorm folded in (x_rms.wgsl): op_rms_norm, then the
+    // product.
+    without_fused_kernels_the_same_bits(
+        "SmolLM2 Q4_1 without the norm-folded products",
+        &b,
+        &opts,
+        "SmolLM2-135M-Instruct.Q4_1",
+        &|n| n.starts_with("weights_") && n.ends_with("_rms"),
+        &|l| l.starts_with("weights_") && l.contains("_rms "),
     );
     let (_d, b) = make_bundle(
         &[
@@ -358,6 +368,16 @@ fn qwen2_gpu_equals_cpu() {
     let ids: Vec<u32> = (0..100u32).map(|i| (i * 7919 + 13) % 150000).collect();
     check_prefill_logits("Qwen2.5-0.5B", &b, &opts, &ids, 10, QWEN_SPAN_TOL);
     check_prefill_logits("Qwen2.5-0.5B", &b, &opts, &ids, 70, QWEN_SPAN_TOL);
+    // Without the products with the RMSNorm folded in (x_rms.wgsl; Q/K/V with their biases
+    // in the epilogue, stacked or not): op_rms_norm, then the products.
+    without_fused_kernels_the_same_bits(
+        "Qwen2.5-0.5B without the norm-folded products",
+        &b,
+        &opts,
+        "qwen2.5-coder-0.5b-instruct-q4_k_m",
+        &|n| n.starts_with("weights_") && n.ends_with("_rms"),
+        &|l| l.starts_with("weights_") && l.contains("_rms "),
+    );
 }
 
 #[test]
@@ -382,7 +402,7 @@ fn gemma3_gpu_equals_cpu() {
         &opts,
         "gemma-3-270m-q4_k_m",
         &|n| n == "op_rms_norm_add",
-        "op_rms_norm_add",
+        &|l| l.starts_with("op_rms_norm_add"),
     );
     // Without the gate/up products with GELU gating folded in (rows_geglu.wgsl; its Q5_0
     // gate/up): the product, then op_geglu.
@@ -392,7 +412,7 @@ fn gemma3_gpu_equals_cpu() {
         &opts,
         "gemma-3-270m-q4_k_m",
         &|n| n.starts_with("weights_") && n.ends_with("_geglu"),
-        "_geglu ",
+        &|l| l.starts_with("weights_") && l.contains("_geglu "),
     );
 }
 
@@ -400,14 +420,14 @@ fn gemma3_gpu_equals_cpu() {
 /// bundle's sources): the host runs the ops it fuses on their own, whose arithmetic the
 /// fused kernel repeats, so every step's logits are the fused graph's bit for bit (a prompt
 /// of several tokens through the prefill graph, then 4 decode steps); the fused graph has
-/// decode dispatches whose label contains `fused_label`, and fewer of them in all.
+/// decode dispatches whose label `fused` picks, and fewer dispatches in all.
 fn without_fused_kernels_the_same_bits(
     what: &str,
     b: &Path,
     opts: &LoadOptions,
     stem: &str,
     dropped: &dyn Fn(&str) -> bool,
-    fused_label: &str,
+    fused_label: &dyn Fn(&str) -> bool,
 ) {
     use lowbit::runtime::gpu::backend::GpuBackend;
     let model = runtime::open_model(b).unwrap();
@@ -421,7 +441,7 @@ fn without_fused_kernels_the_same_bits(
     };
     let mut fused = GpuBackend::new(runtime::open_model(b).unwrap(), opts).unwrap();
     let mut apart = GpuBackend::new(model, &older).unwrap();
-    let count = |labels: Vec<String>| labels.iter().filter(|l| l.contains(fused_label)).count();
+    let count = |labels: Vec<String>| labels.iter().filter(|l| fused_label(l)).count();
     assert!(
         count(fused.decode_labels()) > 0,
         "{what}: {:?}",

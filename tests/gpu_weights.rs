@@ -669,50 +669,6 @@ fn a_bundles_four_row_matvec_kernels_still_run() {
     }
 }
 
-/// A Q6_K weight of many rows (an output head: at least 8 x 1024 rows) takes the 8-row body
-/// (`weights_q6_k_matvec_r8_wg64_*`), matching the CPU and, bit for bit, the 2-row body a
-/// bundle made before it runs (each row's sum in the same order); fewer rows keep the 2-row
-/// body.
-#[test]
-fn a_q6_k_head_takes_the_wide_body_with_the_same_bits() {
-    let without: std::collections::HashMap<String, String> = gpu::kernels::all()
-        .into_iter()
-        .filter(|k| !k.name.starts_with("weights_q6_k_matvec_r8_"))
-        .map(|k| (k.name, k.wgsl))
-        .collect();
-    let older = contexts_with_sources(&without);
-    for (i, ctx) in contexts().into_iter().enumerate() {
-        let mut seed = 77u64;
-        for (rows, want) in [(8200usize, "_matvec_r8_"), (8184, "_matvec_r2_")] {
-            let host = Host::gguf(GgmlType::Q6_K, rows, 256, &mut seed);
-            let w = host.upload(ctx).unwrap();
-            let (xb, yb) = (xb_of(ctx, 256), ctx.vector_buffer("y", rows));
-            let label = ctx.bind_matmul(&w, &xb, &yb, 1).unwrap().label;
-            assert!(label.contains(want), "{rows} rows: {label}");
-            let mut s1 = seed;
-            let y = check_matmul(ctx, &host, &w, 1, &mut s1);
-            if let Some(old) = older.get(i) {
-                let wo = host.upload(old).unwrap();
-                let (xo, yo) = (xb_of(old, 256), old.vector_buffer("y", rows));
-                let label = old.bind_matmul(&wo, &xo, &yo, 1).unwrap().label;
-                assert!(label.contains("_matvec_r2_"), "{label}");
-                let mut s2 = seed;
-                let yo = check_matmul(old, &host, &wo, 1, &mut s2);
-                assert!(
-                    y.iter().zip(&yo).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{rows} rows on {}: the 8-row body's bits differ from the 2-row body's",
-                    ctx.info.name
-                );
-            }
-            seed = s1;
-        }
-    }
-}
-
-fn xb_of(ctx: &GpuContext, cols: usize) -> wgpu::Buffer {
-    ctx.upload_bytes("x", &vec![0u8; cols * 4]).unwrap()
-}
-
 /// Contexts (the subgroup and the workgroup reduction) compiling only `sources`, as a
 /// bundle's kernels; none without an adapter.
 fn contexts_with_sources(sources: &std::collections::HashMap<String, String>) -> Vec<GpuContext> {
@@ -943,6 +899,167 @@ fn swiglu_folded_into_the_gguf_product_is_silu_of_gate_times_up() {
     // The caller runs op_swiglu.
     glu_refusals("swiglu", GgmlType::Q4_1, &mut seed, &|ctx, w, x, y| {
         ctx.bind_matvec_fused(w, x, y, fuse, None).unwrap()
+    });
+}
+
+/// op_rms_norm of one row `x` (`len` values) with weight `w` into a new buffer, on the GPU.
+fn gpu_rms_norm(
+    ctx: &GpuContext,
+    x: &wgpu::Buffer,
+    w: &wgpu::Buffer,
+    len: usize,
+    eps: f32,
+) -> wgpu::Buffer {
+    let out = ctx.vector_buffer("h", len);
+    let p = ctx.uniform(
+        "params",
+        bytemuck::cast_slice(&[len as u32, eps.to_bits(), 1, 0]),
+    );
+    let st = ctx.uniform("step", bytemuck::cast_slice(&[0u32, 1, 0, 0]));
+    let op = ctx
+        .bind_op("op_rms_norm", &[x, w, &out, &p, &st], (1, 1, 1))
+        .unwrap();
+    let mut enc = ctx
+        .device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        op.encode(&mut pass);
+    }
+    ctx.queue.submit([enc.finish()]);
+    out
+}
+
+/// The RMSNorm of x folded into the single-token GGUF products of matvec_quads.wgsl
+/// (x_rms.wgsl, the `_rms` kernels): the plain product (store and bias epilogues) and the
+/// SwiGLU one, bit for bit op_rms_norm followed by the product without the norm, at widths
+/// under, at and past op_rms_norm's 256 partial sums and the 1024 values a pass of its
+/// loads takes (64 to 4096), both reductions, up to `NORM_FOLD_MAX_WORKGROUPS`
+/// workgroups. Where it does not apply (no four-invocation body, GELU gating, more
+/// workgroups than that, a bundle without the kernels) `None`; a norm weight too short or a
+/// bias that does not go with the epilogue is refused.
+#[test]
+fn a_norm_folded_into_the_gguf_product_keeps_the_bits_of_the_norm_then_the_product() {
+    use gpu::ops::BufView;
+    use gpu::Epilogue;
+    let mut seed = 41u64;
+    let eps = 1e-6f32;
+    for ctx in contexts() {
+        for (ty, rows, cols) in [
+            (GgmlType::Q5_0, 40, 896),
+            (GgmlType::Q4_1, 2048, 576),
+            (GgmlType::Q8_0, 9, 64),
+            (GgmlType::F16, 5, 4096),
+            (GgmlType::Q8_0, 3, 320),
+        ] {
+            let what = format!("{ty:?} {rows} x {cols} on {}", ctx.info.name);
+            let host = Host::gguf(ty, rows, cols, &mut seed);
+            let w = host.upload(ctx).unwrap();
+            let x: Vec<f32> = random_x(cols, &mut seed).iter().map(|v| v * 7.0).collect();
+            let nw: Vec<f32> = random_x(cols, &mut seed).iter().map(|v| 1.0 + v).collect();
+            let bias = random_x(rows, &mut seed);
+            let xb = ctx.upload_bytes("x", bytemuck::cast_slice(&x)).unwrap();
+            let nb = ctx.upload_bytes("norm", bytemuck::cast_slice(&nw)).unwrap();
+            let bb = ctx
+                .upload_bytes("bias", bytemuck::cast_slice(&bias))
+                .unwrap();
+            let hb = gpu_rms_norm(ctx, &xb, &nb, cols, eps);
+            for (epilogue, b) in [(Epilogue::Store, None), (Epilogue::Bias, Some(&bb))] {
+                let (y1, y2) = (ctx.vector_buffer("y", rows), ctx.vector_buffer("y", rows));
+                let plain = match b {
+                    Some(b) => ctx.bind_matmul_bias(&w, &hb, &BufView::whole(&y1), 1, b),
+                    None => ctx.bind_matmul(&w, &hb, &y1, 1),
+                }
+                .unwrap();
+                let folded = ctx
+                    .bind_matvec_norm(&w, &xb, &BufView::whole(&y2), epilogue, b, (&nb, eps))
+                    .unwrap()
+                    .unwrap_or_else(|| panic!("{what}: no folded product"));
+                assert!(
+                    folded.label.contains("_matvec_r2_wg64_"),
+                    "{}",
+                    folded.label
+                );
+                assert!(folded.label.contains("_rms "), "{}", folded.label);
+                let (want, got) = (
+                    run_read(ctx, &plain, &y1, rows),
+                    run_read(ctx, &folded, &y2, rows),
+                );
+                for (r, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        e.to_bits(),
+                        "{what} {epilogue:?}: row {r}: folded {g} against the norm then the product {e}"
+                    );
+                }
+                // The products are not trivially equal: the plain one from x differs.
+                let raw = ctx.run_matmul(&w, &x, 1).unwrap();
+                assert!(raw.iter().zip(&want).any(|(a, b)| a != b), "{what}");
+            }
+            // SwiGLU with the norm: a gate/up stack of this type.
+            let (_, gu) = gate_up_stack(ctx, ty, rows, cols, &mut seed);
+            let (y1, y2) = (ctx.vector_buffer("y", rows), ctx.vector_buffer("y", rows));
+            let plain = ctx
+                .bind_gguf_glu(&gu, &hb, &BufView::whole(&y1), None)
+                .unwrap()
+                .expect("the SwiGLU product");
+            let folded = ctx
+                .bind_gguf_glu_norm(&gu, &xb, &BufView::whole(&y2), None, Some((&nb, eps)))
+                .unwrap()
+                .unwrap_or_else(|| panic!("{what}: no folded SwiGLU product"));
+            assert!(folded.label.contains("_swiglu_rms "), "{}", folded.label);
+            let (want, got) = (
+                run_read(ctx, &plain, &y1, rows),
+                run_read(ctx, &folded, &y2, rows),
+            );
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: the folded SwiGLU product's bits differ"
+            );
+            // GELU gating has no `_rms` kernel; a short norm weight and a stray bias are
+            // refused.
+            let tb = ctx.vector_buffer("table", 65536 / 2);
+            let y = BufView::whole(&y2);
+            let geglu = ctx.bind_gguf_glu_norm(&gu, &xb, &y, Some(&tb), Some((&nb, eps)));
+            assert!(geglu.unwrap().is_none(), "{what}: GELU gating with a norm");
+            let short = ctx.vector_buffer("norm", cols - 4);
+            let err = ctx
+                .bind_matvec_norm(&w, &xb, &y, Epilogue::Store, None, (&short, eps))
+                .err()
+                .unwrap_or_else(|| panic!("{what}: a short norm weight bound"));
+            assert!(err.to_string().contains("RMSNorm weight"), "{err}");
+            let err = ctx
+                .bind_matvec_norm(&w, &xb, &y, Epilogue::Store, Some(&bb), (&nb, eps))
+                .err()
+                .unwrap_or_else(|| panic!("{what}: a bias with the store epilogue bound"));
+            assert!(err.to_string().contains("bias"), "{err}");
+        }
+    }
+    // More workgroups than the fold pays for: `None` (a gate/up stack of F rows has F).
+    for ctx in contexts() {
+        let f = weights::NORM_FOLD_MAX_WORKGROUPS + 1;
+        let (_, gu) = gate_up_stack(ctx, GgmlType::Q8_0, f, 64, &mut seed);
+        let (xb, nb) = (ctx.vector_buffer("x", 64), ctx.vector_buffer("norm", 64));
+        let yb = ctx.vector_buffer("y", 2 * f);
+        let y = BufView::whole(&yb);
+        let glu = ctx.bind_gguf_glu_norm(&gu, &xb, &y, None, Some((&nb, eps)));
+        assert!(glu.unwrap().is_none(), "a SwiGLU stack of {f} rows");
+        // 2f rows, two a workgroup.
+        let plain = ctx.bind_matvec_norm(&gu, &xb, &y, Epilogue::Store, None, (&nb, eps));
+        assert!(plain.unwrap().is_none(), "{} rows", 2 * f);
+    }
+    // No four-invocation body, or a bundle without the `_rms` kernels: `None`.
+    glu_refusals("swiglu_rms", GgmlType::Q4_1, &mut seed, &|ctx, w, x, y| {
+        let n = ctx.vector_buffer("norm", w.cols);
+        ctx.bind_gguf_glu_norm(w, x, y, None, Some((&n, eps)))
+            .unwrap()
+    });
+    glu_refusals("rms", GgmlType::Q4_1, &mut seed, &|ctx, w, x, y| {
+        let n = ctx.vector_buffer("norm", w.cols);
+        ctx.bind_matvec_norm(w, x, y, Epilogue::Store, None, (&n, eps))
+            .unwrap()
     });
 }
 

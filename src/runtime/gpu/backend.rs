@@ -21,7 +21,7 @@
 
 use super::kernels::COMBINE_Q8;
 use super::ops::{self, grid_1d, Bindable, BufView, OpDispatch, Step, MAX_HEAD_DIM};
-use super::weights::{Bound, GpuWeight};
+use super::weights::{Bound, GpuWeight, WeightFormat};
 use super::{q8_quantize_name, ContextOptions, Epilogue, Fuse, GpuContext, GpuError};
 use crate::arch::{Activation, RopeMode};
 use crate::runtime::model::{Model, Weight};
@@ -295,7 +295,14 @@ impl GpuBackend {
             force_workgroup_reduction: opts.gpu_no_subgroups,
             int8: opts.kernel == crate::runtime::Kernel::Int8,
             max_binding_bytes: opts.gpu_max_binding_bytes,
-            ..Default::default()
+            // The bundle's kernels that are this binary's own, byte for byte, without wgpu's
+            // bounds checks on each array access (the host checks every binding against the
+            // shapes; on an H100 decode of the shape copies took 14-22% less time so, prompts
+            // 37-84%: BENCHMARKS.md); other sources keep them. Measuring knobs:
+            // `LOWBIT_GPU_CHECKED=1` keeps the checks everywhere, `LOWBIT_GPU_UNCHECKED=1`
+            // drops them everywhere.
+            unchecked_shaders: std::env::var("LOWBIT_GPU_UNCHECKED").is_ok_and(|v| v == "1"),
+            unchecked_builtin: std::env::var("LOWBIT_GPU_CHECKED").map_or(true, |v| v != "1"),
         })
         .map_err(gpu_err)?;
         let hp = model.layout.hyper.clone();
@@ -1043,6 +1050,10 @@ fn build_graph(
         "glu" => (false, true),
         _ => (int8, true),
     };
+    // The norms into the GGUF products of matvec_quads.wgsl (x_rms.wgsl: each workgroup
+    // computes the norm of x itself, op_rms_norm's bits; K is small in the models that have
+    // them, 576 to 896): by default and with `norm` and `all`.
+    let fold_gguf_norm = !matches!(fold.as_str(), "none" | "glu");
     // Decode: the products of the weights into their parts with the RMSNorm of x (`norm`:
     // its weight) and/or SwiGLU (`swiglu`) folded in, where every weight has such a kernel
     // here; `None` where one has not (the caller dispatches the ops on their own).
@@ -1142,9 +1153,14 @@ fn build_graph(
         )?);
         Ok(next.is_some())
     };
+    // Whether products `ws` are int8-capable ternary ones, whose quantize dispatch takes the
+    // norm with `fold_norm` (x itself, not its norm): a post-norm op then leaves the next
+    // norm to them. Other products take the norm `op_rms_norm_add` writes with the post-norm
+    // (no dispatch of its own; better than each workgroup computing it, x_rms.wgsl).
+    let ternary = |ws: &[GpuWeight]| ws.iter().any(|w| w.format == WeightFormat::Ternary);
     // Whether a.h holds the norm the next layer's attention (or this layer's FFN) starts
     // with, written by `op_rms_norm_add`: only where that norm is an op of its own
-    // (`fold_norm` puts it in the products' quantize dispatch instead).
+    // (`fold_norm` puts it in the int8 ternary products' quantize dispatch instead).
     let mut h_ready = false;
 
     items.push(Item::Weight(
@@ -1164,20 +1180,50 @@ fn build_graph(
     // `LOWBIT_GPU_BIAS_EPILOGUE=0` keeps op_bias_add for Q/K/V's biases (a benchmarking knob;
     // below).
     let bias_epilogue = std::env::var("LOWBIT_GPU_BIAS_EPILOGUE").map_or(true, |v| v != "0");
+    // One token's stacked Q/K/V product from x with the attention norm folded in
+    // (`GpuContext::bind_matvec_norm`), the stacked biases in its epilogue unless
+    // `bias_epilogue` is off, and whether they are there; `None` where it does not apply:
+    // a weight without such a kernel, a norm fold that does not pay there, or Q/K/V as three
+    // products, which would each compute the norm (Qwen2.5-0.5B's Q5_0, Q5_0 and Q8_0 took
+    // 34.7 us so against 33.3 with the norm's own dispatch on an H100, BENCHMARKS.md).
+    let gguf_qkv_norm = |lw: &LayerWeights, lv: &LayerVecs| {
+        let [w] = &lw.qkv[..] else {
+            return Ok(None);
+        };
+        let (epilogue, bias) = match &lv.bqkv {
+            Some(b) if bias_epilogue => (Epilogue::Bias, Some(b)),
+            _ => (Epilogue::Store, None),
+        };
+        // The parts one after another from the buffer's start.
+        let whole = BufView::whole(&a.q.buffer);
+        let norm = (&lv.attn_norm, hp.norm_eps);
+        Ok::<_, RuntimeError>(
+            ctx.bind_matvec_norm(w, &a.x, &whole, epilogue, bias, norm)
+                .map_err(gpu_err)?
+                .map(|b| (vec![Item::Weight(b)], bias.is_some())),
+        )
+    };
     for il in 0..hp.n_layer {
         let (lw, lv) = (&sh.layers[il], &sh.vecs[il]);
         let mut bias_done = false;
-        let folded = if fold_norm {
-            mm_fused(
+        // GGUF Q/K/V products of matvec_quads.wgsl with the norm folded in, the biases in
+        // their epilogue as below; else (`fold_norm`) the int8 ternary ones.
+        let mut folded = None;
+        if s == 1 && fold_gguf_norm && !h_ready {
+            if let Some((items, biased)) = gguf_qkv_norm(lw, lv)? {
+                folded = Some(items);
+                bias_done = biased;
+            }
+        }
+        if folded.is_none() && fold_norm && !h_ready && ternary(&lw.qkv) {
+            folded = mm_fused(
                 &lw.qkv,
                 &a.x,
                 &[&a.q, &a.k, &a.v],
                 Some(&lv.attn_norm),
                 false,
-            )?
-        } else {
-            None
-        };
+            )?;
+        }
         match folded {
             Some(fused) => items.extend(fused),
             None => {
@@ -1312,7 +1358,7 @@ fn build_graph(
                     (nh as u32, n_tok, 1),
                 )?);
                 items.push(mm(&lw.wo, &a.attn, &a.o, n_tok)?);
-                let next = (!fold_norm).then_some(&lv.ffn_norm);
+                let next = (!fold_norm || !ternary(&lw.gate_up)).then_some(&lv.ffn_norm);
                 h_ready = post_norm_add(&mut items, &a.o, w, next)?;
             }
             None => {
@@ -1387,8 +1433,20 @@ fn build_graph(
                 glu_done = true;
             }
         }
+        // The norm folded into gate/up: int8 ternary products (`fold_norm`) or one GGUF
+        // product of matvec_quads.wgsl (`fold_gguf_norm`; `bind_gguf_glu_norm` and
+        // `bind_matvec_norm` decline where it does not pay), x not yet normalized by a
+        // post-norm op. (Not GGUF products under `fold_norm`: three Q/K/V products would
+        // each compute the norm and take their biases as ops.)
+        let gguf = lw.gate_up.len() == 1 && lw.gate_up[0].format != WeightFormat::Ternary;
+        let norm_into_gate_up =
+            !h_ready && ((fold_norm && ternary(&lw.gate_up)) || (fold_gguf_norm && gguf));
         if fold_glu && sh.gelu.is_none() && lw.gate_up.len() == 1 {
-            let forms: &[bool] = if fold_norm { &[true, false] } else { &[false] };
+            let forms: &[bool] = if norm_into_gate_up {
+                &[true, false]
+            } else {
+                &[false]
+            };
             for &with_norm in forms {
                 let (input, norm) = if with_norm {
                     (&a.x, Some(&lv.ffn_norm))
@@ -1406,7 +1464,7 @@ fn build_graph(
             }
         }
         if !glu_done {
-            let folded = if fold_norm {
+            let folded = if norm_into_gate_up {
                 mm_fused(&lw.gate_up, &a.x, &[&a.g, &a.u], Some(&lv.ffn_norm), false)?
             } else {
                 None
@@ -1432,7 +1490,9 @@ fn build_graph(
             Some(w) => {
                 items.push(mm(&lw.w_down, g_buf, &a.o, n_tok)?);
                 let next = match sh.vecs.get(il + 1) {
-                    Some(nv) if !fold_norm => Some(&nv.attn_norm),
+                    Some(nv) if !fold_norm || !ternary(&sh.layers[il + 1].qkv) => {
+                        Some(&nv.attn_norm)
+                    }
                     _ => None,
                 };
                 h_ready = post_norm_add(&mut items, &a.o, w, next)?;

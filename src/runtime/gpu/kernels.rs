@@ -77,6 +77,15 @@ pub fn ternary_matvec_configs() -> Vec<MatvecConfig> {
 /// ([`super::combine_q8_source`]).
 pub const COMBINE_Q8: &str = "op_attention_combine_q8";
 
+/// Whether `wgsl` is this binary's own source of kernel `name` ([`all`], byte for byte).
+pub fn is_builtin(name: &str, wgsl: &str) -> bool {
+    static BUILTIN: std::sync::OnceLock<HashMap<String, String>> = std::sync::OnceLock::new();
+    BUILTIN
+        .get_or_init(|| all().into_iter().map(|k| (k.name, k.wgsl)).collect())
+        .get(name)
+        .is_some_and(|s| s == wgsl)
+}
+
 /// Every module, sorted by name.
 pub fn all() -> Vec<KernelSource> {
     let mut v: Vec<KernelSource> = ternary_matvec_configs()
@@ -123,6 +132,26 @@ mod tests {
         for reduction in [super::Reduction::Subgroup, super::Reduction::Workgroup] {
             let d = super::super::decode_matvec_config(reduction).name();
             assert!(all.iter().any(|k| k.name == d), "{d} not registered");
+        }
+    }
+
+    /// Only this binary's own source of a kernel, byte for byte, counts as built in (the
+    /// sources compiled without bounds checks by default).
+    #[test]
+    fn only_this_binarys_own_sources_are_built_in() {
+        let all = super::all();
+        for k in [&all[0], &all[all.len() / 2], &all[all.len() - 1]] {
+            assert!(super::is_builtin(&k.name, &k.wgsl), "{}", k.name);
+            assert!(
+                !super::is_builtin(&k.name, &format!("{}\n", k.wgsl)),
+                "{}",
+                k.name
+            );
+            assert!(
+                !super::is_builtin(&format!("{}_", k.name), &k.wgsl),
+                "{}",
+                k.name
+            );
         }
     }
 }

@@ -2561,6 +2561,10 @@ pub struct ContextOptions {
     /// Compile the kernels without wgpu's bounds checks on every array access (the host
     /// checks every buffer against the shapes before binding; benchmarks compare both).
     pub unchecked_shaders: bool,
+    /// Compile without those checks only the kernels whose source is this binary's own
+    /// ([`kernels::all`], byte for byte: code this build is tested with, on buffers the host
+    /// checks before binding); any other source (a bundle made by another build) keeps them.
+    pub unchecked_builtin: bool,
     /// The WGSL modules to compile from, by name (a bundle's, after its hash checks); `None`:
     /// the ones built into this binary ([`kernels::all`]).
     pub sources: Option<HashMap<String, String>>,
@@ -2629,6 +2633,8 @@ pub struct GpuContext {
     placeholder: wgpu::Buffer,
     pipelines: Mutex<HashMap<String, wgpu::ComputePipeline>>,
     unchecked_shaders: bool,
+    /// [`ContextOptions::unchecked_builtin`].
+    unchecked_builtin: bool,
     /// [`ContextOptions::force_workgroup_reduction`].
     force_workgroup_reduction: bool,
     /// [`ContextOptions::int8`].
@@ -2712,6 +2718,7 @@ impl GpuContext {
             ternary_pipeline_layout,
             pipelines: Mutex::new(HashMap::new()),
             unchecked_shaders: opts.unchecked_shaders,
+            unchecked_builtin: opts.unchecked_builtin,
             force_workgroup_reduction: opts.force_workgroup_reduction,
             int8: opts.int8,
             f16_in_f32,
@@ -3093,10 +3100,13 @@ impl GpuContext {
             label: Some(name),
             source: wgpu::ShaderSource::Wgsl(src.into()),
         };
-        let module = if self.unchecked_shaders {
+        let unchecked =
+            self.unchecked_shaders || (self.unchecked_builtin && kernels::is_builtin(name, src));
+        let module = if unchecked {
             // SAFETY: every index the kernels form is inside its buffer for the shapes the
             // host checks before binding (each `bind_*` checks buffer sizes against shapes;
-            // rows past the end are clamped to the last row).
+            // rows past the end are clamped to the last row). By default only this binary's
+            // own sources come here (`unchecked_builtin`), which its tests run unchecked.
             unsafe {
                 self.device
                     .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())

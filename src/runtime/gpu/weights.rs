@@ -153,9 +153,18 @@ use crate::ggml::GgmlType;
 const COMMON_WGSL: &str = include_str!("shaders/weights/common.wgsl");
 const MATVEC_WGSL: &str = include_str!("shaders/weights/matvec.wgsl");
 const MATVEC_QUADS_WGSL: &str = include_str!("shaders/weights/matvec_quads.wgsl");
+/// How matvec_quads.wgsl reads x: as it is, or with the RMSNorm folded in (the `_rms`
+/// kernels).
+const X_PLAIN_WGSL: &str = include_str!("shaders/weights/x_plain.wgsl");
+const X_RMS_WGSL: &str = include_str!("shaders/weights/x_rms.wgsl");
+// x_rms.wgsl keeps four of op_rms_norm's 256 partial sums an invocation: 64 invocations.
+const _: () = assert!(WORKGROUP == 64);
 /// The single-token body of Q6_K (each `ql` and `qh` byte read once; matvec.wgsl's bindings,
 /// grid and reduction).
 const MATVEC_Q6_K_WGSL: &str = include_str!("shaders/weights/matvec_q6_k.wgsl");
+/// The single-token body of Q4_K (each `qs` byte read once, each sub-block's scale and min
+/// applied once per task; matvec.wgsl's bindings, grid and reduction).
+const MATVEC_Q4_K_WGSL: &str = include_str!("shaders/weights/matvec_q4_k.wgsl");
 const MATMUL_WGSL: &str = include_str!("shaders/weights/matmul.wgsl");
 const MATMUL_TILE_WGSL: &str = include_str!("shaders/weights/matmul_tile.wgsl");
 const GATHER_WGSL: &str = include_str!("shaders/weights/gather.wgsl");
@@ -184,20 +193,20 @@ const QUADS_MARK: &str = "const QUAD_TASKS: u32 = 4u;";
 /// against 323 (an `_r8_` body: 432 and 307; BENCHMARKS.md).
 pub const LEGACY_MATVEC_ROWS: u32 = 4;
 
-/// Rows per workgroup of Q6_K's single-token body for a weight of many rows (at least
-/// [`Q6_K_WIDE_ROWS`] x [`MATVEC_MIN_WORKGROUPS`]: an output head), kernels
-/// `weights_q6_k_matvec_r8_wg64_{sg|wg}`. Each task's loads are issued for every row before
-/// any arithmetic, so more rows keep more loads in flight: the 8B shape's 73,448 x 4,096
-/// Q6_K head took 206 us at 2 rows a workgroup on an H100 and an H200 alike (1.2 TB/s,
-/// latency-bound) and 391 at 1 (BENCHMARKS.md).
-pub const Q6_K_WIDE_ROWS: u32 = 8;
+/// The most workgroups a single-token product with the RMSNorm folded in (x_rms.wgsl) may
+/// have: each workgroup computes the norm again, which costs more than the norm's own
+/// dispatch saves where there are many. On an H100 SmolLM2's folded Q/K/V (960 workgroups)
+/// and SwiGLU gate/up (1536) and Qwen2.5-0.5B's stacked Q/K/V (1152) gained (decode +8.8%
+/// on SmolLM2), Qwen2.5's SwiGLU gate/up (4864) did not (25.0 us against 16.5 + 8.6).
+/// `LOWBIT_GPU_NORM_FOLD_MAX=N` sets another bound (a measuring knob).
+pub const NORM_FOLD_MAX_WORKGROUPS: usize = 2048;
 
-/// The registered name of Q6_K's single-token product with [`Q6_K_WIDE_ROWS`] rows.
-fn q6_k_wide_name(reduction: Reduction) -> String {
-    name_of(Decoder::Gguf(GgmlType::Q6_K), WeightOp::Matvec, reduction).replace(
-        &format!("_matvec_r{MATVEC_ROWS}_"),
-        &format!("_matvec_r{Q6_K_WIDE_ROWS}_"),
-    )
+/// [`NORM_FOLD_MAX_WORKGROUPS`], or `LOWBIT_GPU_NORM_FOLD_MAX`.
+fn norm_fold_max_workgroups() -> usize {
+    std::env::var("LOWBIT_GPU_NORM_FOLD_MAX")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(NORM_FOLD_MAX_WORKGROUPS)
 }
 
 /// Workgroups below which [`matvec_split`] gives a workgroup fewer rows than
@@ -578,7 +587,9 @@ impl Decoder {
     /// through the decoder's `quads`). Not Q4_K and Q5_K: there each task decoded its
     /// sub-block's 6-bit scale and min again (four byte reads), and on an H200 Qwen2.5-0.5B's
     /// Q4_K down product took 22.0 us that way against 19.8 with matvec.wgsl (BENCHMARKS.md),
-    /// where the 32-element blocks' products halved.
+    /// where the 32-element blocks' products halved. Q4_K has a body of its own instead
+    /// (matvec_q4_k.wgsl: tasks of 16 weights of two sub-blocks, each scale and min applied
+    /// once per task), as Q6_K has (matvec_q6_k.wgsl).
     fn has_quads(self) -> bool {
         use GgmlType::*;
         matches!(
@@ -657,15 +668,22 @@ fn name_of(d: Decoder, op: WeightOp, reduction: Reduction) -> String {
 /// The complete module of a kernel: its constants, common.wgsl, the decoder, the body and
 /// (products) the reduction.
 fn source_of(d: Decoder, op: WeightOp, reduction: Reduction) -> String {
-    source_with_rows(
+    source_variant(
         d,
         op,
         reduction,
-        MATVEC_ROWS,
         name_of(d, op, reduction),
-        true,
-        None,
+        Variant::STANDARD,
     )
+}
+
+/// The optional bindings of a weight kernel's bind group: store.wgsl's bias (6), rows_geglu's
+/// GELU table (7), x_rms.wgsl's norm weight (8).
+#[derive(Clone, Copy, Default)]
+struct Slots<'a> {
+    bias: Option<&'a wgpu::Buffer>,
+    table: Option<&'a wgpu::Buffer>,
+    norm: Option<&'a wgpu::Buffer>,
 }
 
 /// The gating a stacked gate/up weight's single-token product can have folded in (for the
@@ -697,16 +715,31 @@ fn glu_name(d: Decoder, reduction: Reduction, glu: Glu) -> String {
 }
 
 fn glu_source(d: Decoder, reduction: Reduction, glu: Glu) -> String {
-    source_with_rows(
+    let v = Variant {
+        glu: Some(glu),
+        ..Variant::STANDARD
+    };
+    source_variant(
         d,
         WeightOp::Matvec,
         reduction,
-        MATVEC_ROWS,
         glu_name(d, reduction, glu),
-        true,
-        Some(glu),
+        v,
     )
 }
+
+/// The registered name of a single-token product with the RMSNorm of x folded in (x_rms.wgsl):
+/// the plain (`glu` None) or SwiGLU kernel's name and `_rms`.
+fn rms_name(d: Decoder, reduction: Reduction, glu: Option<Glu>) -> String {
+    match glu {
+        None => format!("{}_rms", name_of(d, WeightOp::Matvec, reduction)),
+        Some(g) => format!("{}_rms", glu_name(d, reduction, g)),
+    }
+}
+
+/// The gating of the `_rms` kernels: none or SwiGLU. (Gemma 3's GELU-gated FFN has its norm
+/// in the post-norm op of the layer before, `op_rms_norm_add`: no `_rms` gating kernel.)
+const RMS_GLUS: [Option<Glu>; 2] = [None, Some(Glu::Swiglu)];
 
 /// The text of WGSL function `name` in `src`, from its `fn` line to its closing brace at the
 /// start of a line (the op modules' `f32_to_f16_bits` for rows_geglu.wgsl: the weights' own
@@ -747,35 +780,57 @@ fn older_matvec_sources(rows: u32, keep: fn(Decoder) -> bool) -> Vec<KernelSourc
                 &format!("_matvec_r{MATVEC_ROWS}_"),
                 &format!("_matvec_r{rows}_"),
             );
-            let wgsl = source_with_rows(
-                d,
-                WeightOp::Matvec,
-                reduction,
+            let older = Variant {
                 rows,
-                name.clone(),
-                false,
-                None,
-            );
+                quads: false,
+                ..Variant::STANDARD
+            };
+            let wgsl = source_variant(d, WeightOp::Matvec, reduction, name.clone(), older);
             v.push(KernelSource { name, wgsl });
         }
     }
     v
 }
 
-/// [`source_of`] with `matvec_rows` rows a workgroup in the single-token body (its `ROWS` and
-/// the count its template is expanded with), the kernel named `name`, (`quads` false)
-/// matvec.wgsl as the single-token body even where the decoder's is matvec_quads.wgsl, and
-/// (`glu`) rows_swiglu.wgsl or rows_geglu.wgsl (with ops/common.wgsl's `f32_to_f16_bits`)
-/// in place of rows.wgsl.
-fn source_with_rows(
+/// What a product's module is made of beyond its decoder, operation and reduction.
+#[derive(Clone, Copy, Debug)]
+struct Variant {
+    /// Rows a workgroup of the single-token body (its `ROWS`, the count its template is
+    /// expanded with).
+    rows: u32,
+    /// false: matvec.wgsl as the single-token body even where the decoder's is
+    /// matvec_quads.wgsl or matvec_q4_k.wgsl (a bundle made before those carries it).
+    quads: bool,
+    /// rows_swiglu.wgsl or rows_geglu.wgsl (with ops/common.wgsl's `f32_to_f16_bits`) in
+    /// place of rows.wgsl.
+    glu: Option<Glu>,
+    /// x_rms.wgsl (the RMSNorm of x folded in) in place of x_plain.wgsl (matvec_quads.wgsl).
+    rms: bool,
+}
+
+impl Variant {
+    const STANDARD: Variant = Variant {
+        rows: MATVEC_ROWS,
+        quads: true,
+        glu: None,
+        rms: false,
+    };
+}
+
+/// The complete module of kernel `name`: [`source_of`] as `v` varies it.
+fn source_variant(
     d: Decoder,
     op: WeightOp,
     reduction: Reduction,
-    matvec_rows: u32,
     name: String,
-    quads: bool,
-    glu: Option<Glu>,
+    v: Variant,
 ) -> String {
+    let Variant {
+        rows: matvec_rows,
+        quads,
+        glu,
+        rms,
+    } = v;
     let geglu_rows;
     let rows_wgsl = match glu {
         None => ROWS_WGSL,
@@ -792,13 +847,17 @@ fn source_with_rows(
         WeightOp::Matvec | WeightOp::Matmul => {
             let (rows, tok, body) = if op == WeightOp::Matvec {
                 let body = match d {
-                    Decoder::Gguf(GgmlType::Q6_K) => MATVEC_Q6_K_WGSL,
-                    d if quads && d.has_quads() => MATVEC_QUADS_WGSL,
-                    _ => MATVEC_WGSL,
+                    Decoder::Gguf(GgmlType::Q6_K) => MATVEC_Q6_K_WGSL.to_string(),
+                    Decoder::Gguf(GgmlType::Q4_K) if quads => MATVEC_Q4_K_WGSL.to_string(),
+                    d if quads && d.has_quads() => {
+                        let x = if rms { X_RMS_WGSL } else { X_PLAIN_WGSL };
+                        format!("{MATVEC_QUADS_WGSL}\n{x}")
+                    }
+                    _ => MATVEC_WGSL.to_string(),
                 };
                 (matvec_rows, 1, body)
             } else {
-                (MATMUL_ROWS, MATMUL_TOKENS, MATMUL_WGSL)
+                (MATMUL_ROWS, MATMUL_TOKENS, MATMUL_WGSL.to_string())
             };
             (
                 format!("const ROWS: u32 = {rows}u;\nconst TOK: u32 = {tok}u;\nconst WG: u32 = {WORKGROUP}u;\n"),
@@ -815,22 +874,22 @@ fn source_with_rows(
         }
         WeightOp::Gather => (
             format!("const WG: u32 = {GATHER_WORKGROUP}u;\n"),
-            GATHER_WGSL,
+            GATHER_WGSL.to_string(),
             String::new(),
         ),
     };
     // The products' bodies are templates over their rows (and the multi-token one over its
     // tokens): matvec.wgsl, matvec_q6_k.wgsl, matmul.wgsl.
     let body = match op {
-        WeightOp::Matvec => super::ops::expand_for(body, &[("ROWS", matvec_rows as usize)]),
+        WeightOp::Matvec => super::ops::expand_for(&body, &[("ROWS", matvec_rows as usize)]),
         WeightOp::Matmul => super::ops::expand_for(
-            body,
+            &body,
             &[
                 ("ROWS", MATMUL_ROWS as usize),
                 ("TOK", MATMUL_TOKENS as usize),
             ],
         ),
-        WeightOp::Gather => body.to_string(),
+        WeightOp::Gather => body,
     };
     format!(
         "// {name}: generated by src/runtime/gpu/weights.rs from shaders/weights/\n{consts}\n{COMMON_WGSL}\n{}\n{body}\n{reduce}",
@@ -854,25 +913,23 @@ pub fn sources() -> Vec<KernelSource> {
                     wgsl: source_of(d, op, reduction),
                 });
             }
-            if d == Decoder::Gguf(GgmlType::Q6_K) {
-                v.push(KernelSource {
-                    name: q6_k_wide_name(reduction),
-                    wgsl: source_with_rows(
-                        d,
-                        WeightOp::Matvec,
-                        reduction,
-                        Q6_K_WIDE_ROWS,
-                        q6_k_wide_name(reduction),
-                        true,
-                        None,
-                    ),
-                });
-            }
             if d.has_quads() {
                 for glu in [Glu::Swiglu, Glu::Geglu] {
                     v.push(KernelSource {
                         name: glu_name(d, reduction, glu),
                         wgsl: glu_source(d, reduction, glu),
+                    });
+                }
+                for glu in RMS_GLUS {
+                    let name = rms_name(d, reduction, glu);
+                    let rms = Variant {
+                        glu,
+                        rms: true,
+                        ..Variant::STANDARD
+                    };
+                    v.push(KernelSource {
+                        wgsl: source_variant(d, WeightOp::Matvec, reduction, name.clone(), rms),
+                        name,
                     });
                 }
             }
@@ -1453,10 +1510,12 @@ impl GpuContext {
         })
     }
 
-    /// The uniform parameters of one chunk's dispatch (`Params` in common.wgsl; 56 bytes
+    /// The uniform parameters of one chunk's dispatch (`Params` in common.wgsl; 60 bytes
     /// padded to 64). `split`: the single-token body's lanes and rows per workgroup
     /// ([`matvec_split`]), or (WORKGROUP, the kernel's compiled rows) for the kernels that
-    /// read neither (the multi-token products, a bundle's kernels from before the split).
+    /// read neither (the multi-token products, a bundle's kernels from before the split);
+    /// `norm_eps`: the folded RMSNorm's eps (the `_rms` kernels; 0 elsewhere).
+    #[allow(clippy::too_many_arguments)]
     fn weight_params(
         &self,
         w: &GpuWeight,
@@ -1465,6 +1524,7 @@ impl GpuContext {
         n: u32,
         epilogue: Epilogue,
         split: (u32, u32),
+        norm_eps: f32,
     ) -> wgpu::Buffer {
         let (p0, p1) = match w.format {
             WeightFormat::Palette { group_size, .. } => {
@@ -1493,7 +1553,7 @@ impl GpuContext {
             scale.to_bits(),
             split.0,
             split.1,
-            0,
+            norm_eps.to_bits(),
             0,
         ];
         let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -1521,10 +1581,14 @@ impl GpuContext {
         params: &wgpu::Buffer,
         bias: Option<&wgpu::Buffer>,
     ) -> wgpu::BindGroup {
-        self.weight_bind_group_with(layout, w, c, input, output, params, bias, None)
+        let slots = Slots {
+            bias,
+            ..Slots::default()
+        };
+        self.weight_bind_group_with(layout, w, c, input, output, params, slots)
     }
 
-    /// [`Self::weight_bind_group`] with `table` at binding 7 (rows_geglu.wgsl's GELU table).
+    /// [`Self::weight_bind_group`] with the optional bindings `slots` names.
     #[allow(clippy::too_many_arguments)]
     fn weight_bind_group_with(
         &self,
@@ -1534,8 +1598,7 @@ impl GpuContext {
         input: &wgpu::Buffer,
         output: &dyn Bindable,
         params: &wgpu::Buffer,
-        bias: Option<&wgpu::Buffer>,
-        table: Option<&wgpu::Buffer>,
+        slots: Slots,
     ) -> wgpu::BindGroup {
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
@@ -1561,17 +1624,13 @@ impl GpuContext {
                 resource: params.as_entire_binding(),
             },
         ]);
-        if let Some(b) = bias {
-            entries.push(wgpu::BindGroupEntry {
-                binding: 6,
-                resource: b.as_entire_binding(),
-            });
-        }
-        if let Some(t) = table {
-            entries.push(wgpu::BindGroupEntry {
-                binding: 7,
-                resource: t.as_entire_binding(),
-            });
+        for (binding, b) in [(6, slots.bias), (7, slots.table), (8, slots.norm)] {
+            if let Some(b) = b {
+                entries.push(wgpu::BindGroupEntry {
+                    binding,
+                    resource: b.as_entire_binding(),
+                });
+            }
         }
         self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(&w.name),
@@ -1620,7 +1679,7 @@ impl GpuContext {
                 "the bias epilogue needs its vector: bind_matmul_bias".into(),
             ));
         }
-        self.bind_matmul_inner(w, x, y, n_tokens, epilogue, None)
+        self.bind_matmul_inner(w, x, y, n_tokens, epilogue, None, None)
     }
 
     /// [`GpuContext::bind_matmul_with`] with the bias add folded in: `y = W x + bias` per
@@ -1648,9 +1707,77 @@ impl GpuContext {
                 ),
             ));
         }
-        self.bind_matmul_inner(w, x, y, n_tokens, Epilogue::Bias, Some(bias))
+        self.bind_matmul_inner(w, x, y, n_tokens, Epilogue::Bias, Some(bias), None)
     }
 
+    /// One token's product of `w` with the RMSNorm of `x` folded in (x_rms.wgsl):
+    /// `y = W rms_norm(x, norm.0, eps = norm.1)` stored as `epilogue` says (with its `bias`
+    /// for [`Epilogue::Bias`]), the bits of `op_rms_norm` (one row) followed by the plain
+    /// product. `norm.0`: `w.cols` f32. Where it does not apply (a decoder without the
+    /// four-invocation body, a bundle made before the `_rms` kernels) `Ok(None)`: the caller
+    /// dispatches the norm and the product.
+    pub fn bind_matvec_norm(
+        &self,
+        w: &GpuWeight,
+        x: &wgpu::Buffer,
+        y: &BufView,
+        epilogue: Epilogue,
+        bias: Option<&wgpu::Buffer>,
+        norm: (&wgpu::Buffer, f32),
+    ) -> Result<Option<Bound>, GpuError> {
+        let d = Decoder::of(w.format);
+        if !(d.has_quads() && self.has_source(&rms_name(d, self.weight_reduction(), None))) {
+            return Ok(None);
+        }
+        let wg_rows = matvec_split(w.rows, w.cols, true).1.min(MATVEC_ROWS);
+        if w.rows.div_ceil(wg_rows as usize) > norm_fold_max_workgroups() {
+            return Ok(None);
+        }
+        self.check_norm_weight("weight matvec with RMSNorm", w, norm.0)?;
+        match (epilogue, bias) {
+            (Epilogue::Bias, Some(b)) if b.size() >= (w.rows * 4) as u64 => {}
+            (Epilogue::Bias, _) | (_, Some(_)) => {
+                return Err(shape_err(
+                    "weight matvec with RMSNorm",
+                    &w.name,
+                    w.rows,
+                    w.cols,
+                    format!(
+                        "a bias vector of {} bytes goes with the bias epilogue, and only with it",
+                        w.rows * 4
+                    ),
+                ))
+            }
+            _ => {}
+        }
+        self.bind_matmul_inner(w, x, y, 1, epilogue, bias, Some(norm))
+            .map(Some)
+    }
+
+    /// An RMSNorm weight folded into a product of `w` must hold `w.cols` f32.
+    fn check_norm_weight(
+        &self,
+        op: &'static str,
+        w: &GpuWeight,
+        norm: &wgpu::Buffer,
+    ) -> Result<(), GpuError> {
+        if norm.size() < (w.cols * 4) as u64 {
+            return Err(shape_err(
+                op,
+                &w.name,
+                w.rows,
+                w.cols,
+                format!(
+                    "an RMSNorm weight of {} bytes; {} needed",
+                    norm.size(),
+                    w.cols * 4
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn bind_matmul_inner(
         &self,
         w: &GpuWeight,
@@ -1659,6 +1786,7 @@ impl GpuContext {
         n_tokens: u32,
         epilogue: Epilogue,
         bias: Option<&wgpu::Buffer>,
+        norm: Option<(&wgpu::Buffer, f32)>,
     ) -> Result<Bound, GpuError> {
         const OP: &str = "weight matmul";
         let n = n_tokens as u64;
@@ -1716,19 +1844,9 @@ impl GpuContext {
             }
             let mut kernel = name_of(Decoder::of(w.format), op, reduction);
             let mut rows_cap = rows_per_wg;
-            // A Q6_K weight of many rows: the body with Q6_K_WIDE_ROWS rows, where the
-            // sources have it (a bundle made before it runs the 2-row one;
-            // `LOWBIT_GPU_Q6K_WIDE=0` too, a measuring knob).
-            let wide = op == WeightOp::Matvec
-                && std::env::var("LOWBIT_GPU_Q6K_WIDE").map_or(true, |v| v != "0")
-                && Decoder::of(w.format) == Decoder::Gguf(GgmlType::Q6_K)
-                && w.chunks
-                    .iter()
-                    .all(|c| c.rows.div_ceil(Q6_K_WIDE_ROWS as usize) >= MATVEC_MIN_WORKGROUPS)
-                && self.has_source(&q6_k_wide_name(reduction));
-            if wide {
-                kernel = q6_k_wide_name(reduction);
-                rows_cap = Q6_K_WIDE_ROWS;
+            if norm.is_some() {
+                // bind_matvec_norm checked the kernel is among the sources.
+                kernel = rms_name(Decoder::of(w.format), reduction, None);
             }
             if op == WeightOp::Matvec && !self.has_source(&kernel) {
                 // A bundle made before the body took MATVEC_ROWS rows carries it as `_r4_`.
@@ -1750,16 +1868,7 @@ impl GpuContext {
             };
             let split = if let Some(quads) = body {
                 let (lanes, wg_rows) = matvec_split(w.rows, w.cols, quads);
-                // The wide body keeps all its rows: every chunk has MATVEC_MIN_WORKGROUPS
-                // workgroups of them (above).
-                (
-                    lanes,
-                    if wide {
-                        rows_cap
-                    } else {
-                        wg_rows.min(rows_cap)
-                    },
-                )
+                (lanes, wg_rows.min(rows_cap))
             } else {
                 (WORKGROUP, rows_cap)
             };
@@ -1788,13 +1897,18 @@ impl GpuContext {
                 format!("{kernel} has no bias epilogue (a bundle's kernels from before it)"),
             ));
         }
+        let norm_eps = norm.map_or(0.0, |n| n.1);
         let mut parts = Vec::with_capacity(w.chunks.len());
         for c in &w.chunks {
             let groups = c.rows.div_ceil(split.1 as usize) as u64;
             let (gx, gy) = grid_or_limit(OP, groups)?;
-            let params = self.weight_params(w, c, gx, n_tokens, epilogue, split);
-            let slot = bias_slot.then(|| bias.unwrap_or(&self.placeholder));
-            let bg = self.weight_bind_group(&layout, w, c, x, y, &params, slot);
+            let params = self.weight_params(w, c, gx, n_tokens, epilogue, split, norm_eps);
+            let slots = Slots {
+                bias: bias_slot.then(|| bias.unwrap_or(&self.placeholder)),
+                norm: norm.map(|n| n.0),
+                ..Slots::default()
+            };
+            let bg = self.weight_bind_group_with(&layout, w, c, x, y, &params, slots);
             parts.push((bg, [gx, gy, gz]));
         }
         Ok(Bound {
@@ -1908,7 +2022,8 @@ impl GpuContext {
         for c in &w.chunks {
             let groups = c.rows.div_ceil(rows_per_wg) as u64;
             let (gx, gy) = grid_or_limit(OP, groups)?;
-            let params = self.weight_params(w, c, gx, n_tokens, epilogue, (WORKGROUP, MATVEC_ROWS));
+            let params =
+                self.weight_params(w, c, gx, n_tokens, epilogue, (WORKGROUP, MATVEC_ROWS), 0.0);
             let mut entries = vec![
                 wgpu::BindGroupEntry {
                     binding: 0,
@@ -1974,13 +2089,16 @@ impl GpuContext {
         fuse: Fuse,
         norm: Option<(&wgpu::Buffer, f32)>,
     ) -> Result<Option<Bound>, GpuError> {
-        if w.format != WeightFormat::Ternary && fuse.swiglu && !fuse.rms_norm && norm.is_none() {
-            return self.bind_gguf_glu(w, x, y, None);
+        if w.format != WeightFormat::Ternary {
+            // GGUF weights of matvec_quads.wgsl: the gating, the norm or both.
+            return match (fuse.swiglu, fuse.rms_norm, norm) {
+                (true, false, None) => self.bind_gguf_glu(w, x, y, None),
+                (true, true, Some(n)) => self.bind_gguf_glu_norm(w, x, y, None, Some(n)),
+                (false, true, Some(n)) => self.bind_matvec_norm(w, x, y, Epilogue::Store, None, n),
+                _ => Ok(None),
+            };
         }
-        if w.format != WeightFormat::Ternary
-            || norm.is_some() != fuse.rms_norm
-            || (fuse.swiglu && !w.is_gate_up_stack())
-        {
+        if norm.is_some() != fuse.rms_norm || (fuse.swiglu && !w.is_gate_up_stack()) {
             return Ok(None);
         }
         let Some(cfg) = self.decode_config(w.rows, w.cols, fuse) else {
@@ -2009,16 +2127,43 @@ impl GpuContext {
         y: &BufView,
         gelu_table: Option<&wgpu::Buffer>,
     ) -> Result<Option<Bound>, GpuError> {
+        self.bind_gguf_glu_norm(w, x, y, gelu_table, None)
+    }
+
+    /// [`GpuContext::bind_gguf_glu`] with, for SwiGLU (`gelu_table` None), the RMSNorm of x
+    /// folded in where `norm` is given (weight `w.cols` f32, eps; x_rms.wgsl): the bits of
+    /// `op_rms_norm` followed by the SwiGLU product. `Ok(None)` where that does not apply
+    /// (also GELU gating with a norm: no such kernel).
+    pub fn bind_gguf_glu_norm(
+        &self,
+        w: &GpuWeight,
+        x: &wgpu::Buffer,
+        y: &BufView,
+        gelu_table: Option<&wgpu::Buffer>,
+        norm: Option<(&wgpu::Buffer, f32)>,
+    ) -> Result<Option<Bound>, GpuError> {
         const OP: &str = "weight matvec with gating";
         let d = Decoder::of(w.format);
         let glu = match gelu_table {
             None => Glu::Swiglu,
             Some(_) => Glu::Geglu,
         };
-        let kernel = glu_name(d, self.weight_reduction(), glu);
+        let kernel = match norm {
+            None => glu_name(d, self.weight_reduction(), glu),
+            Some(_) if glu == Glu::Swiglu => rms_name(d, self.weight_reduction(), Some(glu)),
+            Some(_) => return Ok(None),
+        };
         if !(d.has_quads() && w.is_gate_up_stack() && self.has_source(&kernel)) {
             return Ok(None);
         }
+        if let Some((n, _)) = norm {
+            // One workgroup an output row.
+            if w.parts[0] > norm_fold_max_workgroups() {
+                return Ok(None);
+            }
+            self.check_norm_weight(OP, w, n)?;
+        }
+        let norm_eps = norm.map_or(0.0, |n| n.1);
         let f = w.parts[0];
         if x.size() < (w.cols * 4) as u64 || y.size < (f * 4) as u64 {
             return Err(shape_err(
@@ -2054,9 +2199,14 @@ impl GpuContext {
         let (gx, gy) = grid_or_limit(OP, f as u64)?;
         // Two accumulator rows a workgroup (a gate row and its up row), every invocation on
         // each, as matvec_split gives the plain product of 2F rows from 2048 rows on.
-        let params = self.weight_params(w, c, gx, 1, Epilogue::Store, (WORKGROUP, 2));
+        let params = self.weight_params(w, c, gx, 1, Epilogue::Store, (WORKGROUP, 2), norm_eps);
         let slot = self.has_bias_slot(&kernel).then_some(&self.placeholder);
-        let bg = self.weight_bind_group_with(&layout, w, c, x, y, &params, slot, gelu_table);
+        let slots = Slots {
+            bias: slot,
+            table: gelu_table,
+            norm: norm.map(|n| n.0),
+        };
+        let bg = self.weight_bind_group_with(&layout, w, c, x, y, &params, slots);
         Ok(Some(Bound {
             pre_kernel: None,
             pipeline,
@@ -2188,6 +2338,7 @@ impl GpuContext {
                     n_tokens,
                     Epilogue::Store,
                     (WORKGROUP, MATVEC_ROWS),
+                    0.0,
                 );
                 (
                     self.weight_bind_group(&layout, w, c, ids, out, &params, None),
@@ -2271,8 +2422,8 @@ mod tests {
         let all = sources();
         // 24 decoders x (2 reductions x 2 products + 1 gather + 1 tiled product), less
         // ternary2's 2 matvecs, plus the SwiGLU and the GELU-gating matvecs of the 8 decoders
-        // of matvec_quads.wgsl with either reduction, plus Q6_K's 8-row matvec with either,
-        // plus the int8 prefill path: the activation
+        // of matvec_quads.wgsl with either reduction, plus their `_rms` forms (below), plus
+        // the int8 prefill path: the activation
         // quantizer and one ternary mmq per tokens-per-invocation shape.
         let int8: Vec<String> = std::iter::once(Q8_QUANTIZE.to_string())
             .chain(MMQ_TOKENS_PER_INVOCATION.iter().map(|&t| mmq_name(t)))
@@ -2305,16 +2456,24 @@ mod tests {
             );
             assert!(!k.wgsl.contains("if lid < NACC {"), "{}", k.name);
         }
-        assert_eq!(all.len(), 24 * 6 - 2 + 16 + 16 + 2 + int8.len());
-        // Q6_K's wide single-token body: matvec_q6_k.wgsl with 8 named rows.
-        for r in [Reduction::Subgroup, Reduction::Workgroup] {
-            let k = all
-                .iter()
-                .find(|k| k.name == q6_k_wide_name(r))
-                .expect("the wide Q6_K body");
-            assert!(k.wgsl.contains("const ROWS: u32 = 8u;") && k.wgsl.contains("var acc7 = 0.0;"));
-            assert!(k.name.contains("_matvec_r8_"), "{}", k.name);
+        // The `_rms` kernels: the plain and the SwiGLU body with x_rms.wgsl, each once.
+        let rms: Vec<&KernelSource> = all.iter().filter(|k| k.name.ends_with("_rms")).collect();
+        assert_eq!(rms.len(), 8 * 2 * 2);
+        for k in &rms {
+            assert!(
+                k.wgsl.contains("const QUAD_TASKS")
+                    && k.wgsl.contains("@binding(8) var<storage, read> norm_w")
+                    && k.wgsl.matches("fn x_at(").count() == 1
+                    && k.wgsl.contains("const WG: u32 = 64u;"),
+                "{}",
+                k.name
+            );
+            assert_eq!(
+                k.name.contains("_swiglu_"),
+                k.wgsl.contains("(g / (1.0 + exp(-g))) * u")
+            );
         }
+        assert_eq!(all.len(), 24 * 6 - 2 + 16 + 16 + 32 + int8.len());
         assert_eq!(
             all.iter()
                 .filter(|k| k.name.contains("_mmt_r64_t64_wg256"))

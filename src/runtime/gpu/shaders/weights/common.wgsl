@@ -56,6 +56,9 @@ struct Params {
     // grid has enough workgroups to keep the memory system busy (weights.rs `matvec_split`).
     // Unused elsewhere.
     wg_rows: u32,
+    // The single-token `_rms` kernels (x_rms.wgsl): the folded RMSNorm's eps. Unused
+    // elsewhere.
+    norm_eps: f32,
 }
 
 // Elements 4i .. 4i+3 (lo) and 16+4i .. 16+4i+3 (hi) of a 32-element unit: what a decoder's

@@ -18,6 +18,10 @@
 // the WG partials of each row. The sum's order is not matvec.wgsl's: the GPU's products are
 // held to the CPU within a tolerance, not bit for bit.
 //
+// x is read through `x_at(j)` (vec4 j of the activations), after `x_begin(lid)`: x_plain.wgsl
+// reads x itself; x_rms.wgsl (the `_rms` kernels) the RMSNorm of x, computed in the
+// workgroup (op_rms_norm's values, bit for bit).
+//
 // A template: the host repeats each `//@for R ROWS` ... `//@end` block once per row of ROWS
 // (ops.rs `expand_for`), so that every row's value is a named variable.
 
@@ -34,6 +38,7 @@ fn rows_per_wg() -> u32 {
 }
 
 fn partials(lid: u32, row0: u32, t0: u32) -> array<f32, NACC> {
+    x_begin(lid);
     let tasks = (params.cols / 32u) * QUAD_TASKS;
     //@for R ROWS
     let rr{R} = weight_row(row0, {R}u);
@@ -46,14 +51,14 @@ fn partials(lid: u32, row0: u32, t0: u32) -> array<f32, NACC> {
             let u = k >> 2u;
             let i = k & 3u;
             let q = quads(rr0, u, i);
-            acc0 += dot(q.lo, x[u * 8u + i]) + dot(q.hi, x[u * 8u + i + 4u]);
+            acc0 += dot(q.lo, x_at(u * 8u + i)) + dot(q.hi, x_at(u * 8u + i + 4u));
         }
     } else {
         for (var k = lid; k < tasks; k += WG) {
             let u = k >> 2u;
             let i = k & 3u;
-            let xa = x[u * 8u + i];
-            let xb = x[u * 8u + i + 4u];
+            let xa = x_at(u * 8u + i);
+            let xb = x_at(u * 8u + i + 4u);
             //@for R ROWS
             let q{R} = quads(rr{R}, u, i);
             //@end
