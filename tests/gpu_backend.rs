@@ -368,8 +368,8 @@ fn qwen2_gpu_equals_cpu() {
     let ids: Vec<u32> = (0..100u32).map(|i| (i * 7919 + 13) % 150000).collect();
     check_prefill_logits("Qwen2.5-0.5B", &b, &opts, &ids, 10, QWEN_SPAN_TOL);
     check_prefill_logits("Qwen2.5-0.5B", &b, &opts, &ids, 70, QWEN_SPAN_TOL);
-    // Without the products with the RMSNorm folded in (x_rms.wgsl; Q/K/V with their biases
-    // in the epilogue, stacked or not): op_rms_norm, then the products.
+    // Without the products with the RMSNorm folded in (x_rms.wgsl; the stacked Q/K/V with
+    // their biases in the epilogue): op_rms_norm, then the products.
     without_fused_kernels_the_same_bits(
         "Qwen2.5-0.5B without the norm-folded products",
         &b,

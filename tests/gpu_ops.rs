@@ -70,8 +70,12 @@ fn run(ctx: &GpuContext, name: &'static str, bufs: &[&dyn Bindable], grid: (u32,
     ctx.queue.submit([enc.finish()]);
 }
 
+/// This binary's kernels without bounds checks, as the backend compiles them by default.
 fn ctx() -> Option<GpuContext> {
-    context_for_tests(&ContextOptions::default())
+    context_for_tests(&ContextOptions {
+        unchecked_builtin: true,
+        ..Default::default()
+    })
 }
 
 /// Relative error of `got` against `want`, scaled by `scale` (plus the smallest normal).

@@ -29,7 +29,14 @@ fn lcg(seed: &mut u64) -> u32 {
 fn contexts() -> Vec<&'static GpuContext> {
     static SG: OnceLock<Option<GpuContext>> = OnceLock::new();
     static WG: OnceLock<Option<GpuContext>> = OnceLock::new();
-    let sg = SG.get_or_init(|| context_for_tests(&ContextOptions::default()));
+    // The subgroup context compiles this binary's kernels without bounds checks, as the
+    // backend does by default; the workgroup one keeps them (a bundle from another build).
+    let sg = SG.get_or_init(|| {
+        context_for_tests(&ContextOptions {
+            unchecked_builtin: true,
+            ..Default::default()
+        })
+    });
     let wg = WG.get_or_init(|| {
         context_for_tests(&ContextOptions {
             force_workgroup_reduction: true,

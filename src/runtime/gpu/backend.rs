@@ -297,8 +297,9 @@ impl GpuBackend {
             max_binding_bytes: opts.gpu_max_binding_bytes,
             // The bundle's kernels that are this binary's own, byte for byte, without wgpu's
             // bounds checks on each array access (the host checks every binding against the
-            // shapes; on an H100 decode of the shape copies took 14-22% less time so, prompts
-            // 37-84%: BENCHMARKS.md); other sources keep them. Measuring knobs:
+            // shapes; on an H100 with every kernel so, decode of the shape copies ran
+            // 1.14-1.22x as fast, prompts 1.6-1.8x: BENCHMARKS.md); other sources keep them.
+            // Measuring knobs:
             // `LOWBIT_GPU_CHECKED=1` keeps the checks everywhere, `LOWBIT_GPU_UNCHECKED=1`
             // drops them everywhere.
             unchecked_shaders: std::env::var("LOWBIT_GPU_UNCHECKED").is_ok_and(|v| v == "1"),

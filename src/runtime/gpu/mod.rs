@@ -3104,9 +3104,13 @@ impl GpuContext {
             self.unchecked_shaders || (self.unchecked_builtin && kernels::is_builtin(name, src));
         let module = if unchecked {
             // SAFETY: every index the kernels form is inside its buffer for the shapes the
-            // host checks before binding (each `bind_*` checks buffer sizes against shapes;
-            // rows past the end are clamped to the last row). By default only this binary's
-            // own sources come here (`unchecked_builtin`), which its tests run unchecked.
+            // host checks before binding: each weight `bind_*` checks buffer sizes against
+            // shapes (rows past the end are clamped to the last row); the ops (`bind_op`,
+            // which checks only the grid) are bound by the backend's graph to buffers it
+            // sizes from the same hyper-parameters their parameters carry, and a step's
+            // positions past the context are refused before it runs (`PositionOutOfRange`).
+            // By default only this binary's own sources come here (`unchecked_builtin`); the
+            // GPU test suites run them so on lavapipe.
             unsafe {
                 self.device
                     .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())

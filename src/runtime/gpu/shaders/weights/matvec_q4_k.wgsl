@@ -2,7 +2,7 @@
 // bindings, grid, rows per workgroup and reduction). matvec.wgsl decodes each 32-element
 // unit through `unit`, each unit reading its sub-block's 6-bit scale and min (four byte
 // reads) and eight funnel-shifted words; this body, as llama.cpp's Q4_K matvec does, takes
-// lane tasks of 16 weights that read each `qs` byte once and apply each sub-block's scale
+// lane tasks of 16 weights that read each `qs` byte once and decode each sub-block's scale
 // and min once per task:
 //
 // Block layout (unit_q4_k.wgsl): d f16 at byte 0, dmin f16 at 2, scales[12] at 4 (8 six-bit
@@ -10,13 +10,13 @@
 // j < 8, l < 32) is the low (j even) or high (j odd) nibble of qs[(j/2)*32 + l], value
 // (d * sc_j) * q - dmin * m_j. Task k of a row is block k / 16 and, with t = k % 16, pair
 // p = t / 4 and l = 8 (t % 4) .. 8 (t % 4) + 7: two qs words at 16 + p*32 + l give the 8
-// low nibbles (sub-block 2p) and the 8 high ones (2p + 1), and
-//     acc += (d sc_2p) dot(q_lo, x_lo) - (dmin m_2p) sum(x_lo)
-//          + (d sc_2p+1) dot(q_hi, x_hi) - (dmin m_2p+1) sum(x_hi)
-// (d * sc and dmin * m exact: 11 bits times 6; sum(x) once per task for every row). Blocks
+// low nibbles (sub-block 2p) and the 8 high ones (2p + 1), each weight decoded to its exact
+// value as unit_q4_k.wgsl does, (d * sc) * q - dmin * m (one rounding, the CPU's), and
+//     acc += dot(w_lo, x_lo) + dot(w_hi, x_hi)
+// (so the products' error bound in weights.rs, in terms of sum |w x|, holds). Blocks
 // of 144 bytes are whole words: every field is read with one aligned word load, no
 // funnel shift (the scales as three words, d and dmin as one). Invocation lid takes tasks
-// lid, lid + WG, ... of each of the workgroup's params.wg_rows rows (at most ROWS), the 32
+// lid, lid + WG, ... of each of the workgroup's params.wg_rows rows (at most ROWS), the 16
 // activations of a task loaded once for all of them. The reduction appended after this file
 // adds the WG partials of each row. The sum's order is not matvec.wgsl's: the GPU's products
 // are held to the CPU within a tolerance, not bit for bit.
@@ -31,7 +31,6 @@
 const NACC: u32 = ROWS * TOK;
 const WORDS: u32 = BLOCK_BYTES / 4u;
 const LO4 = vec4<u32>(15u);
-const ONES = vec4<f32>(1.0);
 
 // Rows per workgroup (the reduction's stride and store bound): params.wg_rows, ROWS or fewer
 // for a weight of few rows.
@@ -76,8 +75,6 @@ fn partials(lid: u32, row0: u32, t0: u32) -> array<f32, NACC> {
         let x1 = x[xb + 1u];
         let x2 = x[xb + 8u];
         let x3 = x[xb + 9u];
-        let sum_lo = dot(x0 + x1, ONES);
-        let sum_hi = dot(x2 + x3, ONES);
         // Every row's loads before any arithmetic.
         //@for R ROWS
         let w{R} = rw{R} + blk * WORDS;
@@ -94,12 +91,17 @@ fn partials(lid: u32, row0: u32, t0: u32) -> array<f32, NACC> {
             let dmin = f16_bits_to_f32(dm_{R} >> 16u);
             let sm0 = scale_min(s0_{R}, s1_{R}, s2_{R}, 2u * p);
             let sm1 = scale_min(s0_{R}, s1_{R}, s2_{R}, 2u * p + 1u);
+            let dl0 = d * f32(sm0.x);
+            let ml0 = dmin * f32(sm0.y);
+            let dl1 = d * f32(sm1.x);
+            let ml1 = dmin * f32(sm1.y);
             let qa = vec4<u32>(qa_{R});
             let qb = vec4<u32>(qb_{R});
-            let lo = dot(ints((qa >> SH_LO) & LO4, 0.0), x0) + dot(ints((qb >> SH_LO) & LO4, 0.0), x1);
-            let hi = dot(ints((qa >> SH_HI) & LO4, 0.0), x2) + dot(ints((qb >> SH_HI) & LO4, 0.0), x3);
-            acc{R} += ((d * f32(sm0.x)) * lo - (dmin * f32(sm0.y)) * sum_lo)
-                + ((d * f32(sm1.x)) * hi - (dmin * f32(sm1.y)) * sum_hi);
+            let lo = dot(dl0 * ints((qa >> SH_LO) & LO4, 0.0) - ml0, x0)
+                + dot(dl0 * ints((qb >> SH_LO) & LO4, 0.0) - ml0, x1);
+            let hi = dot(dl1 * ints((qa >> SH_HI) & LO4, 0.0) - ml1, x2)
+                + dot(dl1 * ints((qb >> SH_HI) & LO4, 0.0) - ml1, x3);
+            acc{R} += lo + hi;
         }
         //@end
     }
