@@ -58,11 +58,10 @@ fn scale_min(s0: u32, s1: u32, s2: u32, j: u32) -> vec2<u32> {
 fn partials(lid: u32, row0: u32, t0: u32) -> array<f32, NACC> {
     let blocks = params.cols / 256u;
     let tasks = blocks * 16u;
-    // Rows past params.wg_rows read the workgroup's last row again (from the cache; their
-    // sums are never stored), so that every load below is unconditional.
-    let last_r = params.wg_rows - 1u;
+    // Rows past params.wg_rows read the workgroup's last row again (rows.wgsl `weight_row`:
+    // from the cache, their sums never stored), so that every load below is unconditional.
     //@for R ROWS
-    let rw{R} = min(row0 + min({R}u, last_r), params.rows - 1u) * blocks * WORDS;
+    let rw{R} = weight_row(row0, {R}u) * blocks * WORDS;
     var acc{R} = 0.0;
     //@end
     for (var k = lid; k < tasks; k += WG) {
