@@ -752,6 +752,43 @@ fn a_bundles_whole_unit_matvec_kernels_still_run() {
     assert!(differ, "no case where the two bodies' splits differ");
 }
 
+/// The Q8_0 kernels read a weight uploaded as planes (every qs, then every d: aligned words);
+/// a bundle made before carries kernels that read the blocks as stored, and a context with
+/// those uploads its Q8_0 weights as stored: its products (one token, several, the tiled
+/// prefill product) and gather still equal the CPU's.
+#[test]
+fn a_bundles_q8_0_block_kernels_still_run() {
+    let Some(&current) = contexts().first() else {
+        return;
+    };
+    assert!(current.reads_q8_0_planes());
+    let mut older: std::collections::HashMap<String, String> = gpu::kernels::all()
+        .into_iter()
+        .map(|k| (k.name, k.wgsl))
+        .collect();
+    let replaced = weights::q8_0_block_sources();
+    assert!(replaced.len() >= 8, "{}", replaced.len());
+    for k in replaced {
+        let now = older.get(&k.name).expect("a current kernel of that name");
+        assert!(
+            now.contains(weights::Q8_0_PLANES_MARK) && !k.wgsl.contains(weights::Q8_0_PLANES_MARK),
+            "{}",
+            k.name
+        );
+        older.insert(k.name, k.wgsl);
+    }
+    let mut seed = 23u64;
+    for ctx in contexts_with_sources(&older) {
+        assert!(!ctx.reads_q8_0_planes());
+        let host = Host::gguf(GgmlType::Q8_0, 37, 800, &mut seed);
+        let w = host.upload(&ctx).unwrap();
+        for n in [1, 3, 70] {
+            check_matmul(&ctx, &host, &w, n, &mut seed);
+        }
+        check_gather(&ctx, &host, &w);
+    }
+}
+
 /// A binding cap of 8 KiB splits every weight into several row chunks (palette chunks that
 /// start inside a group, ternary chunks at the offset alignment); the results equal the
 /// whole weight's bit for bit (same kernel, same rows), the gather reads every chunk, and

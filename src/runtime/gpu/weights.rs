@@ -12,7 +12,8 @@
 //!
 //! | [`WeightFormat`] | `data` (per row chunk) | `aux` |
 //! |---|---|---|
-//! | `Gguf(ty)`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0, F16, BF16, F32 | the rows' GGML blocks as stored (`rows * K / block_size * type_size`) | a 4-byte placeholder (unused) |
+//! | `Gguf(ty)`: Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0, F16, BF16, F32 | the rows' GGML blocks as stored (`rows * K / block_size * type_size`) | a 4-byte placeholder (unused) |
+//! | `Gguf(Q8_0)` | the same bytes as two planes ([`q8_0_planes`]): every block's 32 codes, then every block's d (as stored where the context's Q8_0 kernels are a bundle's from before the planes: [`GpuContext::reads_q8_0_planes`]) | the placeholder |
 //! | `Ternary` (`ternary2`, [`crate::ternary`]) | codes, `rows * K/16` u32 | f16 scales, `rows * K/256` |
 //! | `Palette { bits, group_size, row_bytes }` ([`crate::palette`]) | indices, `rows * row_bytes` (`row_bytes = K * bits / 8`) | the f16 tables of the groups the chunk's rows belong to, `2^bits` each |
 //!
@@ -25,7 +26,8 @@
 //!
 //! GGML blocks of 18, 22, 34, 54, 66, 110 and 210 bytes put most blocks off a 4-byte
 //! boundary (block `i` of a row starts at byte `i * type_size`; 20, 24, 84, 144 and 176 are
-//! multiples of 4 but are read the same way). The bytes are uploaded exactly as stored,
+//! multiples of 4 but are read the same way). The bytes are uploaded exactly as stored (but
+//! Q8_0's, regrouped into aligned planes: [`q8_0_planes`]),
 //! padded with zeros to a whole word and then **one more zero word**, and read as
 //! `array<u32>` (byte `b` is bits `8*(b%4)..` of word `b/4`) through three helpers in
 //! `shaders/weights/common.wgsl`: `byte_at(b)`, `half_at(b)` (two bytes at an even `b`:
@@ -219,6 +221,27 @@ fn norm_fold_max_workgroups() -> usize {
 /// made 224 workgroups of 64 invocations, under two per SM of an H200) leaves most of the
 /// GPU waiting on memory.
 pub const MATVEC_MIN_WORKGROUPS: usize = 1024;
+
+/// The words by which a Q8_0 decoder (shaders/weights/unit_q8_0.wgsl) says it reads the
+/// planes layout of [`q8_0_planes`].
+pub const Q8_0_PLANES_MARK: &str = "uploaded as two planes (Q8_0 planes";
+
+/// `rows` rows of Q8_0 blocks (`cols / 32` a row, each d f16 then 32 qs bytes, as stored) as
+/// the GPU's Q8_0 kernels read them: every block's qs in order (row r's element k at byte
+/// `r * cols + k`), then every block's d (block u of row r at byte `rows * cols + 2 * (r *
+/// cols/32 + u)`). The same bytes, regrouped so that each unit's codes are 8 aligned words:
+/// the single-token product reads 3 words a task instead of 5 (two funnel-shifted pairs and
+/// the d; BENCHMARKS.md).
+pub fn q8_0_planes(blocks: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    debug_assert_eq!(blocks.len(), rows * cols / 32 * 34);
+    let mut out = vec![0u8; blocks.len()];
+    let (qs, ds) = out.split_at_mut(rows * cols);
+    for (i, b) in blocks.chunks_exact(34).enumerate() {
+        ds[2 * i..2 * i + 2].copy_from_slice(&b[..2]);
+        qs[32 * i..32 * i + 32].copy_from_slice(&b[2..]);
+    }
+    out
+}
 
 /// How the single-token body (matvec.wgsl; matvec_quads.wgsl, `quads`, and matvec_q6_k.wgsl
 /// take the rows only) splits a weight of `rows` x `cols`: (`Params::lanes`,
@@ -765,6 +788,27 @@ fn wgsl_fn<'a>(src: &'a str, name: &str) -> &'a str {
 #[doc(hidden)]
 pub fn unit_matvec_sources() -> Vec<KernelSource> {
     older_matvec_sources(MATVEC_ROWS, Decoder::has_quads)
+}
+
+/// Every Q8_0 kernel as a bundle made before the planes layout ([`q8_0_planes`]) carries it:
+/// today's modules with the decoder that reads the blocks as stored
+/// (`shaders/weights/unit_q8_0_blocks.wgsl`), for the test that such a bundle still runs (a
+/// context with these uploads its Q8_0 weights as stored).
+#[doc(hidden)]
+pub fn q8_0_block_sources() -> Vec<KernelSource> {
+    let planes = Decoder::Gguf(GgmlType::Q8_0).source();
+    let blocks = include_str!("shaders/weights/unit_q8_0_blocks.wgsl");
+    sources()
+        .into_iter()
+        .filter(|k| k.name.starts_with("weights_q8_0_"))
+        .map(|k| {
+            assert!(k.wgsl.contains(&planes), "{}: no Q8_0 decoder", k.name);
+            KernelSource {
+                wgsl: k.wgsl.replace(&planes, blocks),
+                name: k.name,
+            }
+        })
+        .collect()
 }
 
 /// The single-token kernels as a bundle made before the body took [`MATVEC_ROWS`] rows names
@@ -1370,7 +1414,12 @@ impl GpuContext {
         let mut row0 = 0usize;
         while row0 < rows {
             let n = (n_max as usize).min(rows - row0);
-            let part = &bytes[row0 * rb as usize..(row0 + n) * rb as usize];
+            let mut part = &bytes[row0 * rb as usize..(row0 + n) * rb as usize];
+            let planes;
+            if ty == GgmlType::Q8_0 && self.reads_q8_0_planes() {
+                planes = q8_0_planes(part, n, cols);
+                part = &planes;
+            }
             chunks.push(WeightChunk {
                 row0,
                 rows: n,
@@ -1388,6 +1437,18 @@ impl GpuContext {
             chunks,
             parts: vec![rows],
         })
+    }
+
+    /// Whether this context's Q8_0 kernels read a weight as planes ([`q8_0_planes`]): the
+    /// built-in ones do, and so do a bundle's from this release on (their decoder says
+    /// [`Q8_0_PLANES_MARK`]); a bundle made before carries kernels that read the blocks as
+    /// stored, and its Q8_0 weights are uploaded so.
+    pub fn reads_q8_0_planes(&self) -> bool {
+        self.builtin
+            || self
+                .sources
+                .iter()
+                .any(|(n, s)| n.starts_with("weights_q8_0_") && s.contains(Q8_0_PLANES_MARK))
     }
 
     /// Uploads a `ternary2` weight `[rows, cols]` (`words`: `rows * cols/16` little-endian
