@@ -761,7 +761,7 @@ fn a_bundles_q8_0_block_kernels_still_run() {
     let Some(&current) = contexts().first() else {
         return;
     };
-    assert!(current.reads_q8_0_planes());
+    assert!(current.reads_q8_0_planes().unwrap());
     let mut older: std::collections::HashMap<String, String> = gpu::kernels::all()
         .into_iter()
         .map(|k| (k.name, k.wgsl))
@@ -777,9 +777,26 @@ fn a_bundles_q8_0_block_kernels_still_run() {
         );
         older.insert(k.name, k.wgsl);
     }
+    // One kernel of each kind: refused by name at the upload, nothing uploaded.
+    let mut mixed = older.clone();
+    let name = "weights_q8_0_gather_wg64";
+    let now = gpu::kernels::all()
+        .into_iter()
+        .find(|k| k.name == name)
+        .expect("the Q8_0 gather");
+    mixed.insert(name.into(), now.wgsl);
+    if let Some(ctx) = contexts_with_sources(&mixed).into_iter().next() {
+        let mut seed = 1u64;
+        let host = Host::gguf(GgmlType::Q8_0, 3, 64, &mut seed);
+        let e = host.upload(&ctx).unwrap_err().to_string();
+        assert!(
+            e.contains("weights_q8_0_") && e.contains(name) && e.contains("two releases"),
+            "{e}"
+        );
+    }
     let mut seed = 23u64;
     for ctx in contexts_with_sources(&older) {
-        assert!(!ctx.reads_q8_0_planes());
+        assert!(!ctx.reads_q8_0_planes().unwrap());
         let host = Host::gguf(GgmlType::Q8_0, 37, 800, &mut seed);
         let w = host.upload(&ctx).unwrap();
         for n in [1, 3, 70] {

@@ -1416,7 +1416,7 @@ impl GpuContext {
             let n = (n_max as usize).min(rows - row0);
             let mut part = &bytes[row0 * rb as usize..(row0 + n) * rb as usize];
             let planes;
-            if ty == GgmlType::Q8_0 && self.reads_q8_0_planes() {
+            if ty == GgmlType::Q8_0 && self.reads_q8_0_planes()? {
                 planes = q8_0_planes(part, n, cols);
                 part = &planes;
             }
@@ -1442,13 +1442,35 @@ impl GpuContext {
     /// Whether this context's Q8_0 kernels read a weight as planes ([`q8_0_planes`]): the
     /// built-in ones do, and so do a bundle's from this release on (their decoder says
     /// [`Q8_0_PLANES_MARK`]); a bundle made before carries kernels that read the blocks as
-    /// stored, and its Q8_0 weights are uploaded so.
-    pub fn reads_q8_0_planes(&self) -> bool {
-        self.builtin
-            || self
-                .sources
-                .iter()
-                .any(|(n, s)| n.starts_with("weights_q8_0_") && s.contains(Q8_0_PLANES_MARK))
+    /// stored, and its Q8_0 weights are uploaded so. A kernel set that has both (no tool
+    /// makes one: `add-kernels` replaces a bundle's whole set) is an error naming one of
+    /// each, since no upload suits both.
+    pub fn reads_q8_0_planes(&self) -> Result<bool, GpuError> {
+        if self.builtin {
+            return Ok(true);
+        }
+        let mut planes = None;
+        let mut blocks = None;
+        for (n, s) in self
+            .sources
+            .iter()
+            .filter(|(n, _)| n.starts_with("weights_q8_0_"))
+        {
+            if s.contains(Q8_0_PLANES_MARK) {
+                planes.get_or_insert(n);
+            } else {
+                blocks.get_or_insert(n);
+            }
+        }
+        match (planes, blocks) {
+            (Some(p), Some(b)) => Err(GpuError::Shader {
+                name: b.clone(),
+                detail: format!(
+                    "reads Q8_0 blocks as stored where {p} reads them as planes: the kernels are from two releases (`convert add-kernels` gives a bundle one set)"
+                ),
+            }),
+            (p, _) => Ok(p.is_some()),
+        }
     }
 
     /// Uploads a `ternary2` weight `[rows, cols]` (`words`: `rows * cols/16` little-endian
