@@ -752,32 +752,38 @@ fn a_bundles_whole_unit_matvec_kernels_still_run() {
     assert!(differ, "no case where the two bodies' splits differ");
 }
 
-/// The Q8_0 kernels read a weight uploaded as planes (every qs, then every d: aligned words);
-/// a bundle made before carries kernels that read the blocks as stored, and a context with
-/// those uploads its Q8_0 weights as stored: its products (one token, several, the tiled
-/// prefill product) and gather still equal the CPU's.
+/// The Q8_0 and Q6_K kernels read a weight uploaded as planes (aligned words); a bundle made
+/// before carries kernels that read the blocks as stored, and a context with those uploads
+/// its Q8_0 and Q6_K weights as stored: its products (one token, several, the tiled prefill
+/// product) and gather still equal the CPU's. A set with kernels of both kinds is refused.
 #[test]
-fn a_bundles_q8_0_block_kernels_still_run() {
+fn a_bundles_block_reading_kernels_still_run() {
     let Some(&current) = contexts().first() else {
         return;
     };
-    assert!(current.reads_q8_0_planes().unwrap());
+    let types = [GgmlType::Q8_0, GgmlType::Q6_K];
+    for ty in types {
+        assert!(current.reads_planes(ty).unwrap());
+    }
+    assert!(!current.reads_planes(GgmlType::Q4_K).unwrap());
     let mut older: std::collections::HashMap<String, String> = gpu::kernels::all()
         .into_iter()
         .map(|k| (k.name, k.wgsl))
         .collect();
-    let replaced = weights::q8_0_block_sources();
-    assert!(replaced.len() >= 8, "{}", replaced.len());
+    let replaced = weights::block_sources();
+    assert!(replaced.len() >= 12, "{}", replaced.len());
     for k in replaced {
+        let ty = if k.name.starts_with("weights_q8_0_") {
+            GgmlType::Q8_0
+        } else {
+            GgmlType::Q6_K
+        };
+        let mark = weights::planes_mark(ty).unwrap();
         let now = older.get(&k.name).expect("a current kernel of that name");
-        assert!(
-            now.contains(weights::Q8_0_PLANES_MARK) && !k.wgsl.contains(weights::Q8_0_PLANES_MARK),
-            "{}",
-            k.name
-        );
+        assert!(now.contains(mark) && !k.wgsl.contains(mark), "{}", k.name);
         older.insert(k.name, k.wgsl);
     }
-    // One kernel of each kind: refused by name at the upload, nothing uploaded.
+    // One kernel of each kind: refused by name at the upload.
     let mut mixed = older.clone();
     let name = "weights_q8_0_gather_wg64";
     let now = gpu::kernels::all()
@@ -796,13 +802,15 @@ fn a_bundles_q8_0_block_kernels_still_run() {
     }
     let mut seed = 23u64;
     for ctx in contexts_with_sources(&older) {
-        assert!(!ctx.reads_q8_0_planes().unwrap());
-        let host = Host::gguf(GgmlType::Q8_0, 37, 800, &mut seed);
-        let w = host.upload(&ctx).unwrap();
-        for n in [1, 3, 70] {
-            check_matmul(&ctx, &host, &w, n, &mut seed);
+        for (ty, cols) in [(GgmlType::Q8_0, 800), (GgmlType::Q6_K, 768)] {
+            assert!(!ctx.reads_planes(ty).unwrap());
+            let host = Host::gguf(ty, 37, cols, &mut seed);
+            let w = host.upload(&ctx).unwrap();
+            for n in [1, 3, 70] {
+                check_matmul(&ctx, &host, &w, n, &mut seed);
+            }
+            check_gather(&ctx, &host, &w);
         }
-        check_gather(&ctx, &host, &w);
     }
 }
 

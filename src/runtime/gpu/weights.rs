@@ -12,8 +12,8 @@
 //!
 //! | [`WeightFormat`] | `data` (per row chunk) | `aux` |
 //! |---|---|---|
-//! | `Gguf(ty)`: Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0, F16, BF16, F32 | the rows' GGML blocks as stored (`rows * K / block_size * type_size`) | a 4-byte placeholder (unused) |
-//! | `Gguf(Q8_0)` | the same bytes as two planes ([`q8_0_planes`]): every block's 32 codes, then every block's d (as stored where the context's Q8_0 kernels are a bundle's from before the planes: [`GpuContext::reads_q8_0_planes`]) | the placeholder |
+//! | `Gguf(ty)`: Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, TQ1_0, TQ2_0, F16, BF16, F32 | the rows' GGML blocks as stored (`rows * K / block_size * type_size`) | a 4-byte placeholder (unused) |
+//! | `Gguf(Q8_0)`, `Gguf(Q6_K)` | the same bytes as planes ([`q8_0_planes`]: every block's 32 codes, then every d; [`q6_k_planes`]: every ql, every qh, every scales, every d), as stored where the context's kernels of that type are a bundle's from before the planes ([`GpuContext::reads_planes`]) | the placeholder |
 //! | `Ternary` (`ternary2`, [`crate::ternary`]) | codes, `rows * K/16` u32 | f16 scales, `rows * K/256` |
 //! | `Palette { bits, group_size, row_bytes }` ([`crate::palette`]) | indices, `rows * row_bytes` (`row_bytes = K * bits / 8`) | the f16 tables of the groups the chunk's rows belong to, `2^bits` each |
 //!
@@ -27,7 +27,7 @@
 //! GGML blocks of 18, 22, 34, 54, 66, 110 and 210 bytes put most blocks off a 4-byte
 //! boundary (block `i` of a row starts at byte `i * type_size`; 20, 24, 84, 144 and 176 are
 //! multiples of 4 but are read the same way). The bytes are uploaded exactly as stored (but
-//! Q8_0's, regrouped into aligned planes: [`q8_0_planes`]),
+//! Q8_0's and Q6_K's, regrouped into aligned planes: [`q8_0_planes`], [`q6_k_planes`]),
 //! padded with zeros to a whole word and then **one more zero word**, and read as
 //! `array<u32>` (byte `b` is bits `8*(b%4)..` of word `b/4`) through three helpers in
 //! `shaders/weights/common.wgsl`: `byte_at(b)`, `half_at(b)` (two bytes at an even `b`:
@@ -222,9 +222,48 @@ fn norm_fold_max_workgroups() -> usize {
 /// GPU waiting on memory.
 pub const MATVEC_MIN_WORKGROUPS: usize = 1024;
 
-/// The words by which a Q8_0 decoder (shaders/weights/unit_q8_0.wgsl) says it reads the
-/// planes layout of [`q8_0_planes`].
-pub const Q8_0_PLANES_MARK: &str = "uploaded as two planes (Q8_0 planes";
+/// The words by which a decoder of GGML type `ty` (shaders/weights/unit_q8_0.wgsl,
+/// unit_q6_k.wgsl) says it reads the planes layout ([`q8_0_planes`], [`q6_k_planes`]); None
+/// for the types uploaded as stored.
+pub fn planes_mark(ty: GgmlType) -> Option<&'static str> {
+    match ty {
+        GgmlType::Q8_0 => Some("uploaded as two planes (Q8_0 planes"),
+        GgmlType::Q6_K => Some("uploaded as four planes (Q6_K planes"),
+        _ => None,
+    }
+}
+
+/// The regrouping of a type uploaded as planes (`(blocks, rows, cols) -> bytes`).
+type Regroup = fn(&[u8], usize, usize) -> Vec<u8>;
+
+fn planes_of(ty: GgmlType) -> Option<Regroup> {
+    match ty {
+        GgmlType::Q8_0 => Some(q8_0_planes),
+        GgmlType::Q6_K => Some(q6_k_planes),
+        _ => None,
+    }
+}
+
+/// `rows` rows of Q6_K blocks (`cols / 256` a row, each ql[128], qh[64], scales[16], d f16,
+/// as stored) as the GPU's Q6_K kernels read them: for nb = `rows * cols / 256` blocks, block
+/// g's ql at byte `128 g`, its qh at `128 nb + 64 g`, its scales at `192 nb + 16 g`, its d at
+/// `208 nb + 2 g`. The same bytes, regrouped so that every word a kernel reads is aligned
+/// (the single-token product reads 6 words a task of 16 weights instead of 11).
+pub fn q6_k_planes(blocks: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    let nb = rows * cols / 256;
+    debug_assert_eq!(blocks.len(), nb * 210);
+    let mut out = vec![0u8; blocks.len()];
+    let (ql, rest) = out.split_at_mut(128 * nb);
+    let (qh, rest) = rest.split_at_mut(64 * nb);
+    let (sc, d) = rest.split_at_mut(16 * nb);
+    for (g, b) in blocks.chunks_exact(210).enumerate() {
+        ql[128 * g..128 * (g + 1)].copy_from_slice(&b[..128]);
+        qh[64 * g..64 * (g + 1)].copy_from_slice(&b[128..192]);
+        sc[16 * g..16 * (g + 1)].copy_from_slice(&b[192..208]);
+        d[2 * g..2 * (g + 1)].copy_from_slice(&b[208..]);
+    }
+    out
+}
 
 /// `rows` rows of Q8_0 blocks (`cols / 32` a row, each d f16 then 32 qs bytes, as stored) as
 /// the GPU's Q8_0 kernels read them: every block's qs in order (row r's element k at byte
@@ -790,23 +829,51 @@ pub fn unit_matvec_sources() -> Vec<KernelSource> {
     older_matvec_sources(MATVEC_ROWS, Decoder::has_quads)
 }
 
-/// Every Q8_0 kernel as a bundle made before the planes layout ([`q8_0_planes`]) carries it:
-/// today's modules with the decoder that reads the blocks as stored
-/// (`shaders/weights/unit_q8_0_blocks.wgsl`), for the test that such a bundle still runs (a
-/// context with these uploads its Q8_0 weights as stored).
+/// Every Q8_0 and Q6_K kernel as a bundle made before the planes layouts ([`q8_0_planes`],
+/// [`q6_k_planes`]) carries it: today's modules with the decoders and the Q6_K single-token
+/// body that read the blocks as stored (`shaders/weights/*_blocks.wgsl`), for the test that
+/// such a bundle still runs (a context with these uploads those weights as stored).
 #[doc(hidden)]
-pub fn q8_0_block_sources() -> Vec<KernelSource> {
-    let planes = Decoder::Gguf(GgmlType::Q8_0).source();
-    let blocks = include_str!("shaders/weights/unit_q8_0_blocks.wgsl");
+pub fn block_sources() -> Vec<KernelSource> {
+    let q8 = [(
+        Decoder::Gguf(GgmlType::Q8_0).source(),
+        include_str!("shaders/weights/unit_q8_0_blocks.wgsl").to_string(),
+    )];
+    let q6 = [
+        (
+            Decoder::Gguf(GgmlType::Q6_K).source(),
+            include_str!("shaders/weights/unit_q6_k_blocks.wgsl").to_string(),
+        ),
+        (
+            super::ops::expand_for(MATVEC_Q6_K_WGSL, &[("ROWS", MATVEC_ROWS as usize)]),
+            super::ops::expand_for(
+                include_str!("shaders/weights/matvec_q6_k_blocks.wgsl"),
+                &[("ROWS", MATVEC_ROWS as usize)],
+            ),
+        ),
+    ];
     sources()
         .into_iter()
-        .filter(|k| k.name.starts_with("weights_q8_0_"))
-        .map(|k| {
-            assert!(k.wgsl.contains(&planes), "{}: no Q8_0 decoder", k.name);
-            KernelSource {
-                wgsl: k.wgsl.replace(&planes, blocks),
-                name: k.name,
+        .filter_map(|k| {
+            let pairs: &[(String, String)] = if k.name.starts_with("weights_q8_0_") {
+                &q8
+            } else if k.name.starts_with("weights_q6_k_") {
+                &q6
+            } else {
+                return None;
+            };
+            let mut wgsl = k.wgsl;
+            for (now, before) in pairs {
+                if k.name.contains("_matvec_") || !before.contains("fn partials") {
+                    assert!(
+                        wgsl.contains(now.as_str()),
+                        "{}: not today's source",
+                        k.name
+                    );
+                    wgsl = wgsl.replace(now.as_str(), before);
+                }
             }
+            Some(KernelSource { name: k.name, wgsl })
         })
         .collect()
 }
@@ -1416,9 +1483,11 @@ impl GpuContext {
             let n = (n_max as usize).min(rows - row0);
             let mut part = &bytes[row0 * rb as usize..(row0 + n) * rb as usize];
             let planes;
-            if ty == GgmlType::Q8_0 && self.reads_q8_0_planes()? {
-                planes = q8_0_planes(part, n, cols);
-                part = &planes;
+            if let Some(regroup) = planes_of(ty) {
+                if self.reads_planes(ty)? {
+                    planes = regroup(part, n, cols);
+                    part = &planes;
+                }
             }
             chunks.push(WeightChunk {
                 row0,
@@ -1439,24 +1508,24 @@ impl GpuContext {
         })
     }
 
-    /// Whether this context's Q8_0 kernels read a weight as planes ([`q8_0_planes`]): the
-    /// built-in ones do, and so do a bundle's from this release on (their decoder says
-    /// [`Q8_0_PLANES_MARK`]); a bundle made before carries kernels that read the blocks as
-    /// stored, and its Q8_0 weights are uploaded so. A kernel set that has both (no tool
-    /// makes one: `add-kernels` replaces a bundle's whole set) is an error naming one of
-    /// each, since no upload suits both.
-    pub fn reads_q8_0_planes(&self) -> Result<bool, GpuError> {
+    /// Whether this context's kernels of GGML type `ty` (Q8_0 or Q6_K) read a weight as
+    /// planes ([`q8_0_planes`], [`q6_k_planes`]): the built-in ones do, and so do a bundle's
+    /// from this release on (their decoder says [`planes_mark`]); a bundle made before
+    /// carries kernels that read the blocks as stored, and its weights of that type are
+    /// uploaded so. A kernel set that has both (no tool makes one: `add-kernels` replaces a
+    /// bundle's whole set) is an error naming one of each, since no upload suits both.
+    pub fn reads_planes(&self, ty: GgmlType) -> Result<bool, GpuError> {
+        let Some(mark) = planes_mark(ty) else {
+            return Ok(false);
+        };
         if self.builtin {
             return Ok(true);
         }
+        let prefix = format!("weights_{}_", ty.name().to_ascii_lowercase());
         let mut planes = None;
         let mut blocks = None;
-        for (n, s) in self
-            .sources
-            .iter()
-            .filter(|(n, _)| n.starts_with("weights_q8_0_"))
-        {
-            if s.contains(Q8_0_PLANES_MARK) {
+        for (n, s) in self.sources.iter().filter(|(n, _)| n.starts_with(&prefix)) {
+            if s.contains(mark) {
                 planes.get_or_insert(n);
             } else {
                 blocks.get_or_insert(n);
@@ -1466,7 +1535,7 @@ impl GpuContext {
             (Some(p), Some(b)) => Err(GpuError::Shader {
                 name: b.clone(),
                 detail: format!(
-                    "reads Q8_0 blocks as stored where {p} reads them as planes: the kernels are from two releases (`convert add-kernels` gives a bundle one set)"
+                    "reads {ty} blocks as stored where {p} reads them as planes: the kernels are from two releases (`convert add-kernels` gives a bundle one set)"
                 ),
             }),
             (p, _) => Ok(p.is_some()),

@@ -12,8 +12,8 @@
 // four s) give four words of four 6-bit codes, each byte turned into q - 32 exactly
 // (`ints`), and
 //     acc += sum_s (d * sc_s) * dot(q_s - 32, x[block*256 + h*128 + s*32 + l ..][0..4])
-// (d * sc_s exact: 11 bits times 8, as on the CPU). Blocks of 210 bytes start at even
-// offsets; the words are read with `word_at`. Invocation lid takes tasks lid, lid + WG, ...
+// (d * sc_s exact: 11 bits times 8, as on the CPU). The blocks are uploaded as planes
+// (unit_q6_k.wgsl): every word read is aligned, one load each. Invocation lid takes tasks lid, lid + WG, ...
 // of each of the workgroup's params.wg_rows rows (at most ROWS), the 16 activations of a
 // task loaded once for all of them. The reduction appended after this file adds the WG
 // partials of each row.
@@ -52,7 +52,7 @@ fn partials(lid: u32, row0: u32, t0: u32) -> array<f32, NACC> {
     // Rows past params.wg_rows read the workgroup's last row again (rows.wgsl `weight_row`:
     // from the cache, their sums never stored), so that every load below is unconditional.
     //@for R ROWS
-    let rb{R} = weight_row(row0, {R}u) * blocks * BLOCK_BYTES;
+    let gb{R} = weight_row(row0, {R}u) * blocks;
     var acc{R} = 0.0;
     //@end
     for (var k = lid; k < tasks; k += WG) {
@@ -69,13 +69,13 @@ fn partials(lid: u32, row0: u32, t0: u32) -> array<f32, NACC> {
         let so = l >> 4u;
         // Every row's loads before any arithmetic.
         //@for R ROWS
-        let b{R} = rb{R} + blk * BLOCK_BYTES;
-        let ql0_{R} = word_at(b{R} + h * 64u + l);
-        let ql1_{R} = word_at(b{R} + h * 64u + 32u + l);
-        let qh_{R} = word_at(b{R} + 128u + h * 32u + l);
-        let s01_{R} = word_at(b{R} + 192u + h * 8u);
-        let s23_{R} = word_at(b{R} + 196u + h * 8u);
-        let d_{R} = f16_at(b{R} + 208u);
+        let g{R} = gb{R} + blk;
+        let ql0_{R} = q6_ql(g{R}, h * 64u + l);
+        let ql1_{R} = q6_ql(g{R}, h * 64u + 32u + l);
+        let qh_{R} = q6_qh(g{R}, h * 32u + l);
+        let s01_{R} = q6_sc(g{R}, h * 8u);
+        let s23_{R} = q6_sc(g{R}, h * 8u + 4u);
+        let d_{R} = q6_d(g{R});
         //@end
         //@for R ROWS
         {

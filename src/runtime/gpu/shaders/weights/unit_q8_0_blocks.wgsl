@@ -1,5 +1,5 @@
 // The Q8_0 decoder as bundles made before the planes layout carry it (unit_q8_0.wgsl before
-// it): kept for weights.rs `q8_0_block_sources`, the test that such a bundle still runs.
+// it): kept for weights.rs `block_sources`, the test that such a bundle still runs.
 // Decoder: GGML Q8_0 (block_q8_0, 34 bytes per 32 elements): d f16 at byte 0, qs[32] (i8)
 // at 2; value q * d (gguf-py 0.19.0 Q8_0.dequantize_blocks). One unit is one block. The
 // signed byte is (byte ^ 0x80) - 128. Exact: 11 bits times 8.
