@@ -1020,6 +1020,7 @@ fn a_norm_folded_into_the_gguf_product_keeps_the_bits_of_the_norm_then_the_produ
             (GgmlType::Q8_0, 9, 64),
             (GgmlType::F16, 5, 4096),
             (GgmlType::Q8_0, 3, 320),
+            (GgmlType::Q8_0, 7, 32),
         ] {
             let what = format!("{ty:?} {rows} x {cols} on {}", ctx.info.name);
             let host = Host::gguf(ty, rows, cols, &mut seed);
@@ -1105,6 +1106,19 @@ fn a_norm_folded_into_the_gguf_product_keeps_the_bits_of_the_norm_then_the_produ
                 .unwrap_or_else(|| panic!("{what}: a bias with the store epilogue bound"));
             assert!(err.to_string().contains("bias"), "{err}");
         }
+    }
+    // Exactly as many workgroups as the fold takes: folded (a gate/up stack of F rows has F
+    // workgroups; a plain product of 2F rows two rows a workgroup, F).
+    for ctx in contexts() {
+        let f = weights::NORM_FOLD_MAX_WORKGROUPS;
+        let (_, gu) = gate_up_stack(ctx, GgmlType::Q8_0, f, 32, &mut seed);
+        let (xb, nb) = (ctx.vector_buffer("x", 32), ctx.vector_buffer("norm", 32));
+        let yb = ctx.vector_buffer("y", 2 * f);
+        let y = BufView::whole(&yb);
+        let glu = ctx.bind_gguf_glu_norm(&gu, &xb, &y, None, Some((&nb, eps)));
+        assert!(glu.unwrap().is_some(), "a SwiGLU stack of {f} rows");
+        let plain = ctx.bind_matvec_norm(&gu, &xb, &y, Epilogue::Store, None, (&nb, eps));
+        assert!(plain.unwrap().is_some(), "{} rows", 2 * f);
     }
     // More workgroups than the fold pays for: `None` (a gate/up stack of F rows has F).
     for ctx in contexts() {
