@@ -784,21 +784,20 @@ fn a_bundles_block_reading_kernels_still_run() {
         older.insert(k.name, k.wgsl);
     }
     // One kernel of each kind: refused by name at the upload.
-    let mut mixed = older.clone();
-    let name = "weights_q8_0_gather_wg64";
-    let now = gpu::kernels::all()
-        .into_iter()
-        .find(|k| k.name == name)
-        .expect("the Q8_0 gather");
-    mixed.insert(name.into(), now.wgsl);
-    if let Some(ctx) = contexts_with_sources(&mixed).into_iter().next() {
-        let mut seed = 1u64;
-        let host = Host::gguf(GgmlType::Q8_0, 3, 64, &mut seed);
-        let e = host.upload(&ctx).unwrap_err().to_string();
-        assert!(
-            e.contains("weights_q8_0_") && e.contains(name) && e.contains("two releases"),
-            "{e}"
-        );
+    for (ty, cols) in [(GgmlType::Q8_0, 64), (GgmlType::Q6_K, 256)] {
+        let name = format!("weights_{}_gather_wg64", ty.name().to_ascii_lowercase());
+        let now = gpu::kernels::all()
+            .into_iter()
+            .find(|k| k.name == name)
+            .expect("the gather");
+        let mut mixed = older.clone();
+        mixed.insert(name.clone(), now.wgsl);
+        if let Some(ctx) = contexts_with_sources(&mixed).into_iter().next() {
+            let mut seed = 1u64;
+            let host = Host::gguf(ty, 3, cols, &mut seed);
+            let e = host.upload(&ctx).unwrap_err().to_string();
+            assert!(e.contains(&name) && e.contains("two releases"), "{e}");
+        }
     }
     let mut seed = 23u64;
     for ctx in contexts_with_sources(&older) {
@@ -832,6 +831,7 @@ fn row_chunks_give_the_same_bits_as_one_chunk() {
     let mut seed = 5u64;
     for host in [
         Host::gguf(GgmlType::Q6_K, 70, 768, &mut seed),
+        Host::gguf(GgmlType::Q8_0, 70, 800, &mut seed),
         Host::gguf(GgmlType::Q4_0, 70, 800, &mut seed),
         Host::gguf(GgmlType::F32, 70, 96, &mut seed),
         Host::palette(3, 8, 72, 800, &mut seed),

@@ -1,5 +1,5 @@
-//! Every weight encoding a bundle carries, on the GPU: upload from the bundle's bytes as
-//! stored, the matrix product `y = W x` over one or more tokens, and the embedding gather
+//! Every weight encoding a bundle carries, on the GPU: upload from the bundle's bytes (as
+//! stored; Q8_0 and Q6_K blocks regrouped into aligned planes), the matrix product `y = W x` over one or more tokens, and the embedding gather
 //! `out = W[ids]`.
 //!
 //! # Shapes and layouts
@@ -222,13 +222,15 @@ fn norm_fold_max_workgroups() -> usize {
 /// GPU waiting on memory.
 pub const MATVEC_MIN_WORKGROUPS: usize = 1024;
 
-/// The words by which a decoder of GGML type `ty` (shaders/weights/unit_q8_0.wgsl,
-/// unit_q6_k.wgsl) says it reads the planes layout ([`q8_0_planes`], [`q6_k_planes`]); None
-/// for the types uploaded as stored.
+/// What a kernel of GGML type `ty` has where its decoder reads the planes layout
+/// ([`q8_0_planes`], [`q6_k_planes`]): the plane-addressing function of
+/// shaders/weights/unit_q8_0.wgsl / unit_q6_k.wgsl (code, not a comment, so that a reflowed
+/// comment cannot change how a bundle's weights are uploaded); None for the types uploaded
+/// as stored.
 pub fn planes_mark(ty: GgmlType) -> Option<&'static str> {
     match ty {
-        GgmlType::Q8_0 => Some("uploaded as two planes (Q8_0 planes"),
-        GgmlType::Q6_K => Some("uploaded as four planes (Q6_K planes"),
+        GgmlType::Q8_0 => Some("fn q8_qs("),
+        GgmlType::Q6_K => Some("fn q6_ql("),
         _ => None,
     }
 }
@@ -519,7 +521,8 @@ pub const GGUF_TYPES: [GgmlType; 15] = [
     GgmlType::TQ2_0,
 ];
 
-/// How a [`GpuWeight`] is encoded on the device (the bundle's encoding, bytes as stored).
+/// How a [`GpuWeight`] is encoded on the device (the bundle's encoding, bytes as stored but
+/// for the Q8_0 and Q6_K planes: [`q8_0_planes`], [`q6_k_planes`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WeightFormat {
     /// GGML blocks of one of [`GGUF_TYPES`].
@@ -1424,7 +1427,9 @@ impl GpuContext {
     }
 
     /// Uploads GGML blocks `[rows, cols]` of type `ty` (`bytes`: `rows * cols / block_size *
-    /// type_size`, as stored), split into row chunks that fit one binding.
+    /// type_size`, as stored), split into row chunks that fit one binding; each Q8_0 or Q6_K
+    /// chunk regrouped into planes where this context's kernels of that type read them
+    /// ([`GpuContext::reads_planes`]).
     pub fn upload_gguf(
         &self,
         name: &str,
@@ -1477,17 +1482,19 @@ impl GpuContext {
                 limit: self.weight_binding_cap(),
             });
         }
+        let regroup = match planes_of(ty) {
+            Some(f) if self.reads_planes(ty)? => Some(f),
+            _ => None,
+        };
         let mut chunks = Vec::new();
         let mut row0 = 0usize;
         while row0 < rows {
             let n = (n_max as usize).min(rows - row0);
             let mut part = &bytes[row0 * rb as usize..(row0 + n) * rb as usize];
             let planes;
-            if let Some(regroup) = planes_of(ty) {
-                if self.reads_planes(ty)? {
-                    planes = regroup(part, n, cols);
-                    part = &planes;
-                }
+            if let Some(regroup) = regroup {
+                planes = regroup(part, n, cols);
+                part = &planes;
             }
             chunks.push(WeightChunk {
                 row0,
@@ -2575,6 +2582,74 @@ impl GpuContext {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Q8_0 planes: block i's 32 codes at 32 i, its d at rows * cols + 2 i; Q6_K: block g's
+    /// ql at 128 g, qh at 128 nb + 64 g, scales at 192 nb + 16 g, d at 208 nb + 2 g. Every
+    /// byte is a distinct value (mod 251 of its source position), so a misplaced field shows.
+    #[test]
+    fn planes_put_every_field_where_the_decoders_read_it() {
+        let mark = |n: usize| -> Vec<u8> { (0..n).map(|i| (i % 251) as u8).collect() };
+        let (rows, cols) = (3, 96);
+        let blocks = mark(rows * cols / 32 * 34);
+        let p = q8_0_planes(&blocks, rows, cols);
+        assert_eq!(p.len(), blocks.len());
+        for i in 0..rows * cols / 32 {
+            let b = &blocks[34 * i..34 * (i + 1)];
+            assert_eq!(&p[32 * i..32 * (i + 1)], &b[2..], "Q8_0 block {i} codes");
+            let d = rows * cols + 2 * i;
+            assert_eq!(&p[d..d + 2], &b[..2], "Q8_0 block {i} d");
+        }
+        let (rows, cols) = (3, 512);
+        let nb = rows * cols / 256;
+        let blocks = mark(nb * 210);
+        let p = q6_k_planes(&blocks, rows, cols);
+        assert_eq!(p.len(), blocks.len());
+        for g in 0..nb {
+            let b = &blocks[210 * g..210 * (g + 1)];
+            assert_eq!(&p[128 * g..128 * (g + 1)], &b[..128], "Q6_K block {g} ql");
+            let qh = 128 * nb + 64 * g;
+            assert_eq!(&p[qh..qh + 64], &b[128..192], "Q6_K block {g} qh");
+            let sc = 192 * nb + 16 * g;
+            assert_eq!(&p[sc..sc + 16], &b[192..208], "Q6_K block {g} scales");
+            let d = 208 * nb + 2 * g;
+            assert_eq!(&p[d..d + 2], &b[208..], "Q6_K block {g} d");
+        }
+    }
+
+    /// The upload's layout follows [`planes_mark`]: every kernel of this build for Q8_0 and
+    /// Q6_K has it, the block-reading sources of a bundle made before (`block_sources`) do
+    /// not, and no other type has a mark.
+    #[test]
+    fn the_planes_mark_tells_the_two_layouts_apart() {
+        let types = [GgmlType::Q8_0, GgmlType::Q6_K];
+        for ty in types {
+            let mark = planes_mark(ty).expect("a mark");
+            let prefix = format!("weights_{}_", ty.name().to_ascii_lowercase());
+            let now: Vec<KernelSource> = sources()
+                .into_iter()
+                .filter(|k| k.name.starts_with(&prefix))
+                .collect();
+            assert!(now.len() >= 6, "{ty}: {} kernels", now.len());
+            for k in &now {
+                assert!(k.wgsl.contains(mark), "{}: no {mark}", k.name);
+            }
+            let before: Vec<KernelSource> = block_sources()
+                .into_iter()
+                .filter(|k| k.name.starts_with(&prefix))
+                .collect();
+            assert_eq!(before.len(), now.len(), "{ty}");
+            for k in &before {
+                assert!(
+                    !k.wgsl.contains(mark),
+                    "{}: {mark} in a block source",
+                    k.name
+                );
+            }
+        }
+        for ty in GGUF_TYPES.into_iter().filter(|t| !types.contains(t)) {
+            assert!(planes_mark(ty).is_none(), "{ty}");
+        }
+    }
 
     #[test]
     fn every_module_is_complete_and_named_by_its_parameters() {

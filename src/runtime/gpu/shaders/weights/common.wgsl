@@ -8,9 +8,10 @@
 //   const WG: u32     invocations per workgroup (a power of two)
 //   const BITS: u32   index width (palette decoders only)
 //
-// Byte addressing. `data` holds one row chunk of the weight exactly as the bundle stores it
-// (GGML blocks, packed ternary codes or palette indices), as little-endian u32 words, padded
-// with zeros to a whole word and then one more word. Byte b of the chunk is bits
+// Byte addressing. `data` holds one row chunk of the weight as the bundle stores it (GGML
+// blocks, packed ternary codes or palette indices; Q8_0 and Q6_K blocks regrouped into planes,
+// unit_q8_0.wgsl and unit_q6_k.wgsl), as little-endian u32 words, padded with zeros to a whole
+// word and then one more word. Byte b of the chunk is bits
 // 8*(b%4) .. 8*(b%4)+7 of word b/4. GGML blocks of 18, 22, 34, 54, 66, 110 and 210 bytes
 // start off a word boundary (block i of a row at byte i * block_bytes), so block fields are
 // read through three helpers:
@@ -19,8 +20,10 @@
 //               (block sizes and field offsets are all even)
 //   word_at(b)  four bytes at any b: the two words that hold them, funnel-shifted; the second
 //               word may be the padding word after the last block
-// Nothing else reads `data`, and no kernel needs a feature beyond WGSL's core (f16 fields are
-// decoded with integer operations, exactly).
+// Only the decoders whose fields are all word-aligned (F16, BF16, F32, palette and ternary
+// codes, the Q8_0 and Q6_K planes, matvec_q4_k.wgsl's whole-word reads) index `data` directly.
+// No kernel needs a feature beyond WGSL's core (f16 fields are decoded with integer
+// operations, exactly).
 
 struct Params {
     // Rows of this chunk.

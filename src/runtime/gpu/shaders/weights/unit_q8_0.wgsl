@@ -7,8 +7,6 @@
 // (no funnel shift) and neighbouring invocations read neighbouring words. One unit is one
 // block. The signed byte is (byte ^ 0x80) - 128. Exact: 11 bits times 8.
 
-const BLOCK_BYTES: u32 = 34u;
-
 // Unit u of row r: its first qs word, and its d.
 fn q8_qs(r: u32, u: u32) -> u32 {
     return (r * params.cols + 32u * u) >> 2u;
