@@ -13,7 +13,6 @@
 //! one `convert run --backend gpu` picks without `--gpu-adapter` (`LOWBIT_GPU_ADAPTER`: an
 //! index or a name substring). Times from timestamp queries around the pass where the adapter
 //! has them, else the wall clock from submit to done.
-use std::time::Instant;
 
 use lowbit::runtime::gpu::{AdapterSelector, ContextOptions, GpuContext};
 
@@ -59,11 +58,9 @@ fn main() -> anyhow::Result<()> {
         compilation_options: Default::default(),
         cache: None,
     });
-    let timestamps = ctx.has_timestamps();
-    let period = ctx.queue.get_timestamp_period() as f64;
     println!(
         "timing: {}",
-        if timestamps {
+        if ctx.has_timestamps() {
             "timestamp queries around the pass"
         } else {
             "wall clock, submit to done"
@@ -105,21 +102,6 @@ fn main() -> anyhow::Result<()> {
             })
         };
         let (ab, ba) = (bind(&a, &b), bind(&b, &a));
-        let query = timestamps.then(|| {
-            (
-                dev.create_query_set(&wgpu::QuerySetDescriptor {
-                    label: None,
-                    ty: wgpu::QueryType::Timestamp,
-                    count: 2,
-                }),
-                dev.create_buffer(&wgpu::BufferDescriptor {
-                    label: None,
-                    size: 16,
-                    usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                    mapped_at_creation: false,
-                }),
-            )
-        });
         // Independent dispatches: each reads `a` and writes a buffer of its own (no hazard, so
         // no barrier between them), where 1024 buffers of n values take at most 256 MiB.
         let k = 1024;
@@ -140,19 +122,7 @@ fn main() -> anyhow::Result<()> {
             let mut best = (f64::INFINITY, f64::INFINITY);
             for _ in 0..5 {
                 ctx.queue.write_buffer(&a, 0, &vec![0u8; n * 4]);
-                let t_enc = Instant::now();
-                let mut enc = dev.create_command_encoder(&Default::default());
-                {
-                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                        label: None,
-                        timestamp_writes: query.as_ref().map(|(q, _)| {
-                            wgpu::ComputePassTimestampWrites {
-                                query_set: q,
-                                beginning_of_pass_write_index: Some(0),
-                                end_of_pass_write_index: Some(1),
-                            }
-                        }),
-                    });
+                let t = ctx.time_pass(&mut |pass| {
                     pass.set_pipeline(&pipeline);
                     // `i` picks the chain's buffer pair too, not only `own`'s entry.
                     #[allow(clippy::needless_range_loop)]
@@ -165,23 +135,8 @@ fn main() -> anyhow::Result<()> {
                         pass.set_bind_group(0, g, &[]);
                         pass.dispatch_workgroups(groups as u32, 1, 1);
                     }
-                }
-                if let Some((q, r)) = &query {
-                    enc.resolve_query_set(q, 0..2, r, 0);
-                }
-                let cmd = enc.finish();
-                let enc_us = t_enc.elapsed().as_secs_f64() * 1e6;
-                let t = Instant::now();
-                ctx.queue.submit([cmd]);
-                dev.poll(wgpu::PollType::wait_indefinitely())?;
-                let wall = t.elapsed().as_secs_f64() * 1e6;
-                let us = match &query {
-                    Some((_, r)) => {
-                        let ts: Vec<u64> = bytemuck::cast_slice(&ctx.read_buffer(r, 16)?).to_vec();
-                        ts[1].saturating_sub(ts[0]) as f64 * period / 1e3
-                    }
-                    None => wall,
-                };
+                })?;
+                let (us, enc_us) = (t.ns / 1e3, t.encode_ns / 1e3);
                 best = (best.0.min(us), best.1.min(enc_us));
             }
             // The result: the chain's k additions of 1 to zeros, or 1 in every own buffer.

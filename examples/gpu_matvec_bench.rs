@@ -210,52 +210,19 @@ fn time_stream_with(
     n: usize,
     product_only: bool,
 ) -> (f64, &'static str) {
-    let qs = ctx.has_timestamps().then(|| {
-        ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("stream timestamps"),
-            ty: wgpu::QueryType::Timestamp,
-            count: 2,
-        })
-    });
-    let resolve = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("stream"),
-        size: 16,
-        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    });
-    let mut enc = ctx
-        .device
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-    {
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: None,
-            timestamp_writes: qs.as_ref().map(|q| wgpu::ComputePassTimestampWrites {
-                query_set: q,
-                beginning_of_pass_write_index: Some(0),
-                end_of_pass_write_index: Some(1),
-            }),
-        });
-        for i in 0..n {
-            if product_only && i > 0 {
-                bound[i % bound.len()].encode_product(&mut pass);
-            } else {
-                bound[i % bound.len()].encode(&mut pass);
+    let t = ctx
+        .time_pass(&mut |pass| {
+            for i in 0..n {
+                if product_only && i > 0 {
+                    bound[i % bound.len()].encode_product(pass);
+                } else {
+                    bound[i % bound.len()].encode(pass);
+                }
             }
-        }
-    }
-    if let Some(q) = &qs {
-        enc.resolve_query_set(q, 0..2, &resolve, 0);
-    }
-    let t0 = Instant::now();
-    ctx.queue.submit([enc.finish()]);
-    let bytes = ctx.read_buffer(&resolve, 16).unwrap_or_default();
-    let host = t0.elapsed().as_nanos() as f64;
-    if qs.is_some() && bytes.len() == 16 {
-        let t: &[u64] = bytemuck::cast_slice(&bytes);
-        let ns = t[1].saturating_sub(t[0]) as f64 * ctx.queue.get_timestamp_period() as f64;
-        return (ns / n as f64, "timestamps");
-    }
-    (host / n as f64, "host")
+        })
+        .unwrap_or_else(|e| die(&e.to_string()));
+    let how = if t.timestamps { "timestamps" } else { "host" };
+    (t.ns / n as f64, how)
 }
 
 fn median(v: &mut [f64]) -> f64 {

@@ -22,8 +22,6 @@
 //! 4096 x 16384 and 32768 x 4096 ternary weights and its Q6_K head). The adapter is the one
 //! `convert run --backend gpu` picks (`LOWBIT_GPU_ADAPTER`: an index or a name substring).
 //! Times from timestamp queries around the pass where the adapter has them, else wall clock.
-use std::time::Instant;
-
 use lowbit::runtime::gpu::{AdapterSelector, ContextOptions, GpuContext};
 
 fn source(wg: u32, l: u32, looped: bool) -> String {
@@ -88,31 +86,14 @@ fn main() -> anyhow::Result<()> {
         ctx.info.name, ctx.info.backend, ctx.info.driver, ctx.info.driver_info
     );
     let dev = &ctx.device;
-    let timestamps = ctx.has_timestamps();
-    let period = ctx.queue.get_timestamp_period() as f64;
     println!(
         "timing: {}",
-        if timestamps {
+        if ctx.has_timestamps() {
             "timestamp queries around the pass"
         } else {
             "wall clock, submit to done"
         }
     );
-    let query = timestamps.then(|| {
-        (
-            dev.create_query_set(&wgpu::QuerySetDescriptor {
-                label: None,
-                ty: wgpu::QueryType::Timestamp,
-                count: 2,
-            }),
-            dev.create_buffer(&wgpu::BufferDescriptor {
-                label: None,
-                size: 16,
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            }),
-        )
-    });
     // (name, WG, L, looped workgroups)
     let mut layouts: Vec<(String, u32, u32, Option<u32>)> = Vec::new();
     for wg in [128u32, 256] {
@@ -215,40 +196,14 @@ fn main() -> anyhow::Result<()> {
             let run = |groups: &[wgpu::BindGroup]| -> anyhow::Result<f64> {
                 let mut best = f64::INFINITY;
                 for _ in 0..3 {
-                    let mut enc = dev.create_command_encoder(&Default::default());
-                    {
-                        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                            label: None,
-                            timestamp_writes: query.as_ref().map(|(q, _)| {
-                                wgpu::ComputePassTimestampWrites {
-                                    query_set: q,
-                                    beginning_of_pass_write_index: Some(0),
-                                    end_of_pass_write_index: Some(1),
-                                }
-                            }),
-                        });
+                    let t = ctx.time_pass(&mut |pass| {
                         pass.set_pipeline(&pipeline);
                         for i in 0..k {
                             pass.set_bind_group(0, &groups[i % groups.len()], &[]);
                             pass.dispatch_workgroups(gx as u32, gy as u32, 1);
                         }
-                    }
-                    if let Some((q, r)) = &query {
-                        enc.resolve_query_set(q, 0..2, r, 0);
-                    }
-                    let t = Instant::now();
-                    ctx.queue.submit([enc.finish()]);
-                    dev.poll(wgpu::PollType::wait_indefinitely())?;
-                    let wall = t.elapsed().as_secs_f64() * 1e6;
-                    let us = match &query {
-                        Some((_, r)) => {
-                            let ts: Vec<u64> =
-                                bytemuck::cast_slice(&ctx.read_buffer(r, 16)?).to_vec();
-                            ts[1].saturating_sub(ts[0]) as f64 * period / 1e3
-                        }
-                        None => wall,
-                    };
-                    best = best.min(us / k as f64);
+                    })?;
+                    best = best.min(t.ns / 1e3 / k as f64);
                 }
                 Ok(best)
             };

@@ -3684,6 +3684,86 @@ impl GpuContext {
         staging.unmap();
         Ok(out)
     }
+
+    /// Times one compute pass whose dispatches `record` encodes (the probes and benchmarks in
+    /// `examples/`): from the pass's begin and end timestamps where the adapter has
+    /// TIMESTAMP_QUERY, else the wall clock from submit to done.
+    pub fn time_pass(
+        &self,
+        record: &mut dyn FnMut(&mut wgpu::ComputePass<'_>),
+    ) -> Result<PassTime, GpuError> {
+        let query = self.has_timestamps().then(|| {
+            (
+                self.device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("pass timestamps"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: 2,
+                }),
+                self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("pass timestamps"),
+                    size: 16,
+                    usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: false,
+                }),
+            )
+        });
+        let t_enc = std::time::Instant::now();
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: query
+                    .as_ref()
+                    .map(|(q, _)| wgpu::ComputePassTimestampWrites {
+                        query_set: q,
+                        beginning_of_pass_write_index: Some(0),
+                        end_of_pass_write_index: Some(1),
+                    }),
+            });
+            record(&mut pass);
+        }
+        if let Some((q, r)) = &query {
+            enc.resolve_query_set(q, 0..2, r, 0);
+        }
+        let cmd = enc.finish();
+        let encode_ns = t_enc.elapsed().as_nanos() as f64;
+        let t = std::time::Instant::now();
+        self.queue.submit([cmd]);
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::Device {
+                op: "time a pass",
+                detail: e.to_string(),
+            })?;
+        let wall = t.elapsed().as_nanos() as f64;
+        let (ns, timestamps) = match &query {
+            Some((_, r)) => {
+                let b = self.read_buffer(r, 16)?;
+                let ts: &[u64] = bytemuck::cast_slice(&b);
+                let ticks = ts[1].saturating_sub(ts[0]) as f64;
+                (ticks * self.queue.get_timestamp_period() as f64, true)
+            }
+            None => (wall, false),
+        };
+        Ok(PassTime {
+            ns,
+            timestamps,
+            encode_ns,
+        })
+    }
+}
+
+/// One pass's time ([`GpuContext::time_pass`]).
+#[derive(Clone, Copy, Debug)]
+pub struct PassTime {
+    /// Nanoseconds the pass took on the GPU (timestamps) or from submit to done.
+    pub ns: f64,
+    /// Whether `ns` comes from timestamp queries.
+    pub timestamps: bool,
+    /// Nanoseconds on the host to record the pass and finish its command buffer.
+    pub encode_ns: f64,
 }
 
 /// What a matrix product does with each sum (its epilogue), so that the op after it need not

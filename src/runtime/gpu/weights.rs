@@ -719,6 +719,11 @@ pub fn kernel_name(format: WeightFormat, op: WeightOp, reduction: Reduction) -> 
     name_of(d, op, reduction)
 }
 
+/// What every kernel name of decoder `d` starts with (`weights_q8_0_`; [`name_of`]).
+fn kernel_prefix(d: Decoder) -> String {
+    format!("weights_{}_", d.stem())
+}
+
 fn name_of(d: Decoder, op: WeightOp, reduction: Reduction) -> String {
     match op {
         WeightOp::Matvec => format!(
@@ -855,12 +860,16 @@ pub fn block_sources() -> Vec<KernelSource> {
             ),
         ),
     ];
+    let (q8_prefix, q6_prefix) = (
+        kernel_prefix(Decoder::Gguf(GgmlType::Q8_0)),
+        kernel_prefix(Decoder::Gguf(GgmlType::Q6_K)),
+    );
     sources()
         .into_iter()
         .filter_map(|k| {
-            let pairs: &[(String, String)] = if k.name.starts_with("weights_q8_0_") {
+            let pairs: &[(String, String)] = if k.name.starts_with(&q8_prefix) {
                 &q8
-            } else if k.name.starts_with("weights_q6_k_") {
+            } else if k.name.starts_with(&q6_prefix) {
                 &q6
             } else {
                 return None;
@@ -1528,7 +1537,7 @@ impl GpuContext {
         if self.builtin {
             return Ok(true);
         }
-        let prefix = format!("weights_{}_", ty.name().to_ascii_lowercase());
+        let prefix = kernel_prefix(Decoder::Gguf(ty));
         let mut planes = None;
         let mut blocks = None;
         for (n, s) in self.sources.iter().filter(|(n, _)| n.starts_with(&prefix)) {
@@ -2624,7 +2633,7 @@ mod tests {
         let types = [GgmlType::Q8_0, GgmlType::Q6_K];
         for ty in types {
             let mark = planes_mark(ty).expect("a mark");
-            let prefix = format!("weights_{}_", ty.name().to_ascii_lowercase());
+            let prefix = kernel_prefix(Decoder::Gguf(ty));
             let now: Vec<KernelSource> = sources()
                 .into_iter()
                 .filter(|k| k.name.starts_with(&prefix))
