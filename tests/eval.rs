@@ -38,7 +38,51 @@ fn eval_data(rel: &str) -> Option<PathBuf> {
 }
 
 fn task(name: &str) -> Option<PathBuf> {
-    eval_data(&format!("bigbench/benchmark_tasks/{name}/task.json"))
+    common::bigbench_file(&format!("benchmark_tasks/{name}/task.json"))
+}
+
+/// Two tasks in BIG-bench's JSON format, written into `dir`, for the small eval where the
+/// real task files cannot be had (`common::bigbench_file`): a multiple-choice one (is a + b
+/// equal to c: Yes or No) and an exact-match one (what is a plus b, as BIG-bench's
+/// arithmetic/2_digit_addition asks it), 60 examples each from fixed two-digit numbers.
+fn generated_tasks(dir: &Path) -> (PathBuf, PathBuf) {
+    let pairs: Vec<(u32, u32)> = (0..60u32)
+        .map(|i| (10 + (i * 37 + 11) % 90, 10 + (i * 53 + 29) % 90))
+        .collect();
+    let mc: Vec<Value> = pairs
+        .iter()
+        .enumerate()
+        .map(|(i, &(a, b))| {
+            let c = a + b + if i % 2 == 0 { 0 } else { 1 + (i as u32 % 9) };
+            let yes = u32::from(c == a + b);
+            serde_json::json!({
+                "input": format!("Is {a} plus {b} equal to {c}?"),
+                "target_scores": {"Yes": yes, "No": 1 - yes},
+            })
+        })
+        .collect();
+    let em: Vec<Value> = pairs
+        .iter()
+        .map(|&(a, b)| {
+            serde_json::json!({
+                "input": format!("What is {a} plus {b}?"),
+                "target": (a + b).to_string(),
+            })
+        })
+        .collect();
+    let put = |name: &str, metric: &str, examples: Vec<Value>| {
+        let body = serde_json::json!({
+            "name": name,
+            "metrics": [metric],
+            "preferred_score": metric,
+            "examples": examples,
+        });
+        write(dir, &format!("{name}.json"), &body.to_string())
+    };
+    (
+        put("sum_check", "multiple_choice_grade", mc),
+        put("two_digit_addition", "exact_str_match", em),
+    )
 }
 
 /// `convert pack` of `src` with a 1024-token context.
@@ -339,19 +383,28 @@ fn bigbench_prompts_and_postprocessing_match_bigbench() {
 /// The small eval CI runs: SmolLM2 against itself (every divergence exactly zero, the paired
 /// differences zero, gates pass) and gguf-py's TQ2_0 of it against it (a gate fails: exit 1,
 /// `passed: false`, every figure still in the report), on two chunks of Botchan and a
-/// 50-example subset of a multiple-choice and an exact-match task.
+/// 50-example subset of a multiple-choice and an exact-match task: BIG-bench's navigate and
+/// arithmetic/2_digit_addition, or where those cannot be had (`common::bigbench_file`) two
+/// generated tasks of the same kinds (`generated_tasks`).
 #[test]
 fn small_eval_with_reference_and_gates() {
-    let (Some(botchan), Some(nav), Some(add), Some(src)) = (
+    let (Some(botchan), Some(src)) = (
         eval_data("botchan.txt"),
-        task("navigate"),
-        task("arithmetic/2_digit_addition"),
         common::model("SmolLM2-135M-Instruct.Q4_1.gguf"),
     ) else {
         return;
     };
-    let (_d, b) = pack(&src);
     let tmp = tempfile::tempdir().unwrap();
+    let (nav, add) = match (task("navigate"), task("arithmetic/2_digit_addition")) {
+        (Some(nav), Some(add)) => (nav, add),
+        _ => {
+            eprintln!(
+                "the BIG-bench tasks are not here: generated tasks of the same kinds instead"
+            );
+            generated_tasks(tmp.path())
+        }
+    };
+    let (_d, b) = pack(&src);
     let out = tmp.path().join("self.json");
     let args = |bundle: &Path, out: &Path| -> Vec<String> {
         [

@@ -35,6 +35,23 @@ pub fn cache_file(rel: &str, target: &str) -> Option<PathBuf> {
     None
 }
 
+/// A file of the BIG-bench sdist that `make eval-data` unpacks into `eval/bigbench` (e.g.
+/// `benchmark_tasks/navigate/task.json`). Where the package index no longer has that sdist,
+/// the Makefile leaves `eval/bigbench-unavailable.txt` (what pip answered) in its place: the
+/// test is then skipped with that text, also under `LOWBIT_REQUIRE_MODELS=1` (no work of this
+/// repository can fetch it); otherwise skipped or required as [`cache_file`].
+pub fn bigbench_file(rel: &str) -> Option<PathBuf> {
+    let p = cache_dir().join("eval/bigbench").join(rel);
+    if p.exists() {
+        return Some(p);
+    }
+    if let Ok(why) = std::fs::read_to_string(cache_dir().join("eval/bigbench-unavailable.txt")) {
+        eprintln!("skipping: {} not found: {}", p.display(), why.trim());
+        return None;
+    }
+    cache_file(&format!("eval/bigbench/{rel}"), "eval-data")
+}
+
 /// A real model from the cache (`make fetch`); skipped or required as [`cache_file`].
 pub fn model(name: &str) -> Option<PathBuf> {
     cache_file(&format!("models/{name}"), "fetch")
