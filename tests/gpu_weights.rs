@@ -707,11 +707,9 @@ fn a_bundles_whole_unit_matvec_kernels_still_run() {
     assert!(replaced.len() >= 16, "{}", replaced.len());
     for k in replaced {
         let current = older.get(&k.name).expect("a current kernel of that name");
-        assert!(
-            current.contains("QUAD_TASKS") && !k.wgsl.contains("QUAD_TASKS"),
-            "{}",
-            k.name
-        );
+        // matvec_quads.wgsl, or Q8_0's matvec_q8_0.wgsl (split the same way), replaced.
+        let quads = |s: &str| s.contains("const QUAD_TASKS") || s.contains("const Q8_TASKS");
+        assert!(quads(current) && !quads(&k.wgsl), "{}", k.name);
         older.insert(k.name, k.wgsl);
     }
     let Some(&current) = contexts().first() else {
@@ -772,6 +770,14 @@ fn a_bundles_block_reading_kernels_still_run() {
         .collect();
     let replaced = weights::block_sources();
     assert!(replaced.len() >= 12, "{}", replaced.len());
+    // Such a bundle has no Q8_0 or Q6_K kernel but these (none made since).
+    let names: std::collections::HashSet<&String> = replaced.iter().map(|k| &k.name).collect();
+    older.retain(|n, _| {
+        !(n.starts_with("weights_q8_0_") || n.starts_with("weights_q6_k_")) || names.contains(n)
+    });
+    assert!(!older
+        .keys()
+        .any(|n| n.starts_with("weights_q8_0_matvec_r8_")));
     for k in replaced {
         let ty = if k.name.starts_with("weights_q8_0_") {
             GgmlType::Q8_0
@@ -781,6 +787,16 @@ fn a_bundles_block_reading_kernels_still_run() {
         let mark = weights::planes_mark(ty).unwrap();
         let now = older.get(&k.name).expect("a current kernel of that name");
         assert!(now.contains(mark) && !k.wgsl.contains(mark), "{}", k.name);
+        // Today's Q8_0 single-token body reads the codes by 16-byte words (binding 9, which
+        // the host binds only where a kernel declares it); the older one does not.
+        let data4 = "var<storage, read> data4: array<vec4<u32>>";
+        assert_eq!(
+            now.contains(data4),
+            ty == GgmlType::Q8_0 && k.name.contains("_matvec_"),
+            "{}",
+            k.name
+        );
+        assert!(!k.wgsl.contains(data4), "{}", k.name);
         older.insert(k.name, k.wgsl);
     }
     // One kernel of each kind: refused by name at the upload.
@@ -1432,6 +1448,33 @@ fn stacked_weights_and_the_residual_epilogue_match_the_parts() {
                 }
             }
         }
+    }
+}
+
+/// A Q8_0 weight of at least `WIDE_MATVEC_MIN_ROWS` rows (a head) takes the single-token
+/// kernel of `WIDE_MATVEC_ROWS` rows a workgroup, one row fewer the `_r2_` one; both equal
+/// the CPU's products (the last workgroup of the wide one partly past the weight: its rows
+/// read the last row again, their sums never stored).
+#[test]
+fn q8_0_heads_take_the_wide_kernel() {
+    let Some(&ctx) = contexts().first() else {
+        return;
+    };
+    let mut seed = 8u64;
+    let min = weights::WIDE_MATVEC_MIN_ROWS;
+    let wide = weights::WIDE_MATVEC_ROWS as usize;
+    for (rows, kernel, per_wg) in [(min + 3, "_matvec_r8_", wide), (min - 1, "_matvec_r2_", 2)] {
+        let host = Host::gguf(GgmlType::Q8_0, rows, 32, &mut seed);
+        let w = host.upload(ctx).unwrap();
+        let (x, y) = (ctx.vector_buffer("x", 32), ctx.vector_buffer("y", rows));
+        let b = ctx.bind_matmul(&w, &x, &y, 1).unwrap();
+        assert!(b.label.contains(kernel), "{rows} rows: {}", b.label);
+        assert_eq!(
+            b.grids(),
+            vec![[rows.div_ceil(per_wg) as u32, 1, 1]],
+            "{rows} rows"
+        );
+        check_matmul(ctx, &host, &w, 1, &mut seed);
     }
 }
 
