@@ -115,7 +115,9 @@ BIGBENCH_TASKS := arithmetic/2_digit_addition:1dd3e6fd6bc325a0010b21cef74bd94321
 	sports_understanding:925617612d19ca02d7b13bfb263300cc13701dca8851151a77be8ce986feadab \
 	navigate:e076d286bb54c9304de99c24a8d3ddd749be78c12af5d58315195b194c8efa18
 # Where the package index no longer has the sdist (on 2026-12-05 it listed only bigbench
-# 0.0.1; 1.0.0 was fetched from it on 2026-12-02), the rule writes $(BIGBENCH_MISSING) with
+# 0.0.1; 1.0.0 was fetched from it on 2026-12-02: pip names the versions it found, and 1.0.0
+# is not among them; any other failure, e.g. an index that cannot be reached and so lists
+# none, stops here), the rule writes $(BIGBENCH_MISSING) with
 # pip's answer and goes on: the tests that need the task files skip naming it, the rest of
 # the eval tests run (tests/common `bigbench_file`). An sdist put at $(BIGBENCH_SDIST) by
 # hand is used, checked by its SHA256.
@@ -124,8 +126,12 @@ $(BIGBENCH)/.ok:
 	mkdir -p $(LOWBIT_CACHE)/dl/eval $(EVAL)
 	@if [ ! -f $(BIGBENCH_SDIST) ] && ! $(PY) -m pip download -q --disable-pip-version-check \
 		--no-deps --no-binary :all: bigbench==1.0.0 -d $(LOWBIT_CACHE)/dl/eval > $(BIGBENCH_MISSING).log 2>&1; then \
-		{ echo "bigbench==1.0.0 (sdist SHA256 $(BIGBENCH_SDIST_SHA256)) could not be fetched on $$(date -u +%F): pip said:"; \
-		  grep -h "ERROR" $(BIGBENCH_MISSING).log || tail -n 3 $(BIGBENCH_MISSING).log; } > $(BIGBENCH_MISSING); \
+		if ! grep -q "requirement bigbench==1.0.0 (from versions: [0-9]" $(BIGBENCH_MISSING).log; then \
+			cat $(BIGBENCH_MISSING).log >&2; rm -f $(BIGBENCH_MISSING).log; \
+			echo "error: bigbench==1.0.0 could not be fetched, and not because the index lists other versions only (above)" >&2; exit 1; \
+		fi; \
+		{ echo "bigbench==1.0.0 (sdist SHA256 $(BIGBENCH_SDIST_SHA256)) is not on the package index ($$(date -u +%F)); put its sdist at $(BIGBENCH_SDIST) to run the BIG-bench tests. pip said:"; \
+		  grep -h "ERROR" $(BIGBENCH_MISSING).log; } > $(BIGBENCH_MISSING); \
 		rm -f $(BIGBENCH_MISSING).log; \
 		echo "warning: the BIG-bench task tests will be skipped: $$(cat $(BIGBENCH_MISSING))" >&2; \
 	else \
@@ -136,7 +142,7 @@ $(BIGBENCH)/.ok:
 			bigbench-1.0.0/bigbench/api/json_task.py bigbench-1.0.0/bigbench/models/model_utils.py \
 			$(foreach t,$(BIGBENCH_TASKS),bigbench-1.0.0/bigbench/benchmark_tasks/$(word 1,$(subst :, ,$(t)))/task.json); \
 		$(foreach t,$(BIGBENCH_TASKS),echo "$(word 2,$(subst :, ,$(t)))  $(BIGBENCH).partial/benchmark_tasks/$(word 1,$(subst :, ,$(t)))/task.json" | sha256sum -c --quiet;) \
-		rm -rf $(BIGBENCH) && mv $(BIGBENCH).partial $(BIGBENCH); \
+		rm -rf $(BIGBENCH); mv $(BIGBENCH).partial $(BIGBENCH); \
 		touch $@; \
 	fi
 eval-data: $(BOTCHAN) $(BIGBENCH)/.ok
@@ -145,8 +151,8 @@ BIGBENCH_REQUIRED = @test ! -f $(BIGBENCH_MISSING) || { cat $(BIGBENCH_MISSING) 
 # The references of tests/eval.rs: llama-perplexity's figures (f32 path) on Botchan, and
 # BIG-bench's own prompt formatting and output post-processing.
 eval-vectors: llama fetch $(SMOLLM2_TQ2) $(SMOLLM2_Q4_0) $(SMOLLM2_Q8_0) eval-data $(VENV)/.ok
-	$(VPY) tests/ref/gen_eval_vectors.py --text $(BOTCHAN) --out testdata/eval/llama-perplexity.json
 	$(BIGBENCH_REQUIRED)
+	$(VPY) tests/ref/gen_eval_vectors.py --text $(BOTCHAN) --out testdata/eval/llama-perplexity.json
 	$(VPY) tests/ref/gen_bigbench_prompts.py $(BIGBENCH) --out testdata/eval/bigbench-prompts.json
 
 # CI artifacts: every recipe in manifests/ (convert build, --check: a digest that drifts fails),

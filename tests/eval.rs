@@ -43,8 +43,10 @@ fn task(name: &str) -> Option<PathBuf> {
 
 /// Two tasks in BIG-bench's JSON format, written into `dir`, for the small eval where the
 /// real task files cannot be had (`common::bigbench_file`): a multiple-choice one (is a + b
-/// equal to c: Yes or No) and an exact-match one (what is a plus b, as BIG-bench's
-/// arithmetic/2_digit_addition asks it), 60 examples each from fixed two-digit numbers.
+/// equal to c: Yes or No; a task prefix, the choices not appended to the input, as
+/// navigate's) and an exact-match one (what is a plus b, as BIG-bench's
+/// arithmetic/2_digit_addition asks it, with an output regex of its own), 60 examples each
+/// from fixed two-digit numbers.
 fn generated_tasks(dir: &Path) -> (PathBuf, PathBuf) {
     let pairs: Vec<(u32, u32)> = (0..60u32)
         .map(|i| (10 + (i * 37 + 11) % 90, 10 + (i * 53 + 29) % 90))
@@ -70,18 +72,34 @@ fn generated_tasks(dir: &Path) -> (PathBuf, PathBuf) {
             })
         })
         .collect();
-    let put = |name: &str, metric: &str, examples: Vec<Value>| {
-        let body = serde_json::json!({
+    let put = |name: &str, metric: &str, examples: Vec<Value>, extra: Value| {
+        let mut body = serde_json::json!({
             "name": name,
             "metrics": [metric],
             "preferred_score": metric,
             "examples": examples,
         });
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
         write(dir, &format!("{name}.json"), &body.to_string())
     };
     (
-        put("sum_check", "multiple_choice_grade", mc),
-        put("two_digit_addition", "exact_str_match", em),
+        put(
+            "sum_check",
+            "multiple_choice_grade",
+            mc,
+            serde_json::json!({
+                "task_prefix": "Tell whether each sum is right.\n",
+                "append_choices_to_input": false,
+            }),
+        ),
+        put(
+            "two_digit_addition",
+            "exact_str_match",
+            em,
+            serde_json::json!({"output_regex": "[-+]?\\d+"}),
+        ),
     )
 }
 

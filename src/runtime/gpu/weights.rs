@@ -120,7 +120,7 @@
 //! 64 in the reduction of the 64 partials (`subgroupAdd` in any order, then the subgroups'
 //! partials; or the 6-level tree), so `D = 71 + ceil(K / 512)`; the tiled prefill product (`matmul_tile.wgsl`, from
 //! [`MATMUL_TILE_MIN_TOKENS`] tokens) adds the unit terms one after another, `D = 7 +
-//! ceil(K / 32)` ([`matmul_tile_tolerance`]: smaller below K = 2048, 2.1x at K = 4864). The
+//! ceil(K / 32)` ([`matmul_tile_tolerance`]: smaller up to K = 2176, 1.95x at K = 4864). The
 //! classical bound for any summation tree (Higham, *Accuracy
 //! and Stability of Numerical Algorithms*, 2nd ed., eq. 4.4) gives
 //! `|y_gpu - y| <= gamma_D * A`, `A = sum_k |w_k x_k|`, `gamma_D = D u / (1 - D u)`,
@@ -790,7 +790,8 @@ fn source_of(d: Decoder, op: WeightOp, reduction: Reduction) -> String {
 /// least [`WIDE_MATVEC_MIN_ROWS`] rows: `weights_q8_0_matvec_r8_wg64_{sg|wg}`.
 fn wide_matvec_name(reduction: Reduction) -> String {
     format!(
-        "weights_q8_0_matvec_r{WIDE_MATVEC_ROWS}_wg{WORKGROUP}_{}",
+        "{}matvec_r{WIDE_MATVEC_ROWS}_wg{WORKGROUP}_{}",
+        kernel_prefix(Decoder::Gguf(GgmlType::Q8_0)),
         reduction.name()
     )
 }
@@ -986,7 +987,8 @@ struct Variant {
     /// rows_swiglu.wgsl or rows_geglu.wgsl (with ops/common.wgsl's `f32_to_f16_bits`) in
     /// place of rows.wgsl.
     glu: Option<Glu>,
-    /// x_rms.wgsl (the RMSNorm of x folded in) in place of x_plain.wgsl (matvec_quads.wgsl).
+    /// x_rms.wgsl (the RMSNorm of x folded in) in place of x_plain.wgsl (matvec_quads.wgsl,
+    /// matvec_q8_0.wgsl).
     rms: bool,
 }
 
@@ -2082,6 +2084,7 @@ impl GpuContext {
             };
             let mut kernel = name_of(Decoder::of(w.format), op, reduction);
             let mut rows_cap = rows_per_wg;
+            let mut wide = false;
             if norm.is_some() {
                 // bind_matvec_norm checked the kernel is among the sources.
                 kernel = rms_name(Decoder::of(w.format), reduction, None);
@@ -2093,6 +2096,7 @@ impl GpuContext {
                 // A head: more rows a workgroup (a bundle made before has only `_r2_`).
                 kernel = wide_matvec_name(reduction);
                 rows_cap = WIDE_MATVEC_ROWS;
+                wide = true;
             }
             if op == WeightOp::Matvec && !self.has_source(&kernel) {
                 // A bundle made before the body took MATVEC_ROWS rows carries it as `_r4_`.
@@ -2131,7 +2135,10 @@ impl GpuContext {
                 _ => None,
             };
             let split = if let Some(quads) = body {
-                let (lanes, wg_rows) = matvec_split_max(w.rows, w.cols, quads, rows_cap);
+                // The wide kernel's split starts from its 8 rows; the others' from
+                // MATVEC_ROWS, capped by what the kernel holds (a legacy `_r4_` one too).
+                let start = if wide { WIDE_MATVEC_ROWS } else { MATVEC_ROWS };
+                let (lanes, wg_rows) = matvec_split_max(w.rows, w.cols, quads, start);
                 (lanes, wg_rows.min(rows_cap))
             } else {
                 (WORKGROUP, rows_cap)
@@ -2356,7 +2363,8 @@ impl GpuContext {
         norm: Option<(&wgpu::Buffer, f32)>,
     ) -> Result<Option<Bound>, GpuError> {
         if w.format != WeightFormat::Ternary {
-            // GGUF weights of matvec_quads.wgsl: the gating, the norm or both.
+            // GGUF weights of matvec_quads.wgsl (matvec_q8_0.wgsl for Q8_0): the gating, the
+            // norm or both.
             return match (fuse.swiglu, fuse.rms_norm, norm) {
                 (true, false, None) => self.bind_gguf_glu(w, x, y, None),
                 (true, true, Some(n)) => self.bind_gguf_glu_norm(w, x, y, None, Some(n)),
@@ -2378,7 +2386,7 @@ impl GpuContext {
     }
 
     /// One token's product of a stacked gate/up weight (two equal parts, one row chunk) of a
-    /// decoder with the four-invocation body (matvec_quads.wgsl) with its gating folded in:
+    /// decoder with the four-invocation body (matvec_quads.wgsl; Q8_0's matvec_q8_0.wgsl) with its gating folded in:
     /// SwiGLU (`gelu_table` None; rows_swiglu.wgsl), `y[r] = silu(gate_r . x) * (up_r . x)`,
     /// or GELU-tanh gating with `gelu_table` (rows_geglu.wgsl; the CPU backend's
     /// [`crate::runtime::cpu::gelu_table`], two f16 to a u32, as op_geglu binds it), for the
@@ -2764,7 +2772,8 @@ mod tests {
         let all = sources();
         // 24 decoders x (2 reductions x 2 products + 1 gather + 1 tiled product), less
         // ternary2's 2 matvecs, plus the SwiGLU and the GELU-gating matvecs of the 8 decoders
-        // of matvec_quads.wgsl with either reduction, plus their `_rms` forms (below), plus
+        // of matvec_quads.wgsl (Q8_0: matvec_q8_0.wgsl) with either reduction, plus their
+        // `_rms` forms (below), plus Q8_0's wide kernel with either reduction, plus
         // the int8 prefill path: the activation
         // quantizer and one ternary mmq per tokens-per-invocation shape.
         let int8: Vec<String> = std::iter::once(Q8_QUANTIZE.to_string())
