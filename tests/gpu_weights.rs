@@ -691,6 +691,38 @@ fn contexts_with_sources(sources: &std::collections::HashMap<String, String>) ->
         .collect()
 }
 
+/// A bundle made with the Q8_0 planes but before matvec_q8_0.wgsl carries its single-token
+/// kernels with matvec_quads.wgsl's body (no `data4` binding) and no wide kernel: a head of
+/// 65,539 rows runs its `_r2_` kernel, and the products equal the CPU's, on both reductions.
+#[test]
+fn a_bundles_quads_body_q8_0_kernels_still_run() {
+    let mut older: std::collections::HashMap<String, String> = gpu::kernels::all()
+        .into_iter()
+        .map(|k| (k.name, k.wgsl))
+        .collect();
+    older.retain(|n, _| !n.starts_with("weights_q8_0_matvec_r8_"));
+    let replaced = weights::q8_0_quads_body_sources();
+    assert!(replaced.len() >= 8, "{}", replaced.len());
+    for k in replaced {
+        assert!(k.wgsl.contains("const QUAD_TASKS") && !k.wgsl.contains("data4"));
+        assert!(older.insert(k.name, k.wgsl).is_some());
+    }
+    let mut seed = 29u64;
+    let ctxs = contexts_with_sources(&older);
+    // Where an adapter exists, such a set must give one (no silent pass).
+    assert_eq!(ctxs.is_empty(), contexts().is_empty());
+    for ctx in ctxs {
+        for (rows, cols) in [(weights::WIDE_MATVEC_MIN_ROWS + 3, 640), (37, 800)] {
+            let host = Host::gguf(GgmlType::Q8_0, rows, cols, &mut seed);
+            let w = host.upload(&ctx).unwrap();
+            let (x, y) = (ctx.vector_buffer("x", cols), ctx.vector_buffer("y", rows));
+            let b = ctx.bind_matmul(&w, &x, &y, 1).unwrap();
+            assert!(b.label.contains("_matvec_r2_"), "{}", b.label);
+            check_matmul(&ctx, &host, &w, 1, &mut seed);
+        }
+    }
+}
+
 /// A bundle made before the single-token body put four invocations on a unit
 /// (matvec_quads.wgsl) carries matvec.wgsl under the same `_r2_` names; the host tells the
 /// two apart by their source and gives the older one its own split (`Params::lanes`: two rows

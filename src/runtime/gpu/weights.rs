@@ -883,6 +883,31 @@ pub fn unit_matvec_sources() -> Vec<KernelSource> {
     older_matvec_sources(MATVEC_ROWS, Decoder::has_quads)
 }
 
+/// Every Q8_0 single-token kernel as a bundle made between the planes layout and
+/// matvec_q8_0.wgsl carries it (the planes decoder with matvec_quads.wgsl's body, no `data4`,
+/// no wide kernel), for the test that such a bundle still runs.
+#[doc(hidden)]
+pub fn q8_0_quads_body_sources() -> Vec<KernelSource> {
+    let expand = |body: &str| super::ops::expand_for(body, &[("ROWS", MATVEC_ROWS as usize)]);
+    let (now, before) = (expand(MATVEC_Q8_0_WGSL), expand(MATVEC_QUADS_WGSL));
+    let prefix = format!("{}matvec_", kernel_prefix(Decoder::Gguf(GgmlType::Q8_0)));
+    sources()
+        .into_iter()
+        .filter(|k| {
+            k.name.starts_with(&prefix)
+                && k.name != wide_matvec_name(Reduction::Subgroup)
+                && k.name != wide_matvec_name(Reduction::Workgroup)
+        })
+        .map(|k| {
+            assert!(k.wgsl.contains(&now), "{}: not today's source", k.name);
+            KernelSource {
+                wgsl: k.wgsl.replace(&now, &before),
+                name: k.name,
+            }
+        })
+        .collect()
+}
+
 /// Every Q8_0 and Q6_K kernel as a bundle made before the planes layouts ([`q8_0_planes`],
 /// [`q6_k_planes`]) carries it: today's modules with the decoders and the Q6_K single-token
 /// body that read the blocks as stored (`shaders/weights/*_blocks.wgsl`) and Q8_0's
