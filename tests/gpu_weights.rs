@@ -700,7 +700,7 @@ fn a_bundles_quads_body_q8_0_kernels_still_run() {
         .into_iter()
         .map(|k| (k.name, k.wgsl))
         .collect();
-    older.retain(|n, _| !n.starts_with("weights_q8_0_matvec_r8_"));
+    older.retain(|n, _| !weights::is_wide_matvec(n));
     let replaced = weights::q8_0_quads_body_sources();
     assert!(replaced.len() >= 8, "{}", replaced.len());
     for k in replaced {
@@ -738,7 +738,7 @@ fn a_bundles_whole_unit_matvec_kernels_still_run() {
     let replaced = weights::unit_matvec_sources();
     assert!(replaced.len() >= 16, "{}", replaced.len());
     // Nor had such a bundle the wide Q8_0 kernels.
-    older.retain(|n, _| !n.starts_with("weights_q8_0_matvec_r8_"));
+    older.retain(|n, _| !weights::is_wide_matvec(n));
     for k in replaced {
         let current = older.get(&k.name).expect("a current kernel of that name");
         // matvec_quads.wgsl, or Q8_0's matvec_q8_0.wgsl (split the same way), replaced.
@@ -809,9 +809,7 @@ fn a_bundles_block_reading_kernels_still_run() {
     older.retain(|n, _| {
         !(n.starts_with("weights_q8_0_") || n.starts_with("weights_q6_k_")) || names.contains(n)
     });
-    assert!(!older
-        .keys()
-        .any(|n| n.starts_with("weights_q8_0_matvec_r8_")));
+    assert!(!older.keys().any(|n| weights::is_wide_matvec(n)));
     for k in replaced {
         let ty = if k.name.starts_with("weights_q8_0_") {
             GgmlType::Q8_0

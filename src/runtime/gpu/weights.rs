@@ -796,6 +796,23 @@ fn wide_matvec_name(reduction: Reduction) -> String {
     )
 }
 
+/// Whether `name` is one of the wide Q8_0 kernels ([`wide_matvec_name`]), which no bundle
+/// made before them carries.
+#[doc(hidden)]
+pub fn is_wide_matvec(name: &str) -> bool {
+    [Reduction::Subgroup, Reduction::Workgroup]
+        .into_iter()
+        .any(|r| name == wide_matvec_name(r))
+}
+
+/// Q8_0's single-token body as a kernel holds it (expanded for [`MATVEC_ROWS`] rows), today's
+/// (matvec_q8_0.wgsl) and the one it replaced (matvec_quads.wgsl): for the sources of
+/// bundles made before.
+fn q8_0_body_now_and_before() -> (String, String) {
+    let expand = |body: &str| super::ops::expand_for(body, &[("ROWS", MATVEC_ROWS as usize)]);
+    (expand(MATVEC_Q8_0_WGSL), expand(MATVEC_QUADS_WGSL))
+}
+
 /// The optional bindings of a weight kernel's bind group: store.wgsl's bias (6), rows_geglu's
 /// GELU table (7), x_rms.wgsl's norm weight (8), and the chunk's bytes again as 16-byte
 /// words (9, [`DATA4_MARK`]).
@@ -888,16 +905,11 @@ pub fn unit_matvec_sources() -> Vec<KernelSource> {
 /// no wide kernel), for the test that such a bundle still runs.
 #[doc(hidden)]
 pub fn q8_0_quads_body_sources() -> Vec<KernelSource> {
-    let expand = |body: &str| super::ops::expand_for(body, &[("ROWS", MATVEC_ROWS as usize)]);
-    let (now, before) = (expand(MATVEC_Q8_0_WGSL), expand(MATVEC_QUADS_WGSL));
+    let (now, before) = q8_0_body_now_and_before();
     let prefix = format!("{}matvec_", kernel_prefix(Decoder::Gguf(GgmlType::Q8_0)));
     sources()
         .into_iter()
-        .filter(|k| {
-            k.name.starts_with(&prefix)
-                && k.name != wide_matvec_name(Reduction::Subgroup)
-                && k.name != wide_matvec_name(Reduction::Workgroup)
-        })
+        .filter(|k| k.name.starts_with(&prefix) && !is_wide_matvec(&k.name))
         .map(|k| {
             assert!(k.wgsl.contains(&now), "{}: not today's source", k.name);
             KernelSource {
@@ -922,7 +934,7 @@ pub fn block_sources() -> Vec<KernelSource> {
             include_str!("shaders/weights/unit_q8_0_blocks.wgsl").to_string(),
         ),
         // Q8_0's single-token body was matvec_quads.wgsl's.
-        (expand(MATVEC_Q8_0_WGSL), expand(MATVEC_QUADS_WGSL)),
+        q8_0_body_now_and_before(),
     ];
     let q6 = [
         (
@@ -942,9 +954,7 @@ pub fn block_sources() -> Vec<KernelSource> {
         .into_iter()
         .filter_map(|k| {
             // Kernels made since (the wide Q8_0 matvec) are not in such a bundle.
-            if k.name == wide_matvec_name(Reduction::Subgroup)
-                || k.name == wide_matvec_name(Reduction::Workgroup)
-            {
+            if is_wide_matvec(&k.name) {
                 return None;
             }
             let pairs: &[(String, String)] = if k.name.starts_with(&q8_prefix) {
@@ -1058,13 +1068,15 @@ fn source_variant(
                 let body = match d {
                     Decoder::Gguf(GgmlType::Q6_K) => MATVEC_Q6_K_WGSL.to_string(),
                     Decoder::Gguf(GgmlType::Q4_K) if quads => MATVEC_Q4_K_WGSL.to_string(),
-                    Decoder::Gguf(GgmlType::Q8_0) if quads => {
-                        let x = if rms { X_RMS_WGSL } else { X_PLAIN_WGSL };
-                        format!("{MATVEC_Q8_0_WGSL}\n{x}")
-                    }
                     d if quads && d.has_quads() => {
+                        // Q8_0's own body takes the quads' forms and x hooks.
+                        let body = if d == Decoder::Gguf(GgmlType::Q8_0) {
+                            MATVEC_Q8_0_WGSL
+                        } else {
+                            MATVEC_QUADS_WGSL
+                        };
                         let x = if rms { X_RMS_WGSL } else { X_PLAIN_WGSL };
-                        format!("{MATVEC_QUADS_WGSL}\n{x}")
+                        format!("{body}\n{x}")
                     }
                     _ => MATVEC_WGSL.to_string(),
                 };
