@@ -1,5 +1,5 @@
 //! The GPU kernels a bundle carries (issue 12): every writer puts each module of
-//! `kernels::all()` in `kernels/` as WGSL and as the MSL naga makes from it, listed and hashed
+//! `kernels::all()` that its tensors' encodings need (`kernels::for_tensors`) in `kernels/` as WGSL and as the MSL naga makes from it, listed and hashed
 //! in the manifest and covered by the bundle digest; `from_bundle` gives the GPU backend
 //! exactly those; a bundle made before kernels shipped runs on the CPU, is refused by
 //! `from_bundle` with the command that fixes it, and `convert add-kernels` makes it what a
@@ -102,11 +102,13 @@ fn same_manifest(a: &Path, b: &Path) -> bool {
         == std::fs::read(b.join("manifest.json")).unwrap()
 }
 
-fn registry() -> HashMap<String, String> {
-    kernels::all()
-        .into_iter()
-        .map(|k| (k.name, k.wgsl))
-        .collect()
+/// This build's kernels for the bundle at `b` (its tensors' encodings).
+fn ours(b: &Path) -> Vec<KernelSource> {
+    kernels::for_tensors(&manifest(b).tensors)
+}
+
+fn registry(b: &Path) -> HashMap<String, String> {
+    ours(b).into_iter().map(|k| (k.name, k.wgsl)).collect()
 }
 
 #[test]
@@ -114,7 +116,7 @@ fn written_bundle_lists_and_hashes_every_kernel() {
     let dir = tempfile::tempdir().unwrap();
     let b = written(dir.path(), "t.bundle");
     let m = manifest(&b);
-    let all = kernels::all();
+    let all = ours(&b);
     assert!(!all.is_empty());
     assert_eq!(m.kernels.len(), 2 * all.len());
     // Sorted by name, WGSL before MSL; every file in the file list with the same size and hash.
@@ -223,11 +225,60 @@ fn written_bundle_lists_and_hashes_every_kernel() {
     );
 }
 
+/// A bundle carries the kernels of its tensors' encodings and every kernel of none (ops,
+/// quantize, combine), no other encoding's: the tiny MiniCPM has ternary products, F32 norms,
+/// an F16 and a Q8_0 tensor, so its kernels are those encodings' and the others of no
+/// encoding, 147 modules of the registry's 307.
+#[test]
+fn a_bundle_carries_the_kernels_of_its_encodings_only() {
+    use lowbit::runtime::gpu::weights::kernel_encoding;
+    // The classification, on names written out here.
+    for (name, enc) in [
+        ("ternary_matvec_q8g4_r16_wg128_sgrows4_p1", Some("ternary2")),
+        ("weights_ternary2_matmul_r4_t8_wg64_sg", Some("ternary2")),
+        ("weights_q4_k_matvec_r2_wg64_sg", Some("q4_k")),
+        ("weights_q4_0_gather_wg64", Some("q4_0")),
+        ("weights_palette_b4_matvec_r2_wg64_wg", Some("palette_b4")),
+        ("weights_q8_quantize_wg64", None),
+        ("ternary_q8_quantize_rms", None),
+        ("op_attention_combine_q8", None),
+        ("op_rms_norm", None),
+    ] {
+        assert_eq!(kernel_encoding(name).as_deref(), enc, "{name}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let b = written(dir.path(), "t.bundle");
+    let m = manifest(&b);
+    let carried: std::collections::BTreeSet<&str> =
+        m.kernels.iter().map(|k| k.name.as_str()).collect();
+    let mut by_encoding: std::collections::BTreeMap<Option<String>, (usize, usize)> =
+        Default::default();
+    for k in kernels::all() {
+        let e = by_encoding.entry(kernel_encoding(&k.name)).or_default();
+        e.0 += 1;
+        e.1 += carried.contains(k.name.as_str()) as usize;
+    }
+    for (enc, (all, kept)) in &by_encoding {
+        let want = match enc.as_deref() {
+            None | Some("ternary2" | "f32" | "f16" | "q8_0") => *all,
+            Some(_) => 0,
+        };
+        assert_eq!(*kept, want, "{enc:?}: {kept} of {all} carried");
+    }
+    assert_eq!(carried.len(), 147);
+    assert_eq!(kernels::all().len(), 307);
+    // And nothing else: every carried name is a registry kernel.
+    assert_eq!(
+        carried.len(),
+        by_encoding.values().map(|v| v.1).sum::<usize>()
+    );
+}
+
 #[test]
 fn the_digest_covers_the_kernels() {
     let dir = tempfile::tempdir().unwrap();
     let b = written(dir.path(), "t.bundle");
-    let name = &kernels::all()[0].name;
+    let name = &ours(&b)[0].name;
     let file = format!("kernels/{name}.wgsl");
     // One byte of a kernel: opening (every backend, the CPU's included) and verify fail,
     // naming the file.
@@ -249,7 +300,7 @@ fn the_digest_covers_the_kernels() {
     // The kernel entry and the file list must agree: rehashing only the file list is caught.
     let b2 = written(dir.path(), "t2.bundle");
     let mut m = manifest(&b2);
-    let wgsl = format!("{}// edited\n", kernels::all()[0].wgsl);
+    let wgsl = format!("{}// edited\n", ours(&b)[0].wgsl);
     std::fs::write(b2.join(&file), &wgsl).unwrap();
     for f in m.files.iter_mut().filter(|f| f.path == file) {
         f.size = wgsl.len() as u64;
@@ -355,7 +406,7 @@ fn a_manifest_with_inconsistent_kernel_entries_is_refused() {
 fn from_bundle_returns_exactly_the_registry() {
     let dir = tempfile::tempdir().unwrap();
     let b = Bundle::open(written(dir.path(), "t.bundle")).unwrap();
-    assert_eq!(kernels::from_bundle(&b).unwrap(), registry());
+    assert_eq!(kernels::from_bundle(&b).unwrap(), registry(&b.dir));
 }
 
 #[test]
@@ -465,14 +516,14 @@ fn old_bundle_runs_on_the_cpu_and_add_kernels_makes_it_a_fresh_write() {
     let o = convert(&args[1..], &[]);
     assert!(o.status.success(), "{}", text(&o));
     let out = text(&o);
-    let n = kernels::all().len();
+    let n = ours(&fresh).len();
     assert!(
         out.contains(&format!("{n} kernel modules ({} files", 2 * n))
             && out.contains(&format!("{n} new, 0 replaced, 0 unchanged, 0 removed")),
         "{out}"
     );
     assert!(
-        out.contains(&format!("new       {} (wgsl, msl)", kernels::all()[0].name)),
+        out.contains(&format!("new       {} (wgsl, msl)", ours(&fresh)[0].name)),
         "{out}"
     );
     // Byte for byte what a fresh write gives: manifest (digest included) and every file.
@@ -490,7 +541,7 @@ fn old_bundle_runs_on_the_cpu_and_add_kernels_makes_it_a_fresh_write() {
     }
     assert_eq!(
         kernels::from_bundle(&Bundle::open(&old).unwrap()).unwrap(),
-        registry()
+        registry(&fresh)
     );
     // Nothing left beside the bundles (no staging directory, no old copy).
     for d in ["old", "copy"] {
@@ -518,7 +569,7 @@ fn add_kernels_replaces_kernels_of_another_build() {
     let fresh = written(dir.path(), "fresh/t.bundle");
     let b = written(dir.path(), "t.bundle");
     // Another build's set: one module of ours missing, one we do not have.
-    let ours = kernels::all();
+    let ours = ours(&b);
     let extra = bk::translate_all(&[KernelSource {
         name: "zz_other_build".into(),
         wgsl: "@group(0) @binding(0) var<storage, read_write> y: array<f32>;\n@compute @workgroup_size(32) fn main(@builtin(global_invocation_id) i: vec3<u32>) { y[i.x] = 1.0; }\n".into(),
@@ -545,7 +596,7 @@ fn add_kernels_replaces_kernels_of_another_build() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(
         text(&o).contains(&format!(
-            "note: the kernels differ from this build's: 1 missing ({gone}), 1 not in this build (zz_other_build), 0 changed"
+            "note: the kernels differ from this build's for the bundle's encodings: 1 missing ({gone}), 1 not among them (zz_other_build), 0 changed"
         )),
         "{}",
         text(&o)
@@ -567,6 +618,71 @@ fn add_kernels_replaces_kernels_of_another_build() {
     );
     assert!(same_manifest(&b, &fresh));
     assert!(!b.join("kernels/zz_other_build.wgsl").exists());
+}
+
+/// A bundle made before bundles carried only their encodings' kernels holds every module of
+/// the registry: verify notes the others, and `add-kernels` removes them, giving what a fresh
+/// write gives.
+#[test]
+fn add_kernels_removes_the_kernels_of_other_encodings() {
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = written(dir.path(), "fresh/t.bundle");
+    let b = written(dir.path(), "t.bundle");
+    let mine: std::collections::BTreeSet<String> = ours(&b).into_iter().map(|k| k.name).collect();
+    let others: Vec<KernelSource> = kernels::all()
+        .into_iter()
+        .filter(|k| !mine.contains(&k.name))
+        .collect();
+    assert!(others.len() > 100, "{}", others.len());
+    let mut m = manifest(&b);
+    for k in bk::translate_all(&others).unwrap() {
+        std::fs::write(b.join(&k.entry.file), &k.bytes).unwrap();
+        m.kernels.push(k.entry.clone());
+        m.files.push(lowbit::bundle::manifest::FileEntry::hashed(
+            k.entry.file.clone(),
+            k.entry.bytes,
+            k.entry.sha256.clone(),
+        ));
+    }
+    m.kernels
+        .sort_by(|a, b| (&a.name, a.kind).cmp(&(&b.name, b.kind)));
+    m.files.sort_by(|a, b| a.path.cmp(&b.path));
+    write_manifest(&b, &mut m);
+    let o = convert(&["verify"], &[&b]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!(
+            "0 missing, {} not among them ({}, ...), 0 changed",
+            others.len(),
+            others[..3]
+                .iter()
+                .map(|k| k.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        "{}",
+        text(&o)
+    );
+    let o = convert(&["add-kernels"], &[&b]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    assert!(
+        out.contains(&format!(
+            "0 new, 0 replaced, {} unchanged, {} removed",
+            mine.len(),
+            others.len()
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("removed   {}", others[0].name)),
+        "{out}"
+    );
+    assert!(same_manifest(&b, &fresh));
+    assert!(!b.join(format!("kernels/{}.wgsl", others[0].name)).exists());
+    let o = convert(&["verify"], &[&b]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!text(&o).contains("note:"), "{}", text(&o));
 }
 
 /// `convert add-kernels .` from inside the bundle (and `DIR/.`) replaces it in place: the

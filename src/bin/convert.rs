@@ -265,9 +265,9 @@ enum Command {
         #[arg(long, value_name = "KEY")]
         key: PathBuf,
     },
-    /// Give a bundle this binary's GPU kernels (every WGSL module and the MSL naga makes from
-    /// it), added to a bundle made before kernels shipped in bundles or replacing the ones it
-    /// carries; recomputes the manifest and the bundle digest. The bundle must verify first,
+    /// Give a bundle this binary's GPU kernels for its tensors' encodings (each WGSL module and
+    /// the MSL naga makes from it), added to a bundle made before kernels shipped in bundles or
+    /// replacing the ones it carries (other encodings' kernels are removed); recomputes the manifest and the bundle digest. The bundle must verify first,
     /// but for kernels that are intact and do not parse or validate here (those it replaces).
     /// Without -o the bundle is replaced (staged beside it, then swapped in).
     AddKernels {

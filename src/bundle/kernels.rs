@@ -682,7 +682,8 @@ pub fn check_kernels<'b>(
     }
     // Against this build's registry: informational (a bundle keeps the kernels it was made
     // with; `add-kernels` replaces them).
-    let registry = crate::runtime::gpu::kernels::all();
+    // This build's kernels for the bundle's encodings (what `pack` would write).
+    let registry = crate::runtime::gpu::kernels::for_tensors(&m.tensors);
     let mine: BTreeMap<&str, &[u8]> = registry
         .iter()
         .map(|k| (k.name.as_str(), k.wgsl.as_bytes()))
@@ -709,9 +710,9 @@ pub fn check_kernels<'b>(
             n => format!("{n} {what} ({}, ...)", v[..3].join(", ")),
         };
         notes.push(format!(
-            "the kernels differ from this build's: {}, {}, {}; `convert add-kernels` replaces them with this build's",
+            "the kernels differ from this build's for the bundle's encodings: {}, {}, {}; `convert add-kernels` replaces them with this build's",
             part(&missing, "missing"),
-            part(&extra, "not in this build"),
+            part(&extra, "not among them"),
             part(&changed, "changed")
         ));
     }

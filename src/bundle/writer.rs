@@ -147,7 +147,8 @@ impl WeightWriter<DirectWriter> {
 /// [`Staging::commit`] once the manifest is written, removed if dropped before that. Every
 /// writer (`pack`, `gguf-to-ternary`, `palettize` from any input) goes through it, so every
 /// bundle carries the GPU kernels: they are translated here, before any tensor is converted
-/// (a kernel that cannot be shipped fails the write at once), and written by `commit`.
+/// (a kernel that cannot be shipped fails the write at once), and `commit` writes those its
+/// tensors' encodings need (`runtime::gpu::kernels::needed`).
 pub(crate) struct Staging {
     dir: util::StagingDir,
     output: PathBuf,
@@ -173,7 +174,7 @@ impl Staging {
     /// directory into place. Returns the manifest and its length in bytes.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn commit(
-        self,
+        mut self,
         weights_size: u64,
         tokenizer: TokenizerRef,
         tokenizer_bytes: &[u8],
@@ -190,7 +191,13 @@ impl Staging {
             tokenizer_bytes.len() as u64,
             util::sha256_hex(tokenizer_bytes),
         )];
-        files.extend(write_kernel_files(self.path(), &self.kernels)?);
+        // The kernels of the tensors' encodings and those of none (kernels::needed).
+        let stems = crate::runtime::gpu::kernels::encodings_of(&tensors);
+        let kernels: Vec<kernels::KernelFile> = std::mem::take(&mut self.kernels)
+            .into_iter()
+            .filter(|k| crate::runtime::gpu::kernels::needed(&k.entry.name, &stems))
+            .collect();
+        files.extend(write_kernel_files(self.path(), &kernels)?);
         let functions = functions_for(&model, buckets);
         let mut manifest = Manifest {
             format: FORMAT.into(),
@@ -208,7 +215,7 @@ impl Staging {
             functions,
             tensors,
             tokenizer,
-            kernels: self.kernels.iter().map(|k| k.entry.clone()).collect(),
+            kernels: kernels.iter().map(|k| k.entry.clone()).collect(),
             files,
             bundle_digest: String::new(),
             manifest_digest: None,
@@ -901,8 +908,9 @@ pub struct AddKernelsSummary {
     pub signature_dropped: bool,
 }
 
-/// `convert add-kernels`: gives the bundle at `bundle` this binary's GPU kernels (adds them to
-/// a bundle made before kernels shipped in bundles, or replaces the ones it carries) and
+/// `convert add-kernels`: gives the bundle at `bundle` this binary's GPU kernels for its
+/// tensors' encodings (`runtime::gpu::kernels::for_tensors`; adds them to a bundle made before
+/// kernels shipped in bundles, or replaces the ones it carries, other encodings' included) and
 /// recomputes the manifest's `kernels`, `files` and digests (as format version 3, so a
 /// version-1 or -2 bundle comes out as version 3, its weight file listed by its tensor table);
 /// every other file and the rest of the manifest stay
@@ -970,6 +978,13 @@ pub fn add_kernels(bundle: &Path, output: Option<&Path>) -> Result<AddKernelsSum
         });
     }
     let old = super::reader::read_manifest(bundle)?;
+    // This build's kernels for the bundle's encodings (kernels::needed): the others a bundle
+    // made before carries are removed.
+    let stems = crate::runtime::gpu::kernels::encodings_of(&old.tensors);
+    let new_kernels: Vec<kernels::KernelFile> = new_kernels
+        .into_iter()
+        .filter(|k| crate::runtime::gpu::kernels::needed(&k.entry.name, &stems))
+        .collect();
     let signature_dropped = bundle.join(super::manifest::SIGNATURE_FILE).exists();
 
     // What changes, module by module.

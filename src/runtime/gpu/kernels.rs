@@ -1,8 +1,9 @@
 //! The registry of WGSL modules: every kernel the GPU backend may compile, each a complete
 //! module (parameters already substituted) with a name that carries its parameters.
 //!
-//! This list is what a bundle ships in `kernels/` and what [`super::GpuContext`] compiles
-//! from when no bundle's sources are given (tests, benchmarks). A kernel generated from a
+//! This list, less the kernels of encodings its tensors lack ([`for_tensors`]), is what a
+//! bundle ships in `kernels/`; all of it is what [`super::GpuContext`] compiles from when no
+//! bundle's sources are given (tests, benchmarks). A kernel generated from a
 //! template (the ternary matvec for each rows-per-workgroup, workgroup size and reduction) is
 //! listed once per variant the backend can pick.
 
@@ -84,6 +85,37 @@ pub fn is_builtin(name: &str, wgsl: &str) -> bool {
         .get_or_init(|| all().into_iter().map(|k| (k.name, k.wgsl)).collect())
         .get(name)
         .is_some_and(|s| s == wgsl)
+}
+
+/// Whether a bundle whose tensors have the encodings `stems` ([`super::weights::encoding_stem`])
+/// needs kernel `name`: a kernel of one weight encoding ([`super::weights::kernel_encoding`])
+/// where a tensor has that encoding, every other kernel always. Every choice the backend makes
+/// among a weight's kernels (reduction, rows, fused forms, the tiled prefill product, older
+/// forms) is among the kernels of the weight's own encoding, so a bundle carries what any
+/// adapter needs to run it and no other encoding's kernels (a SmolLM2 bundle: 2.9 MB of
+/// kernels instead of 13).
+pub fn needed(name: &str, stems: &std::collections::BTreeSet<String>) -> bool {
+    super::weights::kernel_encoding(name).is_none_or(|s| stems.contains(&s))
+}
+
+/// The encodings of `tensors`, as [`needed`] takes them.
+pub fn encodings_of(
+    tensors: &[crate::bundle::manifest::TensorEntry],
+) -> std::collections::BTreeSet<String> {
+    tensors
+        .iter()
+        .map(|t| super::weights::encoding_stem(&t.encoding))
+        .collect()
+}
+
+/// The modules a bundle of `tensors` carries ([`all`] as [`needed`] filters it): what `pack`,
+/// `gguf-to-ternary`, `palettize` and `add-kernels` write.
+pub fn for_tensors(tensors: &[crate::bundle::manifest::TensorEntry]) -> Vec<KernelSource> {
+    let stems = encodings_of(tensors);
+    all()
+        .into_iter()
+        .filter(|k| needed(&k.name, &stems))
+        .collect()
 }
 
 /// Every module, sorted by name.

@@ -754,6 +754,33 @@ pub fn kernel_name(format: WeightFormat, op: WeightOp, reduction: Reduction) -> 
 }
 
 /// What every kernel name of decoder `d` starts with (`weights_q8_0_`; [`name_of`]).
+/// The weight encoding a kernel decodes, where it decodes one, as [`encoding_stem`] names it:
+/// `q4_k` for `weights_q4_k_*`, `ternary2` for the ternary products (`ternary_matvec_*`,
+/// [`super::MatvecConfig::name`]) and `weights_ternary2_*`, `palette_b4` for
+/// `weights_palette_b4_*`; `None` for every other kernel (the ops, the int8 quantize kernels,
+/// the attention's combine), which any model may need. A bundle carries the kernels of its
+/// own tensors' encodings and every kernel of no encoding ([`super::kernels::needed`]).
+pub fn kernel_encoding(name: &str) -> Option<String> {
+    if name.starts_with("ternary_matvec") {
+        return Some(Decoder::Ternary.stem());
+    }
+    Decoder::all()
+        .into_iter()
+        .map(Decoder::stem)
+        .find(|stem| name.starts_with(&format!("weights_{stem}_")))
+}
+
+/// The encoding of a bundle tensor as [`kernel_encoding`] names it: the GGML type in lower
+/// case (`q6_k`), `ternary2`, or `palette_b{bits}`.
+pub fn encoding_stem(e: &crate::bundle::manifest::Encoding) -> String {
+    use crate::bundle::manifest::Encoding;
+    match e {
+        Encoding::Gguf { ggml_type, .. } => ggml_type.to_lowercase(),
+        Encoding::Ternary2 { .. } => Decoder::Ternary.stem(),
+        Encoding::Palette { bits, .. } => Decoder::Palette(*bits).stem(),
+    }
+}
+
 fn kernel_prefix(d: Decoder) -> String {
     format!("weights_{}_", d.stem())
 }
