@@ -1,5 +1,5 @@
-//! The GPU kernels a bundle carries (issue 12): every WGSL module of the registry
-//! ([`crate::runtime::gpu::kernels::all`]) as `kernels/NAME.wgsl`, and for native Metal hosts
+//! The GPU kernels a bundle carries (issue 12): every WGSL module of the registry that its
+//! tensors' encodings need ([`crate::runtime::gpu::kernels::for_tensors`]) as `kernels/NAME.wgsl`, and for native Metal hosts
 //! the Metal Shading Language that naga translates it to as `kernels/NAME.metal`. Each file is
 //! listed in the manifest's `kernels` section (name, kind, file, bytes, SHA256; for MSL how it
 //! was made) and in `files`, so the bundle digest covers it exactly as it covers the weights.
@@ -588,7 +588,7 @@ pub struct KernelCheck {
 /// options and slots when the recorded naga version is this build's (else it is reported as
 /// not re-derived). `file` gives a file's bytes (`None`: missing, already a failure of the
 /// file checks). Returns the checks and notes (no kernels at all; kernels that differ from
-/// this build's registry), which are not failures.
+/// this build's for the bundle's encodings), which are not failures.
 pub fn check_kernels<'b>(
     m: &Manifest,
     bundle: &Path,
@@ -680,9 +680,8 @@ pub fn check_kernels<'b>(
         })();
         checks.push(check(k, "re-derived", r));
     }
-    // Against this build's registry: informational (a bundle keeps the kernels it was made
-    // with; `add-kernels` replaces them).
-    // This build's kernels for the bundle's encodings (what `pack` would write).
+    // Against this build's kernels for the bundle's encodings (what `pack` would write):
+    // informational (a bundle keeps the kernels it was made with; `add-kernels` replaces them).
     let registry = crate::runtime::gpu::kernels::for_tensors(&m.tensors);
     let mine: BTreeMap<&str, &[u8]> = registry
         .iter()

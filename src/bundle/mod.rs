@@ -9,8 +9,9 @@
 //!                    [`manifest`] says exactly what each covers)
 //!   weights.bin      every tensor, each starting at a multiple of 256 bytes, little-endian
 //!   tokenizer.json   the GGUF tokenizer.* metadata, verbatim
-//!   kernels/         the GPU kernels: NAME.wgsl for every module of the registry and
-//!                    NAME.metal, the MSL naga translates it to (in `files` and the digest)
+//!   kernels/         the GPU kernels: NAME.wgsl for every module of the registry that the
+//!                    tensors' encodings need and NAME.metal, the MSL naga translates it
+//!                    to (in `files` and the digest)
 //!   signature.json   optional, `convert sign`: an Ed25519 signature over both digests and
 //!                    every file's SHA256 (not in `files`, not covered by the digests) ([`sign`])
 //! ```

@@ -894,10 +894,11 @@ fn rename_dir_noclobber(from: &Path, to: &Path) -> Result<(), BundleError> {
 pub struct AddKernelsSummary {
     /// Where the bundle with the kernels is (the input, or `-o`).
     pub output: PathBuf,
-    /// Every module of this build and what happened to it: `new` (the bundle lacked it),
-    /// `replaced` (its WGSL or MSL differed), `unchanged`.
+    /// Every module of this build for the bundle's encodings and what happened to it: `new`
+    /// (the bundle lacked it), `replaced` (its WGSL or MSL differed), `unchanged`.
     pub modules: Vec<(String, &'static str)>,
-    /// Modules the bundle had that this build does not: removed.
+    /// Modules the bundle had that are not among those (another build's, or another
+    /// encoding's): removed.
     pub removed: Vec<String>,
     /// Kernel files written (WGSL and MSL).
     pub files: usize,

@@ -249,8 +249,8 @@ pub fn write_rehashed(
 /// (`RECIPE.lock.json`, written by `convert build manifests/RECIPE.toml --update`): the same
 /// bundle digest, else a failure naming the files, tensors and manifest fields that differ
 /// (the producer's command line, which the digest does not cover, left out). The digest covers
-/// the GPU kernels in `kernels/`, so a kernel change (a module added to `kernels::all()`, a
-/// shader edited, another naga) changes it: the failure says whether only kernel files differ
+/// the GPU kernels in `kernels/`, so a kernel change (a module added to `kernels::all()` for
+/// one of the bundle's encodings or for none, a shader edited, another naga) changes it: the failure says whether only kernel files differ
 /// (then rebuild the recipe with `--update`) or weights or tokenizer bytes do (a change in
 /// conversion: find out why first).
 pub fn check_lock(recipe: &str, artifact: &str, bundle: &Path) {

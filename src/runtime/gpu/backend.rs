@@ -1043,6 +1043,9 @@ fn build_graph(
     // activations (there each workgroup stages only a tile of x, and the norm's extra pass
     // over x cost an H200 more than the dispatch).
     let fold = std::env::var("LOWBIT_GPU_FOLD").unwrap_or_default();
+    // (The probe asks for a ternary decode kernel, which a bundle without ternary weights
+    // does not carry: there `int8` is false, and every use of `fold_norm` below is for ternary
+    // products only.)
     let int8 = ctx.decodes_int8(e);
     let (fold_norm, fold_glu) = match fold.as_str() {
         "none" => (false, false),

@@ -4,8 +4,9 @@
 //! Windows, all through one set of WGSL kernels in `shaders/`.
 //!
 //! The other ops are in [`ops`], the weight kernels in [`weights`], the [`super::Backend`] in
-//! [`backend`]. Every module of [`kernels::all`] ships in each bundle (`kernels/`, with its
-//! MSL: [`crate::bundle::kernels`]), and [`super::load`] compiles only the bundle's.
+//! [`backend`]. Every module of [`kernels::all`] that the bundle's tensors' encodings need
+//! ([`kernels::for_tensors`]) ships in it (`kernels/`, with its MSL:
+//! [`crate::bundle::kernels`]), and [`super::load`] compiles only the bundle's.
 //!
 //! # Ternary matvec
 //!

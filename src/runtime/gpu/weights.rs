@@ -753,12 +753,12 @@ pub fn kernel_name(format: WeightFormat, op: WeightOp, reduction: Reduction) -> 
     name_of(d, op, reduction)
 }
 
-/// What every kernel name of decoder `d` starts with (`weights_q8_0_`; [`name_of`]).
 /// The weight encoding a kernel decodes, where it decodes one, as [`encoding_stem`] names it:
 /// `q4_k` for `weights_q4_k_*`, `ternary2` for the ternary products (`ternary_matvec_*`,
 /// [`super::MatvecConfig::name`]) and `weights_ternary2_*`, `palette_b4` for
-/// `weights_palette_b4_*`; `None` for every other kernel (the ops, the int8 quantize kernels,
-/// the attention's combine), which any model may need. A bundle carries the kernels of its
+/// `weights_palette_b4_*`; `None` for every other kernel (the ops; the int8 quantize kernels and
+/// the attention's combine that folds one in, which only ternary products use today but which
+/// are kept for every bundle, as is any kernel not named for an encoding). A bundle carries the kernels of its
 /// own tensors' encodings and every kernel of no encoding ([`super::kernels::needed`]).
 pub fn kernel_encoding(name: &str) -> Option<String> {
     if name.starts_with("ternary_matvec") {
@@ -781,6 +781,7 @@ pub fn encoding_stem(e: &crate::bundle::manifest::Encoding) -> String {
     }
 }
 
+/// What every kernel name of decoder `d` starts with (`weights_q8_0_`; [`name_of`]).
 fn kernel_prefix(d: Decoder) -> String {
     format!("weights_{}_", d.stem())
 }
