@@ -227,11 +227,52 @@ fn check_prefill_logits(
     );
 }
 
+/// A bundle carries only the kernels of its tensors' encodings (and every kernel of none):
+/// the graphs the GPU backend builds from the bundle's kernels are those it builds from the
+/// whole registry (`gpu_sources: None`), label for label (kernel and weight of every decode
+/// and largest-bucket prefill dispatch), with int8 and f32 activations and both reductions:
+/// no choice fell back to an older form, or failed, for want of a kernel the filter left
+/// out.
+fn same_graphs_as_the_registry(what: &str, b: &Path, opts: &LoadOptions) {
+    let model = || runtime::open_model(b).unwrap();
+    let carried = lowbit::runtime::gpu::kernels::from_bundle(&model().bundle).unwrap();
+    assert!(
+        carried.len() < lowbit::runtime::gpu::kernels::all().len(),
+        "{what}: {} kernels, the whole registry",
+        carried.len()
+    );
+    for kernel in [runtime::Kernel::Int8, runtime::Kernel::F32] {
+        for gpu_no_subgroups in [false, true] {
+            let labels = |gpu_sources: Option<std::collections::HashMap<String, String>>| {
+                let be = lowbit::runtime::gpu::backend::GpuBackend::new(
+                    model(),
+                    &LoadOptions {
+                        kernel,
+                        gpu_no_subgroups,
+                        gpu_sources,
+                        ..opts.clone()
+                    },
+                )
+                .unwrap();
+                (be.decode_labels(), be.prefill_labels())
+            };
+            let (bundle, registry) = (labels(Some(carried.clone())), labels(None));
+            assert_eq!(
+                bundle, registry,
+                "{what}, {kernel:?}, no subgroups {gpu_no_subgroups}: the bundle's graphs differ from the registry's"
+            );
+        }
+    }
+}
+
 #[test]
 fn tiny_minicpm_ternary_gpu_equals_cpu() {
     let Some(opts) = gpu_options() else { return };
     let src = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
     let (_d, b) = make_bundle(&["gguf-to-ternary"], &src);
+    same_graphs_as_the_registry("minicpm-tiny", &b, &opts);
+    let (_p, packed) = make_bundle(&["pack"], &src);
+    same_graphs_as_the_registry("minicpm-tiny (pack: TQ2_0 blocks)", &packed, &opts);
     // The default: the ternary products of prefill and decode take int8 activations where
     // the adapter has subgroups, held to the CPU's f32 reference within the int8 tolerance.
     check_model(
@@ -301,6 +342,7 @@ fn smollm2_gpu_equals_cpu_packed_and_palettized() {
         return;
     };
     let (_d, b) = make_bundle(&["pack"], &src);
+    same_graphs_as_the_registry("SmolLM2 Q4_1", &b, &opts);
     check_model(
         "SmolLM2 Q4_1",
         &b,
@@ -340,6 +382,7 @@ fn smollm2_gpu_equals_cpu_packed_and_palettized() {
         ],
         &src,
     );
+    same_graphs_as_the_registry("SmolLM2 palette 6-bit", &b, &opts);
     check_model(
         "SmolLM2 palette 6-bit",
         &b,
@@ -356,6 +399,7 @@ fn qwen2_gpu_equals_cpu() {
         return;
     };
     let (_d, b) = make_bundle(&["pack"], &src);
+    same_graphs_as_the_registry("Qwen2.5-0.5B", &b, &opts);
     check_model(
         "Qwen2.5-0.5B",
         &b,
@@ -387,6 +431,7 @@ fn gemma3_gpu_equals_cpu() {
         return;
     };
     let (_d, b) = make_bundle(&["pack"], &src);
+    same_graphs_as_the_registry("Gemma 3 270M", &b, &opts);
     check_model(
         "Gemma 3 270M",
         &b,
