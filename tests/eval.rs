@@ -527,6 +527,68 @@ fn small_eval_with_reference_and_gates() {
     }
 }
 
+/// Exact-match scoring can fail both ways: on a task SmolLM2-135M can do (continue a run of
+/// seven consecutive integers; the prompt the bare sequence, BIG-bench's `Q:`/`A:` prefixes
+/// set empty, the answer the first integer of the output by the task's regex) it scores at
+/// least 36 of 40 (40 measured on 2026-12-05), and with every target one off, at most 4
+/// (0 measured). The small eval's exact-match tasks (two-digit sums) are ones it mostly
+/// fails, so they alone could not tell a pipeline that never matches.
+#[test]
+fn exact_match_scores_what_the_model_can_do() {
+    let Some(src) = common::model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, b) = pack(&src);
+    let task = |name: &str, off: u32| {
+        let examples: Vec<Value> = (0..40u32)
+            .map(|i| {
+                let k = 1 + (i * 7) % 50;
+                let seq: Vec<String> = (k..k + 7).map(|n| n.to_string()).collect();
+                serde_json::json!({
+                    "input": format!("Continue the sequence: {},", seq.join(", ")),
+                    "target": (k + 7 + off).to_string(),
+                })
+            })
+            .collect();
+        let body = serde_json::json!({
+            "name": name,
+            "metrics": ["exact_str_match"],
+            "preferred_score": "exact_str_match",
+            "example_input_prefix": "",
+            "example_output_prefix": "",
+            "output_regex": "[-+]?\\d+",
+            "examples": examples,
+        });
+        write(tmp.path(), &format!("{name}.json"), &body.to_string())
+    };
+    for (name, off, lo, hi) in [("counting", 0, 36, 40), ("counting_off", 1, 0, 4)] {
+        let t = task(name, off);
+        let out = tmp.path().join(format!("{name}.out.json"));
+        let o = convert(&[
+            "eval",
+            b.to_str().unwrap(),
+            "-q",
+            "--task",
+            t.to_str().unwrap(),
+            "--json",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        let r = json(&out);
+        let task = &r["tasks"][0];
+        assert_eq!(task["mode"], "exact_match");
+        let correct = task["correct"].as_str().unwrap();
+        let n = correct.chars().filter(|&c| c == '1').count();
+        eprintln!("{name}: {n} of {} ({correct})", correct.len());
+        assert_eq!(correct.len(), 40);
+        assert!(
+            (lo..=hi).contains(&n),
+            "{name}: {n} of 40 correct, expected {lo} to {hi}"
+        );
+    }
+}
+
 fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, body).unwrap();
