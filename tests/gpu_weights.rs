@@ -1512,6 +1512,66 @@ fn q8_0_heads_take_the_wide_kernel() {
     }
 }
 
+/// The host binds an optional resource (a bias, the weight's second view) where the kernel's
+/// entry point uses it, by naga's analysis of the source, which is what wgpu's derived bind
+/// group layout holds: a kernel that declares a binding and never reads it gets a layout
+/// without it, and binding it would fail. Here the used set of two kernels that declare the
+/// same bindings, one reading the bias and one not, and a bind group of exactly that set
+/// accepted by the derived layout of each.
+#[test]
+fn optional_bindings_follow_use_not_declaration() {
+    let decl = "@group(0) @binding(3) var<storage, read_write> y: array<f32>;\n\
+                @group(0) @binding(6) var<storage, read> bias: array<f32>;\n\
+                @group(0) @binding(9) var<storage, read> data4: array<vec4<u32>>;\n";
+    let sources: std::collections::HashMap<String, String> = [
+        (
+            "declares_all_reads_bias",
+            format!("{decl}@compute @workgroup_size(1) fn main() {{ y[0] = bias[0]; }}\n"),
+        ),
+        (
+            "declares_all_reads_y_only",
+            format!("{decl}@compute @workgroup_size(1) fn main() {{ y[0] = 1.0; }}\n"),
+        ),
+    ]
+    .into_iter()
+    .map(|(n, s)| (n.to_string(), s))
+    .collect();
+    let Some(ctx) = gpu::context_for_tests(&ContextOptions {
+        sources: Some(sources),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let buf = |label| ctx.vector_buffer(label, 4);
+    for (name, want) in [
+        ("declares_all_reads_bias", vec![3u32, 6]),
+        ("declares_all_reads_y_only", vec![3]),
+    ] {
+        let used: Vec<u32> = ctx.used_bindings(name).iter().copied().collect();
+        assert_eq!(used, want, "{name}");
+        let pipeline = ctx.pipeline_named(name, None).unwrap();
+        let bufs: Vec<wgpu::Buffer> = used.iter().map(|_| buf("b")).collect();
+        let entries: Vec<wgpu::BindGroupEntry> = used
+            .iter()
+            .zip(&bufs)
+            .map(|(&binding, b)| wgpu::BindGroupEntry {
+                binding,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let _ = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(name),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let err = pollster::block_on(scope.pop());
+        assert!(err.is_none(), "{name}: {err:?}");
+    }
+    // A kernel not among the sources: nothing.
+    assert!(ctx.used_bindings("no_such_kernel").is_empty());
+}
+
 /// More than 65,535 workgroups (4 rows each): a 2-D grid, for one and three tokens.
 #[test]
 fn tall_weights_use_a_2d_grid() {

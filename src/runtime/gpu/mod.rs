@@ -2658,6 +2658,8 @@ pub struct GpuContext {
     q8_vec: Mutex<HashMap<usize, wgpu::Buffer>>,
     /// [`GpuContext::q16_vec_scratch`]'s buffers, by K.
     q16_vec: Mutex<HashMap<usize, wgpu::Buffer>>,
+    /// [`GpuContext::used_bindings`], by kernel name.
+    used_bindings: Mutex<HashMap<String, std::sync::Arc<std::collections::BTreeSet<u32>>>>,
 }
 
 impl GpuContext {
@@ -2728,6 +2730,7 @@ impl GpuContext {
             q8_scratch: Mutex::new(HashMap::new()),
             q8_vec: Mutex::new(HashMap::new()),
             q16_vec: Mutex::new(HashMap::new()),
+            used_bindings: Mutex::new(HashMap::new()),
             sources: match &opts.sources {
                 Some(s) => s.clone(),
                 None => kernels::all()
@@ -3064,6 +3067,46 @@ impl GpuContext {
     }
 
     /// The WGSL source of module `name` ([`ContextOptions::sources`]).
+    /// The `@group(0)` bindings that kernel `name`'s entry point `main` uses, by naga's
+    /// analysis of its source (once per kernel): exactly the bindings of the layout wgpu
+    /// derives from it (wgpu-core keeps a resource where the entry point's use of it is not
+    /// empty), so that the host binds an optional resource (a bias, a second view of the
+    /// weight) only where the kernel reads it, whatever else its source declares. Empty for
+    /// a kernel not among the sources or whose source does not parse and validate here
+    /// (building its pipeline reports that).
+    pub fn used_bindings(&self, name: &str) -> std::sync::Arc<std::collections::BTreeSet<u32>> {
+        let mut cache = self.used_bindings.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = cache.get(name) {
+            return b.clone();
+        }
+        let mut used = std::collections::BTreeSet::new();
+        let parsed = self
+            .source(name)
+            .ok()
+            .and_then(|wgsl| crate::bundle::kernels::parse_and_validate(name, wgsl).ok());
+        if let Some(p) = parsed {
+            let ep = p
+                .module
+                .entry_points
+                .iter()
+                .position(|e| e.name == "main" && e.stage == naga::ShaderStage::Compute);
+            if let Some(i) = ep {
+                let info = p.info.get_entry_point(i);
+                for (h, var) in p.module.global_variables.iter() {
+                    match &var.binding {
+                        Some(rb) if rb.group == 0 && !info[h].is_empty() => {
+                            used.insert(rb.binding);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        let used = std::sync::Arc::new(used);
+        cache.insert(name.to_string(), used.clone());
+        used
+    }
+
     pub fn source(&self, name: &str) -> Result<&str, GpuError> {
         self.sources
             .get(name)

@@ -217,10 +217,10 @@ const QUADS_MARK: &str = "const QUAD_TASKS: u32 = 4u;";
 /// The line of matvec_q8_0.wgsl by which the host tells that body (split as matvec_quads.wgsl:
 /// every invocation on each row).
 const Q8_0_BODY_MARK: &str = "const Q8_TASKS: u32 = 2u;";
-/// The declaration by which a kernel reads its chunk's bytes again as 16-byte words
-/// (matvec_q8_0.wgsl): the host then binds the chunk's buffer at binding 9 too. A bundle's
-/// kernels from before it lack it.
-const DATA4_MARK: &str = "@group(0) @binding(9) var<storage, read> data4: array<vec4<u32>>;";
+/// The binding at which a kernel reads its chunk's bytes again as 16-byte words
+/// (matvec_q8_0.wgsl's `data4`): where the kernel uses it ([`GpuContext::used_bindings`]) the
+/// host binds the chunk's buffer there too. A bundle's kernels from before it lack it.
+const DATA4_BINDING: u32 = 9;
 /// Rows per workgroup of the single-token body in bundles made before it took
 /// [`MATVEC_ROWS`] = 2 (kernels `weights_{enc}_matvec_r4_wg64_{sg|wg}`): the host runs those
 /// where a bundle has no `_r2_` kernel. 4 accumulators per invocation cost registers: on an
@@ -843,7 +843,7 @@ fn q8_0_body_now_and_before() -> (String, String) {
 
 /// The optional bindings of a weight kernel's bind group: store.wgsl's bias (6), rows_geglu's
 /// GELU table (7), x_rms.wgsl's norm weight (8), and the chunk's bytes again as 16-byte
-/// words (9, [`DATA4_MARK`]).
+/// words (9, [`DATA4_BINDING`]).
 #[derive(Clone, Copy, Default)]
 struct Slots<'a> {
     bias: Option<&'a wgpu::Buffer>,
@@ -2712,16 +2712,17 @@ impl GpuContext {
         Ok(bytemuck::cast_slice::<u8, f32>(&bytes).to_vec())
     }
 
-    /// Whether product kernel `name` (among this context's sources) has store.wgsl's bias
-    /// binding (kernels from before the bias epilogue do not).
+    /// Whether product kernel `name` (among this context's sources) reads store.wgsl's bias
+    /// binding (kernels from before the bias epilogue have none): by naga's analysis
+    /// ([`GpuContext::used_bindings`]), not by the declaration's text.
     fn has_bias_slot(&self, name: &str) -> bool {
-        self.source(name)
-            .is_ok_and(|s| s.contains("@group(0) @binding(6) var<storage, read> bias"))
+        self.used_bindings(name).contains(&6)
     }
 
-    /// Whether kernel `name` reads its chunk's bytes as 16-byte words too ([`DATA4_MARK`]).
+    /// Whether kernel `name` reads its chunk's bytes as 16-byte words too ([`DATA4_BINDING`];
+    /// [`GpuContext::used_bindings`]).
     fn has_data4_slot(&self, name: &str) -> bool {
-        self.source(name).is_ok_and(|s| s.contains(DATA4_MARK))
+        self.used_bindings(name).contains(&DATA4_BINDING)
     }
 
     /// [`GpuContext::bind_matmul`] once, from host vectors (`x`: `n_tokens * cols` f32),
@@ -2853,7 +2854,9 @@ mod tests {
                 .starts_with(&kernel_prefix(Decoder::Gguf(GgmlType::Q8_0)));
             k.wgsl.contains(QUADS_MARK) != q8
                 && k.wgsl.contains(Q8_0_BODY_MARK) == q8
-                && k.wgsl.contains(DATA4_MARK) == q8
+                && k.wgsl
+                    .contains("@group(0) @binding(9) var<storage, read> data4")
+                    == q8
         };
         let swiglu: Vec<&KernelSource> =
             all.iter().filter(|k| k.name.ends_with("_swiglu")).collect();

@@ -20,7 +20,7 @@
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 // The chunk's bytes (binding 0's buffer) as 16-byte words: the host binds it where a kernel
-// declares it (weights.rs `DATA4_MARK`).
+// uses it (weights.rs `DATA4_BINDING`).
 @group(0) @binding(9) var<storage, read> data4: array<vec4<u32>>;
 
 const NACC: u32 = ROWS * TOK;
