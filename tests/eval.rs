@@ -571,6 +571,8 @@ fn exact_match_scores_what_the_model_can_do() {
             "-q",
             "--task",
             t.to_str().unwrap(),
+            "--max-gen-tokens",
+            "8",
             "--json",
             out.to_str().unwrap(),
         ]);
@@ -582,6 +584,7 @@ fn exact_match_scores_what_the_model_can_do() {
         let n = correct.chars().filter(|&c| c == '1').count();
         eprintln!("{name}: {n} of {} ({correct})", correct.len());
         assert_eq!(correct.len(), 40);
+        assert_eq!(task["acc"]["value"].as_f64().unwrap(), n as f64 / 40.0);
         assert!(
             (lo..=hi).contains(&n),
             "{name}: {n} of 40 correct, expected {lo} to {hi}"

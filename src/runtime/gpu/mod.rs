@@ -3066,24 +3066,24 @@ impl GpuContext {
         self.pipeline_named(&name, Some(&self.ternary_pipeline_layout))
     }
 
-    /// The WGSL source of module `name` ([`ContextOptions::sources`]).
     /// The `@group(0)` bindings that kernel `name`'s entry point `main` uses, by naga's
     /// analysis of its source (once per kernel): exactly the bindings of the layout wgpu
     /// derives from it (wgpu-core keeps a resource where the entry point's use of it is not
     /// empty), so that the host binds an optional resource (a bias, a second view of the
     /// weight) only where the kernel reads it, whatever else its source declares. Empty for
-    /// a kernel not among the sources or whose source does not parse and validate here
-    /// (building its pipeline reports that).
+    /// a kernel not among the sources (those of [`Self::pipeline_named`]: the generated
+    /// variants first, then [`Self::source`]; not cached, as a variant may be generated later)
+    /// or whose source does not parse and validate here (building its pipeline reports that).
     pub fn used_bindings(&self, name: &str) -> std::sync::Arc<std::collections::BTreeSet<u32>> {
         let mut cache = self.used_bindings.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(b) = cache.get(name) {
             return b.clone();
         }
         let mut used = std::collections::BTreeSet::new();
-        let parsed = self
-            .source(name)
-            .ok()
-            .and_then(|wgsl| crate::bundle::kernels::parse_and_validate(name, wgsl).ok());
+        let Some(wgsl) = self.module_source(name) else {
+            return std::sync::Arc::new(used);
+        };
+        let parsed = crate::bundle::kernels::parse_and_validate(name, &wgsl).ok();
         if let Some(p) = parsed {
             let ep = p
                 .module
@@ -3107,6 +3107,19 @@ impl GpuContext {
         used
     }
 
+    /// The source [`Self::pipeline_named`] builds module `name` from: a generated variant
+    /// (`extra`), else [`Self::source`]'s.
+    fn module_source(&self, name: &str) -> Option<String> {
+        let extra = self
+            .extra
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned();
+        extra.or_else(|| self.source(name).ok().map(str::to_string))
+    }
+
+    /// The WGSL source of module `name` ([`ContextOptions::sources`]).
     pub fn source(&self, name: &str) -> Result<&str, GpuError> {
         self.sources
             .get(name)
