@@ -1515,9 +1515,10 @@ fn q8_0_heads_take_the_wide_kernel() {
 /// The host binds an optional resource (a bias, the weight's second view) where the kernel's
 /// entry point uses it, by naga's analysis of the source, which is what wgpu's derived bind
 /// group layout holds: a kernel that declares a binding and never reads it gets a layout
-/// without it, and binding it would fail. Here the used set of two kernels that declare the
-/// same bindings, one reading the bias and one not, and a bind group of exactly that set
-/// accepted by the derived layout of each.
+/// without it, and binding it would fail. Here the used set of four kernels that declare the
+/// same bindings (reading the bias, reading only y, reading the bias in a called function,
+/// querying data4's length), and a bind group of exactly that set accepted by the derived
+/// layout of each.
 #[test]
 fn optional_bindings_follow_use_not_declaration() {
     let decl = "@group(0) @binding(3) var<storage, read_write> y: array<f32>;\n\
@@ -1531,6 +1532,21 @@ fn optional_bindings_follow_use_not_declaration() {
         (
             "declares_all_reads_y_only",
             format!("{decl}@compute @workgroup_size(1) fn main() {{ y[0] = 1.0; }}\n"),
+        ),
+        // A use inside a function the entry point calls, and one by arrayLength only: both
+        // count (naga merges a callee's uses into its caller's; a length query is a use).
+        (
+            "reads_bias_in_a_helper",
+            format!(
+                "{decl}fn b() -> f32 {{ return bias[0]; }}\n\
+                 @compute @workgroup_size(1) fn main() {{ y[0] = b(); }}\n"
+            ),
+        ),
+        (
+            "queries_data4_length",
+            format!(
+                "{decl}@compute @workgroup_size(1) fn main() {{ y[0] = f32(arrayLength(&data4)); }}\n"
+            ),
         ),
     ]
     .into_iter()
@@ -1546,6 +1562,8 @@ fn optional_bindings_follow_use_not_declaration() {
     for (name, want) in [
         ("declares_all_reads_bias", vec![3u32, 6]),
         ("declares_all_reads_y_only", vec![3]),
+        ("reads_bias_in_a_helper", vec![3, 6]),
+        ("queries_data4_length", vec![3, 9]),
     ] {
         let used: Vec<u32> = ctx.used_bindings(name).iter().copied().collect();
         assert_eq!(used, want, "{name}");
