@@ -166,14 +166,39 @@ fn entry_point<'m>(
     name: &str,
     module: &'m naga::Module,
 ) -> Result<&'m naga::EntryPoint, KernelError> {
+    entry_point_index(name, module).map(|i| &module.entry_points[i])
+}
+
+/// The index of [`entry_point`] among the module's entry points (naga's per-entry-point
+/// analysis is indexed so).
+fn entry_point_index(name: &str, module: &naga::Module) -> Result<usize, KernelError> {
     module
         .entry_points
         .iter()
-        .find(|e| e.name == ENTRY_POINT && e.stage == naga::ShaderStage::Compute)
+        .position(|e| e.name == ENTRY_POINT && e.stage == naga::ShaderStage::Compute)
         .ok_or_else(|| KernelError::Msl {
             name: name.into(),
             detail: format!("no compute entry point {ENTRY_POINT:?}"),
         })
+}
+
+/// The `@group(0)` bindings that the compute entry point `main` of `p` uses (reads, writes
+/// or queries, itself or in a function it calls), by naga's analysis: what wgpu-core keeps
+/// in the bind group layout it derives from the module (a resource whose use by the entry
+/// point is not empty).
+pub fn used_bindings(
+    name: &str,
+    p: &Parsed,
+) -> Result<std::collections::BTreeSet<u32>, KernelError> {
+    let info = p.info.get_entry_point(entry_point_index(name, &p.module)?);
+    Ok(p.module
+        .global_variables
+        .iter()
+        .filter(|(h, _)| !info[*h].is_empty())
+        .filter_map(|(_, var)| var.binding.as_ref())
+        .filter(|rb| rb.group == 0)
+        .map(|rb| rb.binding)
+        .collect())
 }
 
 /// The buffer slots of a module's bindings (module doc) and the array-length buffer's slot.

@@ -943,7 +943,6 @@ pub fn add_kernels(bundle: &Path, output: Option<&Path>) -> Result<AddKernelsSum
         util::refuse_existing(out)?;
         util::refuse_output_inside(bundle, out)?;
     }
-    let new_kernels = kernels::current()?;
     let report = super::verify::verify(bundle, &super::verify::VerifyOptions::default())?;
     // Kernels that are intact (every file its listed size and digest) but do not parse,
     // validate or re-derive here (made by another naga) are what this command replaces: only
@@ -979,13 +978,10 @@ pub fn add_kernels(bundle: &Path, output: Option<&Path>) -> Result<AddKernelsSum
         });
     }
     let old = super::reader::read_manifest(bundle)?;
-    // This build's kernels for the bundle's encodings (kernels::needed): the others a bundle
-    // made before carries are removed.
-    let stems = crate::runtime::gpu::kernels::encodings_of(&old.tensors);
-    let new_kernels: Vec<kernels::KernelFile> = new_kernels
-        .into_iter()
-        .filter(|k| crate::runtime::gpu::kernels::needed(&k.entry.name, &stems))
-        .collect();
+    // This build's kernels for the bundle's encodings (translated here, only those): the
+    // others a bundle made before carries are removed.
+    let new_kernels =
+        kernels::translate_all(&crate::runtime::gpu::kernels::for_tensors(&old.tensors))?;
     let signature_dropped = bundle.join(super::manifest::SIGNATURE_FILE).exists();
 
     // What changes, module by module.

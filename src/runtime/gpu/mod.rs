@@ -3079,44 +3079,31 @@ impl GpuContext {
         if let Some(b) = cache.get(name) {
             return b.clone();
         }
-        let mut used = std::collections::BTreeSet::new();
-        let Some(wgsl) = self.module_source(name) else {
-            return std::sync::Arc::new(used);
+        let Ok(wgsl) = self.module_source(name) else {
+            return Default::default();
         };
-        let parsed = crate::bundle::kernels::parse_and_validate(name, &wgsl).ok();
-        if let Some(p) = parsed {
-            let ep = p
-                .module
-                .entry_points
-                .iter()
-                .position(|e| e.name == "main" && e.stage == naga::ShaderStage::Compute);
-            if let Some(i) = ep {
-                let info = p.info.get_entry_point(i);
-                for (h, var) in p.module.global_variables.iter() {
-                    match &var.binding {
-                        Some(rb) if rb.group == 0 && !info[h].is_empty() => {
-                            used.insert(rb.binding);
-                        }
-                        _ => {}
-                    }
-                }
-            }
-        }
-        let used = std::sync::Arc::new(used);
+        let used = std::sync::Arc::new(
+            crate::bundle::kernels::parse_and_validate(name, &wgsl)
+                .and_then(|p| crate::bundle::kernels::used_bindings(name, &p))
+                .unwrap_or_default(),
+        );
         cache.insert(name.to_string(), used.clone());
         used
     }
 
     /// The source [`Self::pipeline_named`] builds module `name` from: a generated variant
-    /// (`extra`), else [`Self::source`]'s.
-    fn module_source(&self, name: &str) -> Option<String> {
+    /// (`extra`), else [`Self::source`]'s (its error where neither has it).
+    fn module_source(&self, name: &str) -> Result<String, GpuError> {
         let extra = self
             .extra
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(name)
             .cloned();
-        extra.or_else(|| self.source(name).ok().map(str::to_string))
+        match extra {
+            Some(s) => Ok(s),
+            None => self.source(name).map(str::to_string),
+        }
     }
 
     /// The WGSL source of module `name` ([`ContextOptions::sources`]).
@@ -3142,16 +3129,8 @@ impl GpuContext {
         if let Some(p) = cache.get(name) {
             return Ok(p.clone());
         }
-        let extra = self
-            .extra
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(name)
-            .cloned();
-        let src = match &extra {
-            Some(s) => s.as_str(),
-            None => self.source(name)?,
-        };
+        let src = self.module_source(name)?;
+        let src = src.as_str();
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(name),
