@@ -254,7 +254,11 @@ fn same_graphs_as_the_registry(what: &str, b: &Path, opts: &LoadOptions) {
                     },
                 )
                 .unwrap();
-                (be.decode_labels(), be.prefill_labels())
+                (
+                    be.decode_labels(),
+                    be.decode_labels_at(0),
+                    be.prefill_labels(),
+                )
             };
             let (bundle, registry) = (labels(Some(carried.clone())), labels(None));
             assert_eq!(
@@ -928,5 +932,96 @@ fn prefill_logits_runs_decode_steps_where_no_bucket_fits_a_binding() {
         &ids,
         23,
         INT8_TOL,
+    );
+}
+
+/// The offset of the u32 value of GGUF metadata key `key` (exactly that key: not one it is a
+/// prefix of).
+fn gguf_u32_at(bytes: &[u8], key: &str) -> usize {
+    let mut k = (key.len() as u64).to_le_bytes().to_vec();
+    k.extend_from_slice(key.as_bytes());
+    k.extend_from_slice(&4u32.to_le_bytes());
+    let at = bytes
+        .windows(k.len())
+        .position(|w| w == k.as_slice())
+        .unwrap_or_else(|| panic!("no u32 metadata key {key}"));
+    at + k.len()
+}
+
+/// The decode graph's two forms on a ternary model whose heads fit the one-dispatch decode
+/// attention (the tiny MiniCPM with 2 query heads over 1 KV head of head_dim 128, n_rot 64, a
+/// 2,048-position context: its GGUF edited in place): below 1,024 positions each layer's
+/// attention is `op_attention_decode_q8_hd128` alone, from position 1,024 on the split
+/// attention and `op_attention_combine_q8` (one dispatch more a layer). Held to the CPU f32
+/// reference as every model is, on short prompts and on a 1,030-token prompt run as decode
+/// steps (its last six positions past the switch: every earlier layer output came from the
+/// one-dispatch form). This holds the wiring and the switch: an attention that contributes
+/// nothing fails it, but this random model's near-uniform attention hides a query head's
+/// mix-up (tried), which `tests/gpu_ops.rs` (`one_dispatch_decode_attention_...`) holds to
+/// the split kernels' values within f32 rounding.
+#[test]
+fn one_dispatch_attention_below_its_positions_and_the_split_one_past_them() {
+    let Some(opts) = gpu_options() else { return };
+    let src = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
+    let mut bytes = std::fs::read(&src).unwrap();
+    for (key, value) in [
+        ("minicpm.attention.head_count", 2u32),
+        ("minicpm.attention.head_count_kv", 1),
+        ("minicpm.context_length", 2048),
+    ] {
+        let at = gguf_u32_at(&bytes, key);
+        bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("hd128.gguf");
+    std::fs::write(&gguf, &bytes).unwrap();
+    let b = dir.path().join("hd128.bundle");
+    let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+        .args(["gguf-to-ternary", "-q", "--context", "1100", "-o"])
+        .arg(&b)
+        .arg(&gguf)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    same_graphs_as_the_registry("minicpm-tiny hd128", &b, &opts);
+    let be =
+        lowbit::runtime::gpu::backend::GpuBackend::new(runtime::open_model(&b).unwrap(), &opts)
+            .unwrap();
+    let ctx = lowbit::runtime::gpu::context_for_tests(&Default::default()).unwrap();
+    let one = "op_attention_decode_q8_hd128";
+    let count = |labels: &[String], name: &str| labels.iter().filter(|l| *l == name).count();
+    let (short, long) = (be.decode_labels_at(1023), be.decode_labels_at(1024));
+    if !ctx.subgroup_ops(lowbit::runtime::gpu::ops::DECODE_ATTENTION_LANES) {
+        assert_eq!(short, long, "no subgroups: one form");
+        eprintln!("note: {} has no subgroups of 4: one form", ctx.info.name);
+    } else {
+        assert_eq!(count(&short, one), 2, "{short:?}");
+        assert_eq!(count(&short, "op_attention_decode"), 0, "{short:?}");
+        assert_eq!(count(&short, "op_attention_combine_q8"), 0, "{short:?}");
+        assert_eq!(count(&long, one), 0, "{long:?}");
+        assert_eq!(count(&long, "op_attention_decode"), 2, "{long:?}");
+        assert_eq!(count(&long, "op_attention_combine_q8"), 2, "{long:?}");
+        assert_eq!(short.len() + 2, long.len());
+        assert_eq!(be.decode_labels_at(0), short);
+        assert_eq!(be.decode_labels(), long);
+    }
+    drop(be);
+    check_model(
+        "minicpm-tiny hd128",
+        &b,
+        &prompts("minicpm-tiny-tq2_0", 2),
+        INT8_TOL,
+        &opts,
+    );
+    let long_prompt: Vec<u32> = (0..1030u32).map(|i| (i * 37 + 5) % 200).collect();
+    check_model(
+        "minicpm-tiny hd128 (1,030 positions as decode steps)",
+        &b,
+        &[long_prompt],
+        INT8_TOL,
+        &LoadOptions {
+            buckets: Some(vec![1]),
+            ..opts
+        },
     );
 }

@@ -22,7 +22,10 @@
 use super::kernels::COMBINE_Q8;
 use super::ops::{self, grid_1d, Bindable, BufView, OpDispatch, Step, MAX_HEAD_DIM};
 use super::weights::{Bound, GpuWeight, WeightFormat};
-use super::{q8_quantize_name, ContextOptions, Epilogue, Fuse, GpuContext, GpuError};
+use super::{
+    attention_decode_q8_fits, attention_decode_q8_name, attention_decode_q8_positions,
+    q8_quantize_name, ContextOptions, Epilogue, Fuse, GpuContext, GpuError,
+};
 use crate::arch::{Activation, RopeMode};
 use crate::runtime::model::{Model, Weight};
 use crate::runtime::{Backend, BackendInfo, LoadOptions, RuntimeError};
@@ -39,6 +42,7 @@ fn gpu_err(e: GpuError) -> RuntimeError {
 }
 
 /// One dispatch list entry.
+#[derive(Clone)]
 enum Item {
     Op(OpDispatch),
     Weight(Bound),
@@ -140,11 +144,25 @@ fn part_views(
 struct Graph {
     acts: Acts,
     items: Vec<Item>,
+    /// The decode graph's form for short contexts: with `(n, items)`, a step at position
+    /// `pos` with `pos + 1 <= n` runs `items`, in which each layer's split attention and
+    /// combine are one dispatch (`op_attention_decode_q8_hd*`,
+    /// [`super::attention_decode_q8_source`]).
+    short: Option<(usize, Vec<Item>)>,
 }
 
 impl Graph {
-    fn dispatches(&self) -> usize {
-        self.items.iter().map(Item::dispatches).sum()
+    /// The dispatch list a step of this graph at position `pos` runs.
+    fn items_at(&self, pos: usize) -> &[Item] {
+        match &self.short {
+            Some((n, items)) if pos < *n => items,
+            _ => &self.items,
+        }
+    }
+
+    /// Dispatches of a step at position `pos`.
+    fn dispatches_at(&self, pos: usize) -> usize {
+        self.items_at(pos).iter().map(Item::dispatches).sum()
     }
 }
 
@@ -566,15 +584,26 @@ impl GpuBackend {
         })
     }
 
-    /// Dispatches one decode step records.
+    /// Dispatches one decode step records at position 0 (with the one-dispatch attention
+    /// where it runs: fewer than past its positions, [`Self::decode_labels_at`]).
     pub fn dispatches_per_token(&self) -> usize {
-        self.graphs[0].dispatches()
+        self.graphs[0].dispatches_at(0)
     }
 
-    /// The labels of a decode step's dispatch list, in order (`kernel weight` for a product,
-    /// the op's kernel name otherwise): which kernel each product runs.
+    /// The labels of a decode step's dispatch list past the positions of the one-dispatch
+    /// attention (the split attention and its combine), in order (`kernel weight` for a
+    /// product, the op's kernel name otherwise): which kernel each product runs.
     pub fn decode_labels(&self) -> Vec<String> {
         self.graphs[0].items.iter().map(|i| i.label()).collect()
+    }
+
+    /// The labels of the dispatch list a decode step at position `pos` runs.
+    pub fn decode_labels_at(&self, pos: usize) -> Vec<String> {
+        self.graphs[0]
+            .items_at(pos)
+            .iter()
+            .map(|i| i.label())
+            .collect()
     }
 
     /// The labels of the largest prefill bucket's dispatch list, as [`Self::decode_labels`]
@@ -623,7 +652,8 @@ impl GpuBackend {
             .position(|g| g.acts.s >= tokens.len())
             .unwrap_or(self.graphs.len() - 1);
         let g = &self.graphs[gi];
-        let n = g.items.len() + 1;
+        let items = g.items_at(pos);
+        let n = items.len() + 1;
         let q = &self.ctx.queue;
         let mut ids = vec![0u32; g.acts.s];
         ids[..tokens.len()].copy_from_slice(tokens);
@@ -675,7 +705,7 @@ impl GpuBackend {
                 label: Some("step"),
                 timestamp_writes: writes(0),
             });
-            for it in &g.items {
+            for it in items {
                 let label = it.label();
                 match it {
                     _ if holds(&skip, &label) => {}
@@ -684,7 +714,7 @@ impl GpuBackend {
                 }
             }
         }
-        for (i, it) in g.items.iter().enumerate() {
+        for (i, it) in items.iter().enumerate() {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: None,
                 timestamp_writes: writes(i + 1),
@@ -708,7 +738,7 @@ impl GpuBackend {
         self.host_logits_valid = false;
         Ok((
             ns[0],
-            g.items
+            items
                 .iter()
                 .map(Item::label)
                 .zip(ns[1..].iter().copied())
@@ -1033,6 +1063,18 @@ fn build_graph(
             },
         }
     };
+    // The one-dispatch decode attention (attention, combine and the output product's
+    // quantization; [`super::attention_decode_q8_source`]) for the positions it holds, where
+    // the split one runs and folds its combine into the quantization (below) and the heads
+    // fit it (`LOWBIT_GPU_ATTN_ONE=0`: never, a measuring knob). The graph keeps the split
+    // form for longer contexts ([`Graph::short`]).
+    let attention_decode_q8 = (attention == DECODE_ATTENTION
+        && std::env::var("LOWBIT_GPU_ATTN_ONE").map_or(true, |v| v != "0")
+        && attention_decode_q8_fits(nh, nkv, hd))
+    .then(|| attention_decode_q8_name(hd))
+    .flatten()
+    .filter(|name| ctx.has_source(name));
+    let mut short = Vec::new();
     // Which ops decode folds into the products: `LOWBIT_GPU_FOLD` = `all` (the norms into the
     // ternary Q/K/V and gate/up, the gating (SwiGLU, or GELU on GGUF weights) into gate/up),
     // `glu` (the gating only), `norm` (the norms only) or `none`. A benchmarking knob: the
@@ -1307,6 +1349,10 @@ fn build_graph(
             neox,
             q_scale,
         ]);
+        // Where the split attention's item is (the one-dispatch form replaces it and the
+        // combine in the short-context list).
+        let attention_at = items.len();
+        let attention_params = p.clone();
         if attention == DECODE_ATTENTION {
             items.push(op(
                 attention,
@@ -1378,6 +1424,29 @@ fn build_graph(
                     && matches!(&wo, Item::Weight(b) if b.has_pre(q8_quantize_name(false)));
                 if fold {
                     let xq = ctx.q8_vec_scratch(nh * hd);
+                    // The one-dispatch attention for short contexts, where it runs.
+                    if let Some(name) = attention_decode_q8 {
+                        short.push((
+                            attention_at,
+                            items.len(),
+                            op(
+                                name,
+                                &[
+                                    qf,
+                                    kf,
+                                    &a.v,
+                                    table,
+                                    kc,
+                                    vc,
+                                    &a.attn,
+                                    &xq,
+                                    &attention_params,
+                                    &a.step,
+                                ],
+                                ((nh * hd / 256) as u32, 1, 1),
+                            )?,
+                        ));
+                    }
                     items.push(op(
                         COMBINE_Q8,
                         &[&a.part, &a.attn, &xq, &p, &a.step],
@@ -1517,7 +1586,29 @@ fn build_graph(
         ]);
         items.push(op("op_scale", &[sh.logits, &p], (gx, gy, 1))?);
     }
-    Ok(Graph { acts, items })
+    // The short-context list: each layer's split attention replaced by the one-dispatch
+    // form and its combine left out, where every layer has one.
+    let short = (!short.is_empty() && short.len() == hp.n_layer).then(|| {
+        let mut out = Vec::with_capacity(items.len() - short.len());
+        let mut alt = short.into_iter().peekable();
+        let mut skip = None;
+        for (i, it) in items.iter().enumerate() {
+            if skip == Some(i) {
+                skip = None;
+                continue;
+            }
+            match alt.peek() {
+                Some((at, _, _)) if *at == i => {
+                    let (_, combine_at, fused) = alt.next().expect("peeked");
+                    out.push(fused);
+                    skip = Some(combine_at);
+                }
+                _ => out.push(it.clone()),
+            }
+        }
+        (attention_decode_q8_positions(hd), out)
+    });
+    Ok(Graph { acts, items, short })
 }
 
 impl GpuBackend {
@@ -1561,7 +1652,7 @@ impl GpuBackend {
                 label: Some("forward"),
                 timestamp_writes: None,
             });
-            for it in g.items.iter().chain(extra) {
+            for it in g.items_at(pos0).iter().chain(extra) {
                 it.encode(&mut pass);
             }
             if slot.is_some() {
