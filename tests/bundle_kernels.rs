@@ -229,8 +229,8 @@ fn written_bundle_lists_and_hashes_every_kernel() {
 /// prefill quantize), no other encoding's: the tiny MiniCPM has ternary products (with the
 /// kernels only their int8 form uses: decode quantize, combine, one-dispatch attention), an
 /// F16 embedding and a Q8_0 head (and F32 vectors, which run no weight kernel), so its kernels
-/// are those three encodings' and the others of no encoding, 136 modules of the registry's
-/// 310.
+/// are those three encodings' and the others of no encoding, 139 modules of the registry's
+/// 313.
 #[test]
 fn a_bundle_carries_the_kernels_of_its_encodings_only() {
     use lowbit::runtime::gpu::weights::kernel_encoding;
@@ -246,6 +246,7 @@ fn a_bundle_carries_the_kernels_of_its_encodings_only() {
         ("op_attention_combine_q8", Some("ternary2")),
         ("op_attention_decode_q8_hd128", Some("ternary2")),
         ("op_attention_decode", None),
+        ("op_attention_decode_one_hd64", None),
         ("op_rms_norm", None),
     ] {
         assert_eq!(kernel_encoding(name).as_deref(), enc, "{name}");
@@ -269,8 +270,8 @@ fn a_bundle_carries_the_kernels_of_its_encodings_only() {
         };
         assert_eq!(*kept, want, "{enc:?}: {kept} of {all} carried");
     }
-    assert_eq!(carried.len(), 136);
-    assert_eq!(kernels::all().len(), 310);
+    assert_eq!(carried.len(), 139);
+    assert_eq!(kernels::all().len(), 313);
     // And nothing else: every carried name is a registry kernel.
     assert_eq!(
         carried.len(),

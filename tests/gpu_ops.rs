@@ -1296,50 +1296,61 @@ fn combine_q8_equals_the_combine_then_the_quantize() {
 }
 
 /// The one-dispatch decode attention (`op_attention_decode_q8_hd*`: attention, merge and the
-/// output product's quantization in one workgroup per 256 outputs) against what it replaces
-/// for short contexts: `op_attention_decode` and `op_attention_combine_q8`. Head dims 64 (four
-/// heads a block), 128 (the 8B shape: 32 heads over 2 KV heads) and 256 (one head a block);
-/// RoPE with LongRoPE factors, NORM and NEOX pairs, a partial rotation, a Q scale, a sliding
-/// window; positions 0, in the middle, and the last each variant holds. Both caches come out
-/// bit for bit the same, the merged values agree within the attention tolerance, and its
-/// int8 x is bit for bit what the quantize kernel makes of its own merged values. One
-/// position past what it holds gives NaN, never a result from part of the positions.
+/// output product's quantization in one workgroup per 256 outputs; `op_attention_decode_one_hd*`:
+/// attention and merge in one workgroup per head) against what it replaces for short
+/// contexts: `op_attention_decode` and `op_attention_combine_q8` (or `op_attention_combine`).
+/// Head dims 64 (four heads a block in the int8 form), 128 (the 8B shape: 32 heads over 2 KV
+/// heads) and 256; RoPE with LongRoPE factors, NORM and NEOX pairs, a partial rotation, a Q
+/// scale, a sliding window; positions 0, in the middle, and the last each variant holds.
+/// Both caches come out bit for bit the same, the merged values agree within the attention
+/// tolerance, and the int8 x is bit for bit what the quantize kernel makes of the kernel's
+/// own merged values. One position past what it holds gives NaN, never a result from part
+/// of the positions.
 #[test]
 fn one_dispatch_decode_attention_equals_the_split_attention_and_its_combine() {
     use lowbit::runtime::gpu::{
-        attention_decode_q8_fits, attention_decode_q8_name, attention_decode_q8_positions,
+        attention_decode_one_fits, attention_decode_one_name, attention_decode_one_positions,
     };
     let Some(ctx) = ctx() else { return };
     if !ctx.subgroup_ops(ops::DECODE_ATTENTION_LANES) || !ctx.has_f16_in_f32() {
         eprintln!(
-            "note: no subgroups of {} or more or no unpack2x16float here: op_attention_decode_q8 not run",
+            "note: no subgroups of {} or more or no unpack2x16float here: the one-dispatch attention not run",
             ops::DECODE_ATTENTION_LANES
         );
         return;
     }
-    assert!(attention_decode_q8_fits(32, 2, 128));
-    assert!(attention_decode_q8_fits(8, 2, 64));
+    assert!(attention_decode_one_fits(32, 2, 128, true));
+    assert!(attention_decode_one_fits(8, 2, 64, true));
     assert!(
-        !attention_decode_q8_fits(4, 2, 64),
+        !attention_decode_one_fits(4, 2, 64, true),
         "a block across two KV heads"
     );
-    assert!(!attention_decode_q8_fits(14, 2, 64));
-    assert!(!attention_decode_q8_fits(8, 2, 96));
+    assert!(attention_decode_one_fits(4, 2, 64, false));
+    assert!(!attention_decode_one_fits(14, 2, 64, true));
+    assert!(attention_decode_one_fits(14, 2, 64, false));
+    assert!(!attention_decode_one_fits(8, 2, 96, false));
+    assert_eq!(attention_decode_one_positions(128, true), 1024);
+    assert_eq!(attention_decode_one_positions(64, false), 2048);
     let mut seed = 57u64;
-    for (neox, heads, kv_heads, hd, n_rot, q_scale, window, pos0) in [
+    for (int8, neox, heads, kv_heads, hd, n_rot, q_scale, window, pos0) in [
         (
-            false, 32usize, 2usize, 128usize, 128usize, 1.0f32, 0usize, 150usize,
+            true, false, 32usize, 2usize, 128usize, 128usize, 1.0f32, 0usize, 150usize,
         ),
-        (false, 32, 2, 128, 128, 1.0, 0, 1023),
-        (true, 8, 2, 64, 64, 1.0, 0, 0),
-        (false, 8, 2, 64, 48, 0.5, 40, 300),
-        (true, 8, 1, 64, 64, 1.0, 0, 511),
-        (true, 4, 1, 256, 256, 0.0625, 0, 700),
-        (false, 32, 2, 128, 128, 1.0, 0, 1024),
+        (true, false, 32, 2, 128, 128, 1.0, 0, 1023),
+        (true, true, 8, 2, 64, 64, 1.0, 0, 0),
+        (true, false, 8, 2, 64, 48, 0.5, 40, 300),
+        (true, true, 8, 1, 64, 64, 1.0, 0, 511),
+        (true, true, 4, 1, 256, 256, 0.0625, 0, 700),
+        (true, false, 32, 2, 128, 128, 1.0, 0, 1024),
+        (false, true, 14, 2, 64, 64, 1.0, 0, 300),
+        (false, false, 9, 3, 64, 48, 0.5, 40, 1500),
+        (false, true, 4, 1, 256, 256, 0.0625, 0, 0),
+        (false, false, 4, 2, 128, 128, 1.0, 0, 2047),
+        (false, false, 4, 2, 128, 128, 1.0, 0, 2048),
     ] {
-        let name = attention_decode_q8_name(hd).unwrap();
-        let past = pos0 + 1 > attention_decode_q8_positions(hd) && window == 0;
-        let (n_ctx, splits) = (2048usize, 32usize);
+        let name = attention_decode_one_name(hd, int8).unwrap();
+        let past = pos0 + 1 > attention_decode_one_positions(hd, int8) && window == 0;
+        let (n_ctx, splits) = (4096usize, 64usize);
         let chunk = n_ctx.div_ceil(splits);
         let factors: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.25).collect();
         let mut table = vec![0f32; n_ctx * n_rot];
@@ -1399,7 +1410,7 @@ fn one_dispatch_decode_attention_equals_the_split_attention_and_its_combine() {
             ],
         );
         let xq_len = (nq + nq / 8) / 4;
-        // A: the split attention, then the combine with the quantization.
+        // A: the split attention, then the combine (with the quantization in the int8 form).
         let part = ctx.vector_buffer("part", heads * splits * (hd + 2));
         run(
             &ctx,
@@ -1424,23 +1435,41 @@ fn one_dispatch_decode_attention_equals_the_split_attention_and_its_combine() {
             ctx.vector_buffer("out a", nq),
             ctx.vector_buffer("xq a", xq_len),
         );
-        run(
-            &ctx,
-            lowbit::runtime::gpu::kernels::COMBINE_Q8,
-            &[&part, &out_a, &xq_a, &pc, &st],
-            ((nq / 256) as u32, 1, 1),
-        );
+        if int8 {
+            run(
+                &ctx,
+                lowbit::runtime::gpu::kernels::COMBINE_Q8,
+                &[&part, &out_a, &xq_a, &pc, &st],
+                ((nq / 256) as u32, 1, 1),
+            );
+        } else {
+            run(
+                &ctx,
+                "op_attention_combine",
+                &[&part, &out_a, &pc, &st],
+                (heads as u32, 1, 1),
+            );
+        }
         // B: the one-dispatch kernel.
         let (out_b, xq_b) = (
             ctx.vector_buffer("out b", nq),
             ctx.vector_buffer("xq b", xq_len),
         );
-        run(
-            &ctx,
-            name,
-            &[&qb, &kb, &vb, &tb, &kc_b, &vc_b, &out_b, &xq_b, &p, &st],
-            ((nq / 256) as u32, 1, 1),
-        );
+        if int8 {
+            run(
+                &ctx,
+                name,
+                &[&qb, &kb, &vb, &tb, &kc_b, &vc_b, &out_b, &xq_b, &p, &st],
+                ((nq / 256) as u32, 1, 1),
+            );
+        } else {
+            run(
+                &ctx,
+                name,
+                &[&qb, &kb, &vb, &tb, &kc_b, &vc_b, &out_b, &p, &st],
+                (heads as u32, 1, 1),
+            );
+        }
         let what = format!(
             "{name} neox={neox} h{heads}/{kv_heads} n_rot {n_rot} q_scale {q_scale} window {window} pos {pos0}"
         );
@@ -1461,13 +1490,16 @@ fn one_dispatch_decode_attention_equals_the_split_attention_and_its_combine() {
             );
             eprintln!(
                 "{what}: past its {} positions: NaN",
-                attention_decode_q8_positions(hd)
+                attention_decode_one_positions(hd, int8)
             );
             continue;
         }
         let tol = (hd as f32 + (pos0 + 1) as f32) * 4.0 * f32::EPSILON;
         check(&what, &b, &a, &vec![1.0; nq], tol);
         assert!(b.iter().any(|x| x.abs() > 1e-3), "{what}: all zero");
+        if !int8 {
+            continue;
+        }
         let xq_ref = ctx.vector_buffer("xq ref", xq_len);
         let qp = ctx.uniform("q params", bytemuck::cast_slice(&[nq as u32, 0, 0, 0]));
         run(
@@ -1485,5 +1517,24 @@ fn one_dispatch_decode_attention_equals_the_split_attention_and_its_combine() {
             read_u32(&ctx, &xq_ref, xq_len),
             "{what}: int8 x"
         );
+        // And against the split path's int8 x (from values that differ in the last bits):
+        // each q within 1, each unit's da within f32 rounding.
+        let (qa, qb) = (read_u32(&ctx, &xq_a, xq_len), read_u32(&ctx, &xq_b, xq_len));
+        let groups = nq / 16 * 4;
+        for (i, (wa, wb)) in qa[..groups].iter().zip(&qb[..groups]).enumerate() {
+            for (x, y) in wa.to_le_bytes().iter().zip(wb.to_le_bytes()) {
+                let d = (*x as i8 as i32 - y as i8 as i32).abs();
+                assert!(d <= 1, "{what}: int8 x word {i}: {wa:08x} against {wb:08x}");
+            }
+        }
+        for (i, (wa, wb)) in qa[groups..].iter().zip(&qb[groups..]).enumerate() {
+            if i % 2 == 1 {
+                let (da, db) = (f32::from_bits(*wa), f32::from_bits(*wb));
+                assert!(
+                    (da - db).abs() <= 1e-5 * da.abs(),
+                    "{what}: da of unit word {i}: {da} against {db}"
+                );
+            }
+        }
     }
 }

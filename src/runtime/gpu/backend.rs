@@ -23,7 +23,7 @@ use super::kernels::COMBINE_Q8;
 use super::ops::{self, grid_1d, Bindable, BufView, OpDispatch, Step, MAX_HEAD_DIM};
 use super::weights::{Bound, GpuWeight, WeightFormat};
 use super::{
-    attention_decode_q8_fits, attention_decode_q8_name, attention_decode_q8_positions,
+    attention_decode_one_fits, attention_decode_one_name, attention_decode_one_positions,
     q8_quantize_name, ContextOptions, Epilogue, Fuse, GpuContext, GpuError,
 };
 use crate::arch::{Activation, RopeMode};
@@ -146,8 +146,9 @@ struct Graph {
     items: Vec<Item>,
     /// The decode graph's form for short contexts: with `(n, items)`, a step at position
     /// `pos` with `pos + 1 <= n` runs `items`, in which each layer's split attention and
-    /// combine are one dispatch (`op_attention_decode_q8_hd*`,
-    /// [`super::attention_decode_q8_source`]).
+    /// combine are one dispatch (`op_attention_decode_q8_hd*` where the combine writes the
+    /// output product's int8 x, else `op_attention_decode_one_hd*`;
+    /// [`super::attention_decode_one_source`]).
     short: Option<(usize, Vec<Item>)>,
 }
 
@@ -507,7 +508,17 @@ impl GpuBackend {
         };
         let graphs = sizes
             .iter()
-            .map(|&s| build_graph(&ctx, &model, &shared, s, stack_qkv, stack_gu))
+            .map(|&s| {
+                build_graph(
+                    &ctx,
+                    &model,
+                    &shared,
+                    s,
+                    stack_qkv,
+                    stack_gu,
+                    opts.gpu_attention_one,
+                )
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let argmax = ctx
             .bind_op(
@@ -585,9 +596,14 @@ impl GpuBackend {
     }
 
     /// Dispatches one decode step records at position 0 (with the one-dispatch attention
-    /// where it runs: fewer than past its positions, [`Self::decode_labels_at`]).
+    /// where it runs: fewer than past its positions, [`Self::dispatches_at`]).
     pub fn dispatches_per_token(&self) -> usize {
         self.graphs[0].dispatches_at(0)
+    }
+
+    /// Dispatches a decode step at position `pos` records.
+    pub fn dispatches_at(&self, pos: usize) -> usize {
+        self.graphs[0].dispatches_at(pos)
     }
 
     /// The labels of a decode step's dispatch list past the positions of the one-dispatch
@@ -903,6 +919,7 @@ fn build_graph(
     s: usize,
     stack_qkv: bool,
     stack_gu: bool,
+    attention_one: bool,
 ) -> Result<Graph, RuntimeError> {
     let hp = &model.layout.hyper;
     let (e, hd, nh, nkv, nff) = (hp.n_embd, hp.head_dim, hp.n_head, hp.n_head_kv, hp.n_ff);
@@ -1063,18 +1080,27 @@ fn build_graph(
             },
         }
     };
-    // The one-dispatch decode attention (attention, combine and the output product's
-    // quantization; [`super::attention_decode_q8_source`]) for the positions it holds, where
-    // the split one runs and folds its combine into the quantization (below) and the heads
-    // fit it (`LOWBIT_GPU_ATTN_ONE=0`: never, a measuring knob). The graph keeps the split
-    // form for longer contexts ([`Graph::short`]).
-    let attention_decode_q8 = (attention == DECODE_ATTENTION
-        && std::env::var("LOWBIT_GPU_ATTN_ONE").map_or(true, |v| v != "0")
-        && attention_decode_q8_fits(nh, nkv, hd))
-    .then(|| attention_decode_q8_name(hd))
-    .flatten()
-    .filter(|name| ctx.has_source(name));
-    let mut short = Vec::new();
+    // The one-dispatch decode attention (the attention and its combine, with `int8` also the
+    // output product's quantization; [`super::attention_decode_one_source`]) for the
+    // positions it holds, where the options ask for it (`LoadOptions::gpu_attention_one`;
+    // `LOWBIT_GPU_ATTN_ONE` = 1 or 0 overrides them, a measuring knob), the split one runs
+    // and the heads fit it. The graph keeps the split form for longer contexts
+    // ([`Graph::short`]).
+    let asked = match std::env::var("LOWBIT_GPU_ATTN_ONE").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => attention_one,
+    };
+    let one_on = attention == DECODE_ATTENTION && asked;
+    let attention_one = |int8: bool| {
+        (one_on && attention_decode_one_fits(nh, nkv, hd, int8))
+            .then(|| attention_decode_one_name(hd, int8))
+            .flatten()
+            .filter(|name| ctx.has_source(name))
+    };
+    // Per layer: where the split attention's item and its combine are, the one-dispatch
+    // item, the positions it holds.
+    let mut short: Vec<(usize, usize, Item, usize)> = Vec::new();
     // Which ops decode folds into the products: `LOWBIT_GPU_FOLD` = `all` (the norms into the
     // ternary Q/K/V and gate/up, the gating (SwiGLU, or GELU on GGUF weights) into gate/up),
     // `glu` (the gating only), `norm` (the norms only) or `none`. A benchmarking knob: the
@@ -1353,6 +1379,18 @@ fn build_graph(
         // combine in the short-context list).
         let attention_at = items.len();
         let attention_params = p.clone();
+        // The f32 one-dispatch attention's bindings (the int8 one adds its x).
+        let one_f32: [&dyn Bindable; 9] = [
+            qf,
+            kf,
+            &a.v,
+            table,
+            kc,
+            vc,
+            &a.attn,
+            &attention_params,
+            &a.step,
+        ];
         if attention == DECODE_ATTENTION {
             items.push(op(
                 attention,
@@ -1402,6 +1440,14 @@ fn build_graph(
         // The residual add in the product's epilogue unless a norm comes between.
         match &lv.post_attn_norm {
             Some(w) => {
+                if let Some(name) = attention_one(false) {
+                    short.push((
+                        attention_at,
+                        items.len(),
+                        op(name, &one_f32, (nh as u32, 1, 1))?,
+                        attention_decode_one_positions(hd, false),
+                    ));
+                }
                 items.push(op(
                     "op_attention_combine",
                     &[&a.part, &a.attn, &p, &a.step],
@@ -1425,7 +1471,7 @@ fn build_graph(
                 if fold {
                     let xq = ctx.q8_vec_scratch(nh * hd);
                     // The one-dispatch attention for short contexts, where it runs.
-                    if let Some(name) = attention_decode_q8 {
+                    if let Some(name) = attention_one(true) {
                         short.push((
                             attention_at,
                             items.len(),
@@ -1445,6 +1491,7 @@ fn build_graph(
                                 ],
                                 ((nh * hd / 256) as u32, 1, 1),
                             )?,
+                            attention_decode_one_positions(hd, true),
                         ));
                     }
                     items.push(op(
@@ -1456,6 +1503,14 @@ fn build_graph(
                         b.drop_pre(q8_quantize_name(false));
                     }
                 } else {
+                    if let Some(name) = attention_one(false) {
+                        short.push((
+                            attention_at,
+                            items.len(),
+                            op(name, &one_f32, (nh as u32, 1, 1))?,
+                            attention_decode_one_positions(hd, false),
+                        ));
+                    }
                     items.push(op(
                         "op_attention_combine",
                         &[&a.part, &a.attn, &p, &a.step],
@@ -1589,6 +1644,7 @@ fn build_graph(
     // The short-context list: each layer's split attention replaced by the one-dispatch
     // form and its combine left out, where every layer has one.
     let short = (!short.is_empty() && short.len() == hp.n_layer).then(|| {
+        let positions = short.iter().map(|s| s.3).min().unwrap_or(0);
         let mut out = Vec::with_capacity(items.len() - short.len());
         let mut alt = short.into_iter().peekable();
         let mut skip = None;
@@ -1598,15 +1654,15 @@ fn build_graph(
                 continue;
             }
             match alt.peek() {
-                Some((at, _, _)) if *at == i => {
-                    let (_, combine_at, fused) = alt.next().expect("peeked");
+                Some((at, _, _, _)) if *at == i => {
+                    let (_, combine_at, fused, _) = alt.next().expect("peeked");
                     out.push(fused);
                     skip = Some(combine_at);
                 }
                 _ => out.push(it.clone()),
             }
         }
-        (attention_decode_q8_positions(hd), out)
+        (positions, out)
     });
     Ok(Graph { acts, items, short })
 }

@@ -46,7 +46,7 @@ const OPS: &[(&str, &str)] = &[
 ];
 
 /// The decode attention kernels' RoPE and cache-word helpers (`attention_decode_rope.wgsl`),
-/// appended to `op_attention_decode` and to [`super::attention_decode_q8_source`]'s modules.
+/// appended to `op_attention_decode` and to [`super::attention_decode_one_source`]'s modules.
 pub(crate) const DECODE_ATTENTION_HELPERS: &str =
     include_str!("shaders/ops/attention_decode_rope.wgsl");
 
@@ -59,6 +59,9 @@ pub const SUBGROUP_OPS: &[&str] = &[
     "op_attention_decode_q8_hd64",
     "op_attention_decode_q8_hd128",
     "op_attention_decode_q8_hd256",
+    "op_attention_decode_one_hd64",
+    "op_attention_decode_one_hd128",
+    "op_attention_decode_one_hd256",
 ];
 
 /// Invocations per score of `op_attention_decode` (`LANES` in attention_decode.wgsl): it runs

@@ -1,18 +1,19 @@
 // Attention of one decode step over the f16 KV cache in one dispatch, for positions up to
-// MAXP, with the output product's int8 quantization folded in: the work of
-// attention_decode.wgsl (RoPE of q and of the token's own key, the KV store) and of
-// op_attention_combine_q8 (the merged output, stored as f32 and quantized into the int8 x of
-// the output product) without the split state between them, so a decode step has one
-// dispatch less per layer. A template: the host (src/runtime/gpu/mod.rs,
-// attention_decode_q8_source) sets HD, expands the `//@for` blocks and puts the int8
-// quantization's lines (those of the quantize kernels) at `//@q8`; the module is registered
-// as op_attention_decode_q8_hd{HD}.
+// MAXP: the work of attention_decode.wgsl (RoPE of q and of the token's own key, the KV
+// store) and of its combine (the merged output) without the split state between them, so a
+// decode step has one dispatch less per layer; in the int8 form also the output product's
+// quantization (op_attention_combine_q8's). A template: the host (src/runtime/gpu/mod.rs,
+// attention_decode_one_source) sets HD and HB, expands the `//@for` blocks (the `//@for Q Q8`
+// ones once in the int8 form, never in the f32 one) and puts the int8 quantization's lines
+// (those of the quantize kernels) at `//@q8`; the modules are registered as
+// op_attention_decode_q8_hd{HD} (int8: HB = 256 / HD, a block of 256 outputs) and
+// op_attention_decode_one_hd{HD} (f32: HB = 1).
 //
-// One workgroup per block of 256 outputs: the HB = 256 / HD query heads h0 .. h0 + HB - 1
-// (the host uses it only where they share one KV head). In three phases over the positions
+// One workgroup per block of HB * HD outputs: the query heads h0 .. h0 + HB - 1 (the host
+// uses it only where they share one KV head). In three phases over the positions
 // lo ..= pos (lo = pos + 1 - window with a sliding window, else 0), n of them:
 // - Scores, into workgroup memory: cluster c of LANES invocations (consecutive lanes of one
-//   subgroup) takes positions c, c + NC, ..., two at a time with all their key words loaded
+//   subgroup) takes positions c, c + NC, ..., KU at a time with all their key words loaded
 //   before any arithmetic; lane l of the cluster reads the key's 16-byte words l, l + LANES,
 //   ... and dots them with every head's rotated query (one key load serves the block's HB
 //   heads), the cluster adding its partial dots with two subgroupShuffleXor steps (a score
@@ -24,22 +25,23 @@
 //   value rows g, g + NG, ..., four at a time with their loads issued together, and keeps 8
 //   running sums per head; the groups' sums are added in group order (head by head, in the
 //   scores' workgroup memory), times 1 / l.
-// Then the block's 256 values are stored to `out` and quantized exactly as
-// op_attention_combine_q8 quantizes its block (per 16-element group; the product's int8 x
-// at binding 7). The token's own key and value (rotated, rounded to f16) are used for
+// Then the block's values are stored to `out`, and in the int8 form (256 of them) quantized
+// exactly as op_attention_combine_q8 quantizes its block (per 16-element group; the
+// product's int8 x at binding 7). The token's own key and value (rotated, rounded to f16) are used for
 // position pos from workgroup memory and stored into the cache row pos by the workgroup of
 // the KV head's first query head (no workgroup of this dispatch reads that row).
 //
 // The scores of a block take HB * MAXP f32 of workgroup memory (8 KiB): at most MAXP = 2048 /
-// HB positions (512 at HD = 64, 1024 at 128, 2048 at 256). The host runs it only while
+// HB positions (int8: 512 at HD = 64, 1024 at 128, 2048 at 256; f32: 2048). The host runs it only while
 // n <= MAXP and the split attention with its combine past that; a dispatch with more
 // positions writes NaN (never a result computed from part of them).
 //
 // Needs subgroups of at least LANES invocations. q: [1, heads, HD] f32 and k, v:
 // [1, kv_heads, HD] f32, before RoPE; table: (cos, sin) per position and pair; caches
 // [kv_heads, n_ctx, HD] f16 pairs in u32 as vec4<u32> words of 8 f16 (kv_store.wgsl);
-// out: [heads * HD] f32; xq: the int8 x of the output product (q8_common.wgsl's group
-// layout, then per 64-element unit its sum of q and its block's da).
+// Bindings: q, k, v, table, kc, vc, out, xq (int8 form only), p, step (numbered in that
+// order: the f32 form's p and step are 7 and 8). out: [heads * HD] f32; xq (int8 form): the int8 x of the output product (q8_common.wgsl's
+// group layout, then per 64-element unit its sum of q and its block's da).
 
 struct P {
     heads: u32,
@@ -66,7 +68,9 @@ struct P {
 @group(0) @binding(4) var<storage, read_write> kc: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read_write> vc: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
+//@for Q Q8
 @group(0) @binding(7) var<storage, read_write> xq: array<vec4<u32>>;
+//@end
 @group(0) @binding(8) var<uniform> p: P;
 @group(0) @binding(9) var<uniform> step: Step;
 
@@ -75,11 +79,12 @@ const WG: u32 = 256u;
 const LANES: u32 = 4u;
 const NC: u32 = WG / LANES;
 const HD: u32 = 0u;
-// Value rows an invocation loads together (the `//@for U KV` blocks' count).
+// Key rows a cluster and value rows an invocation load together (the `//@for U KU` and
+// `//@for U KV` blocks' counts).
+const KU: u32 = 0u;
 const KV: u32 = 0u;
-// Query heads per workgroup (a block of 256 outputs), 16-byte words per cache row, value
-// position groups.
-const HB: u32 = 256u / HD;
+// Query heads per workgroup, 16-byte words per cache row, value position groups.
+const HB: u32 = 0u;
 const HQ: u32 = HD / 8u;
 const NG: u32 = WG / HQ;
 // Workgroup memory for the scores (f32), and the positions it holds.
@@ -91,7 +96,7 @@ const NEG_BIG: f32 = -3.4028234663852886e38;
 
 // The block's queries rotated and scaled, as 4-element words (head hh's element 4i + e at
 // qs[hh * HD / 4 + i][e]).
-var<workgroup> qs: array<vec4<f32>, 64u>;
+var<workgroup> qs: array<vec4<f32>, HB * HD / 4u>;
 // The token's own key (rotated) and value as f16 pairs.
 var<workgroup> kf: array<u32, HD / 2u>;
 var<workgroup> vf: array<u32, HD / 2u>;
@@ -100,11 +105,13 @@ var<workgroup> vf: array<u32, HD / 2u>;
 var<workgroup> wsm: array<f32, SCN>;
 // Per head and subgroup: its max, then its sum of weights.
 var<workgroup> red: array<f32, HB * MAX_SUBGROUPS>;
-// The block's 256 merged values (each invocation writes a word of its own).
-var<workgroup> xs: array<f32, 256>;
+// The block's merged values (each invocation writes a word of its own).
+var<workgroup> xs: array<f32, HB * HD>;
+//@for Q Q8
 // The block's max |x| as f32 bits (a NaN as 0x7fc00000) and its units' sums of q.
 var<workgroup> bmax: array<atomic<u32>, 1>;
 var<workgroup> usum: array<atomic<i32>, 4>;
+//@end
 
 // Word i of the own key or value (kf or vf) as a 16-byte cache word.
 fn own_word(own_k: bool, i: u32) -> vec4<u32> {
@@ -114,10 +121,12 @@ fn own_word(own_k: bool, i: u32) -> vec4<u32> {
     return vec4<u32>(vf[4u * i], vf[4u * i + 1u], vf[4u * i + 2u], vf[4u * i + 3u]);
 }
 
+//@for Q Q8
 // Elements 4j .. 4j + 3 of the block.
 fn xv(j: u32) -> vec4<f32> {
     return vec4<f32>(xs[4u * j], xs[4u * j + 1u], xs[4u * j + 2u], xs[4u * j + 3u]);
 }
+//@end
 
 @compute @workgroup_size(WG)
 fn main(
@@ -143,7 +152,7 @@ fn main(
     // The KV head's first row, in 16-byte words.
     let cbase = kvh * p.n_ctx * HQ;
     let kbase = kvh * HD;
-    if lid < 64u {
+    if lid < HB * HD / 4u {
         let hh = lid / (HD / 4u);
         let i = lid % (HD / 4u);
         qs[lid] = vec4<f32>(
@@ -157,12 +166,14 @@ fn main(
         kf[lid] = f32_to_f16_bits(k_rotated(kvh, 2u * lid, pos)) | (f32_to_f16_bits(k_rotated(kvh, 2u * lid + 1u, pos)) << 16u);
         vf[lid] = f32_to_f16_bits(v[kbase + 2u * lid]) | (f32_to_f16_bits(v[kbase + 2u * lid + 1u]) << 16u);
     }
+    //@for Q Q8
     if lid == 0u {
         atomicStore(&bmax[0], 0u);
     }
     if lid < 4u {
         atomicStore(&usum[lid], 0);
     }
+    //@end
     workgroupBarrier();
     // The KV store: once per KV head.
     if h0 % group == 0u && lid < HQ {
@@ -176,7 +187,7 @@ fn main(
     var mx{H} = NEG_BIG;
     //@end
     // Workgroup-uniform bounds: the shuffles run in uniform control flow.
-    for (var j0 = 0u; j0 < nn; j0 += 2u * NC) {
+    for (var j0 = 0u; j0 < nn; j0 += KU * NC) {
         //@for U KU
         let r{U} = j0 + cluster + {U}u * NC;
         // A cluster past the end reads the last position again and discards its score.
@@ -305,7 +316,10 @@ fn main(
     }
     //@end
     workgroupBarrier();
-    out[blk * 256u + lid] = xs[lid];
+    if lid < HB * HD {
+        out[blk * HB * HD + lid] = xs[lid];
+    }
+    //@for Q Q8
     // The block's 16 groups, one invocation each (the quantize kernels' lines).
     let g = lid;
     let live = g < 16u;
@@ -321,4 +335,5 @@ fn main(
             bitcast<u32>(d),
         );
     }
+    //@end
 }
