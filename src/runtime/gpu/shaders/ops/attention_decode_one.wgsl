@@ -22,26 +22,28 @@
 //   workgroup memory), each weight w = exp(s - M) written over its score, each head's sum
 //   l = sum w (subgroupAdd, then the subgroups' sums in subgroup order).
 // - Values: invocation (g, c) of NG position groups of HQ invocations reads word c of the
-//   value rows g, g + NG, ..., four at a time with their loads issued together, and keeps 8
+//   value rows g, g + NG, ..., KV at a time with their loads issued together, and keeps 8
 //   running sums per head; the groups' sums are added in group order (head by head, in the
 //   scores' workgroup memory), times 1 / l.
 // Then the block's values are stored to `out`, and in the int8 form (256 of them) quantized
 // exactly as op_attention_combine_q8 quantizes its block (per 16-element group; the
-// product's int8 x at binding 7). The token's own key and value (rotated, rounded to f16) are used for
-// position pos from workgroup memory and stored into the cache row pos by the workgroup of
-// the KV head's first query head (no workgroup of this dispatch reads that row).
+// product's int8 x at binding 7). The token's own key and value (rotated, rounded to f16)
+// are used for position pos from workgroup memory and stored into the cache row pos by the
+// workgroup of the KV head's first query head (no workgroup of this dispatch reads that
+// row).
 //
-// The scores of a block take HB * MAXP f32 of workgroup memory (8 KiB): at most MAXP = 2048 /
-// HB positions (int8: 512 at HD = 64, 1024 at 128, 2048 at 256; f32: 2048). The host runs it only while
-// n <= MAXP and the split attention with its combine past that; a dispatch with more
-// positions writes NaN (never a result computed from part of them).
+// The scores of a block take HB * MAXP f32 of workgroup memory (8 KiB): at most
+// MAXP = 2048 / HB positions (int8: 512 at HD = 64, 1024 at 128, 2048 at 256; f32: 2048).
+// The host runs it only while n <= MAXP and the split attention with its combine past that;
+// a dispatch with more positions writes NaN (never a result computed from part of them).
 //
-// Needs subgroups of at least LANES invocations. q: [1, heads, HD] f32 and k, v:
-// [1, kv_heads, HD] f32, before RoPE; table: (cos, sin) per position and pair; caches
-// [kv_heads, n_ctx, HD] f16 pairs in u32 as vec4<u32> words of 8 f16 (kv_store.wgsl);
-// Bindings: q, k, v, table, kc, vc, out, xq (int8 form only), p, step (numbered in that
-// order: the f32 form's p and step are 7 and 8). out: [heads * HD] f32; xq (int8 form): the int8 x of the output product (q8_common.wgsl's
-// group layout, then per 64-element unit its sum of q and its block's da).
+// Needs subgroups of at least LANES invocations. Bindings: q, k, v, table, kc, vc, out, xq
+// (int8 form only), p, step, numbered in that order (the f32 form's p and step are 7 and
+// 8). q: [1, heads, HD] f32 and k, v: [1, kv_heads, HD] f32, before RoPE; table: (cos, sin)
+// per position and pair; caches [kv_heads, n_ctx, HD] f16 pairs in u32 as vec4<u32> words
+// of 8 f16 (kv_store.wgsl); out: [heads * HD] f32; xq (int8 form): the int8 x of the output
+// product (q8_common.wgsl's group layout, then per 64-element unit its sum of q and its
+// block's da).
 
 struct P {
     heads: u32,
