@@ -1031,19 +1031,6 @@ fn attention_one_equals_cpu(
     );
 }
 
-/// The offset of the u32 value of GGUF metadata key `key` (exactly that key: not one it is a
-/// prefix of).
-fn gguf_u32_at(bytes: &[u8], key: &str) -> usize {
-    let mut k = (key.len() as u64).to_le_bytes().to_vec();
-    k.extend_from_slice(key.as_bytes());
-    k.extend_from_slice(&4u32.to_le_bytes());
-    let at = bytes
-        .windows(k.len())
-        .position(|w| w == k.as_slice())
-        .unwrap_or_else(|| panic!("no u32 metadata key {key}"));
-    at + k.len()
-}
-
 /// The decode graph's two forms (`gpu_attention_one`, off by default) on a ternary model
 /// whose heads fit the one-dispatch decode attention's int8 form (the tiny MiniCPM with 2 query heads over 1 KV head of head_dim 128, n_rot 64, a
 /// 2,048-position context: its GGUF edited in place): below 1,024 positions each layer's
@@ -1065,8 +1052,13 @@ fn one_dispatch_attention_below_its_positions_and_the_split_one_past_them() {
         ("minicpm.attention.head_count_kv", 1),
         ("minicpm.context_length", 2048),
     ] {
-        let at = gguf_u32_at(&bytes, key);
-        bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
+        let at = common::gguf_key_end(&bytes, key);
+        assert_eq!(
+            &bytes[at..at + 4],
+            &4u32.to_le_bytes(),
+            "{key}: a u32 value"
+        );
+        bytes[at + 4..at + 8].copy_from_slice(&value.to_le_bytes());
     }
     let dir = tempfile::tempdir().unwrap();
     let gguf = dir.path().join("hd128.gguf");

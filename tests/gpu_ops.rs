@@ -560,6 +560,56 @@ fn rope_kv_rotates_q_and_stores_the_rotated_k_and_v_like_the_cpu() {
     }
 }
 
+/// A decode case's RoPE table (LongRoPE factors 1, 1.25, ...; `n_ctx` positions of `n_rot`
+/// rotated dims) and two identical f16 KV caches for two paths to write into: noise, then
+/// random keys and values stored at positions `0..pos0` by op_kv_store as they are.
+fn decode_caches(
+    ctx: &GpuContext,
+    seed: &mut u64,
+    kv_heads: usize,
+    hd: usize,
+    n_ctx: usize,
+    n_rot: usize,
+    pos0: usize,
+) -> (
+    wgpu::Buffer,
+    (wgpu::Buffer, wgpu::Buffer),
+    (wgpu::Buffer, wgpu::Buffer),
+) {
+    let factors: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.25).collect();
+    let mut table = vec![0f32; n_ctx * n_rot];
+    for (pos, row) in table.chunks_exact_mut(n_rot).enumerate() {
+        cpu::rope_cache(pos, n_rot, 10000.0, 0.5, 1.25, Some(&factors), row);
+    }
+    let nk = kv_heads * hd;
+    // Earlier positions' keys and values, stored as they are.
+    let old_k: Vec<f32> = (0..pos0.max(1) * nk).map(|_| lcg(seed) * 2.0).collect();
+    let old_v: Vec<f32> = (0..pos0.max(1) * nk).map(|_| lcg(seed)).collect();
+    let cache = |seed: &mut u64| {
+        let fill: Vec<u32> = (0..kv_heads * n_ctx * hd / 2)
+            .map(|_| 0x3c003c00 ^ (lcg_u32(seed) & 0x03ff03ff))
+            .collect();
+        let (kc, vc) = (u32buf(ctx, &fill), u32buf(ctx, &fill));
+        if pos0 > 0 {
+            let p = params(ctx, &[kv_heads as u32, hd as u32, n_ctx as u32, 0]);
+            let (kb, vb) = (buf(ctx, &old_k), buf(ctx, &old_v));
+            run(
+                ctx,
+                "op_kv_store",
+                &[&kb, &vb, &kc, &vc, &p, &step(ctx, 0, pos0 as u32)],
+                ((kv_heads * hd / 2).div_ceil(64) as u32, pos0 as u32, 1),
+            );
+        }
+        (kc, vc)
+    };
+    let mut s1 = *seed;
+    let a = cache(&mut s1);
+    let mut s2 = *seed;
+    let b = cache(&mut s2);
+    *seed = s1;
+    (buf(ctx, &table), a, b)
+}
+
 /// The decode attention with RoPE and the KV store folded in (`op_attention_decode`, what a
 /// decode step runs where subgroups hold its clusters) against what it replaces: op_rope_kv,
 /// then op_attention, each with the combine. RoPE tables with LongRoPE factors, NORM and
@@ -597,40 +647,9 @@ fn decode_attention_folds_rope_and_the_kv_store() {
     ] {
         let (n_ctx, splits) = (256usize, if pos0 == 200 { 1 } else { 4 });
         let chunk = n_ctx.div_ceil(splits);
-        let factors: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.25).collect();
-        let mut table = vec![0f32; n_ctx * n_rot];
-        for (pos, row) in table.chunks_exact_mut(n_rot).enumerate() {
-            cpu::rope_cache(pos, n_rot, 10000.0, 0.5, 1.25, Some(&factors), row);
-        }
-        let tb = buf(&ctx, &table);
         let (nq, nk) = (heads * hd, kv_heads * hd);
-        // Earlier positions' keys and values, stored as they are.
-        let old_k: Vec<f32> = (0..pos0.max(1) * nk)
-            .map(|_| lcg(&mut seed) * 2.0)
-            .collect();
-        let old_v: Vec<f32> = (0..pos0.max(1) * nk).map(|_| lcg(&mut seed)).collect();
-        let cache = |seed: &mut u64| {
-            let fill: Vec<u32> = (0..kv_heads * n_ctx * hd / 2)
-                .map(|_| 0x3c003c00 ^ (lcg_u32(seed) & 0x03ff03ff))
-                .collect();
-            let (kc, vc) = (u32buf(&ctx, &fill), u32buf(&ctx, &fill));
-            if pos0 > 0 {
-                let p = params(&ctx, &[kv_heads as u32, hd as u32, n_ctx as u32, 0]);
-                let (kb, vb) = (buf(&ctx, &old_k), buf(&ctx, &old_v));
-                run(
-                    &ctx,
-                    "op_kv_store",
-                    &[&kb, &vb, &kc, &vc, &p, &step(&ctx, 0, pos0 as u32)],
-                    ((kv_heads * hd / 2).div_ceil(64) as u32, pos0 as u32, 1),
-                );
-            }
-            (kc, vc)
-        };
-        let mut s1 = seed;
-        let (kc_a, vc_a) = cache(&mut s1);
-        let mut s2 = seed;
-        let (kc_b, vc_b) = cache(&mut s2);
-        seed = s1;
+        let (tb, (kc_a, vc_a), (kc_b, vc_b)) =
+            decode_caches(&ctx, &mut seed, kv_heads, hd, n_ctx, n_rot, pos0);
         let q: Vec<f32> = (0..nq).map(|_| lcg(&mut seed)).collect();
         let k: Vec<f32> = (0..nk).map(|_| lcg(&mut seed) * 2.0).collect();
         let v: Vec<f32> = (0..nk).map(|_| lcg(&mut seed)).collect();
@@ -1352,39 +1371,9 @@ fn one_dispatch_decode_attention_equals_the_split_attention_and_its_combine() {
         let past = pos0 + 1 > attention_decode_one_positions(hd, int8) && window == 0;
         let (n_ctx, splits) = (4096usize, 64usize);
         let chunk = n_ctx.div_ceil(splits);
-        let factors: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.25).collect();
-        let mut table = vec![0f32; n_ctx * n_rot];
-        for (pos, row) in table.chunks_exact_mut(n_rot).enumerate() {
-            cpu::rope_cache(pos, n_rot, 10000.0, 0.5, 1.25, Some(&factors), row);
-        }
-        let tb = buf(&ctx, &table);
         let (nq, nk) = (heads * hd, kv_heads * hd);
-        let old_k: Vec<f32> = (0..pos0.max(1) * nk)
-            .map(|_| lcg(&mut seed) * 2.0)
-            .collect();
-        let old_v: Vec<f32> = (0..pos0.max(1) * nk).map(|_| lcg(&mut seed)).collect();
-        let cache = |seed: &mut u64| {
-            let fill: Vec<u32> = (0..kv_heads * n_ctx * hd / 2)
-                .map(|_| 0x3c003c00 ^ (lcg_u32(seed) & 0x03ff03ff))
-                .collect();
-            let (kc, vc) = (u32buf(&ctx, &fill), u32buf(&ctx, &fill));
-            if pos0 > 0 {
-                let p = params(&ctx, &[kv_heads as u32, hd as u32, n_ctx as u32, 0]);
-                let (kb, vb) = (buf(&ctx, &old_k), buf(&ctx, &old_v));
-                run(
-                    &ctx,
-                    "op_kv_store",
-                    &[&kb, &vb, &kc, &vc, &p, &step(&ctx, 0, pos0 as u32)],
-                    ((kv_heads * hd / 2).div_ceil(64) as u32, pos0 as u32, 1),
-                );
-            }
-            (kc, vc)
-        };
-        let mut s1 = seed;
-        let (kc_a, vc_a) = cache(&mut s1);
-        let mut s2 = seed;
-        let (kc_b, vc_b) = cache(&mut s2);
-        seed = s1;
+        let (tb, (kc_a, vc_a), (kc_b, vc_b)) =
+            decode_caches(&ctx, &mut seed, kv_heads, hd, n_ctx, n_rot, pos0);
         let q: Vec<f32> = (0..nq).map(|_| lcg(&mut seed)).collect();
         let k: Vec<f32> = (0..nk).map(|_| lcg(&mut seed) * 2.0).collect();
         let v: Vec<f32> = (0..nk).map(|_| lcg(&mut seed)).collect();

@@ -290,13 +290,16 @@ pub fn check_lock(recipe: &str, artifact: &str, bundle: &Path) {
     );
 }
 
-/// The offset just past the first occurrence of metadata key `key`'s name in GGUF `bytes`:
-/// the value's type (u32) follows, then the value, for tests that edit one value in place.
+/// The offset just past metadata key `key`'s name in GGUF `bytes` (the key exactly, with
+/// its u64 length before it: not a longer key it is the start of, as `head_count` is of
+/// `head_count_kv`): the value's type (u32) follows, then the value, for tests that edit one
+/// value in place.
 pub fn gguf_key_end(bytes: &[u8], key: &str) -> usize {
-    let k = key.as_bytes();
+    let mut k = (key.len() as u64).to_le_bytes().to_vec();
+    k.extend_from_slice(key.as_bytes());
     let at = bytes
         .windows(k.len())
-        .position(|w| w == k)
+        .position(|w| w == k.as_slice())
         .unwrap_or_else(|| panic!("no metadata key {key}"));
     at + k.len()
 }

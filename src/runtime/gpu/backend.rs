@@ -1379,18 +1379,29 @@ fn build_graph(
         // combine in the short-context list).
         let attention_at = items.len();
         let attention_params = p.clone();
-        // The f32 one-dispatch attention's bindings (the int8 one adds its x).
-        let one_f32: [&dyn Bindable; 9] = [
-            qf,
-            kf,
-            &a.v,
-            table,
-            kc,
-            vc,
-            &a.attn,
-            &attention_params,
-            &a.step,
-        ];
+        // The one-dispatch attention of this layer (with `xq` its int8 form, which writes
+        // that x), where it runs, into the short list: in place of the split attention and
+        // of the combine about to be pushed at `combine_at`.
+        let one_dispatch = |short: &mut Vec<(usize, usize, Item, usize)>,
+                            combine_at: usize,
+                            xq: Option<&wgpu::Buffer>|
+         -> Result<(), RuntimeError> {
+            let int8 = xq.is_some();
+            let Some(name) = attention_one(int8) else {
+                return Ok(());
+            };
+            let mut bufs: Vec<&dyn Bindable> = vec![qf, kf, &a.v, table, kc, vc, &a.attn];
+            bufs.extend(xq.map(|x| x as &dyn Bindable));
+            bufs.extend([&attention_params as &dyn Bindable, &a.step]);
+            let workgroups = if int8 { nh * hd / 256 } else { nh };
+            short.push((
+                attention_at,
+                combine_at,
+                op(name, &bufs, (workgroups as u32, 1, 1))?,
+                attention_decode_one_positions(hd, int8),
+            ));
+            Ok(())
+        };
         if attention == DECODE_ATTENTION {
             items.push(op(
                 attention,
@@ -1440,14 +1451,7 @@ fn build_graph(
         // The residual add in the product's epilogue unless a norm comes between.
         match &lv.post_attn_norm {
             Some(w) => {
-                if let Some(name) = attention_one(false) {
-                    short.push((
-                        attention_at,
-                        items.len(),
-                        op(name, &one_f32, (nh as u32, 1, 1))?,
-                        attention_decode_one_positions(hd, false),
-                    ));
-                }
+                one_dispatch(&mut short, items.len(), None)?;
                 items.push(op(
                     "op_attention_combine",
                     &[&a.part, &a.attn, &p, &a.step],
@@ -1470,30 +1474,7 @@ fn build_graph(
                     && matches!(&wo, Item::Weight(b) if b.has_pre(q8_quantize_name(false)));
                 if fold {
                     let xq = ctx.q8_vec_scratch(nh * hd);
-                    // The one-dispatch attention for short contexts, where it runs.
-                    if let Some(name) = attention_one(true) {
-                        short.push((
-                            attention_at,
-                            items.len(),
-                            op(
-                                name,
-                                &[
-                                    qf,
-                                    kf,
-                                    &a.v,
-                                    table,
-                                    kc,
-                                    vc,
-                                    &a.attn,
-                                    &xq,
-                                    &attention_params,
-                                    &a.step,
-                                ],
-                                ((nh * hd / 256) as u32, 1, 1),
-                            )?,
-                            attention_decode_one_positions(hd, true),
-                        ));
-                    }
+                    one_dispatch(&mut short, items.len(), Some(&xq))?;
                     items.push(op(
                         COMBINE_Q8,
                         &[&a.part, &a.attn, &xq, &p, &a.step],
@@ -1503,14 +1484,7 @@ fn build_graph(
                         b.drop_pre(q8_quantize_name(false));
                     }
                 } else {
-                    if let Some(name) = attention_one(false) {
-                        short.push((
-                            attention_at,
-                            items.len(),
-                            op(name, &one_f32, (nh as u32, 1, 1))?,
-                            attention_decode_one_positions(hd, false),
-                        ));
-                    }
+                    one_dispatch(&mut short, items.len(), None)?;
                     items.push(op(
                         "op_attention_combine",
                         &[&a.part, &a.attn, &p, &a.step],
@@ -1645,23 +1619,12 @@ fn build_graph(
     // form and its combine left out, where every layer has one.
     let short = (!short.is_empty() && short.len() == hp.n_layer).then(|| {
         let positions = short.iter().map(|s| s.3).min().unwrap_or(0);
-        let mut out = Vec::with_capacity(items.len() - short.len());
-        let mut alt = short.into_iter().peekable();
-        let mut skip = None;
-        for (i, it) in items.iter().enumerate() {
-            if skip == Some(i) {
-                skip = None;
-                continue;
-            }
-            match alt.peek() {
-                Some((at, _, _, _)) if *at == i => {
-                    let (_, combine_at, fused, _) = alt.next().expect("peeked");
-                    out.push(fused);
-                    skip = Some(combine_at);
-                }
-                _ => out.push(it.clone()),
-            }
+        let mut out: Vec<Option<Item>> = items.iter().cloned().map(Some).collect();
+        for (attention_at, combine_at, fused, _) in short {
+            out[attention_at] = Some(fused);
+            out[combine_at] = None;
         }
+        let out: Vec<Item> = out.into_iter().flatten().collect();
         (positions, out)
     });
     Ok(Graph { acts, items, short })

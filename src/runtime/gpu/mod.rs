@@ -1500,23 +1500,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let live = g < 16u;
     let gl = min(g, 15u);"#
         .replace("{COMBINE_Q8_PRE}", &COMBINE_Q8_PRE.to_string()));
-    // The helpers index x by `4u * g`; the local group is `gl`.
-    let mut sub = String::new();
-    q8_quantize_groups(
-        &mut |line| {
-            let _ = writeln!(sub, "{line}");
-        },
-        Q8Load::Plain,
-        "0u",
-        "blk * 16u + gl",
-        "gl / 4u",
-    );
-    // The helpers read x[4g + i], group g's elements 4i .. 4i + 3, as a vec4.
-    for i in 0..4 {
-        sub = sub.replace(&format!("x[4u * g + {i}u]"), &format!("xv(4u * gl + {i}u)"));
-    }
-    debug_assert!(!sub.contains("x[4u * g"));
-    w(sub);
+    w(q8_block_groups());
     w(
         r#"    // Units 2i and 2i + 1 of the block (its da twice) after the K / 16 groups.
     if lid < 2u {
@@ -1533,6 +1517,32 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     );
     // The `//@for K PRE` blocks: the first splits' values loaded, then added.
     ops::expand_for(&m, &[("PRE", COMBINE_Q8_PRE as usize)])
+}
+
+/// The int8 quantization of a block of 256 values in workgroup memory, as
+/// `op_attention_combine_q8` and the one-dispatch attention's int8 form do it
+/// ([`q8_quantize_groups`]' lines, each line ending in a newline): invocation `gl` (its
+/// `live`) quantizes the block's group `gl` into `xq[blk * 16u + gl]`, reading the values
+/// through `xv(j)` (elements 4j .. 4j + 3), its sum of q into `usum[gl / 4u]`.
+fn q8_block_groups() -> String {
+    use std::fmt::Write;
+    let mut sub = String::new();
+    q8_quantize_groups(
+        &mut |line| {
+            let _ = writeln!(sub, "{line}");
+        },
+        Q8Load::Plain,
+        "0u",
+        "blk * 16u + gl",
+        "gl / 4u",
+    );
+    // The helpers index x by `4u * g` (group g's elements 4i .. 4i + 3 at x[4g + i]); the
+    // local group is `gl`, its values a vec4 of xv.
+    for i in 0..4 {
+        sub = sub.replace(&format!("x[4u * g + {i}u]"), &format!("xv(4u * gl + {i}u)"));
+    }
+    debug_assert!(!sub.contains("x[4u * g"));
+    sub
 }
 
 /// Invocations per workgroup of `op_attention_combine_q8` ([`combine_q8_source`]): one per
@@ -1611,7 +1621,6 @@ pub fn attention_decode_one_fits(
 /// (its parameters: the same uniform). Grid: one workgroup per `256 / head_dim` heads with
 /// `int8`, per head without.
 pub fn attention_decode_one_source(head_dim: usize, int8: bool) -> String {
-    use std::fmt::Write;
     let name = attention_decode_one_name(head_dim, int8).expect("a listed head dimension");
     let (hb, hq) = (attention_decode_one_heads(head_dim, int8), head_dim / 8);
     // The template's clusters are `LANES = 4u` invocations, as the host's constant says.
@@ -1645,20 +1654,7 @@ pub fn attention_decode_one_source(head_dim: usize, int8: bool) -> String {
     let marker = "    //@q8\n";
     if int8 {
         // The block's quantization: combine_q8_source's lines.
-        let mut q8 = String::new();
-        q8_quantize_groups(
-            &mut |line| {
-                let _ = writeln!(q8, "{line}");
-            },
-            Q8Load::Plain,
-            "0u",
-            "blk * 16u + gl",
-            "gl / 4u",
-        );
-        for i in 0..4 {
-            q8 = q8.replace(&format!("x[4u * g + {i}u]"), &format!("xv(4u * gl + {i}u)"));
-        }
-        debug_assert!(!q8.contains("x[4u * g"));
+        let q8 = q8_block_groups();
         assert!(
             body.contains(marker),
             "attention_decode_one.wgsl has its //@q8 line"
