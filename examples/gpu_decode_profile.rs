@@ -79,10 +79,7 @@ fn main() -> anyhow::Result<()> {
     println!(
         "device: {}\ndispatches per step: {}\nstep (one pass), median of {steps}: {:.1} us; items in passes of their own add up to {:.1} us",
         be.info().device.unwrap_or_default(),
-        match chunk {
-            Some(_) => be.dispatches_per_token(),
-            None => be.dispatches_at(prompt),
-        },
+        be.dispatches_per_token(),
         step_ns[steps / 2] / 1e3,
         items_ns / 1e3
     );

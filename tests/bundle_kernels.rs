@@ -227,10 +227,10 @@ fn written_bundle_lists_and_hashes_every_kernel() {
 
 /// A bundle carries the kernels of its matrices' encodings and every kernel of none (ops, the
 /// prefill quantize), no other encoding's: the tiny MiniCPM has ternary products (with the
-/// kernels only their int8 form uses: decode quantize, combine, one-dispatch attention), an
+/// kernels only their int8 form uses: decode quantize, the combine that writes their x), an
 /// F16 embedding and a Q8_0 head (and F32 vectors, which run no weight kernel), so its kernels
-/// are those three encodings' and the others of no encoding, 139 modules of the registry's
-/// 313.
+/// are those three encodings' and the others of no encoding, 133 modules of the registry's
+/// 307.
 #[test]
 fn a_bundle_carries_the_kernels_of_its_encodings_only() {
     use lowbit::runtime::gpu::weights::kernel_encoding;
@@ -244,9 +244,7 @@ fn a_bundle_carries_the_kernels_of_its_encodings_only() {
         ("weights_q8_quantize_wg64", None),
         ("ternary_q8_quantize_rms", Some("ternary2")),
         ("op_attention_combine_q8", Some("ternary2")),
-        ("op_attention_decode_q8_hd128", Some("ternary2")),
         ("op_attention_decode", None),
-        ("op_attention_decode_one_hd64", None),
         ("op_rms_norm", None),
     ] {
         assert_eq!(kernel_encoding(name).as_deref(), enc, "{name}");
@@ -270,8 +268,8 @@ fn a_bundle_carries_the_kernels_of_its_encodings_only() {
         };
         assert_eq!(*kept, want, "{enc:?}: {kept} of {all} carried");
     }
-    assert_eq!(carried.len(), 139);
-    assert_eq!(kernels::all().len(), 313);
+    assert_eq!(carried.len(), 133);
+    assert_eq!(kernels::all().len(), 307);
     // And nothing else: every carried name is a registry kernel.
     assert_eq!(
         carried.len(),

@@ -254,11 +254,7 @@ fn same_graphs_as_the_registry(what: &str, b: &Path, opts: &LoadOptions) {
                     },
                 )
                 .unwrap();
-                (
-                    be.decode_labels(),
-                    be.decode_labels_at(0),
-                    be.prefill_labels(),
-                )
+                (be.decode_labels(), be.prefill_labels())
             };
             let (bundle, registry) = (labels(Some(carried.clone())), labels(None));
             assert_eq!(
@@ -354,14 +350,6 @@ fn smollm2_gpu_equals_cpu_packed_and_palettized() {
         TOL,
         &opts,
     );
-    attention_one_equals_cpu(
-        "SmolLM2 Q4_1",
-        &b,
-        &opts,
-        "SmolLM2-135M-Instruct.Q4_1",
-        TOL,
-        "op_attention_decode_one_hd64",
-    );
     // Without the gate/up products with SwiGLU folded in (rows_swiglu.wgsl, with or without
     // the norm): the product, then op_swiglu.
     without_fused_kernels_the_same_bits(
@@ -419,14 +407,6 @@ fn qwen2_gpu_equals_cpu() {
         TOL,
         &opts,
     );
-    attention_one_equals_cpu(
-        "Qwen2.5-0.5B",
-        &b,
-        &opts,
-        "qwen2.5-coder-0.5b-instruct-q4_k_m",
-        TOL,
-        "op_attention_decode_one_hd64",
-    );
     // Its 151,936-token vocabulary: the logits tail runs in 64-token chunks, so a span of
     // 100 takes two (the first before the first scored row in the second case).
     let ids: Vec<u32> = (0..100u32).map(|i| (i * 7919 + 13) % 150000).collect();
@@ -458,16 +438,6 @@ fn gemma3_gpu_equals_cpu() {
         &prompts("gemma-3-270m-q4_k_m", 6),
         GEMMA_TOL,
         &opts,
-    );
-    // (Its sliding-window layers and post-attention norms: the f32 form after each layer's
-    // attention, then the norm.)
-    attention_one_equals_cpu(
-        "Gemma 3 270M",
-        &b,
-        &opts,
-        "gemma-3-270m-q4_k_m",
-        GEMMA_TOL,
-        "op_attention_decode_one_hd256",
     );
     // Gemma 3's post-norms on a bundle without `op_rms_norm_add`: post-norm, residual add and
     // the next norm as three dispatches.
@@ -958,160 +928,5 @@ fn prefill_logits_runs_decode_steps_where_no_bucket_fits_a_binding() {
         &ids,
         23,
         INT8_TOL,
-    );
-}
-
-/// The measuring knob that turns the split decode attention, its int8 combine or the
-/// one-dispatch form off, where one is set to 0.
-fn attention_knob_off() -> Option<&'static str> {
-    [
-        "LOWBIT_GPU_ATTN_ONE",
-        "LOWBIT_GPU_COMBINE_Q8",
-        "LOWBIT_GPU_ATTN_DECODE",
-    ]
-    .into_iter()
-    .find(|k| std::env::var(k).is_ok_and(|v| v == "0"))
-}
-
-/// Whether this adapter runs the split decode attention the one-dispatch form replaces
-/// (subgroups of 4 and unpack2x16float, no knob turning it off).
-fn attention_one_runs() -> bool {
-    let ctx = lowbit::runtime::gpu::context_for_tests(&Default::default()).unwrap();
-    let runs = ctx.subgroup_ops(lowbit::runtime::gpu::ops::DECODE_ATTENTION_LANES)
-        && ctx.has_f16_in_f32()
-        && attention_knob_off().is_none();
-    if !runs {
-        eprintln!(
-            "note: {} lacks subgroups of 4 or unpack2x16float, or {:?} is 0: no one-dispatch attention",
-            ctx.info.name,
-            attention_knob_off()
-        );
-    }
-    runs
-}
-
-/// With `gpu_attention_one` (off by default): the decode graph runs `one` in every layer
-/// below its positions and not past them, and a real model's greedy tokens and first-step
-/// logits (two recorded prompts, as decode steps so that the first-step logits come from
-/// the decode graph) are held to the CPU as the default graph's are.
-fn attention_one_equals_cpu(
-    what: &str,
-    b: &Path,
-    opts: &LoadOptions,
-    stem: &str,
-    tol: f32,
-    one: &str,
-) {
-    let opts = LoadOptions {
-        gpu_attention_one: true,
-        ..opts.clone()
-    };
-    if attention_one_runs() {
-        let model = runtime::open_model(b).unwrap();
-        let layers = model.layout.hyper.n_layer;
-        let be = lowbit::runtime::gpu::backend::GpuBackend::new(model, &opts).unwrap();
-        let short = be.decode_labels_at(0);
-        assert_eq!(
-            short.iter().filter(|l| *l == one).count(),
-            layers,
-            "{what}: {short:?}"
-        );
-        assert!(!short.iter().any(|l| l.starts_with("op_attention_combine")));
-        assert!(!be.decode_labels().iter().any(|l| l == one));
-    }
-    check_model(
-        &format!("{what} (one-dispatch attention, decode steps only)"),
-        b,
-        &prompts(stem, 2),
-        tol,
-        &LoadOptions {
-            buckets: Some(vec![1]),
-            ..opts
-        },
-    );
-}
-
-/// The decode graph's two forms (`gpu_attention_one`, off by default) on a ternary model
-/// whose heads fit the one-dispatch decode attention's int8 form (the tiny MiniCPM with 2 query heads over 1 KV head of head_dim 128, n_rot 64, a
-/// 2,048-position context: its GGUF edited in place): below 1,024 positions each layer's
-/// attention is `op_attention_decode_q8_hd128` alone, from position 1,024 on the split
-/// attention and `op_attention_combine_q8` (one dispatch more a layer). Held to the CPU f32
-/// reference as every model is, on short prompts and on a 1,030-token prompt run as decode
-/// steps (its last six positions past the switch: every earlier layer output came from the
-/// one-dispatch form). This holds the wiring and the switch: an attention that contributes
-/// nothing fails it, but this random model's near-uniform attention hides a query head's
-/// mix-up (tried), which `tests/gpu_ops.rs` (`one_dispatch_decode_attention_...`) holds to
-/// the split kernels' values within f32 rounding.
-#[test]
-fn one_dispatch_attention_below_its_positions_and_the_split_one_past_them() {
-    let Some(opts) = gpu_options() else { return };
-    let src = common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf");
-    let mut bytes = std::fs::read(&src).unwrap();
-    for (key, value) in [
-        ("minicpm.attention.head_count", 2u32),
-        ("minicpm.attention.head_count_kv", 1),
-        ("minicpm.context_length", 2048),
-    ] {
-        let at = common::gguf_key_end(&bytes, key);
-        assert_eq!(
-            &bytes[at..at + 4],
-            &4u32.to_le_bytes(),
-            "{key}: a u32 value"
-        );
-        bytes[at + 4..at + 8].copy_from_slice(&value.to_le_bytes());
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let gguf = dir.path().join("hd128.gguf");
-    std::fs::write(&gguf, &bytes).unwrap();
-    let b = dir.path().join("hd128.bundle");
-    let o = Command::new(env!("CARGO_BIN_EXE_convert"))
-        .args(["gguf-to-ternary", "-q", "--context", "1100", "-o"])
-        .arg(&b)
-        .arg(&gguf)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let opts = LoadOptions {
-        gpu_attention_one: true,
-        ..opts
-    };
-    same_graphs_as_the_registry("minicpm-tiny hd128", &b, &opts);
-    let be =
-        lowbit::runtime::gpu::backend::GpuBackend::new(runtime::open_model(&b).unwrap(), &opts)
-            .unwrap();
-    let one = "op_attention_decode_q8_hd128";
-    let count = |labels: &[String], name: &str| labels.iter().filter(|l| *l == name).count();
-    let (short, long) = (be.decode_labels_at(1023), be.decode_labels_at(1024));
-    if !attention_one_runs() {
-        assert_eq!(short, long, "one form");
-    } else {
-        assert_eq!(count(&short, one), 2, "{short:?}");
-        assert_eq!(count(&short, "op_attention_decode"), 0, "{short:?}");
-        assert_eq!(count(&short, "op_attention_combine_q8"), 0, "{short:?}");
-        assert_eq!(count(&long, one), 0, "{long:?}");
-        assert_eq!(count(&long, "op_attention_decode"), 2, "{long:?}");
-        assert_eq!(count(&long, "op_attention_combine_q8"), 2, "{long:?}");
-        assert_eq!(short.len() + 2, long.len());
-        assert_eq!(be.decode_labels_at(0), short);
-        assert_eq!(be.decode_labels(), long);
-    }
-    drop(be);
-    check_model(
-        "minicpm-tiny hd128",
-        &b,
-        &prompts("minicpm-tiny-tq2_0", 2),
-        INT8_TOL,
-        &opts,
-    );
-    let long_prompt: Vec<u32> = (0..1030u32).map(|i| (i * 37 + 5) % 200).collect();
-    check_model(
-        "minicpm-tiny hd128 (1,030 positions as decode steps)",
-        &b,
-        &[long_prompt],
-        INT8_TOL,
-        &LoadOptions {
-            buckets: Some(vec![1]),
-            ..opts
-        },
     );
 }

@@ -560,56 +560,6 @@ fn rope_kv_rotates_q_and_stores_the_rotated_k_and_v_like_the_cpu() {
     }
 }
 
-/// A decode case's RoPE table (LongRoPE factors 1, 1.25, ...; `n_ctx` positions of `n_rot`
-/// rotated dims) and two identical f16 KV caches for two paths to write into: noise, then
-/// random keys and values stored at positions `0..pos0` by op_kv_store as they are.
-fn decode_caches(
-    ctx: &GpuContext,
-    seed: &mut u64,
-    kv_heads: usize,
-    hd: usize,
-    n_ctx: usize,
-    n_rot: usize,
-    pos0: usize,
-) -> (
-    wgpu::Buffer,
-    (wgpu::Buffer, wgpu::Buffer),
-    (wgpu::Buffer, wgpu::Buffer),
-) {
-    let factors: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.25).collect();
-    let mut table = vec![0f32; n_ctx * n_rot];
-    for (pos, row) in table.chunks_exact_mut(n_rot).enumerate() {
-        cpu::rope_cache(pos, n_rot, 10000.0, 0.5, 1.25, Some(&factors), row);
-    }
-    let nk = kv_heads * hd;
-    // Earlier positions' keys and values, stored as they are.
-    let old_k: Vec<f32> = (0..pos0.max(1) * nk).map(|_| lcg(seed) * 2.0).collect();
-    let old_v: Vec<f32> = (0..pos0.max(1) * nk).map(|_| lcg(seed)).collect();
-    let cache = |seed: &mut u64| {
-        let fill: Vec<u32> = (0..kv_heads * n_ctx * hd / 2)
-            .map(|_| 0x3c003c00 ^ (lcg_u32(seed) & 0x03ff03ff))
-            .collect();
-        let (kc, vc) = (u32buf(ctx, &fill), u32buf(ctx, &fill));
-        if pos0 > 0 {
-            let p = params(ctx, &[kv_heads as u32, hd as u32, n_ctx as u32, 0]);
-            let (kb, vb) = (buf(ctx, &old_k), buf(ctx, &old_v));
-            run(
-                ctx,
-                "op_kv_store",
-                &[&kb, &vb, &kc, &vc, &p, &step(ctx, 0, pos0 as u32)],
-                ((kv_heads * hd / 2).div_ceil(64) as u32, pos0 as u32, 1),
-            );
-        }
-        (kc, vc)
-    };
-    let mut s1 = *seed;
-    let a = cache(&mut s1);
-    let mut s2 = *seed;
-    let b = cache(&mut s2);
-    *seed = s1;
-    (buf(ctx, &table), a, b)
-}
-
 /// The decode attention with RoPE and the KV store folded in (`op_attention_decode`, what a
 /// decode step runs where subgroups hold its clusters) against what it replaces: op_rope_kv,
 /// then op_attention, each with the combine. RoPE tables with LongRoPE factors, NORM and
@@ -647,9 +597,40 @@ fn decode_attention_folds_rope_and_the_kv_store() {
     ] {
         let (n_ctx, splits) = (256usize, if pos0 == 200 { 1 } else { 4 });
         let chunk = n_ctx.div_ceil(splits);
+        let factors: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.25).collect();
+        let mut table = vec![0f32; n_ctx * n_rot];
+        for (pos, row) in table.chunks_exact_mut(n_rot).enumerate() {
+            cpu::rope_cache(pos, n_rot, 10000.0, 0.5, 1.25, Some(&factors), row);
+        }
+        let tb = buf(&ctx, &table);
         let (nq, nk) = (heads * hd, kv_heads * hd);
-        let (tb, (kc_a, vc_a), (kc_b, vc_b)) =
-            decode_caches(&ctx, &mut seed, kv_heads, hd, n_ctx, n_rot, pos0);
+        // Earlier positions' keys and values, stored as they are.
+        let old_k: Vec<f32> = (0..pos0.max(1) * nk)
+            .map(|_| lcg(&mut seed) * 2.0)
+            .collect();
+        let old_v: Vec<f32> = (0..pos0.max(1) * nk).map(|_| lcg(&mut seed)).collect();
+        let cache = |seed: &mut u64| {
+            let fill: Vec<u32> = (0..kv_heads * n_ctx * hd / 2)
+                .map(|_| 0x3c003c00 ^ (lcg_u32(seed) & 0x03ff03ff))
+                .collect();
+            let (kc, vc) = (u32buf(&ctx, &fill), u32buf(&ctx, &fill));
+            if pos0 > 0 {
+                let p = params(&ctx, &[kv_heads as u32, hd as u32, n_ctx as u32, 0]);
+                let (kb, vb) = (buf(&ctx, &old_k), buf(&ctx, &old_v));
+                run(
+                    &ctx,
+                    "op_kv_store",
+                    &[&kb, &vb, &kc, &vc, &p, &step(&ctx, 0, pos0 as u32)],
+                    ((kv_heads * hd / 2).div_ceil(64) as u32, pos0 as u32, 1),
+                );
+            }
+            (kc, vc)
+        };
+        let mut s1 = seed;
+        let (kc_a, vc_a) = cache(&mut s1);
+        let mut s2 = seed;
+        let (kc_b, vc_b) = cache(&mut s2);
+        seed = s1;
         let q: Vec<f32> = (0..nq).map(|_| lcg(&mut seed)).collect();
         let k: Vec<f32> = (0..nk).map(|_| lcg(&mut seed) * 2.0).collect();
         let v: Vec<f32> = (0..nk).map(|_| lcg(&mut seed)).collect();
@@ -1311,219 +1292,5 @@ fn combine_q8_equals_the_combine_then_the_quantize() {
         assert_eq!(got, want, "{what}: int8 x");
         // And the values are not all zero (the merge did happen).
         assert!(b.iter().any(|v| v.abs() > 1e-3), "{what}");
-    }
-}
-
-/// The one-dispatch decode attention (`op_attention_decode_q8_hd*`: attention, merge and the
-/// output product's quantization in one workgroup per 256 outputs; `op_attention_decode_one_hd*`:
-/// attention and merge in one workgroup per head) against what it replaces for short
-/// contexts: `op_attention_decode` and `op_attention_combine_q8` (or `op_attention_combine`).
-/// Head dims 64 (four heads a block in the int8 form), 128 (the 8B shape: 32 heads over 2 KV
-/// heads) and 256; RoPE with LongRoPE factors, NORM and NEOX pairs, a partial rotation, a Q
-/// scale, a sliding window; positions 0, in the middle, and the last each variant holds.
-/// Both caches come out bit for bit the same, the merged values agree within the attention
-/// tolerance, and the int8 x is bit for bit what the quantize kernel makes of the kernel's
-/// own merged values. One position past what it holds gives NaN, never a result from part
-/// of the positions.
-#[test]
-fn one_dispatch_decode_attention_equals_the_split_attention_and_its_combine() {
-    use lowbit::runtime::gpu::{
-        attention_decode_one_fits, attention_decode_one_name, attention_decode_one_positions,
-    };
-    let Some(ctx) = ctx() else { return };
-    if !ctx.subgroup_ops(ops::DECODE_ATTENTION_LANES) || !ctx.has_f16_in_f32() {
-        eprintln!(
-            "note: no subgroups of {} or more or no unpack2x16float here: the one-dispatch attention not run",
-            ops::DECODE_ATTENTION_LANES
-        );
-        return;
-    }
-    assert!(attention_decode_one_fits(32, 2, 128, true));
-    assert!(attention_decode_one_fits(8, 2, 64, true));
-    assert!(
-        !attention_decode_one_fits(4, 2, 64, true),
-        "a block across two KV heads"
-    );
-    assert!(attention_decode_one_fits(4, 2, 64, false));
-    assert!(!attention_decode_one_fits(14, 2, 64, true));
-    assert!(attention_decode_one_fits(14, 2, 64, false));
-    assert!(!attention_decode_one_fits(8, 2, 96, false));
-    assert_eq!(attention_decode_one_positions(128, true), 1024);
-    assert_eq!(attention_decode_one_positions(64, false), 2048);
-    let mut seed = 57u64;
-    for (int8, neox, heads, kv_heads, hd, n_rot, q_scale, window, pos0) in [
-        (
-            true, false, 32usize, 2usize, 128usize, 128usize, 1.0f32, 0usize, 150usize,
-        ),
-        (true, false, 32, 2, 128, 128, 1.0, 0, 1023),
-        (true, true, 8, 2, 64, 64, 1.0, 0, 0),
-        (true, false, 8, 2, 64, 48, 0.5, 40, 300),
-        (true, true, 8, 1, 64, 64, 1.0, 0, 511),
-        (true, true, 4, 1, 256, 256, 0.0625, 0, 700),
-        (true, false, 32, 2, 128, 128, 1.0, 0, 1024),
-        (false, true, 14, 2, 64, 64, 1.0, 0, 300),
-        (false, false, 9, 3, 64, 48, 0.5, 40, 1500),
-        (false, true, 4, 1, 256, 256, 0.0625, 0, 0),
-        (false, false, 4, 2, 128, 128, 1.0, 0, 2047),
-        (false, false, 4, 2, 128, 128, 1.0, 0, 2048),
-    ] {
-        let name = attention_decode_one_name(hd, int8).unwrap();
-        let past = pos0 + 1 > attention_decode_one_positions(hd, int8) && window == 0;
-        let (n_ctx, splits) = (4096usize, 64usize);
-        let chunk = n_ctx.div_ceil(splits);
-        let (nq, nk) = (heads * hd, kv_heads * hd);
-        let (tb, (kc_a, vc_a), (kc_b, vc_b)) =
-            decode_caches(&ctx, &mut seed, kv_heads, hd, n_ctx, n_rot, pos0);
-        let q: Vec<f32> = (0..nq).map(|_| lcg(&mut seed)).collect();
-        let k: Vec<f32> = (0..nk).map(|_| lcg(&mut seed) * 2.0).collect();
-        let v: Vec<f32> = (0..nk).map(|_| lcg(&mut seed)).collect();
-        let (qb, kb, vb) = (buf(&ctx, &q), buf(&ctx, &k), buf(&ctx, &v));
-        let st = step(&ctx, pos0 as u32, 1);
-        let kq_scale = 1.0 / (hd as f32).sqrt();
-        let grain = ops::DECODE_SPLIT_GRAIN;
-        let p = params(
-            &ctx,
-            &[
-                heads as u32,
-                kv_heads as u32,
-                hd as u32,
-                n_ctx as u32,
-                splits as u32,
-                chunk as u32,
-                window as u32,
-                kq_scale.to_bits(),
-                grain,
-                n_rot as u32,
-                neox as u32,
-                q_scale.to_bits(),
-            ],
-        );
-        let xq_len = (nq + nq / 8) / 4;
-        // A: the split attention, then the combine (with the quantization in the int8 form).
-        let part = ctx.vector_buffer("part", heads * splits * (hd + 2));
-        run(
-            &ctx,
-            "op_attention_decode",
-            &[&qb, &kb, &vb, &tb, &kc_a, &vc_a, &part, &p, &st],
-            (heads as u32, splits as u32, 1),
-        );
-        let pc = params(
-            &ctx,
-            &[
-                heads as u32,
-                hd as u32,
-                splits as u32,
-                chunk as u32,
-                grain,
-                0,
-                0,
-                0,
-            ],
-        );
-        let (out_a, xq_a) = (
-            ctx.vector_buffer("out a", nq),
-            ctx.vector_buffer("xq a", xq_len),
-        );
-        if int8 {
-            run(
-                &ctx,
-                lowbit::runtime::gpu::kernels::COMBINE_Q8,
-                &[&part, &out_a, &xq_a, &pc, &st],
-                ((nq / 256) as u32, 1, 1),
-            );
-        } else {
-            run(
-                &ctx,
-                "op_attention_combine",
-                &[&part, &out_a, &pc, &st],
-                (heads as u32, 1, 1),
-            );
-        }
-        // B: the one-dispatch kernel.
-        let (out_b, xq_b) = (
-            ctx.vector_buffer("out b", nq),
-            ctx.vector_buffer("xq b", xq_len),
-        );
-        if int8 {
-            run(
-                &ctx,
-                name,
-                &[&qb, &kb, &vb, &tb, &kc_b, &vc_b, &out_b, &xq_b, &p, &st],
-                ((nq / 256) as u32, 1, 1),
-            );
-        } else {
-            run(
-                &ctx,
-                name,
-                &[&qb, &kb, &vb, &tb, &kc_b, &vc_b, &out_b, &p, &st],
-                (heads as u32, 1, 1),
-            );
-        }
-        let what = format!(
-            "{name} neox={neox} h{heads}/{kv_heads} n_rot {n_rot} q_scale {q_scale} window {window} pos {pos0}"
-        );
-        let n = kv_heads * n_ctx * hd / 2;
-        assert!(
-            read_u32(&ctx, &kc_a, n) == read_u32(&ctx, &kc_b, n),
-            "{what}: K caches differ"
-        );
-        assert!(
-            read_u32(&ctx, &vc_a, n) == read_u32(&ctx, &vc_b, n),
-            "{what}: V caches differ"
-        );
-        let (a, b) = (read(&ctx, &out_a, nq), read(&ctx, &out_b, nq));
-        if past {
-            assert!(
-                b.iter().all(|x| x.is_nan()),
-                "{what}: past its positions, not NaN"
-            );
-            eprintln!(
-                "{what}: past its {} positions: NaN",
-                attention_decode_one_positions(hd, int8)
-            );
-            continue;
-        }
-        let tol = (hd as f32 + (pos0 + 1) as f32) * 4.0 * f32::EPSILON;
-        check(&what, &b, &a, &vec![1.0; nq], tol);
-        assert!(b.iter().any(|x| x.abs() > 1e-3), "{what}: all zero");
-        if !int8 {
-            continue;
-        }
-        let xq_ref = ctx.vector_buffer("xq ref", xq_len);
-        let qp = ctx.uniform("q params", bytemuck::cast_slice(&[nq as u32, 0, 0, 0]));
-        run(
-            &ctx,
-            "ternary_q8_quantize",
-            &[&out_b, &xq_ref, &qp],
-            (
-                (nq / 16).div_ceil(lowbit::runtime::gpu::Q8_QUANTIZE_WG as usize) as u32,
-                1,
-                1,
-            ),
-        );
-        assert_eq!(
-            read_u32(&ctx, &xq_b, xq_len),
-            read_u32(&ctx, &xq_ref, xq_len),
-            "{what}: int8 x"
-        );
-        // And against the split path's int8 x (from values that differ in the last bits):
-        // each q within 1, each unit's da within f32 rounding.
-        let (qa, qb) = (read_u32(&ctx, &xq_a, xq_len), read_u32(&ctx, &xq_b, xq_len));
-        let groups = nq / 16 * 4;
-        for (i, (wa, wb)) in qa[..groups].iter().zip(&qb[..groups]).enumerate() {
-            for (x, y) in wa.to_le_bytes().iter().zip(wb.to_le_bytes()) {
-                let d = (*x as i8 as i32 - y as i8 as i32).abs();
-                assert!(d <= 1, "{what}: int8 x word {i}: {wa:08x} against {wb:08x}");
-            }
-        }
-        for (i, (wa, wb)) in qa[groups..].iter().zip(&qb[groups..]).enumerate() {
-            if i % 2 == 1 {
-                let (da, db) = (f32::from_bits(*wa), f32::from_bits(*wb));
-                assert!(
-                    (da - db).abs() <= 1e-5 * da.abs(),
-                    "{what}: da of unit word {i}: {da} against {db}"
-                );
-            }
-        }
     }
 }

@@ -512,8 +512,6 @@ impl RuntimeArgs {
         Ok(lowbit::runtime::LoadOptions {
             gpu_adapter: self.gpu_adapter.as_deref().map(str::parse).transpose()?,
             gpu_no_subgroups: self.gpu_no_subgroups,
-            // Not a flag until it is measured (LOWBIT_GPU_ATTN_ONE=1 turns it on).
-            gpu_attention_one: false,
             gpu_memory: self.gpu_memory,
             gpu_max_binding_bytes: None,
             gpu_sources: None,

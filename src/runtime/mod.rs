@@ -128,11 +128,6 @@ pub struct LoadOptions {
     pub gpu_adapter: Option<gpu::AdapterSelector>,
     /// GPU: use the workgroup-memory reductions even where subgroup operations exist.
     pub gpu_no_subgroups: bool,
-    /// GPU: decode steps below its positions run each layer's attention as one dispatch
-    /// (`op_attention_decode_one_hd*` / `_q8_hd*`, [`gpu::attention_decode_one_source`])
-    /// instead of the split attention and its combine. Off by default until it is measured
-    /// on NVIDIA hardware (`LOWBIT_GPU_ATTN_ONE=1` or `0` overrides it, for measurement).
-    pub gpu_attention_one: bool,
     /// GPU: the bytes of device memory the model may take (`--gpu-memory`); `None`: the
     /// adapter's own figure, where the driver gives one.
     pub gpu_memory: Option<u64>,

@@ -8,7 +8,8 @@
 # first-step logits against the CPU f32 reference. Then run 23's checks of the filtered
 # bundles (the build carries only its encodings' kernels): the shape copies packed, a
 # palettized 4-bit SmolLM2, greedy checks, bench once each with and without the f32
-# one-dispatch attention (op_attention_decode_one_hd*). Carry .gpubin (convert,
+# one-dispatch attention (op_attention_decode_one_hd*); after the profiles, the one-dispatch
+# kernel's unroll counts at position 512 (LOWBIT_GPU_ATTN_ONE_UNROLL, built-in kernels). Carry .gpubin (convert,
 # gpu_decode_profile) and .anchor (gen_minicpm8b.py, tokenizer.json, debs, gguf wheel, shapes).
 set -u
 cd "$(dirname "$0")/../../.."
@@ -29,6 +30,13 @@ LOWBIT_GPU_ATTN_ONE=1 $B/gpu_decode_profile /tmp/minicpm8b.bundle 1000 8 > $W/pr
 $B/gpu_decode_profile /tmp/minicpm8b.bundle 1000 8 > $W/profile-minicpm8b-split-1000.md 2>&1
 for f in one split one-1000 split-1000; do echo "$f: $(grep -h "step (one pass)" $W/profile-minicpm8b-$f.md)"; grep -h "op_attention" $W/profile-minicpm8b-$f.md | sed 's/^/  /'; done
 el "profile 8B"; save
+# The one-dispatch kernel's unroll counts (KU key rows a cluster, KV value rows an invocation;
+# built-in kernels, LOWBIT_GPU_ATTN_ONE_UNROLL), at position 512: the built-in default first.
+for u in 2,4 1,4 4,4 2,8 4,2; do
+  LOWBIT_PROFILE_BUILTIN=1 LOWBIT_GPU_ATTN_ONE=1 LOWBIT_GPU_ATTN_ONE_UNROLL=$u $B/gpu_decode_profile /tmp/minicpm8b.bundle 512 8 > $W/profile-minicpm8b-one-u$u.md 2>&1
+  echo "unroll $u: $(grep -h "step (one pass)" $W/profile-minicpm8b-one-u$u.md)"; grep -h "op_attention" $W/profile-minicpm8b-one-u$u.md | sed 's/^/  /'
+done
+el "unroll 8B"; save
 echo "8B one:" >> $W/checks.txt; LOWBIT_GPU_ATTN_ONE=1 greedy_check /tmp/minicpm8b.bundle 48
 echo "8B split:" >> $W/checks.txt; greedy_check /tmp/minicpm8b.bundle 48
 el "checks 8B"; save

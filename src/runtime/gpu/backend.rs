@@ -22,10 +22,7 @@
 use super::kernels::COMBINE_Q8;
 use super::ops::{self, grid_1d, Bindable, BufView, OpDispatch, Step, MAX_HEAD_DIM};
 use super::weights::{Bound, GpuWeight, WeightFormat};
-use super::{
-    attention_decode_one_fits, attention_decode_one_name, attention_decode_one_positions,
-    q8_quantize_name, ContextOptions, Epilogue, Fuse, GpuContext, GpuError,
-};
+use super::{q8_quantize_name, ContextOptions, Epilogue, Fuse, GpuContext, GpuError};
 use crate::arch::{Activation, RopeMode};
 use crate::runtime::model::{Model, Weight};
 use crate::runtime::{Backend, BackendInfo, LoadOptions, RuntimeError};
@@ -42,7 +39,6 @@ fn gpu_err(e: GpuError) -> RuntimeError {
 }
 
 /// One dispatch list entry.
-#[derive(Clone)]
 enum Item {
     Op(OpDispatch),
     Weight(Bound),
@@ -144,26 +140,11 @@ fn part_views(
 struct Graph {
     acts: Acts,
     items: Vec<Item>,
-    /// The decode graph's form for short contexts: with `(n, items)`, a step at position
-    /// `pos` with `pos + 1 <= n` runs `items`, in which each layer's split attention and
-    /// combine are one dispatch (`op_attention_decode_q8_hd*` where the combine writes the
-    /// output product's int8 x, else `op_attention_decode_one_hd*`;
-    /// [`super::attention_decode_one_source`]).
-    short: Option<(usize, Vec<Item>)>,
 }
 
 impl Graph {
-    /// The dispatch list a step of this graph at position `pos` runs.
-    fn items_at(&self, pos: usize) -> &[Item] {
-        match &self.short {
-            Some((n, items)) if pos < *n => items,
-            _ => &self.items,
-        }
-    }
-
-    /// Dispatches of a step at position `pos`.
-    fn dispatches_at(&self, pos: usize) -> usize {
-        self.items_at(pos).iter().map(Item::dispatches).sum()
+    fn dispatches(&self) -> usize {
+        self.items.iter().map(Item::dispatches).sum()
     }
 }
 
@@ -508,17 +489,7 @@ impl GpuBackend {
         };
         let graphs = sizes
             .iter()
-            .map(|&s| {
-                build_graph(
-                    &ctx,
-                    &model,
-                    &shared,
-                    s,
-                    stack_qkv,
-                    stack_gu,
-                    opts.gpu_attention_one,
-                )
-            })
+            .map(|&s| build_graph(&ctx, &model, &shared, s, stack_qkv, stack_gu))
             .collect::<Result<Vec<_>, _>>()?;
         let argmax = ctx
             .bind_op(
@@ -595,31 +566,15 @@ impl GpuBackend {
         })
     }
 
-    /// Dispatches one decode step records at position 0 (with the one-dispatch attention
-    /// where it runs: fewer than past its positions, [`Self::dispatches_at`]).
+    /// Dispatches one decode step records.
     pub fn dispatches_per_token(&self) -> usize {
-        self.graphs[0].dispatches_at(0)
+        self.graphs[0].dispatches()
     }
 
-    /// Dispatches a decode step at position `pos` records.
-    pub fn dispatches_at(&self, pos: usize) -> usize {
-        self.graphs[0].dispatches_at(pos)
-    }
-
-    /// The labels of a decode step's dispatch list past the positions of the one-dispatch
-    /// attention (the split attention and its combine), in order (`kernel weight` for a
-    /// product, the op's kernel name otherwise): which kernel each product runs.
+    /// The labels of a decode step's dispatch list, in order (`kernel weight` for a product,
+    /// the op's kernel name otherwise): which kernel each product runs.
     pub fn decode_labels(&self) -> Vec<String> {
         self.graphs[0].items.iter().map(|i| i.label()).collect()
-    }
-
-    /// The labels of the dispatch list a decode step at position `pos` runs.
-    pub fn decode_labels_at(&self, pos: usize) -> Vec<String> {
-        self.graphs[0]
-            .items_at(pos)
-            .iter()
-            .map(|i| i.label())
-            .collect()
     }
 
     /// The labels of the largest prefill bucket's dispatch list, as [`Self::decode_labels`]
@@ -668,8 +623,7 @@ impl GpuBackend {
             .position(|g| g.acts.s >= tokens.len())
             .unwrap_or(self.graphs.len() - 1);
         let g = &self.graphs[gi];
-        let items = g.items_at(pos);
-        let n = items.len() + 1;
+        let n = g.items.len() + 1;
         let q = &self.ctx.queue;
         let mut ids = vec![0u32; g.acts.s];
         ids[..tokens.len()].copy_from_slice(tokens);
@@ -721,7 +675,7 @@ impl GpuBackend {
                 label: Some("step"),
                 timestamp_writes: writes(0),
             });
-            for it in items {
+            for it in &g.items {
                 let label = it.label();
                 match it {
                     _ if holds(&skip, &label) => {}
@@ -730,7 +684,7 @@ impl GpuBackend {
                 }
             }
         }
-        for (i, it) in items.iter().enumerate() {
+        for (i, it) in g.items.iter().enumerate() {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: None,
                 timestamp_writes: writes(i + 1),
@@ -754,7 +708,7 @@ impl GpuBackend {
         self.host_logits_valid = false;
         Ok((
             ns[0],
-            items
+            g.items
                 .iter()
                 .map(Item::label)
                 .zip(ns[1..].iter().copied())
@@ -919,7 +873,6 @@ fn build_graph(
     s: usize,
     stack_qkv: bool,
     stack_gu: bool,
-    attention_one: bool,
 ) -> Result<Graph, RuntimeError> {
     let hp = &model.layout.hyper;
     let (e, hd, nh, nkv, nff) = (hp.n_embd, hp.head_dim, hp.n_head, hp.n_head_kv, hp.n_ff);
@@ -1080,27 +1033,6 @@ fn build_graph(
             },
         }
     };
-    // The one-dispatch decode attention (the attention and its combine, with `int8` also the
-    // output product's quantization; [`super::attention_decode_one_source`]) for the
-    // positions it holds, where the options ask for it (`LoadOptions::gpu_attention_one`;
-    // `LOWBIT_GPU_ATTN_ONE` = 1 or 0 overrides them, a measuring knob), the split one runs
-    // and the heads fit it. The graph keeps the split form for longer contexts
-    // ([`Graph::short`]).
-    let asked = match std::env::var("LOWBIT_GPU_ATTN_ONE").as_deref() {
-        Ok("1") => true,
-        Ok("0") => false,
-        _ => attention_one,
-    };
-    let one_on = attention == DECODE_ATTENTION && asked;
-    let attention_one = |int8: bool| {
-        (one_on && attention_decode_one_fits(nh, nkv, hd, int8))
-            .then(|| attention_decode_one_name(hd, int8))
-            .flatten()
-            .filter(|name| ctx.has_source(name))
-    };
-    // Per layer: where the split attention's item and its combine are, the one-dispatch
-    // item, the positions it holds.
-    let mut short: Vec<(usize, usize, Item, usize)> = Vec::new();
     // Which ops decode folds into the products: `LOWBIT_GPU_FOLD` = `all` (the norms into the
     // ternary Q/K/V and gate/up, the gating (SwiGLU, or GELU on GGUF weights) into gate/up),
     // `glu` (the gating only), `norm` (the norms only) or `none`. A benchmarking knob: the
@@ -1375,33 +1307,6 @@ fn build_graph(
             neox,
             q_scale,
         ]);
-        // Where the split attention's item is (the one-dispatch form replaces it and the
-        // combine in the short-context list).
-        let attention_at = items.len();
-        let attention_params = p.clone();
-        // The one-dispatch attention of this layer (with `xq` its int8 form, which writes
-        // that x), where it runs, into the short list: in place of the split attention and
-        // of the combine about to be pushed at `combine_at`.
-        let one_dispatch = |short: &mut Vec<(usize, usize, Item, usize)>,
-                            combine_at: usize,
-                            xq: Option<&wgpu::Buffer>|
-         -> Result<(), RuntimeError> {
-            let int8 = xq.is_some();
-            let Some(name) = attention_one(int8) else {
-                return Ok(());
-            };
-            let mut bufs: Vec<&dyn Bindable> = vec![qf, kf, &a.v, table, kc, vc, &a.attn];
-            bufs.extend(xq.map(|x| x as &dyn Bindable));
-            bufs.extend([&attention_params as &dyn Bindable, &a.step]);
-            let workgroups = if int8 { nh * hd / 256 } else { nh };
-            short.push((
-                attention_at,
-                combine_at,
-                op(name, &bufs, (workgroups as u32, 1, 1))?,
-                attention_decode_one_positions(hd, int8),
-            ));
-            Ok(())
-        };
         if attention == DECODE_ATTENTION {
             items.push(op(
                 attention,
@@ -1451,7 +1356,6 @@ fn build_graph(
         // The residual add in the product's epilogue unless a norm comes between.
         match &lv.post_attn_norm {
             Some(w) => {
-                one_dispatch(&mut short, items.len(), None)?;
                 items.push(op(
                     "op_attention_combine",
                     &[&a.part, &a.attn, &p, &a.step],
@@ -1474,7 +1378,6 @@ fn build_graph(
                     && matches!(&wo, Item::Weight(b) if b.has_pre(q8_quantize_name(false)));
                 if fold {
                     let xq = ctx.q8_vec_scratch(nh * hd);
-                    one_dispatch(&mut short, items.len(), Some(&xq))?;
                     items.push(op(
                         COMBINE_Q8,
                         &[&a.part, &a.attn, &xq, &p, &a.step],
@@ -1484,7 +1387,6 @@ fn build_graph(
                         b.drop_pre(q8_quantize_name(false));
                     }
                 } else {
-                    one_dispatch(&mut short, items.len(), None)?;
                     items.push(op(
                         "op_attention_combine",
                         &[&a.part, &a.attn, &p, &a.step],
@@ -1615,19 +1517,7 @@ fn build_graph(
         ]);
         items.push(op("op_scale", &[sh.logits, &p], (gx, gy, 1))?);
     }
-    // The short-context list: each layer's split attention replaced by the one-dispatch
-    // form and its combine left out, where every layer has one.
-    let short = (!short.is_empty() && short.len() == hp.n_layer).then(|| {
-        let positions = short.iter().map(|s| s.3).min().unwrap_or(0);
-        let mut out: Vec<Option<Item>> = items.iter().cloned().map(Some).collect();
-        for (attention_at, combine_at, fused, _) in short {
-            out[attention_at] = Some(fused);
-            out[combine_at] = None;
-        }
-        let out: Vec<Item> = out.into_iter().flatten().collect();
-        (positions, out)
-    });
-    Ok(Graph { acts, items, short })
+    Ok(Graph { acts, items })
 }
 
 impl GpuBackend {
@@ -1671,7 +1561,7 @@ impl GpuBackend {
                 label: Some("forward"),
                 timestamp_writes: None,
             });
-            for it in g.items_at(pos0).iter().chain(extra) {
+            for it in g.items.iter().chain(extra) {
                 it.encode(&mut pass);
             }
             if slot.is_some() {

@@ -92,8 +92,8 @@ pub fn is_builtin(name: &str, wgsl: &str) -> bool {
 /// where a tensor has that encoding, every other kernel always. Every choice the backend makes
 /// among a weight's kernels (reduction, rows, fused forms, the tiled prefill product, older
 /// forms) is among the kernels of the weight's own encoding, so a bundle carries what any
-/// adapter needs to run it and no other encoding's kernels (a SmolLM2 Q4_1 bundle: 2.0 MB of
-/// WGSL and MSL instead of the registry's 11.6).
+/// adapter needs to run it and no other encoding's kernels (a SmolLM2 Q4_1 bundle: 1.8 MB of
+/// WGSL and MSL instead of the registry's 11.2).
 pub fn needed(name: &str, stems: &std::collections::BTreeSet<String>) -> bool {
     super::weights::kernel_encoding(name).is_none_or(|s| stems.contains(&s))
 }
@@ -141,16 +141,6 @@ pub fn all() -> Vec<KernelSource> {
         name: COMBINE_Q8.to_string(),
         wgsl: super::combine_q8_source(),
     });
-    for hd in super::ATTENTION_DECODE_ONE_HEAD_DIMS {
-        for int8 in [false, true] {
-            v.push(KernelSource {
-                name: super::attention_decode_one_name(hd, int8)
-                    .expect("a variant per listed head dimension")
-                    .to_string(),
-                wgsl: super::attention_decode_one_source(hd, int8),
-            });
-        }
-    }
     v.extend(super::ops::sources());
     v.extend(super::weights::sources());
     v.sort_by(|a, b| a.name.cmp(&b.name));

@@ -1500,7 +1500,23 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let live = g < 16u;
     let gl = min(g, 15u);"#
         .replace("{COMBINE_Q8_PRE}", &COMBINE_Q8_PRE.to_string()));
-    w(q8_block_groups());
+    // The helpers index x by `4u * g`; the local group is `gl`.
+    let mut sub = String::new();
+    q8_quantize_groups(
+        &mut |line| {
+            let _ = writeln!(sub, "{line}");
+        },
+        Q8Load::Plain,
+        "0u",
+        "blk * 16u + gl",
+        "gl / 4u",
+    );
+    // The helpers read x[4g + i], group g's elements 4i .. 4i + 3, as a vec4.
+    for i in 0..4 {
+        sub = sub.replace(&format!("x[4u * g + {i}u]"), &format!("xv(4u * gl + {i}u)"));
+    }
+    debug_assert!(!sub.contains("x[4u * g"));
+    w(sub);
     w(
         r#"    // Units 2i and 2i + 1 of the block (its da twice) after the K / 16 groups.
     if lid < 2u {
@@ -1519,176 +1535,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     ops::expand_for(&m, &[("PRE", COMBINE_Q8_PRE as usize)])
 }
 
-/// The int8 quantization of a block of 256 values in workgroup memory, as
-/// `op_attention_combine_q8` and the one-dispatch attention's int8 form do it
-/// ([`q8_quantize_groups`]' lines, each line ending in a newline): invocation `gl` (its
-/// `live`) quantizes the block's group `gl` into `xq[blk * 16u + gl]`, reading the values
-/// through `xv(j)` (elements 4j .. 4j + 3), its sum of q into `usum[gl / 4u]`.
-fn q8_block_groups() -> String {
-    use std::fmt::Write;
-    let mut sub = String::new();
-    q8_quantize_groups(
-        &mut |line| {
-            let _ = writeln!(sub, "{line}");
-        },
-        Q8Load::Plain,
-        "0u",
-        "blk * 16u + gl",
-        "gl / 4u",
-    );
-    // The helpers index x by `4u * g` (group g's elements 4i .. 4i + 3 at x[4g + i]); the
-    // local group is `gl`, its values a vec4 of xv.
-    for i in 0..4 {
-        sub = sub.replace(&format!("x[4u * g + {i}u]"), &format!("xv(4u * gl + {i}u)"));
-    }
-    debug_assert!(!sub.contains("x[4u * g"));
-    sub
-}
-
 /// Invocations per workgroup of `op_attention_combine_q8` ([`combine_q8_source`]): one per
 /// output of a 256-block.
 pub const COMBINE_Q8_WG: u32 = 256;
-
-/// The one-dispatch decode attention's template (`attention_decode_one_source`).
-const ATTENTION_DECODE_ONE: &str = include_str!("shaders/ops/attention_decode_one.wgsl");
-
-/// Head dimensions the one-dispatch decode attention has variants for
-/// ([`attention_decode_one_name`]).
-pub const ATTENTION_DECODE_ONE_HEAD_DIMS: [usize; 3] = [64, 128, 256];
-
-/// Key rows a cluster of the one-dispatch decode attention loads together, and value rows an
-/// invocation does (its `//@for U KU` and `//@for U KV` blocks).
-const ATTENTION_DECODE_ONE_KU: usize = 2;
-const ATTENTION_DECODE_ONE_KV: usize = 4;
-
-/// The one-dispatch decode attention for `head_dim`, `None` for a head dimension it has no
-/// variant for: with `int8` the output product's int8 quantization folded in
-/// (`op_attention_decode_q8_hd{64,128,256}`, one workgroup per 256 outputs), else the f32
-/// output alone (`op_attention_decode_one_hd{64,128,256}`, one workgroup per query head).
-pub fn attention_decode_one_name(head_dim: usize, int8: bool) -> Option<&'static str> {
-    Some(match (head_dim, int8) {
-        (64, true) => "op_attention_decode_q8_hd64",
-        (128, true) => "op_attention_decode_q8_hd128",
-        (256, true) => "op_attention_decode_q8_hd256",
-        (64, false) => "op_attention_decode_one_hd64",
-        (128, false) => "op_attention_decode_one_hd128",
-        (256, false) => "op_attention_decode_one_hd256",
-        _ => return None,
-    })
-}
-
-/// Query heads a workgroup of [`attention_decode_one_name`]`(head_dim, int8)` takes: a block
-/// of 256 outputs with `int8`, else one.
-fn attention_decode_one_heads(head_dim: usize, int8: bool) -> usize {
-    if int8 {
-        256 / head_dim
-    } else {
-        1
-    }
-}
-
-/// Positions (`pos + 1`, or fewer with a sliding window; the host switches on `pos + 1`
-/// alone) [`attention_decode_one_name`]`(head_dim, int8)` takes:
-/// its scores of a workgroup's heads fill 2,048 f32 of workgroup memory (`MAXP` of
-/// attention_decode_one.wgsl): 2,048 in the f32 form, 2,048 / (256 / head_dim) in the int8
-/// one (1,024 at head_dim 128). Past it the decode graph runs the split attention and its
-/// combine.
-pub fn attention_decode_one_positions(head_dim: usize, int8: bool) -> usize {
-    2048 / attention_decode_one_heads(head_dim, int8)
-}
-
-/// Whether [`attention_decode_one_name`]`(head_dim, int8)` runs `heads` query heads over
-/// `kv_heads` KV heads: a variant for the head dimension and every workgroup's heads in one
-/// KV head's group (with `int8`, `heads / kv_heads` a multiple of `256 / head_dim`).
-pub fn attention_decode_one_fits(
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    int8: bool,
-) -> bool {
-    attention_decode_one_name(head_dim, int8).is_some()
-        && kv_heads > 0
-        && heads.is_multiple_of(kv_heads)
-        && (heads / kv_heads).is_multiple_of(attention_decode_one_heads(head_dim, int8))
-}
-
-/// The WGSL of [`attention_decode_one_name`]`(head_dim, int8)`
-/// (`shaders/ops/attention_decode_one.wgsl`, which says what it computes): decode attention
-/// of a workgroup's query heads over every position up to
-/// [`attention_decode_one_positions`], the merged values stored (binding 6) and with `int8`
-/// quantized into the output product's int8 x (binding 7) with [`combine_q8_source`]'s
-/// lines. Bindings 0-5 and the two uniforms after the output(s) are `op_attention_decode`'s
-/// (its parameters: the same uniform). Grid: one workgroup per `256 / head_dim` heads with
-/// `int8`, per head without.
-pub fn attention_decode_one_source(head_dim: usize, int8: bool) -> String {
-    let name = attention_decode_one_name(head_dim, int8).expect("a listed head dimension");
-    let (hb, hq) = (attention_decode_one_heads(head_dim, int8), head_dim / 8);
-    // The template's clusters are `LANES = 4u` invocations, as the host's constant says.
-    assert!(ATTENTION_DECODE_ONE.contains(&format!(
-        "const LANES: u32 = {}u;",
-        ops::DECODE_ATTENTION_LANES
-    )));
-    let mut body = ops::expand_for(
-        ATTENTION_DECODE_ONE,
-        &[
-            ("HB", hb),
-            ("KU", ATTENTION_DECODE_ONE_KU),
-            ("KW", hq / ops::DECODE_ATTENTION_LANES as usize),
-            ("KV", ATTENTION_DECODE_ONE_KV),
-            ("Q8", int8 as usize),
-        ],
-    );
-    for (line, value) in [
-        ("HD", head_dim),
-        ("HB", hb),
-        ("KU", ATTENTION_DECODE_ONE_KU),
-        ("KV", ATTENTION_DECODE_ONE_KV),
-    ] {
-        let decl = format!("const {line}: u32 = 0u;");
-        assert!(
-            body.contains(&decl),
-            "attention_decode_one.wgsl declares {line}"
-        );
-        body = body.replace(&decl, &format!("const {line}: u32 = {value}u;"));
-    }
-    let marker = "    //@q8\n";
-    if int8 {
-        // The block's quantization: combine_q8_source's lines.
-        let q8 = q8_block_groups();
-        assert!(
-            body.contains(marker),
-            "attention_decode_one.wgsl has its //@q8 line"
-        );
-        body = body.replace(marker, &q8);
-    }
-    assert!(!body.contains(marker), "a //@q8 line left");
-    if !int8 {
-        // No binding 7 (xq): the uniforms follow the output (bindings are in order).
-        for (from, to) in [
-            (
-                "@binding(8) var<uniform> p: P;",
-                "@binding(7) var<uniform> p: P;",
-            ),
-            (
-                "@binding(9) var<uniform> step: Step;",
-                "@binding(8) var<uniform> step: Step;",
-            ),
-        ] {
-            assert!(body.contains(from), "attention_decode_one.wgsl: {from}");
-            body = body.replace(from, to);
-        }
-    }
-    let (q8_common, form) = if int8 {
-        (Q8_COMMON_WGSL, "int8")
-    } else {
-        ("", "f32")
-    };
-    format!(
-        "// {name}: generated by the host (src/runtime/gpu/mod.rs, attention_decode_one_source) from src/runtime/gpu/shaders/ops/attention_decode_one.wgsl, the {form} form with HD = {head_dim}\n{}\n{q8_common}\n{body}\n{}",
-        ops::COMMON_WGSL,
-        ops::DECODE_ATTENTION_HELPERS
-    )
-}
 
 /// The end of a subgroup pass over `rs` rows, each line indented by `ind`: each row's sum over
 /// the subgroup (with `swiglu`, `silu(gate) * up` of its gate row and its up row `r + rs`),

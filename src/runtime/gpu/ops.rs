@@ -45,24 +45,11 @@ const OPS: &[(&str, &str)] = &[
     ("swiglu", include_str!("shaders/ops/swiglu.wgsl")),
 ];
 
-/// The decode attention kernels' RoPE and cache-word helpers (`attention_decode_rope.wgsl`),
-/// appended to `op_attention_decode` and to [`super::attention_decode_one_source`]'s modules.
-pub(crate) const DECODE_ATTENTION_HELPERS: &str =
-    include_str!("shaders/ops/attention_decode_rope.wgsl");
-
 /// Largest head dimension the attention kernel takes (`MAX_HD` in attention.wgsl).
 pub const MAX_HEAD_DIM: usize = 256;
 
 /// The op modules that use subgroup operations (compiled only where the adapter has them).
-pub const SUBGROUP_OPS: &[&str] = &[
-    "op_attention_decode",
-    "op_attention_decode_q8_hd64",
-    "op_attention_decode_q8_hd128",
-    "op_attention_decode_q8_hd256",
-    "op_attention_decode_one_hd64",
-    "op_attention_decode_one_hd128",
-    "op_attention_decode_one_hd256",
-];
+pub const SUBGROUP_OPS: &[&str] = &["op_attention_decode"];
 
 /// Invocations per score of `op_attention_decode` (`LANES` in attention_decode.wgsl): it runs
 /// only where every subgroup has at least this many (wgpu's smallest subgroup is 4).
@@ -290,22 +277,14 @@ pub fn sources() -> Vec<KernelSource> {
         .map(|(stem, body)| {
             // The decode attention's unrolled blocks (the others have none).
             let body = if *stem == "attention_decode" {
-                format!(
-                    "{}\n{DECODE_ATTENTION_HELPERS}",
-                    expand_heads(body, DECODE_ATTENTION_UNROLL)
-                )
+                expand_heads(body, DECODE_ATTENTION_UNROLL)
             } else {
                 body.to_string()
-            };
-            let also = if *stem == "attention_decode" {
-                " + attention_decode_rope.wgsl"
-            } else {
-                ""
             };
             KernelSource {
                 name: format!("op_{stem}"),
                 wgsl: format!(
-                    "// op_{stem}: src/runtime/gpu/shaders/ops/common.wgsl + {stem}.wgsl{also}\n{COMMON}\n{body}"
+                    "// op_{stem}: src/runtime/gpu/shaders/ops/common.wgsl + {stem}.wgsl\n{COMMON}\n{body}"
                 ),
             }
         })
@@ -415,7 +394,7 @@ impl Bindable for BufView {
 }
 
 /// One op's dispatch: pipeline, bind group and grid, made once, encoded any number of times.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct OpDispatch {
     pub name: &'static str,
     pipeline: wgpu::ComputePipeline,
@@ -596,10 +575,7 @@ mod tests {
         // The default grain is a whole number of tiles (TILE = WG / LANES positions).
         assert_eq!(DECODE_SPLIT_GRAIN % (64 / DECODE_ATTENTION_LANES), 0);
         for stem in SUBGROUP_OPS {
-            assert!(
-                super::super::kernels::all().iter().any(|k| k.name == *stem),
-                "{stem}"
-            );
+            assert!(sources().iter().any(|k| k.name == *stem), "{stem}");
         }
         // Every position of every context lands in a split, none past the last, for the
         // fixed chunk (grain 0) and the position-dependent one.

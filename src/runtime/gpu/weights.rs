@@ -757,16 +757,15 @@ pub fn kernel_name(format: WeightFormat, op: WeightOp, reduction: Reduction) -> 
 /// `q4_k` for `weights_q4_k_*`, `ternary2` for the ternary products (`ternary_matvec_*`,
 /// [`super::MatvecConfig::name`]) and `weights_ternary2_*`, `palette_b4` for
 /// `weights_palette_b4_*`; also `ternary2` for the kernels that exist only for the int8
-/// ternary decode products: their quantize kernels (`ternary_q8_quantize*`), the attention's
-/// combine that writes their int8 x (`op_attention_combine_q8`) and the one-dispatch decode
-/// attention that does (`op_attention_decode_q8_hd*`); `None` for every other kernel (the
-/// ops, the prefill quantize kernel, any kernel not named for an encoding). A bundle carries
+/// ternary decode products: their quantize kernels (`ternary_q8_quantize*`) and the
+/// attention's combine that writes their int8 x (`op_attention_combine_q8`); `None` for every
+/// other kernel (the ops, the prefill quantize kernel, any kernel not named for an encoding).
+/// A bundle carries
 /// the kernels of its own tensors' encodings and every kernel of no encoding
 /// ([`super::kernels::needed`]).
 pub fn kernel_encoding(name: &str) -> Option<String> {
-    let int8_ternary = name.starts_with("ternary_q8_quantize")
-        || name == super::kernels::COMBINE_Q8
-        || name.starts_with("op_attention_decode_q8_");
+    let int8_ternary =
+        name.starts_with("ternary_q8_quantize") || name == super::kernels::COMBINE_Q8;
     if name.starts_with("ternary_matvec") || int8_ternary {
         return Some(Decoder::Ternary.stem());
     }
@@ -1250,7 +1249,6 @@ pub fn matmul_tile_tolerance(cols: usize, abs_wx: f64) -> f64 {
 
 /// A bound dispatch list (pipeline + bind groups + grids), made once at load, encoded any
 /// number of times.
-#[derive(Clone)]
 pub struct Bound {
     pipeline: wgpu::ComputePipeline,
     parts: Vec<(wgpu::BindGroup, [u32; 3])>,

@@ -40,8 +40,6 @@
 // - The tile's max and the sum of its weights by subgroupMax / subgroupAdd, one partial per
 //   subgroup in workgroup memory (the subgroup size is read from the hardware).
 // exp is WGSL's precise exp. head_dim is a multiple of 8, at most MAX_HD.
-// RoPE and the cache-word decode (rope_pair, q_rotated, k_rotated, word_lo, word_hi) are in
-// attention_decode_rope.wgsl, which the registry appends.
 //
 // q: [1, heads, head_dim] f32 and k, v: [1, kv_heads, head_dim] f32, before RoPE; table:
 // rope_kv.wgsl's (cos, sin) per position and pair; caches [kv_heads, n_ctx, head_dim] f16
@@ -94,6 +92,61 @@ const UNROLL: u32 = 8u;
 // wgpu's smallest subgroup is 4 invocations.
 const MAX_SUBGROUPS: u32 = WG / 4u;
 const NEG_BIG: f32 = -3.4028234663852886e38;
+
+// For a rotated element e (< n_rot): its pair's index i in the table and the pair (ia, ib):
+// (2i, 2i + 1), or (i, i + n_rot / 2) for NEOX (rope_kv.wgsl).
+fn rope_pair(e: u32) -> vec3<u32> {
+    let rot = p.n_rot / 2u;
+    if p.neox == 1u {
+        let i = select(e, e - rot, e >= rot);
+        return vec3<u32>(i, i, i + rot);
+    }
+    let i = e / 2u;
+    return vec3<u32>(i, 2u * i, 2u * i + 1u);
+}
+
+// Element e of query head `head`, rotated for position pos and scaled by q_scale: the
+// operations of rope_kv.wgsl in its order.
+fn q_rotated(head: u32, e: u32, pos: u32) -> f32 {
+    let base = head * p.head_dim;
+    if e >= p.n_rot {
+        return q[base + e] * p.q_scale;
+    }
+    let r = rope_pair(e);
+    let cs = table[pos * (p.n_rot / 2u) + r.x];
+    let x0 = q[base + r.y];
+    let x1 = q[base + r.z];
+    if e == r.y {
+        return (x0 * cs.x - x1 * cs.y) * p.q_scale;
+    }
+    return (x0 * cs.y + x1 * cs.x) * p.q_scale;
+}
+
+// Element e of KV head `kvh`'s key, rotated for position pos (K's scale is 1), as
+// rope_kv.wgsl's k_rotated.
+fn k_rotated(kvh: u32, e: u32, pos: u32) -> f32 {
+    let base = kvh * p.head_dim;
+    if e >= p.n_rot {
+        return k[base + e] * 1.0;
+    }
+    let r = rope_pair(e);
+    let cs = table[pos * (p.n_rot / 2u) + r.x];
+    let x0 = k[base + r.y];
+    let x1 = k[base + r.z];
+    if e == r.y {
+        return (x0 * cs.x - x1 * cs.y) * 1.0;
+    }
+    return (x0 * cs.y + x1 * cs.x) * 1.0;
+}
+
+// The 8 f16 of a 16-byte cache word, as f32.
+fn word_lo(w: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+}
+
+fn word_hi(w: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
+}
 
 // q rotated and scaled, as 4-element words (element 4i + e at qs[i][e]).
 var<workgroup> qs: array<vec4<f32>, MAX_HD / 4u>;
