@@ -221,12 +221,27 @@ pub enum OutputError {
 /// `inputs` are the command's inputs: a report may not be written inside an input bundle
 /// directory nor over an input file.
 pub fn check_report_path(out: &Path, inputs: &[&Path]) -> Result<(), OutputError> {
-    let parent = parent_dir(out);
-    let bad = |detail: &str| OutputError::Io {
+    // A symlink is checked as what it names, which the report replaces (a dangling link's
+    // target included): the path the user gave, and the target where they differ.
+    let target = follow_links(out).map_err(|source| OutputError::Io {
         path: out.to_path_buf(),
+        source,
+    })?;
+    let shown = if target == out {
+        out.to_path_buf()
+    } else {
+        PathBuf::from(format!(
+            "{} (a link to {})",
+            out.display(),
+            target.display()
+        ))
+    };
+    let parent = parent_dir(&target);
+    let bad = |detail: &str| OutputError::Io {
+        path: shown.clone(),
         source: std::io::Error::new(std::io::ErrorKind::InvalidInput, detail.to_string()),
     };
-    if out.is_dir() {
+    if target.is_dir() {
         return Err(bad("is a directory"));
     }
     if !parent.is_dir() {
@@ -234,8 +249,14 @@ pub fn check_report_path(out: &Path, inputs: &[&Path]) -> Result<(), OutputError
     }
     for i in inputs {
         if i.is_dir() {
-            refuse_output_inside(i, out)?;
-        } else if let (Ok(a), Ok(b)) = (i.canonicalize(), out.canonicalize()) {
+            refuse_output_inside(i, &target).map_err(|e| match e {
+                OutputError::InsideInput { input, .. } => OutputError::InsideInput {
+                    output: shown.clone(),
+                    input,
+                },
+                e => e,
+            })?;
+        } else if let (Ok(a), Ok(b)) = (i.canonicalize(), target.canonicalize()) {
             if a == b {
                 return Err(bad("is an input of this command"));
             }
@@ -248,7 +269,8 @@ pub fn check_report_path(out: &Path, inputs: &[&Path]) -> Result<(), OutputError
 /// the old file or the new one, never a part. Check `out` with [`check_report_path`] first.
 ///
 /// What is at `out` is kept: a symlink to a regular file has its target replaced the same way
-/// (the link stays); anything else that is not a regular file (a character device such as
+/// and a dangling one its target created (the link stays, followed as
+/// [`check_report_path`] checks it); anything else that is not a regular file (a character device such as
 /// `/dev/stdout` or `/dev/null`, a FIFO, a socket, or a link to one) is written through, in
 /// place, as a shell's `>` would, since renaming over it would replace the device node or
 /// the FIFO with a file.
@@ -258,21 +280,19 @@ pub fn replace_file(out: &Path, bytes: &[u8]) -> Result<(), OutputError> {
         let path = path.to_path_buf();
         move |source| OutputError::Io { path, source }
     };
-    let resolved;
-    let out = match (std::fs::symlink_metadata(out), std::fs::metadata(out)) {
-        (Ok(_), Ok(m)) if !m.is_file() => {
+    // A symlink's target is what is replaced (or created, for a dangling link), the link
+    // kept.
+    let resolved = follow_links(out).map_err(io(out))?;
+    let out = resolved.as_path();
+    if let Ok(m) = std::fs::metadata(out) {
+        if !m.is_file() {
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
                 .open(out)
                 .map_err(io(out))?;
             return f.write_all(bytes).and_then(|()| f.flush()).map_err(io(out));
         }
-        (Ok(l), Ok(_)) if l.file_type().is_symlink() => {
-            resolved = out.canonicalize().map_err(io(out))?;
-            resolved.as_path()
-        }
-        _ => out,
-    };
+    }
     let dir = parent_dir(out);
     let (made, partial) = PartialOutput::create(
         || {
@@ -298,6 +318,27 @@ pub fn replace_file(out: &Path, bytes: &[u8]) -> Result<(), OutputError> {
         .publish(|| tmp.persist(out))
         .map_err(|e| io(out)(e.error))?;
     Ok(())
+}
+
+/// `path` with its symlinks followed to the path they end at, which need not exist (a
+/// dangling link's target); a relative target is taken from the link's directory. At most 40
+/// links, as the kernel's own limit (ELOOP).
+fn follow_links(path: &Path) -> std::io::Result<PathBuf> {
+    let mut p = path.to_path_buf();
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let t = std::fs::read_link(&p)?;
+                p = if t.is_absolute() {
+                    t
+                } else {
+                    parent_dir(&p).join(t)
+                };
+            }
+            _ => return Ok(p),
+        }
+    }
+    Err(std::io::Error::other("too many levels of symbolic links"))
 }
 
 /// Refuses an output path inside the bundle directory `input` (it would add a file the
@@ -764,5 +805,58 @@ mod tests {
             .collect();
         names.sort();
         assert_eq!(names, ["fifo", "link.json", "target.json", "to-null"]);
+    }
+
+    /// A report path that is a symlink is checked and written as what it names: a link into
+    /// an input bundle is refused (naming the link and its target) and nothing is written
+    /// there; a dangling link (relative, through a second link) gets its target created and
+    /// stays a link; a dangling link into a missing directory is refused naming the target.
+    #[cfg(unix)]
+    #[test]
+    fn report_links_are_checked_and_written_as_their_targets() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = dir.path().join("in.bundle");
+        std::fs::create_dir(&bundle).unwrap();
+        std::fs::write(bundle.join("weights.bin"), b"weights").unwrap();
+        let into = dir.path().join("into");
+        symlink(bundle.join("weights.bin"), &into).unwrap();
+        let err = check_report_path(&into, &[&bundle])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("inside the input bundle") && err.contains("a link to"),
+            "{err}"
+        );
+        assert!(err.contains("weights.bin"), "{err}");
+        assert_eq!(
+            std::fs::read(bundle.join("weights.bin")).unwrap(),
+            b"weights"
+        );
+        // Dangling, relative, through a second link.
+        let out = dir.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        symlink("out/new.json", dir.path().join("first")).unwrap();
+        let link = dir.path().join("second");
+        symlink("first", &link).unwrap();
+        check_report_path(&link, &[&bundle]).unwrap();
+        replace_file(&link, b"report").unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read(out.join("new.json")).unwrap(), b"report");
+        // Dangling into a directory that does not exist.
+        let lost = dir.path().join("lost");
+        symlink(dir.path().join("nodir/x.json"), &lost).unwrap();
+        let err = check_report_path(&lost, &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("nodir") && err.contains("directory does not exist"),
+            "{err}"
+        );
+        // A loop of links is an error, not a hang.
+        symlink("loop-b", dir.path().join("loop-a")).unwrap();
+        symlink("loop-a", dir.path().join("loop-b")).unwrap();
+        assert!(check_report_path(&dir.path().join("loop-a"), &[]).is_err());
     }
 }

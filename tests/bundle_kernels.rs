@@ -269,7 +269,7 @@ fn a_bundle_carries_the_kernels_of_its_encodings_only() {
         assert_eq!(*kept, want, "{enc:?}: {kept} of {all} carried");
     }
     assert_eq!(carried.len(), 133);
-    assert_eq!(kernels::all().len(), 307);
+    assert_eq!(kernels::all().len(), 371);
     // And nothing else: every carried name is a registry kernel.
     assert_eq!(
         carried.len(),
@@ -564,6 +564,38 @@ fn old_bundle_runs_on_the_cpu_and_add_kernels_makes_it_a_fresh_write() {
         text(&o)
     );
     assert_eq!(manifest(&old).bundle_digest, manifest(&fresh).bundle_digest);
+}
+
+/// A WGSL module whose MSL is gone from the manifest and the files (digests rewritten): the
+/// bundle still verifies, with a note naming it; `add-kernels` writes the MSL again.
+#[test]
+fn a_wgsl_module_without_its_msl_is_noted() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = written(dir.path(), "t.bundle");
+    let ours = ours(&b);
+    let mut m = manifest(&b);
+    let name = ours[0].name.clone();
+    m.kernels
+        .retain(|k| !(k.name == name && k.kind == KernelKind::Msl));
+    m.files
+        .retain(|f| f.path != format!("kernels/{name}.metal"));
+    std::fs::remove_file(b.join(format!("kernels/{name}.metal"))).unwrap();
+    write_manifest(&b, &mut m);
+    let o = convert(&["verify"], &[&b]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!(
+            "note: 1 WGSL module(s) without their MSL ({name})"
+        )),
+        "{}",
+        text(&o)
+    );
+    let o = convert(&["add-kernels"], &[&b]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = convert(&["verify"], &[&b]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!text(&o).contains("without their MSL"), "{}", text(&o));
+    assert!(b.join(format!("kernels/{name}.metal")).is_file());
 }
 
 #[test]

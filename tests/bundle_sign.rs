@@ -1300,18 +1300,19 @@ fn reports_never_overwrite_a_key_given_to_the_command() {
     }
 }
 
-/// Reports to a closed or full stdout: `bench`, `validate` and `keygen` stop with the write
-/// error (exit 2, a full device) or quietly (a pipe closed by its reader, exit 0), never a
-/// panic.
+/// Reports to a closed or full stdout: `bench`, `validate`, `keygen` and `verify` stop with
+/// the write error, saying it was stdout (exit 2, a full device), or quietly (a pipe closed by
+/// its reader, exit 0), never a panic.
 #[test]
 fn a_closed_or_full_stdout_is_an_error_not_a_panic() {
     use std::process::Stdio;
     let (d, b) = bundle();
     let key = d.path().join("k2");
-    let cmds: [Vec<&str>; 3] = [
+    let cmds: [Vec<&str>; 4] = [
         vec!["bench", s(&b), "--prompt-tokens", "2", "--gen-tokens", "2"],
         vec!["validate", s(&b), "--reference", s(&b), "--gen-tokens", "1"],
         vec!["keygen", "-o", s(&key)],
+        vec!["verify", s(&b)],
     ];
     for args in &cmds {
         let _ = std::fs::remove_file(&key);
@@ -1324,7 +1325,10 @@ fn a_closed_or_full_stdout_is_an_error_not_a_panic() {
             .unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{args:?} > /dev/full: {err}");
-        assert!(err.contains("No space left on device"), "{args:?}: {err}");
+        assert!(
+            err.contains("writing to stdout: No space left on device"),
+            "{args:?}: {err}"
+        );
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
     // A pipe whose reader has gone: the output is not wanted, not an error.

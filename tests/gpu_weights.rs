@@ -206,6 +206,30 @@ enum HostKind {
     },
 }
 
+/// A GGUF type or a palette (bits, rows a group), for the tests of the folded forms, which
+/// every decoder of matvec_quads.wgsl has.
+#[derive(Clone, Copy, Debug)]
+enum Enc {
+    Gguf(GgmlType),
+    Palette(u32, usize),
+}
+
+impl From<GgmlType> for Enc {
+    fn from(ty: GgmlType) -> Enc {
+        Enc::Gguf(ty)
+    }
+}
+
+impl Enc {
+    /// A random weight of this encoding (a palette's rows a multiple of its group).
+    fn host(self, rows: usize, cols: usize, seed: &mut u64) -> Host {
+        match self {
+            Enc::Gguf(ty) => Host::gguf(ty, rows, cols, seed),
+            Enc::Palette(bits, group) => Host::palette(bits, group, rows, cols, seed),
+        }
+    }
+}
+
 impl Host {
     fn gguf(ty: GgmlType, rows: usize, cols: usize, seed: &mut u64) -> Host {
         Host {
@@ -973,10 +997,12 @@ fn swiglu_folded_into_the_gguf_product_is_silu_of_gate_times_up() {
     let mut seed = 29u64;
     for ctx in contexts() {
         for (ty, f, cols) in [
-            (GgmlType::Q4_1, 40, 256),
-            (GgmlType::Q8_0, 1100, 96),
-            (GgmlType::Q5_0, 7, 576),
-            (GgmlType::F16, 9, 64),
+            (Enc::Gguf(GgmlType::Q4_1), 40, 256),
+            (Enc::Gguf(GgmlType::Q8_0), 1100, 96),
+            (Enc::Gguf(GgmlType::Q5_0), 7, 576),
+            (Enc::Gguf(GgmlType::F16), 9, 64),
+            (Enc::Palette(4, 8), 40, 256),
+            (Enc::Palette(5, 3), 9, 96),
         ] {
             let (host, mut w) = gate_up_stack(ctx, ty, f, cols, &mut seed);
             let what = format!("{ty:?} 2 x {f} x {cols} on {}", ctx.info.name);
@@ -1063,15 +1089,18 @@ fn a_norm_folded_into_the_gguf_product_keeps_the_bits_of_the_norm_then_the_produ
     let eps = 1e-6f32;
     for ctx in contexts() {
         for (ty, rows, cols) in [
-            (GgmlType::Q5_0, 40, 896),
-            (GgmlType::Q4_1, 2048, 576),
-            (GgmlType::Q8_0, 9, 64),
-            (GgmlType::F16, 5, 4096),
-            (GgmlType::Q8_0, 3, 320),
-            (GgmlType::Q8_0, 7, 32),
+            (Enc::Gguf(GgmlType::Q5_0), 40, 896),
+            (Enc::Gguf(GgmlType::Q4_1), 2048, 576),
+            (Enc::Gguf(GgmlType::Q8_0), 9, 64),
+            (Enc::Gguf(GgmlType::F16), 5, 4096),
+            (Enc::Gguf(GgmlType::Q8_0), 3, 320),
+            (Enc::Gguf(GgmlType::Q8_0), 7, 32),
+            (Enc::Palette(4, 8), 40, 896),
+            (Enc::Palette(6, 4), 8, 4096),
+            (Enc::Palette(5, 3), 9, 320),
         ] {
             let what = format!("{ty:?} {rows} x {cols} on {}", ctx.info.name);
-            let host = Host::gguf(ty, rows, cols, &mut seed);
+            let host = ty.host(rows, cols, &mut seed);
             let w = host.upload(ctx).unwrap();
             let x: Vec<f32> = random_x(cols, &mut seed).iter().map(|v| v * 7.0).collect();
             let nw: Vec<f32> = random_x(cols, &mut seed).iter().map(|v| 1.0 + v).collect();
@@ -1194,16 +1223,17 @@ fn a_norm_folded_into_the_gguf_product_keeps_the_bits_of_the_norm_then_the_produ
     });
 }
 
-/// A stacked gate/up weight of `ty`: two random parts of `f` rows x `cols` uploaded as one,
+/// A stacked gate/up weight of `enc`: two random parts of `f` rows x `cols` uploaded as one,
 /// its parts set (`GpuWeight::is_gate_up_stack`).
 fn gate_up_stack(
     ctx: &GpuContext,
-    ty: GgmlType,
+    enc: impl Into<Enc>,
     f: usize,
     cols: usize,
     seed: &mut u64,
 ) -> (Host, GpuWeight) {
-    let parts = [Host::gguf(ty, f, cols, seed), Host::gguf(ty, f, cols, seed)];
+    let enc = enc.into();
+    let parts = [enc.host(f, cols, seed), enc.host(f, cols, seed)];
     let host = Host::stack(&parts);
     let mut w = host.upload(ctx).unwrap();
     w.parts = vec![f, f];
@@ -1259,11 +1289,13 @@ fn geglu_folded_into_the_gguf_product_is_the_cpu_table_gating() {
             .unwrap();
         let (mut low, mut high, mut mid) = (0, 0, 0);
         for (ty, f, cols, scale) in [
-            (GgmlType::Q5_0, 40, 640, 1.0f32),
-            (GgmlType::Q5_0, 40, 640, 60.0),
-            (GgmlType::Q8_0, 1100, 96, 30.0),
-            (GgmlType::Q4_0, 7, 256, 8.0),
-            (GgmlType::BF16, 9, 64, 20.0),
+            (Enc::Gguf(GgmlType::Q5_0), 40, 640, 1.0f32),
+            (Enc::Gguf(GgmlType::Q5_0), 40, 640, 60.0),
+            (Enc::Gguf(GgmlType::Q8_0), 1100, 96, 30.0),
+            (Enc::Gguf(GgmlType::Q4_0), 7, 256, 8.0),
+            (Enc::Gguf(GgmlType::BF16), 9, 64, 20.0),
+            (Enc::Palette(8, 4), 40, 640, 1.0),
+            (Enc::Palette(3, 8), 16, 96, 30.0),
         ] {
             let (host, mut w) = gate_up_stack(ctx, ty, f, cols, &mut seed);
             let what = format!(

@@ -1092,7 +1092,8 @@ fn a_non_finite_ternary_scale_is_refused_at_load() {
 }
 
 /// `bench --gen-tokens 1`: the one token comes from the prompt's logits, no decode step is
-/// timed, so the decode speed and read rate are null (text: "no decode step timed"), not 0.
+/// timed, so the decode speed, read rate and CPU time a step are null (text: "no decode step
+/// timed"), not 0.
 #[test]
 fn bench_without_a_decode_step_reports_no_decode_speed() {
     let (_d, b) = make_bundle(
@@ -1114,6 +1115,7 @@ fn bench_without_a_decode_step_reports_no_decode_speed() {
         serde_json::from_str(&bench(&["--gen-tokens", "1", "--json"])).unwrap();
     assert!(j["decode_tokens_per_second"].is_null(), "{j}");
     assert!(j["decode_weight_read_gb_per_second"].is_null(), "{j}");
+    assert!(j["decode_cpu_ms_per_token"].is_null(), "{j}");
     assert!(j["prompt_tokens_per_second"].as_f64().unwrap() > 0.0, "{j}");
     let t = bench(&["--gen-tokens", "1"]);
     assert!(
@@ -1123,6 +1125,7 @@ fn bench_without_a_decode_step_reports_no_decode_speed() {
     let j: serde_json::Value =
         serde_json::from_str(&bench(&["--gen-tokens", "3", "--json"])).unwrap();
     assert!(j["decode_tokens_per_second"].as_f64().unwrap() > 0.0, "{j}");
+    assert!(j["decode_cpu_ms_per_token"].as_f64().unwrap() > 0.0, "{j}");
 }
 
 /// A KV cache the process may not allocate (here `ulimit -v` of 1 GiB against 2 GiB of K and

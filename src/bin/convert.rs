@@ -11,7 +11,7 @@ use std::process::ExitCode;
 macro_rules! outln {
     ($($t:tt)*) => {{
         use std::io::Write as _;
-        writeln!(std::io::stdout(), $($t)*)?
+        writeln!(std::io::stdout(), $($t)*).map_err(stdout_error)?
     }};
 }
 
@@ -19,8 +19,32 @@ macro_rules! outln {
 macro_rules! out {
     ($($t:tt)*) => {{
         use std::io::Write as _;
-        write!(std::io::stdout(), $($t)*)?
+        write!(std::io::stdout(), $($t)*).map_err(stdout_error)?
     }};
+}
+
+/// Stdout, locked, for a command's output: its write errors say "writing to stdout"
+/// ([`stdout_error`]).
+struct Stdout(std::io::StdoutLock<'static>);
+
+impl std::io::Write for Stdout {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.write(b).map_err(stdout_error)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush().map_err(stdout_error)
+    }
+}
+
+fn stdout() -> Stdout {
+    Stdout(std::io::stdout().lock())
+}
+
+/// A failed write to stdout, saying so (a full disk behind `> FILE` reads "writing to
+/// stdout: No space left on device"); the kind is kept, so a reader closing the pipe
+/// (BrokenPipe) still ends the command quietly.
+fn stdout_error(e: std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("writing to stdout: {e}"))
 }
 
 use anyhow::Context;
@@ -292,13 +316,13 @@ enum Command {
 #[derive(clap::Args)]
 struct SampleArgs {
     /// Sampling temperature; 0 is greedy (argmax).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = finite_f32)]
     temperature: f32,
     /// Sample among the K most likely tokens (0: all).
     #[arg(long, default_value_t = 40)]
     top_k: usize,
     /// Sample among the smallest set of tokens whose probability reaches P.
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = 0.95, value_parser = finite_f32)]
     top_p: f32,
     /// Random seed for sampling.
     #[arg(long, default_value_t = 0)]
@@ -612,6 +636,16 @@ fn is_untrusted(e: &anyhow::Error) -> bool {
     })
 }
 
+/// A number that is finite as an f32 (`1e39` overflows to infinity there: refused as typed,
+/// not as `inf`).
+fn finite_f32(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        Ok(_) => Err("not a finite number (f32)".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// `MAX_THREADS`: `--threads` and `--workers` above this are refused (more than any machine's
 /// cores; each thread costs a stack and a kernel task).
 const MAX_THREADS: usize = 1024;
@@ -772,7 +806,7 @@ fn pack(
 /// `convert gpu-info`: every adapter, or a line saying there is none (exit 0 either way).
 fn gpu_info(json: bool) -> anyhow::Result<ExitCode> {
     let reports = lowbit::runtime::gpu::adapter_reports();
-    let mut out = std::io::stdout().lock();
+    let mut out = stdout();
     if json {
         serde_json::to_writer_pretty(&mut out, &reports)?;
         writeln!(out)?;
@@ -871,7 +905,7 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
         Command::GpuInfo { json } => gpu_info(json),
         Command::Inspect { file, json } => {
             let f = GgufFile::open(&file)?;
-            let mut out = std::io::stdout().lock();
+            let mut out = stdout();
             if json {
                 serde_json::to_writer_pretty(&mut out, &inspect::report_json(&f))?;
                 writeln!(out)?;
@@ -1050,7 +1084,7 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
                 parse_special,
             };
             let t = lt::tokenize(&tok, &prompt, opts);
-            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            let mut out = std::io::BufWriter::new(stdout());
             if json {
                 serde_json::to_writer(&mut out, &lt::to_json(&tok, &t))?;
                 writeln!(out)?;
@@ -1105,7 +1139,7 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::from(2));
                 }
             };
-            let mut out = std::io::stdout().lock();
+            let mut out = stdout();
             if !quiet {
                 for (name, what) in &s.modules {
                     writeln!(out, "{what:<9} {name} (wgsl, msl)")?;
@@ -1212,7 +1246,7 @@ fn run(cmd: Command) -> anyhow::Result<ExitCode> {
                 }
             };
             let shown = (|| -> anyhow::Result<()> {
-                let mut out = std::io::stdout().lock();
+                let mut out = stdout();
                 if json {
                     serde_json::to_writer_pretty(&mut out, &report)?;
                     writeln!(out)?;
@@ -1244,8 +1278,12 @@ fn bench_cmd(
 ) -> anyhow::Result<ExitCode> {
     use lowbit::runtime::{self, Sampler, SamplerConfig};
     // Arguments first: nothing is loaded for a run that cannot happen.
-    if prompt_tokens == 0 || gen_tokens == 0 || repeats == 0 {
-        anyhow::bail!("--prompt-tokens, --gen-tokens and --repeats must be at least 1");
+    for (flag, v) in [
+        ("--prompt-tokens", prompt_tokens),
+        ("--gen-tokens", gen_tokens),
+        ("--repeats", repeats),
+    ] {
+        anyhow::ensure!(v >= 1, "{flag} {v}: must be at least 1");
     }
     let backend = rt.backend()?;
     let manifest = lowbit::bundle::reader::read_manifest(&bundle)
@@ -1302,6 +1340,11 @@ fn bench_cmd(
     let per_token = info.decode_bytes_per_token;
     let rss = peak_rss_bytes();
     let timed = st.decode_steps > 0;
+    // CPU time a decode step, where one was timed (as the speed).
+    let cpu_ms = st
+        .decode_cpu_seconds
+        .filter(|_| timed)
+        .map(|c| c * 1e3 / st.decode_steps as f64);
     let report = serde_json::json!({
         "bundle": bundle.display().to_string(),
         "info": info,
@@ -1323,7 +1366,7 @@ fn bench_cmd(
         "rss_over_weights_plus_kv": rss.map(|r| r as f64 / (weights + kv) as f64),
         "decode_bytes_per_token": per_token,
         "decode_weight_read_gb_per_second": timed.then(|| per_token as f64 * st.decode_tps() / 1e9),
-        "decode_cpu_ms_per_token": st.decode_cpu_seconds.map(|c| c * 1e3 / st.decode_steps.max(1) as f64),
+        "decode_cpu_ms_per_token": cpu_ms,
         "dispatches_per_token": info.dispatches_per_token,
         "device": info.device,
     });
@@ -1355,11 +1398,13 @@ fn bench_cmd(
         );
         if let Some(dev) = &info.device {
             outln!(
-                "  device: {dev}; {} dispatches per decode step; CPU time {} ms per decode step",
+                "  device: {dev}; {} dispatches per decode step; CPU time {} per decode step",
                 info.dispatches_per_token.unwrap_or(0),
-                st.decode_cpu_seconds
-                    .map(|c| format!("{:.3}", c * 1e3 / st.decode_steps.max(1) as f64))
-                    .unwrap_or_else(|| "?".into())
+                match (cpu_ms, timed) {
+                    (Some(ms), _) => format!("{ms:.3} ms"),
+                    (None, false) => "(no decode step timed)".into(),
+                    (None, true) => "?".into(),
+                }
             );
         }
     }
@@ -1380,7 +1425,7 @@ struct RunArgs {
     #[arg(long, default_value_t = 64)]
     max_tokens: usize,
     /// Wrap the prompt in the model's chat template as a user message.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "prompt_ids")]
     chat: bool,
     #[command(flatten)]
     sample: SampleArgs,
@@ -1675,6 +1720,11 @@ fn eval_cmd(a: EvalArgs) -> anyhow::Result<ExitCode> {
     use lowbit::eval::{self, ppl, tasks, EvalError, Gates};
     use lowbit::runtime;
     let t0 = std::time::Instant::now();
+    anyhow::ensure!(
+        a.max_gen_tokens >= 1,
+        "--max-gen-tokens {}: must be at least 1",
+        a.max_gen_tokens
+    );
     let mut gates = Gates {
         max_kld: a.max_kld,
         min_same_top: a.min_same_top,
@@ -1826,7 +1876,19 @@ fn eval_cmd(a: EvalArgs) -> anyhow::Result<ExitCode> {
                 pb.set_position(done as u64);
                 pb.set_message(format!("PPL {:.4}", acc.perplexity().ppl.value));
             },
-        )?;
+        )
+        .map_err(|e| match e {
+            EvalError::NonFinite { .. } => anyhow::Error::new(e).context(format!(
+                "perplexity of {} with the model {}{}",
+                path.display(),
+                a.bundle.display(),
+                a.reference
+                    .as_ref()
+                    .map(|r| format!(" and the reference {}", r.display()))
+                    .unwrap_or_default()
+            )),
+            e => e.into(),
+        })?;
         pb.finish_and_clear();
         text_info = Some(eval::TextInfo {
             file: path.clone(),
@@ -1838,7 +1900,7 @@ fn eval_cmd(a: EvalArgs) -> anyhow::Result<ExitCode> {
     let mut task_reports = Vec::new();
     for t in &task_list {
         let subset = t.subset(a.limit, a.seed);
-        let run_one = |be: &mut dyn runtime::Backend, who: &str| {
+        let run_one = |be: &mut dyn runtime::Backend, who: &str, path: &std::path::Path| {
             let pb = lowbit::util::progress_bar(subset.len() as u64, a.quiet, false);
             pb.set_message(format!("{} ({who})", t.name));
             let r = tasks::answer(
@@ -1851,12 +1913,19 @@ fn eval_cmd(a: EvalArgs) -> anyhow::Result<ExitCode> {
                 &mut |d, _| pb.set_position(d as u64),
             );
             pb.finish_and_clear();
-            r
+            r.map_err(|e| match e {
+                EvalError::NonFinite { .. } => anyhow::Error::new(e).context(format!(
+                    "task {} with the {who} {}",
+                    t.path.display(),
+                    path.display()
+                )),
+                e => e.into(),
+            })
         };
-        let ans = run_one(model.as_mut(), "model")?;
-        let ans_ref = match reference.as_deref_mut() {
-            Some(r) => Some(run_one(r, "reference")?),
-            None => None,
+        let ans = run_one(model.as_mut(), "model", &a.bundle)?;
+        let ans_ref = match (reference.as_deref_mut(), &a.reference) {
+            (Some(r), Some(p)) => Some(run_one(r, "reference", p)?),
+            _ => None,
         };
         task_reports.push(tasks::report(t, &subset, a.seed, &ans, ans_ref.as_ref()));
     }
@@ -1983,8 +2052,16 @@ fn print_eval(r: &lowbit::eval::EvalReport) -> std::io::Result<()> {
 
 fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {
     use lowbit::runtime::validate;
-    if a.repeats == 0 || a.gen_tokens == 0 || a.max_prob_err.is_nan() || a.max_prob_err < 0.0 {
-        eprintln!("error: validate: --repeats and --gen-tokens must be at least 1 and --max-prob-err >= 0");
+    let bad = [("--repeats", a.repeats), ("--gen-tokens", a.gen_tokens)]
+        .into_iter()
+        .find(|&(_, v)| v == 0)
+        .map(|(flag, v)| format!("{flag} {v}: must be at least 1"))
+        .or_else(|| {
+            (a.max_prob_err.is_nan() || a.max_prob_err < 0.0)
+                .then(|| format!("--max-prob-err {}: must be at least 0", a.max_prob_err))
+        });
+    if let Some(msg) = bad {
+        eprintln!("error: validate: {msg}");
         return Ok(ExitCode::from(2));
     }
     if let Some(p) = &a.json {

@@ -705,6 +705,29 @@ pub fn check_kernels<'b>(
         })();
         checks.push(check(k, "re-derived", r));
     }
+    // A WGSL module without its MSL: the bundle still runs through wgpu (which compiles the
+    // WGSL), but a native Metal host has nothing to load. Informational, as below.
+    let with_msl: std::collections::BTreeSet<&str> = m
+        .kernels
+        .iter()
+        .filter(|k| k.kind == KernelKind::Msl)
+        .map(|k| k.name.as_str())
+        .collect();
+    let no_msl: Vec<&str> = m
+        .kernels
+        .iter()
+        .filter(|k| k.kind == KernelKind::Wgsl && !with_msl.contains(k.name.as_str()))
+        .map(|k| k.name.as_str())
+        .collect();
+    if !no_msl.is_empty() {
+        let shown = no_msl.len().min(3);
+        notes.push(format!(
+            "{} WGSL module(s) without their MSL ({}{}): wgpu runs the bundle, a native Metal host cannot load those; `convert add-kernels` writes them",
+            no_msl.len(),
+            no_msl[..shown].join(", "),
+            if no_msl.len() > shown { ", ..." } else { "" }
+        ));
+    }
     // Against this build's kernels for the bundle's encodings (what `pack` would write):
     // informational (a bundle keeps the kernels it was made with; `add-kernels` replaces them).
     let registry = crate::runtime::gpu::kernels::for_tensors(&m.tensors);

@@ -112,8 +112,18 @@ pub fn run(
             .iter()
             .position(|p| !(p.nll.is_finite() && p.nll_ref.is_finite() && p.kld.is_finite()))
         {
+            // Chunks counted from 1, as llama-perplexity prints them.
+            let whose = if scored[j].nll.is_finite() {
+                "the reference's"
+            } else {
+                "the model's"
+            };
             return Err(EvalError::NonFinite {
-                what: format!("chunk {} position {}", i + 1, first + j),
+                what: format!(
+                    "{whose} row at chunk {} of {n_chunk} (counted from 1), position {} in it",
+                    i + 1,
+                    first + j
+                ),
             });
         }
         scored.into_iter().for_each(|p| acc.push(p));

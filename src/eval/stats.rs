@@ -78,15 +78,23 @@ pub fn position(row: &[f32], row_ref: Option<&[f32]>, token: u32) -> Position {
     }
 }
 
-/// A mean and its standard error, as llama.cpp's `mean_and_uncertainty`: the error is
-/// `sqrt((mean(x^2) - mean(x)^2) / (n - 1))`, 0 for fewer than 11 values.
+/// A mean and its standard error, as llama.cpp computes them: the error is
+/// `sqrt((mean(x^2) - mean(x)^2) / (n - 1))`; for the KL-divergence statistics
+/// (`mean_and_uncertainty`) 0 for fewer than 11 values, for the perplexity's final estimate
+/// only where the variance is positive ([`mean_and_error`]'s `min_count`).
 #[derive(Clone, Copy, Debug, Serialize, PartialEq)]
 pub struct Estimate {
     pub value: f64,
     pub error: f64,
 }
 
-fn mean_and_error(sum: f64, sum2: f64, n: usize) -> Estimate {
+/// Values from which `mean_and_uncertainty` (llama-perplexity's KL-divergence statistics)
+/// gives an error.
+const KLD_MIN_COUNT: usize = 11;
+
+/// [`Estimate`] of `n` values from their sum and sum of squares; the error only from
+/// `min_count` values on (11 in `mean_and_uncertainty`, 2 in the perplexity's final estimate).
+fn mean_and_error(sum: f64, sum2: f64, n: usize, min_count: usize) -> Estimate {
     if n == 0 {
         return Estimate {
             value: 0.0,
@@ -95,7 +103,7 @@ fn mean_and_error(sum: f64, sum2: f64, n: usize) -> Estimate {
     }
     let f = sum / n as f64;
     let df = sum2 / n as f64 - f * f;
-    let error = if df > 0.0 && n > 10 {
+    let error = if df > 0.0 && n >= min_count.max(2) {
         (df / (n as f64 - 1.0)).sqrt()
     } else {
         0.0
@@ -231,7 +239,8 @@ impl Accumulator {
     pub fn perplexity(&self) -> Perplexity {
         let n = self.positions.len();
         let (s, s2) = sums(self.positions.iter().map(|p| p.nll));
-        let nll = mean_and_error(s, s2, n);
+        // perplexity.cpp's "Final estimate": the error wherever the variance is positive.
+        let nll = mean_and_error(s, s2, n, 2);
         let ppl = nll.value.exp();
         Perplexity {
             count: n,
@@ -253,8 +262,8 @@ impl Accumulator {
         let (s, s2) = sums(ps.iter().map(|p| p.nll));
         let (sb, sb2) = sums(ps.iter().map(|p| p.nll_ref));
         let sab: f64 = ps.iter().map(|p| p.nll * p.nll_ref).sum();
-        let lp = mean_and_error(s, s2, n);
-        let lpb = mean_and_error(sb, sb2, n);
+        let lp = mean_and_error(s, s2, n, KLD_MIN_COUNT);
+        let lpb = mean_and_error(sb, sb2, n, KLD_MIN_COUNT);
         // llama.cpp's covariance of the two means: 0 for fewer than 10 positions.
         let cov = if n < 10 {
             0.0
@@ -275,7 +284,7 @@ impl Accumulator {
         let (sk, sk2) = sums(ps.iter().map(|p| p.kld));
         let (sd, sd2) = sums(ps.iter().map(|p| p.p_diff));
         let (_, sd4) = sums(ps.iter().map(|p| p.p_diff * p.p_diff));
-        let mse = mean_and_error(sd2, sd4, n);
+        let mse = mean_and_error(sd2, sd4, n, KLD_MIN_COUNT);
         let rms = mse.value.sqrt();
         let same = ps.iter().filter(|p| p.same_top).count() as f64 / n as f64;
         Some(Divergence {
@@ -300,7 +309,7 @@ impl Accumulator {
                 value: ppl - ppl_b,
                 error: diff_e,
             },
-            kld: mean_and_error(sk, sk2, n),
+            kld: mean_and_error(sk, sk2, n, KLD_MIN_COUNT),
             kld_quantiles: Quantiles::of(ps.iter().map(|p| p.kld).collect()),
             same_top: Estimate {
                 value: same,
@@ -310,7 +319,7 @@ impl Accumulator {
                     0.0
                 },
             },
-            p_diff: mean_and_error(sd, sd2, n),
+            p_diff: mean_and_error(sd, sd2, n, KLD_MIN_COUNT),
             p_diff_rms: Estimate {
                 value: rms,
                 error: if rms > 0.0 {
@@ -437,6 +446,35 @@ mod tests {
         let p = wilson(81, 263);
         assert!((p.low - 0.2553).abs() < 5e-4, "{p:?}");
         assert!((p.high - 0.3662).abs() < 5e-4, "{p:?}");
+    }
+
+    /// The perplexity's error as perplexity.cpp's final estimate gives it, from two values
+    /// on (not only past 10, as the KL statistics' `mean_and_uncertainty`).
+    #[test]
+    fn perplexity_error_from_few_positions() {
+        let nll = [11.07, 9.33, 11.53];
+        let mut acc = Accumulator::new(false);
+        for &v in &nll {
+            acc.push(Position {
+                nll: v,
+                nll_ref: 0.0,
+                kld: 0.0,
+                p_diff: 0.0,
+                same_top: true,
+            });
+        }
+        let p = acc.perplexity();
+        let n = nll.len() as f64;
+        let mean = nll.iter().sum::<f64>() / n;
+        let var = nll.iter().map(|v| v * v).sum::<f64>() / n - mean * mean;
+        let want = mean.exp() * (var / (n - 1.0)).sqrt();
+        assert!(
+            p.ppl.error > 0.0 && (p.ppl.error - want).abs() <= 1e-9 * want,
+            "{p:?}"
+        );
+        // The KL statistics keep llama.cpp's 11-value floor.
+        assert_eq!(mean_and_error(3.0, 5.0, 3, KLD_MIN_COUNT).error, 0.0);
+        assert_eq!(mean_and_error(1.0, 1.0, 1, 2).error, 0.0);
     }
 
     #[test]

@@ -366,7 +366,7 @@ fn choice_log_likelihoods(
             .sum();
         if !ll.is_finite() {
             return Err(EvalError::NonFinite {
-                what: format!("{} example {idx}", task.name),
+                what: format!("{} example {idx} (counted from 0)", task.name),
             });
         }
         out.push(ll);
@@ -415,7 +415,7 @@ pub fn generate(
     crate::runtime::run_prompt(be, &ids, 0)?;
     let mut out: Vec<u32> = Vec::new();
     let mut tok_id = be.argmax(&[])?.ok_or_else(|| EvalError::NonFinite {
-        what: format!("{} example {idx}", task.name),
+        what: format!("{} example {idx} (counted from 0)", task.name),
     })?;
     let stop = task.stop_string.as_deref().filter(|s| !s.is_empty());
     let done = |out: &[u32]| -> bool {
@@ -445,7 +445,7 @@ pub fn generate(
         be.decode(tok_id, pos)?;
         pos += 1;
         tok_id = be.argmax(&[])?.ok_or_else(|| EvalError::NonFinite {
-            what: format!("{} example {idx}", task.name),
+            what: format!("{} example {idx} (counted from 0)", task.name),
         })?;
     }
     Ok(String::from_utf8_lossy(&tok.detokenize(&out, true, false)).into_owned())

@@ -72,7 +72,7 @@ pub enum RuntimeError {
     TooLong {
         prompt: usize,
         max_tokens: usize,
-        total: usize,
+        total: u128,
         n_ctx: usize,
     },
     #[error("the prompt is empty (no tokens)")]
@@ -691,8 +691,9 @@ fn generate_inner(
     }
     let n_ctx = backend.n_ctx();
     // The last generated token is never fed back, so prompt + max_tokens - 1 steps run.
-    let total = prompt.len().saturating_add(max_tokens);
-    if total > n_ctx {
+    // u128: the sum of two usize cannot wrap, so the message gives it exactly.
+    let total = prompt.len() as u128 + max_tokens as u128;
+    if total > n_ctx as u128 {
         return Err(RuntimeError::TooLong {
             prompt: prompt.len(),
             max_tokens,

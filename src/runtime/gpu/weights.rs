@@ -688,7 +688,9 @@ impl Decoder {
     }
 
     /// Whether the single-token body is matvec_quads.wgsl (four invocations on a unit,
-    /// through the decoder's `quads`). Not Q4_K and Q5_K: there each task decoded its
+    /// through the decoder's `quads`): the 32-element GGUF blocks, the float types and the
+    /// palettes (whose folded forms, the RMSNorm and the gating in the product, come with
+    /// it). Not Q4_K and Q5_K: there each task decoded its
     /// sub-block's 6-bit scale and min again (four byte reads), and on an H200 Qwen2.5-0.5B's
     /// Q4_K down product took 22.0 us that way against 19.8 with matvec.wgsl (BENCHMARKS.md),
     /// where the 32-element blocks' products halved. Q4_K has a body of its own instead
@@ -699,6 +701,7 @@ impl Decoder {
         matches!(
             self,
             Decoder::Gguf(Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | F16 | BF16 | F32)
+                | Decoder::Palette(_)
         )
     }
 
@@ -2842,8 +2845,9 @@ mod tests {
     fn every_module_is_complete_and_named_by_its_parameters() {
         let all = sources();
         // 24 decoders x (2 reductions x 2 products + 1 gather + 1 tiled product), less
-        // ternary2's 2 matvecs, plus the SwiGLU and the GELU-gating matvecs of the 8 decoders
-        // of matvec_quads.wgsl (Q8_0: matvec_q8_0.wgsl) with either reduction, plus their
+        // ternary2's 2 matvecs, plus the SwiGLU and the GELU-gating matvecs of the 16 decoders
+        // of matvec_quads.wgsl (8 GGUF types, Q8_0 with matvec_q8_0.wgsl, and the 8 palette
+        // widths) with either reduction, plus their
         // `_rms` forms (below), plus Q8_0's wide kernel with either reduction, plus
         // the int8 prefill path: the activation
         // quantizer and one ternary mmq per tokens-per-invocation shape.
@@ -2865,7 +2869,7 @@ mod tests {
         };
         let swiglu: Vec<&KernelSource> =
             all.iter().filter(|k| k.name.ends_with("_swiglu")).collect();
-        assert_eq!(swiglu.len(), 8 * 2);
+        assert_eq!(swiglu.len(), 16 * 2);
         for k in &swiglu {
             // The quads body (Q8_0's own) with rows_swiglu.wgsl's rows and store, not
             // rows.wgsl's.
@@ -2877,7 +2881,7 @@ mod tests {
             assert!(!k.wgsl.contains("if lid < NACC {"), "{}", k.name);
         }
         let geglu: Vec<&KernelSource> = all.iter().filter(|k| k.name.ends_with("_geglu")).collect();
-        assert_eq!(geglu.len(), 8 * 2);
+        assert_eq!(geglu.len(), 16 * 2);
         for k in &geglu {
             // The quads body with rows_geglu.wgsl's store, its table and the f16 rounding of
             // ops/common.wgsl, once each.
@@ -2893,7 +2897,7 @@ mod tests {
         }
         // The `_rms` kernels: the plain and the SwiGLU body with x_rms.wgsl, each once.
         let rms: Vec<&KernelSource> = all.iter().filter(|k| k.name.ends_with("_rms")).collect();
-        assert_eq!(rms.len(), 8 * 2 * 2);
+        assert_eq!(rms.len(), 16 * 2 * 2);
         for k in &rms {
             assert!(
                 quads_body(k)
@@ -2918,7 +2922,7 @@ mod tests {
             assert!(quads_body(wide) && wide.wgsl.contains("const ROWS: u32 = 8u;"));
             assert!(wide.wgsl.contains("acc7") && !wide.wgsl.contains("acc8"));
         }
-        assert_eq!(all.len(), 24 * 6 - 2 + 16 + 16 + 32 + 2 + int8.len());
+        assert_eq!(all.len(), 24 * 6 - 2 + 32 + 32 + 64 + 2 + int8.len());
         assert_eq!(
             all.iter()
                 .filter(|k| k.name.contains("_mmt_r64_t64_wg256"))

@@ -38,3 +38,26 @@ fn unit(r: u32, u: u32) -> array<vec4<f32>, 8> {
     }
     return v;
 }
+
+// quads(r, u, i), i < 4: unit(r, u)[i] and [i + 4] (matvec_quads.wgsl): indices 4i .. 4i+3
+// and 16+4i .. 16+4i+3 of the unit, each table entry as `unit` decodes it.
+fn quads(r: u32, u: u32, i: u32) -> Quads {
+    let base = (r * (params.cols / 32u) + u) * BITS;
+    let g = (r + params.p1) / params.p0;
+    let a = 4u * i;
+    let b = 16u + a;
+    return Quads(
+        vec4<f32>(
+            entry(g, index_at(base, a)),
+            entry(g, index_at(base, a + 1u)),
+            entry(g, index_at(base, a + 2u)),
+            entry(g, index_at(base, a + 3u)),
+        ),
+        vec4<f32>(
+            entry(g, index_at(base, b)),
+            entry(g, index_at(base, b + 1u)),
+            entry(g, index_at(base, b + 2u)),
+            entry(g, index_at(base, b + 3u)),
+        ),
+    );
+}
