@@ -320,12 +320,22 @@ pub fn replace_file(out: &Path, bytes: &[u8]) -> Result<(), OutputError> {
     Ok(())
 }
 
-/// `path` with its symlinks followed to the path they end at, which need not exist (a
-/// dangling link's target); a relative target is taken from the link's directory. At most 40
-/// links, as the kernel's own limit (ELOOP).
+/// What a report written at `path` replaces: `path` itself where it is not a symlink or
+/// names something that is not a regular file (the kernel resolves it: `/dev/stdout` through
+/// `/proc/self/fd/1` to a pipe is written through as given); a link to a regular file, that
+/// file ([`std::fs::canonicalize`]); a dangling link, the path its links end at, followed by
+/// hand (a relative target from the link's directory; at most 40 links, the kernel's own
+/// limit).
 fn follow_links(path: &Path) -> std::io::Result<PathBuf> {
+    match (std::fs::symlink_metadata(path), std::fs::metadata(path)) {
+        (Ok(l), _) if !l.file_type().is_symlink() => return Ok(path.to_path_buf()),
+        (Err(_), _) => return Ok(path.to_path_buf()),
+        (Ok(_), Ok(m)) if m.is_file() => return path.canonicalize(),
+        (Ok(_), Ok(_)) => return Ok(path.to_path_buf()),
+        (Ok(_), Err(_)) => {}
+    }
     let mut p = path.to_path_buf();
-    for _ in 0..40 {
+    for _ in 0..=40 {
         match std::fs::symlink_metadata(&p) {
             Ok(m) if m.file_type().is_symlink() => {
                 let t = std::fs::read_link(&p)?;
@@ -784,6 +794,24 @@ mod tests {
                 .unwrap()
                 .file_type()
                 .is_symlink());
+        }
+        // A pipe reached through /proc/self/fd (what /dev/stdout is when stdout is a pipe):
+        // the link's text is `pipe:[N]`, no path; the kernel's resolution finds the pipe and
+        // the bytes go through it.
+        let mut fds = [0i32; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe(2) writes.
+        if Path::new("/proc/self/fd").is_dir() && unsafe { libc::pipe(fds.as_mut_ptr()) } == 0 {
+            let via = PathBuf::from(format!("/proc/self/fd/{}", fds[1]));
+            check_report_path(&via, &[]).unwrap();
+            replace_file(&via, b"piped").unwrap();
+            let mut got = [0u8; 5];
+            // SAFETY: reads at most 5 bytes into `got`, then closes both descriptors.
+            let n = unsafe { libc::read(fds[0], got.as_mut_ptr().cast(), 5) };
+            unsafe {
+                libc::close(fds[0]);
+                libc::close(fds[1]);
+            }
+            assert_eq!((n, &got), (5, b"piped"));
         }
         // A link to a regular file: the link stays, the target is replaced.
         let target = dir.path().join("target.json");

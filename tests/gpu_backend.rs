@@ -390,6 +390,27 @@ fn smollm2_gpu_equals_cpu_packed_and_palettized() {
         TOL,
         &opts,
     );
+    // One table per tensor (`palettize`'s default): Q, K and V (576, 192 and 192 rows, one
+    // group each) stacked with groups of 192 rows, Q's table three times, and the norm folded
+    // into that one product.
+    let (_d, b) = make_bundle(&["palettize", "--bits", "4", "--mode", "uniform"], &src);
+    let be =
+        lowbit::runtime::gpu::backend::GpuBackend::new(runtime::open_model(&b).unwrap(), &opts)
+            .unwrap();
+    let qkv = "_rms blk.0.attn_q.weight+blk.0.attn_k.weight+blk.0.attn_v.weight";
+    assert!(
+        be.decode_labels().iter().any(|l| l.contains(qkv)),
+        "{:?}",
+        be.decode_labels()
+    );
+    drop(be);
+    check_model(
+        "SmolLM2 palette 4-bit, a table per tensor",
+        &b,
+        &prompts("SmolLM2-135M-Instruct.Q4_1", 1),
+        TOL,
+        &opts,
+    );
 }
 
 #[test]

@@ -776,12 +776,14 @@ fn a_bundles_whole_unit_matvec_kernels_still_run() {
     let (mut seed, mut differ) = (17u64, false);
     for ctx in contexts_with_sources(&older) {
         for (ty, rows, cols) in [
-            (GgmlType::Q8_0, 37, 800),
-            (GgmlType::Q4_1, 13, 96),
-            (GgmlType::Q5_0, 7, 1120),
-            (GgmlType::F16, 5, 256),
+            (Enc::Gguf(GgmlType::Q8_0), 37, 800),
+            (Enc::Gguf(GgmlType::Q4_1), 13, 96),
+            (Enc::Gguf(GgmlType::Q5_0), 7, 1120),
+            (Enc::Gguf(GgmlType::F16), 5, 256),
+            (Enc::Palette(5, 37), 37, 800),
+            (Enc::Palette(4, 1), 13, 96),
         ] {
-            let host = Host::gguf(ty, rows, cols, &mut seed);
+            let host = ty.host(rows, cols, &mut seed);
             let w = host.upload(&ctx).unwrap();
             // Each body's split from matvec_split (where they differ, e.g. 37 x 800: 19
             // workgroups of two rows of 32 lanes for matvec.wgsl, 37 of one row for quads).

@@ -1091,6 +1091,45 @@ fn a_non_finite_ternary_scale_is_refused_at_load() {
     );
 }
 
+/// Sampling values past f32's range are refused as typed (not as `inf`), `--chat` with
+/// `--prompt-ids` (ids are not text a template can wrap) is a usage error, and a
+/// `--max-tokens` whose sum with the prompt overflows is reported with the exact sum: all exit
+/// 2 before generating.
+#[test]
+fn run_refuses_overflowing_and_conflicting_arguments_by_name() {
+    let (_d, b) = make_bundle(
+        &common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf"),
+        "gguf-to-ternary",
+    );
+    let run = |extra: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_convert"))
+            .arg("run")
+            .arg(&b)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{extra:?}");
+        assert!(o.stdout.is_empty(), "{extra:?}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    for flag in ["--temperature", "--top-p"] {
+        let e = run(&["--prompt", "Hi", flag, "1e39"]);
+        assert!(
+            e.contains("'1e39'") && e.contains("not a finite number"),
+            "{e}"
+        );
+    }
+    let e = run(&["--prompt-ids", "1,2", "--chat"]);
+    assert!(e.contains("cannot be used with"), "{e}");
+    let e = run(&[
+        "--prompt-ids",
+        "1,2",
+        "--max-tokens",
+        "18446744073709551615",
+    ]);
+    assert!(e.contains("is 18446744073709551617 tokens"), "{e}");
+}
+
 /// `bench --gen-tokens 1`: the one token comes from the prompt's logits, no decode step is
 /// timed, so the decode speed, read rate and CPU time a step are null (text: "no decode step
 /// timed"), not 0.

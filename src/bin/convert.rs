@@ -687,17 +687,22 @@ fn main() -> ExitCode {
     match run(cli.command) {
         Ok(code) => code,
         // Output piped into `head` and closed early: not an error.
-        Err(e)
-            if e.downcast_ref::<std::io::Error>()
-                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
-        {
-            ExitCode::SUCCESS
-        }
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", one_line(&e));
             ExitCode::from(if is_untrusted(&e) { 1 } else { 2 })
         }
     }
+}
+
+/// Whether `e` is a write to a pipe whose reader has gone: an io error of that kind, or one
+/// that a JSON writer wrapped (serde_json's error does not give its io error as a source).
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    use std::io::ErrorKind::BrokenPipe;
+    e.downcast_ref::<std::io::Error>()
+        .is_some_and(|io| io.kind() == BrokenPipe)
+        || e.downcast_ref::<serde_json::Error>()
+            .is_some_and(|j| j.io_error_kind() == Some(BrokenPipe))
 }
 
 /// The error and its causes on one line, `: `-separated, leaving out a cause whose text the

@@ -112,11 +112,16 @@ pub fn run(
             .iter()
             .position(|p| !(p.nll.is_finite() && p.nll_ref.is_finite() && p.kld.is_finite()))
         {
-            // Chunks counted from 1, as llama-perplexity prints them.
-            let whose = if scored[j].nll.is_finite() {
-                "the reference's"
-            } else {
-                "the model's"
+            // Chunks counted from 1, as llama-perplexity prints them. Whose row: the one with
+            // a non-finite logit; both finite and the KL divergence infinite, the model's
+            // (a token it gives probability 0 that the reference does not).
+            let finite = |r: &[f32]| r.iter().all(|v| v.is_finite());
+            let row = &rows[j * nv..(j + 1) * nv];
+            let row_ref_ok = !with_ref || finite(&rows_ref[j * nv..(j + 1) * nv]);
+            let whose = match (finite(row), row_ref_ok) {
+                (false, _) => "the model's",
+                (true, false) => "the reference's",
+                (true, true) => "the model's (probability 0 where the reference's is not)",
             };
             return Err(EvalError::NonFinite {
                 what: format!(

@@ -474,7 +474,9 @@ mod tests {
         );
         // The KL statistics keep llama.cpp's 11-value floor.
         assert_eq!(mean_and_error(3.0, 5.0, 3, KLD_MIN_COUNT).error, 0.0);
-        assert_eq!(mean_and_error(1.0, 1.0, 1, 2).error, 0.0);
+        // Two values, 1 and 3: mean 2, variance 1, error sqrt(1 / 1) from two on.
+        assert_eq!(mean_and_error(4.0, 10.0, 2, 2).error, 1.0);
+        assert_eq!(mean_and_error(4.0, 10.0, 2, KLD_MIN_COUNT).error, 0.0);
     }
 
     #[test]

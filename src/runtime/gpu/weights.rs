@@ -744,6 +744,15 @@ impl Decoder {
     }
 }
 
+/// Greatest common divisor (`gcd(0, n) = n`).
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 /// The registered name of the kernel of `format` for `op` with `reduction` (the gather has
 /// none): `weights_q4_k_matvec_r2_wg64_sg`, `weights_palette_b3_matmul_r4_t8_wg64_wg`,
 /// `weights_bf16_gather_wg64`. The single-token `ternary2` product is the ternary kernel of
@@ -1540,38 +1549,62 @@ impl GpuContext {
                 self.upload_ternary_weight(&name, rows, first.cols, &codes, &scales)?
             }
             WeightKind::Palette {
-                bits,
-                group_size,
-                row_bytes,
-                ..
+                bits, row_bytes, ..
             } => {
-                let key = (*bits, *group_size, *row_bytes);
-                let same = ws.iter().all(|w| match &w.kind {
-                    WeightKind::Palette {
-                        bits,
-                        group_size,
-                        row_bytes,
-                        ..
-                    } => {
-                        (*bits, *group_size, *row_bytes) == key
-                            && *group_size > 0
-                            && w.rows.is_multiple_of(*group_size)
+                let (bits, row_bytes) = (*bits, *row_bytes);
+                // Parts of one width and row length whose groups may differ (`palettize`'s
+                // default is one table per tensor: Q's 576 rows against K's 192): the stack's
+                // group is the greatest common divisor of theirs, each part's tables repeated
+                // (its group / that) times, so that every row of the stack still reads its
+                // own part's table.
+                let mut group = 0usize;
+                for w in ws {
+                    match &w.kind {
+                        WeightKind::Palette {
+                            bits: b,
+                            group_size: g,
+                            row_bytes: rb,
+                            ..
+                        } if (*b, *rb) == (bits, row_bytes)
+                            && *g > 0
+                            && w.rows.is_multiple_of(*g) =>
+                        {
+                            group = gcd(group, *g)
+                        }
+                        _ => return Ok(None),
                     }
-                    _ => false,
-                });
-                if !same {
+                }
+                let table_bytes = 2usize << bits;
+                // Not where the repeated tables would rival the indices (groups of few rows
+                // against wide tables): each part a product of its own then.
+                if (rows / group) * table_bytes > rows * row_bytes / 4 {
                     return Ok(None);
                 }
-                let tables = cat(ws, |w| match &w.kind {
-                    WeightKind::Palette { tables, .. } => w.bytes(bundle, *tables),
-                    _ => &[],
-                });
+                let mut tables = Vec::with_capacity(rows / group * table_bytes);
+                for w in ws {
+                    if let WeightKind::Palette {
+                        tables: t,
+                        group_size,
+                        ..
+                    } = &w.kind
+                    {
+                        let bytes = w.bytes(bundle, *t);
+                        if bytes.len() != w.rows / group_size * table_bytes {
+                            return Ok(None);
+                        }
+                        for table in bytes.chunks_exact(table_bytes) {
+                            for _ in 0..group_size / group {
+                                tables.extend_from_slice(table);
+                            }
+                        }
+                    }
+                }
                 let indices = cat(ws, |w| match &w.kind {
                     WeightKind::Palette { indices, .. } => w.bytes(bundle, *indices),
                     _ => &[],
                 });
                 self.upload_palette(
-                    &name, rows, first.cols, key.0, key.1, key.2, &tables, &indices,
+                    &name, rows, first.cols, bits, group, row_bytes, &tables, &indices,
                 )?
             }
         };
