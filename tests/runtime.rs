@@ -754,7 +754,22 @@ fn huge_counts_are_refused_before_any_work() {
             vec!["bench", "--prompt-tokens", "4294967297"],
             "more than the bundle's context n_ctx = 512",
         ),
-        (vec!["bench", "--gen-tokens", "0"], "must be at least 1"),
+        (
+            vec!["bench", "--gen-tokens", "0"],
+            "'0' for '--gen-tokens <GEN_TOKENS>': must be at least 1",
+        ),
+        (
+            vec!["bench", "--repeats", "0"],
+            "'0' for '--repeats <REPEATS>': must be at least 1",
+        ),
+        (
+            vec!["validate", "--reference", "x", "--repeats", "0"],
+            "'0' for '--repeats <REPEATS>': must be at least 1",
+        ),
+        (
+            vec!["eval", "--max-gen-tokens", "0"],
+            "'0' for '--max-gen-tokens <MAX_GEN_TOKENS>': must be at least 1",
+        ),
     ];
     for (args, needle) in cases {
         let o = Command::new(env!("CARGO_BIN_EXE_convert"))

@@ -210,13 +210,13 @@ enum Command {
         /// The bundle directory.
         bundle: PathBuf,
         /// Prompt tokens (run as prefill chunks, see --prefill).
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = 64, value_parser = at_least_one)]
         prompt_tokens: usize,
         /// Generated tokens (greedy).
-        #[arg(long, default_value_t = 32)]
+        #[arg(long, default_value_t = 32, value_parser = at_least_one)]
         gen_tokens: usize,
         /// Repetitions; the best is reported.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = at_least_one)]
         repeats: usize,
         #[command(flatten)]
         rt: RuntimeArgs,
@@ -360,10 +360,10 @@ struct ValidateArgs {
     #[arg(long, default_value_t = 0.02)]
     max_prob_err: f64,
     /// Candidate runs that must give bit-identical logits.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = at_least_one)]
     repeats: usize,
     /// Greedy steps judged per prompt.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = at_least_one)]
     gen_tokens: usize,
     /// Write the full report as JSON to this path.
     #[arg(long)]
@@ -401,7 +401,7 @@ struct EvalArgs {
     #[arg(long, default_value_t = 1234)]
     seed: u64,
     /// Exact-match tasks: at most this many generated tokens per example.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = at_least_one)]
     max_gen_tokens: usize,
     /// Gate: mean KL divergence (nats) against --reference at most F.
     #[arg(long, value_name = "F")]
@@ -642,6 +642,17 @@ fn finite_f32(s: &str) -> Result<f32, String> {
     match s.parse::<f32>() {
         Ok(v) if v.is_finite() => Ok(v),
         Ok(_) => Err("not a finite number (f32)".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A count of at least 1 (`bench`'s and `validate`'s token and repeat counts, `eval
+/// --max-gen-tokens`), checked when the command line is parsed, as [`thread_count`] does:
+/// a usage error naming the flag and the value before anything is loaded.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
     }
 }
@@ -1282,14 +1293,8 @@ fn bench_cmd(
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     use lowbit::runtime::{self, Sampler, SamplerConfig};
-    // Arguments first: nothing is loaded for a run that cannot happen.
-    for (flag, v) in [
-        ("--prompt-tokens", prompt_tokens),
-        ("--gen-tokens", gen_tokens),
-        ("--repeats", repeats),
-    ] {
-        anyhow::ensure!(v >= 1, "{flag} {v}: must be at least 1");
-    }
+    // Arguments first (the counts are at least 1 from the parser): nothing is loaded for a
+    // run that cannot happen.
     let backend = rt.backend()?;
     let manifest = lowbit::bundle::reader::read_manifest(&bundle)
         .with_context(|| format!("load {}", bundle.display()))?;
@@ -1721,15 +1726,19 @@ fn build_summary(list: &[lowbit::build::Recipe], reports: &[lowbit::build::Repor
     }
 }
 
+/// `e`, with `what` (the text or task file and the bundle that ran it) in front where the
+/// logits were not finite: the eval library names the row or example, the command the files.
+fn name_non_finite(e: lowbit::eval::EvalError, what: impl FnOnce() -> String) -> anyhow::Error {
+    match e {
+        lowbit::eval::EvalError::NonFinite { .. } => anyhow::Error::new(e).context(what()),
+        e => e.into(),
+    }
+}
+
 fn eval_cmd(a: EvalArgs) -> anyhow::Result<ExitCode> {
     use lowbit::eval::{self, ppl, tasks, EvalError, Gates};
     use lowbit::runtime;
     let t0 = std::time::Instant::now();
-    anyhow::ensure!(
-        a.max_gen_tokens >= 1,
-        "--max-gen-tokens {}: must be at least 1",
-        a.max_gen_tokens
-    );
     let mut gates = Gates {
         max_kld: a.max_kld,
         min_same_top: a.min_same_top,
@@ -1882,17 +1891,18 @@ fn eval_cmd(a: EvalArgs) -> anyhow::Result<ExitCode> {
                 pb.set_message(format!("PPL {:.4}", acc.perplexity().ppl.value));
             },
         )
-        .map_err(|e| match e {
-            EvalError::NonFinite { .. } => anyhow::Error::new(e).context(format!(
-                "perplexity of {} with the model {}{}",
-                path.display(),
-                a.bundle.display(),
-                a.reference
-                    .as_ref()
-                    .map(|r| format!(" and the reference {}", r.display()))
-                    .unwrap_or_default()
-            )),
-            e => e.into(),
+        .map_err(|e| {
+            name_non_finite(e, || {
+                format!(
+                    "perplexity of {} with the model {}{}",
+                    path.display(),
+                    a.bundle.display(),
+                    a.reference
+                        .as_ref()
+                        .map(|r| format!(" and the reference {}", r.display()))
+                        .unwrap_or_default()
+                )
+            })
         })?;
         pb.finish_and_clear();
         text_info = Some(eval::TextInfo {
@@ -1918,13 +1928,14 @@ fn eval_cmd(a: EvalArgs) -> anyhow::Result<ExitCode> {
                 &mut |d, _| pb.set_position(d as u64),
             );
             pb.finish_and_clear();
-            r.map_err(|e| match e {
-                EvalError::NonFinite { .. } => anyhow::Error::new(e).context(format!(
-                    "task {} with the {who} {}",
-                    t.path.display(),
-                    path.display()
-                )),
-                e => e.into(),
+            r.map_err(|e| {
+                name_non_finite(e, || {
+                    format!(
+                        "task {} with the {who} {}",
+                        t.path.display(),
+                        path.display()
+                    )
+                })
             })
         };
         let ans = run_one(model.as_mut(), "model", &a.bundle)?;
@@ -2057,16 +2068,12 @@ fn print_eval(r: &lowbit::eval::EvalReport) -> std::io::Result<()> {
 
 fn validate_cmd(a: ValidateArgs) -> anyhow::Result<ExitCode> {
     use lowbit::runtime::validate;
-    let bad = [("--repeats", a.repeats), ("--gen-tokens", a.gen_tokens)]
-        .into_iter()
-        .find(|&(_, v)| v == 0)
-        .map(|(flag, v)| format!("{flag} {v}: must be at least 1"))
-        .or_else(|| {
-            (a.max_prob_err.is_nan() || a.max_prob_err < 0.0)
-                .then(|| format!("--max-prob-err {}: must be at least 0", a.max_prob_err))
-        });
-    if let Some(msg) = bad {
-        eprintln!("error: validate: {msg}");
+    // (--repeats and --gen-tokens are at least 1 from the parser.)
+    if a.max_prob_err.is_nan() || a.max_prob_err < 0.0 {
+        eprintln!(
+            "error: validate: --max-prob-err {}: must be at least 0",
+            a.max_prob_err
+        );
         return Ok(ExitCode::from(2));
     }
     if let Some(p) = &a.json {

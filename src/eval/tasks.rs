@@ -306,6 +306,13 @@ fn log_softmax_at(row: &[f32], t: u32) -> f64 {
     row[t as usize] as f64 - n.log_z
 }
 
+/// Non-finite logits in example `idx` of `task` (counted from 0, as the subset's indices).
+fn non_finite(task: &Task, idx: usize) -> EvalError {
+    EvalError::NonFinite {
+        what: format!("{} example {idx} (counted from 0)", task.name),
+    }
+}
+
 /// Scores one multiple-choice example: the log-likelihood of each choice.
 fn choice_log_likelihoods(
     be: &mut dyn Backend,
@@ -365,9 +372,7 @@ fn choice_log_likelihoods(
             .map(|(j, &t)| log_softmax_at(&rows[j * nv..(j + 1) * nv], t))
             .sum();
         if !ll.is_finite() {
-            return Err(EvalError::NonFinite {
-                what: format!("{} example {idx} (counted from 0)", task.name),
-            });
+            return Err(non_finite(task, idx));
         }
         out.push(ll);
     }
@@ -414,9 +419,7 @@ pub fn generate(
     be.reset();
     crate::runtime::run_prompt(be, &ids, 0)?;
     let mut out: Vec<u32> = Vec::new();
-    let mut tok_id = be.argmax(&[])?.ok_or_else(|| EvalError::NonFinite {
-        what: format!("{} example {idx} (counted from 0)", task.name),
-    })?;
+    let mut tok_id = be.argmax(&[])?.ok_or_else(|| non_finite(task, idx))?;
     let stop = task.stop_string.as_deref().filter(|s| !s.is_empty());
     let done = |out: &[u32]| -> bool {
         let text = String::from_utf8_lossy(&tok.detokenize(out, true, false)).into_owned();
@@ -444,9 +447,7 @@ pub fn generate(
         }
         be.decode(tok_id, pos)?;
         pos += 1;
-        tok_id = be.argmax(&[])?.ok_or_else(|| EvalError::NonFinite {
-            what: format!("{} example {idx} (counted from 0)", task.name),
-        })?;
+        tok_id = be.argmax(&[])?.ok_or_else(|| non_finite(task, idx))?;
     }
     Ok(String::from_utf8_lossy(&tok.detokenize(&out, true, false)).into_owned())
 }
