@@ -887,6 +887,64 @@ fn a_bundles_block_reading_kernels_still_run() {
     }
 }
 
+/// The palette kernels read the tables widened to f32 by the host; a bundle made before
+/// carries kernels that read them as stored (f16), and a context with those uploads them so:
+/// its products (one token, several, the tiled prefill product) and gather still equal the
+/// CPU's at every width and group layout. A set with kernels of both kinds is refused.
+#[test]
+fn a_bundles_f16_table_palette_kernels_still_run() {
+    let Some(&current) = contexts().first() else {
+        return;
+    };
+    assert!(current.reads_f32_tables().unwrap());
+    let mark = weights::PALETTE_F32_MARK;
+    let mut older: std::collections::HashMap<String, String> = gpu::kernels::all()
+        .into_iter()
+        .map(|k| (k.name, k.wgsl))
+        .collect();
+    let replaced = weights::palette_f16_sources();
+    // 8 widths, each with products, folds and gather.
+    assert!(replaced.len() >= 8 * 6, "{}", replaced.len());
+    for k in replaced {
+        let now = older.get(&k.name).expect("a current kernel of that name");
+        assert!(now.contains(mark) && !k.wgsl.contains(mark), "{}", k.name);
+        older.insert(k.name, k.wgsl);
+    }
+    assert!(!older.values().any(|s| s.contains(mark)));
+    let mut seed = 29u64;
+    // One kernel of each kind: refused by name at the upload.
+    let name = "weights_palette_b4_gather_wg64";
+    let now = gpu::kernels::all()
+        .into_iter()
+        .find(|k| k.name == name)
+        .expect("the gather");
+    let mut mixed = older.clone();
+    mixed.insert(name.to_string(), now.wgsl);
+    if let Some(ctx) = contexts_with_sources(&mixed).into_iter().next() {
+        let e = Host::palette(4, 4, 12, 96, &mut seed)
+            .upload(&ctx)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(name) && e.contains("two releases"), "{e}");
+    }
+    for ctx in contexts_with_sources(&older) {
+        assert!(!ctx.reads_f32_tables().unwrap());
+        for (bits, group_size, rows, cols) in [
+            (4, 4, 12, 96),
+            (8, 37, 37, 800),
+            (6, 1, 5, 64),
+            (3, 8, 16, 96),
+        ] {
+            let host = Host::palette(bits, group_size, rows, cols, &mut seed);
+            let w = host.upload(&ctx).unwrap();
+            for n in [1, 3, 70] {
+                check_matmul(&ctx, &host, &w, n, &mut seed);
+            }
+            check_gather(&ctx, &host, &w);
+        }
+    }
+}
+
 /// A binding cap of 8 KiB splits every weight into several row chunks (palette chunks that
 /// start inside a group, ternary chunks at the offset alignment); the results equal the
 /// whole weight's bit for bit (same kernel, same rows), the gather reads every chunk, and

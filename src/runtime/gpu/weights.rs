@@ -15,7 +15,7 @@
 //! | `Gguf(ty)`: Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, TQ1_0, TQ2_0, F16, BF16, F32 | the rows' GGML blocks as stored (`rows * K / block_size * type_size`) | a 4-byte placeholder (unused) |
 //! | `Gguf(Q8_0)`, `Gguf(Q6_K)` | the same bytes as planes ([`q8_0_planes`]: every block's 32 codes, then every d; [`q6_k_planes`]: every ql, every qh, every scales, every d), as stored where the context's kernels of that type are a bundle's from before the planes ([`GpuContext::reads_planes`]) | the placeholder |
 //! | `Ternary` (`ternary2`, [`crate::ternary`]) | codes, `rows * K/16` u32 | f16 scales, `rows * K/256` |
-//! | `Palette { bits, group_size, row_bytes }` ([`crate::palette`]) | indices, `rows * row_bytes` (`row_bytes = K * bits / 8`) | the f16 tables of the groups the chunk's rows belong to, `2^bits` each |
+//! | `Palette { bits, group_size, row_bytes }` ([`crate::palette`]) | indices, `rows * row_bytes` (`row_bytes = K * bits / 8`) | the tables of the groups the chunk's rows belong to, `2^bits` entries each, widened to f32 (as stored, f16, for a bundle's kernels from before: [`GpuContext::reads_f32_tables`]) |
 //!
 //! Every kernel sees 32 consecutive elements of a row (a *unit*: one block of the 32-element
 //! GGML types, an eighth of a 256-element block, 16 f16 words, `bits` palette words) through
@@ -262,6 +262,11 @@ pub fn planes_mark(ty: GgmlType) -> Option<&'static str> {
         _ => None,
     }
 }
+
+/// What a palette kernel has where its decoder reads the tables widened to f32 by the host
+/// (shaders/weights/unit_palette.wgsl's lookup function: code, as [`planes_mark`]); the
+/// kernels of bundles made before read them as stored, f16 (unit_palette_f16.wgsl).
+pub const PALETTE_F32_MARK: &str = "fn table_f32(";
 
 /// The regrouping of a type uploaded as planes (`(blocks, rows, cols) -> bytes`).
 type Regroup = fn(&[u8], usize, usize) -> Vec<u8>;
@@ -1025,6 +1030,35 @@ pub fn block_sources() -> Vec<KernelSource> {
         .collect()
 }
 
+/// Every palette kernel as a bundle made before the f32 tables carries it: today's modules
+/// with the decoder that reads the f16 tables as stored (unit_palette_f16.wgsl), for the test
+/// that such a bundle still runs (a context with these uploads the tables as stored).
+#[doc(hidden)]
+pub fn palette_f16_sources() -> Vec<KernelSource> {
+    sources()
+        .into_iter()
+        .filter_map(|k| {
+            let bits: u32 = k
+                .name
+                .strip_prefix("weights_palette_b")?
+                .split('_')
+                .next()?
+                .parse()
+                .ok()?;
+            let now = Decoder::Palette(bits).source();
+            assert!(k.wgsl.contains(&now), "{}: not today's source", k.name);
+            let before = format!(
+                "const BITS: u32 = {bits}u;\n{}",
+                include_str!("shaders/weights/unit_palette_f16.wgsl")
+            );
+            Some(KernelSource {
+                wgsl: k.wgsl.replace(&now, &before),
+                name: k.name,
+            })
+        })
+        .collect()
+}
+
 /// The single-token kernels as a bundle made before the body took [`MATVEC_ROWS`] rows names
 /// them (`weights_{enc}_matvec_r4_wg64_{sg|wg}`), with [`LEGACY_MATVEC_ROWS`] rows: for the
 /// test that such a bundle still runs (a real one carries its own, older source).
@@ -1735,6 +1769,39 @@ impl GpuContext {
         }
     }
 
+    /// Whether this context's palette kernels read the tables as f32 ([`PALETTE_F32_MARK`]):
+    /// the built-in ones do, and so do a bundle's from this release on; a bundle made before
+    /// carries kernels that read the f16 tables as stored, and its palette weights' tables
+    /// are uploaded so. A kernel set with both is an error naming one of each, as in
+    /// [`GpuContext::reads_planes`].
+    pub fn reads_f32_tables(&self) -> Result<bool, GpuError> {
+        if self.builtin {
+            return Ok(true);
+        }
+        let mut wide = None;
+        let mut stored = None;
+        for (n, s) in self
+            .sources
+            .iter()
+            .filter(|(n, _)| n.starts_with("weights_palette_"))
+        {
+            if s.contains(PALETTE_F32_MARK) {
+                wide.get_or_insert(n);
+            } else {
+                stored.get_or_insert(n);
+            }
+        }
+        match (wide, stored) {
+            (Some(w), Some(s)) => Err(GpuError::Shader {
+                name: s.clone(),
+                detail: format!(
+                    "reads palette tables as f16 where {w} reads them as f32: the kernels are from two releases (`convert add-kernels` gives a bundle one set)"
+                ),
+            }),
+            (w, _) => Ok(w.is_some()),
+        }
+    }
+
     /// Uploads a `ternary2` weight `[rows, cols]` (`words`: `rows * cols/16` little-endian
     /// u32, `scales`: `rows * cols/256` little-endian f16) as [`GpuContext::upload_ternary`]
     /// does (the same chunks, usable by the tuned kernel).
@@ -1770,8 +1837,9 @@ impl GpuContext {
 
     /// Uploads a palettized weight `[rows, cols]`: `indices` `rows * row_bytes` bytes
     /// (`row_bytes = cols * bits / 8`, packed by [`crate::palette::pack_row`]), `tables`
-    /// `rows / group_size` tables of `2^bits` little-endian f16. `bits` is 1..=8 and
-    /// `rows` a multiple of `group_size`.
+    /// `rows / group_size` tables of `2^bits` little-endian f16 (uploaded widened to f32, or
+    /// as given: [`GpuContext::reads_f32_tables`]). `bits` is 1..=8 and `rows` a multiple of
+    /// `group_size`.
     #[allow(clippy::too_many_arguments)]
     pub fn upload_palette(
         &self,
@@ -1800,8 +1868,8 @@ impl GpuContext {
                 cols * bits as usize / 8
             )));
         }
-        let table_bytes = 2usize << bits;
-        let want_tables = rows / group_size * table_bytes;
+        let stored_bytes = 2usize << bits;
+        let want_tables = rows / group_size * stored_bytes;
         if (rows as u64).checked_mul(row_bytes as u64) != Some(indices.len() as u64)
             || tables.len() != want_tables
         {
@@ -1812,6 +1880,22 @@ impl GpuContext {
                 rows as u64 * row_bytes as u64
             )));
         }
+        // The tables as the kernels read them: each f16 entry widened to f32 (exact), or as
+        // stored for a bundle's kernels from before ([`GpuContext::reads_f32_tables`]).
+        let widened: Vec<u8>;
+        let (tables, table_bytes) = if self.reads_f32_tables()? {
+            widened = tables
+                .chunks_exact(2)
+                .flat_map(|h| {
+                    half::f16::from_bits(u16::from_le_bytes([h[0], h[1]]))
+                        .to_f32()
+                        .to_le_bytes()
+                })
+                .collect();
+            (&widened[..], 4usize << bits)
+        } else {
+            (tables, stored_bytes)
+        };
         // Rows per chunk: the indices (plus padding) fit the cap, and so do the tables of
         // the at most ceil(n / group_size) + 1 groups that n rows starting anywhere touch.
         let cap = self.weight_binding_cap();
@@ -2871,6 +2955,33 @@ mod tests {
         }
         for ty in GGUF_TYPES.into_iter().filter(|t| !types.contains(t)) {
             assert!(planes_mark(ty).is_none(), "{ty}");
+        }
+    }
+
+    /// The upload's table layout follows [`PALETTE_F32_MARK`]: every palette kernel of this
+    /// build has it, the f16-reading sources of a bundle made before
+    /// ([`palette_f16_sources`], one for each) do not, and no other kernel has it.
+    #[test]
+    fn the_palette_mark_tells_the_two_table_layouts_apart() {
+        let (now, others): (Vec<KernelSource>, Vec<KernelSource>) = sources()
+            .into_iter()
+            .partition(|k| k.name.starts_with("weights_palette_"));
+        assert!(now.len() >= 8 * 6, "{} palette kernels", now.len());
+        for k in &now {
+            assert!(k.wgsl.contains(PALETTE_F32_MARK), "{}", k.name);
+        }
+        for k in &others {
+            assert!(!k.wgsl.contains(PALETTE_F32_MARK), "{}", k.name);
+        }
+        let before = palette_f16_sources();
+        assert_eq!(
+            before.iter().map(|k| &k.name).collect::<Vec<_>>(),
+            now.iter().map(|k| &k.name).collect::<Vec<_>>()
+        );
+        for k in &before {
+            assert!(!k.wgsl.contains(PALETTE_F32_MARK), "{}", k.name);
+            // The f16 lookup of unit_palette_f16.wgsl.
+            assert!(k.wgsl.contains("fn entry(g: u32, ix: u32)"), "{}", k.name);
         }
     }
 
