@@ -967,54 +967,117 @@ mod x86 {
         }
     }
 
-    /// `R` rows (codes unpacked in `c`, `R` slices of `cols / 4`) against 16 tokens.
+    /// Rows a pass of [`ternary_tokens_vnni`]: their codes unpacked once, then run against
+    /// the chunk's token groups two at a time.
+    const PASS_ROWS: usize = 8;
+
+    /// `R` rows (codes unpacked in `c`, `R` slices of `cols / 4`; block scales widened in
+    /// `dws`, `R` slices of `cols / 256`) against the 16 tokens of each of `G` groups:
+    /// `out[g][r]` is row `r` against the tokens of group `g`. Each step loads two 64-byte
+    /// activation words a group and broadcasts each row's code word once for all `G`
+    /// groups; `S` accumulators a row and group (2 where `R * G` alone gives too few
+    /// independent `vpdpbusd` chains for their latency). The integer sums are exact, so
+    /// neither changes a bit; the f32 terms and their order are [`ternary_rows`]'s. With 8
+    /// rows and 2 groups (16 accumulators) a step is 4 activation loads and 16 broadcasts
+    /// for 32 `vpdpbusd`; 4 rows and 1 group (this kernel's former pass) was 2 and 8 for
+    /// 8: on a Zen 5 core 210 -> 290-340 multiply-accumulates a ns at the 8B shape's
+    /// matrices (BENCHMARKS.md).
     #[inline(always)]
     #[allow(clippy::needless_range_loop)]
-    unsafe fn tokens_rows<const R: usize>(
+    unsafe fn tokens_rows<const R: usize, const G: usize, const S: usize>(
         c: &[u32],
         csum: &[i32],
-        scales: &[u16],
+        dws: &[f32],
         cols: usize,
-        g: &TokenGroup,
-        out: &mut [[f32; 16]; 4],
-        r: usize,
+        gs: [&TokenGroup; G],
+        out: &mut [[[f32; 16]; PASS_ROWS]; 2],
     ) {
         let (ng, spr) = (cols / 4, cols / 256);
-        let mut acc = [[_mm512_setzero_ps(); 8]; R];
+        let mut acc = [[[_mm512_setzero_ps(); 8]; R]; G];
         for b in 0..spr {
-            let mut ia = [[_mm512_setzero_si512(); 2]; R];
+            let mut ia = [[[_mm512_setzero_si512(); S]; R]; G];
             for gi in (b * 64..b * 64 + 64).step_by(2) {
-                let x0 = _mm512_loadu_si512(g.x.as_ptr().add(gi * 64) as *const _);
-                let x1 = _mm512_loadu_si512(g.x.as_ptr().add(gi * 64 + 64) as *const _);
+                let mut x = [[_mm512_setzero_si512(); 2]; G];
+                for gg in 0..G {
+                    let p = gs[gg].x.as_ptr().add(gi * 64);
+                    x[gg][0] = _mm512_loadu_si512(p as *const _);
+                    x[gg][1] = _mm512_loadu_si512(p.add(64) as *const _);
+                }
                 for rr in 0..R {
                     let w0 = _mm512_set1_epi32(*c.get_unchecked(rr * ng + gi) as i32);
                     let w1 = _mm512_set1_epi32(*c.get_unchecked(rr * ng + gi + 1) as i32);
-                    ia[rr][0] = _mm512_dpbusd_epi32(ia[rr][0], x0, w0);
-                    ia[rr][1] = _mm512_dpbusd_epi32(ia[rr][1], x1, w1);
+                    for gg in 0..G {
+                        let a = &mut ia[gg][rr];
+                        a[0] = _mm512_dpbusd_epi32(a[0], x[gg][0], w0);
+                        a[S - 1] = _mm512_dpbusd_epi32(a[S - 1], x[gg][1], w1);
+                    }
                 }
             }
-            let asum = _mm512_loadu_si512(g.asum.as_ptr().add(b * 16) as *const _);
-            let da = _mm512_loadu_ps(g.da.as_ptr().add(b * 16));
-            for rr in 0..R {
-                let off = _mm512_set1_epi32(128 * csum[rr * spr + b]);
-                let isum = _mm512_sub_epi32(
-                    _mm512_sub_epi32(_mm512_add_epi32(ia[rr][0], ia[rr][1]), off),
-                    asum,
-                );
-                let dw = _mm512_set1_ps(f16_bits_to_f32(scales[(r + rr) * spr + b]));
-                acc[rr][b % 8] = _mm512_add_ps(
-                    acc[rr][b % 8],
-                    _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(isum)),
-                );
+            for gg in 0..G {
+                let asum = _mm512_loadu_si512(gs[gg].asum.as_ptr().add(b * 16) as *const _);
+                let da = _mm512_loadu_ps(gs[gg].da.as_ptr().add(b * 16));
+                for rr in 0..R {
+                    let a = &ia[gg][rr];
+                    let dot = if S == 2 {
+                        _mm512_add_epi32(a[0], a[S - 1])
+                    } else {
+                        a[0]
+                    };
+                    let off = _mm512_set1_epi32(128 * csum[rr * spr + b]);
+                    let isum = _mm512_sub_epi32(_mm512_sub_epi32(dot, off), asum);
+                    let dw = _mm512_set1_ps(dws[rr * spr + b]);
+                    acc[gg][rr][b % 8] = _mm512_add_ps(
+                        acc[gg][rr][b % 8],
+                        _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(isum)),
+                    );
+                }
             }
         }
-        for rr in 0..R {
-            let l = &acc[rr];
-            let y = _mm512_add_ps(
-                _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
-                _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
-            );
-            _mm512_storeu_ps(out[rr].as_mut_ptr(), y);
+        for gg in 0..G {
+            for rr in 0..R {
+                let l = &acc[gg][rr];
+                let y = _mm512_add_ps(
+                    _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
+                    _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
+                );
+                _mm512_storeu_ps(out[gg][rr].as_mut_ptr(), y);
+            }
+        }
+    }
+
+    /// [`tokens_rows`] for `nr <= PASS_ROWS` unpacked rows against one or two groups
+    /// (`pair`): 8 rows at once, fewer (a task's last rows) 4, 2 and 1 at a time.
+    #[inline(always)]
+    unsafe fn rows_pass(
+        nr: usize,
+        c: &[u32],
+        csum: &[i32],
+        dws: &[f32],
+        cols: usize,
+        pair: &[TokenGroup],
+        out: &mut [[[f32; 16]; PASS_ROWS]; 2],
+    ) {
+        match (nr, pair) {
+            (PASS_ROWS, [a, b]) => tokens_rows::<PASS_ROWS, 2, 1>(c, csum, dws, cols, [a, b], out),
+            (PASS_ROWS, [a]) => tokens_rows::<PASS_ROWS, 1, 2>(c, csum, dws, cols, [a], out),
+            _ => {
+                let (ng, spr) = (cols / 4, cols / 256);
+                let mut part = [[[0f32; 16]; PASS_ROWS]; 2];
+                let mut r = 0;
+                while r < nr {
+                    let m = [4, 2, 1].into_iter().find(|&m| m <= nr - r).unwrap_or(1);
+                    for (gg, g) in pair.iter().enumerate() {
+                        let (c, csum, dws) = (&c[r * ng..], &csum[r * spr..], &dws[r * spr..]);
+                        match m {
+                            4 => tokens_rows::<4, 1, 2>(c, csum, dws, cols, [g], &mut part),
+                            2 => tokens_rows::<2, 1, 2>(c, csum, dws, cols, [g], &mut part),
+                            _ => tokens_rows::<1, 1, 2>(c, csum, dws, cols, [g], &mut part),
+                        }
+                        out[gg][r..r + m].copy_from_slice(&part[0][..m]);
+                    }
+                    r += m;
+                }
+            }
         }
     }
 
@@ -1032,13 +1095,15 @@ mod x86 {
     ) {
         let (bpr, ng, spr) = (cols / 4, cols / 4, cols / 256);
         let n: usize = groups.iter().map(|g| g.n).sum();
-        buf.resize(4 * ng, 0);
-        let mut csum = vec![0i32; 4 * spr];
-        let mut out = [[0f32; 16]; 4];
+        buf.resize(PASS_ROWS * ng, 0);
+        let mut csum = vec![0i32; PASS_ROWS * spr];
+        let mut dws = vec![0f32; PASS_ROWS * spr];
+        let mut out = [[[0f32; 16]; PASS_ROWS]; 2];
         let mut j = 0;
         while j < k {
-            // Up to four rows' codes unpacked once, then run against every group.
-            let nr = (k - j).min(4);
+            // Up to PASS_ROWS rows' codes unpacked and block scales widened once, then run
+            // against every group.
+            let nr = (k - j).min(PASS_ROWS);
             for rr in 0..nr {
                 let r = r0 + j + rr;
                 unpack_codes(
@@ -1046,30 +1111,20 @@ mod x86 {
                     &mut buf[rr * ng..(rr + 1) * ng],
                     &mut csum[rr * spr..(rr + 1) * spr],
                 );
+                for b in 0..spr {
+                    dws[rr * spr + b] = f16_bits_to_f32(scales[r * spr + b]);
+                }
             }
             let mut t0 = 0;
-            for g in groups {
-                if nr == 4 {
-                    tokens_rows::<4>(buf, &csum, scales, cols, g, &mut out, r0 + j);
-                } else {
+            for pair in groups.chunks(2) {
+                rows_pass(nr, buf, &csum, &dws, cols, pair, &mut out);
+                for (gg, g) in pair.iter().enumerate() {
                     for rr in 0..nr {
-                        let mut o1 = [[0f32; 16]; 4];
-                        tokens_rows::<1>(
-                            &buf[rr * ng..],
-                            &csum[rr * spr..],
-                            scales,
-                            cols,
-                            g,
-                            &mut o1,
-                            r0 + j + rr,
-                        );
-                        out[rr] = o1[0];
+                        ys[(j + rr) * n + t0..(j + rr) * n + t0 + g.n]
+                            .copy_from_slice(&out[gg][rr][..g.n]);
                     }
+                    t0 += g.n;
                 }
-                for rr in 0..nr {
-                    ys[(j + rr) * n + t0..(j + rr) * n + t0 + g.n].copy_from_slice(&out[rr][..g.n]);
-                }
-                t0 += g.n;
             }
             j += nr;
         }
@@ -1102,25 +1157,32 @@ mod x86 {
         }
     }
 
+    /// Rows a pass of [`gguf_tokens_impl`] (the 32-element types): unpacked once, then run
+    /// against the token groups two at a time.
+    const PASS_ROWS32: usize = 8;
+
     /// `R` rows (unpacked by [`unpack32`]: `nb * 8` words, `nb` sums, scales and mins per
-    /// row) against one group of 16 tokens: per block, 8 `vpdpbusd` (4 weights broadcast,
-    /// the tokens' `q + 128` in the lanes) give each token's exact sum, then [`term32`]'s
-    /// arithmetic lane-wise, added to lane `b % 8` of eight accumulators as [`gguf_rows`]
-    /// does.
+    /// row) against the 16 tokens of each of `G` groups: per block, 8 `vpdpbusd` a row and
+    /// group (4 weights broadcast once for the `G` groups, the tokens' `q + 128` in the
+    /// lanes) give each token's exact sum, then [`term32`]'s arithmetic lane-wise, added to
+    /// lane `b % 8` of eight accumulators as [`gguf_rows`] does. `out[g][r]`: row `r`
+    /// against group `g`. Each accumulator is a chain of 8 dependent `vpdpbusd` a block, so
+    /// `R * G` chains keep the unit busy: 2 rows and 1 group (the former pass) left a Zen 5
+    /// core waiting on their latency (BENCHMARKS.md).
     #[inline(always)]
     #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
-    unsafe fn tokens32<const R: usize>(
+    unsafe fn tokens32<const R: usize, const G: usize>(
         ty: GgmlType,
         w: &[u32],
         wsum: &[i32],
         dw: &[f32],
         mw: &[f32],
         nb: usize,
-        g: &TokenGroup,
-        out: &mut [[f32; 16]; 2],
+        gs: [&TokenGroup; G],
+        out: &mut [[[f32; 16]; PASS_ROWS32]; 2],
     ) {
         let nw = nb * 8;
-        let mut acc = [[_mm512_setzero_ps(); 8]; R];
+        let mut acc = [[[_mm512_setzero_ps(); 8]; R]; G];
         let mut b8 = 0;
         while b8 < nb {
             for j in 0..8 {
@@ -1128,50 +1190,104 @@ mod x86 {
                 if b >= nb {
                     break;
                 }
-                let mut ia = [_mm512_setzero_si512(); R];
+                let mut ia = [[_mm512_setzero_si512(); R]; G];
                 for gi in b * 8..b * 8 + 8 {
-                    let x = _mm512_loadu_si512(g.x.as_ptr().add(gi * 64) as *const _);
+                    let mut x = [_mm512_setzero_si512(); G];
+                    for gg in 0..G {
+                        x[gg] = _mm512_loadu_si512(gs[gg].x.as_ptr().add(gi * 64) as *const _);
+                    }
                     for rr in 0..R {
                         let wv = _mm512_set1_epi32(*w.get_unchecked(rr * nw + gi) as i32);
-                        ia[rr] = _mm512_dpbusd_epi32(ia[rr], x, wv);
+                        for gg in 0..G {
+                            ia[gg][rr] = _mm512_dpbusd_epi32(ia[gg][rr], x[gg], wv);
+                        }
                     }
                 }
-                let asum = _mm512_loadu_si512(g.asum.as_ptr().add(b * 16) as *const _);
-                let da = _mm512_loadu_ps(g.da.as_ptr().add(b * 16));
-                for rr in 0..R {
-                    let mut isum =
-                        _mm512_sub_epi32(ia[rr], _mm512_set1_epi32(128 * wsum[rr * nb + b]));
-                    if ty == GgmlType::Q4_0 {
-                        isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(asum, 3));
-                    }
-                    if ty == GgmlType::Q5_0 {
-                        isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(asum, 4));
-                    }
-                    let mut t = _mm512_mul_ps(
-                        _mm512_mul_ps(_mm512_set1_ps(dw[rr * nb + b]), da),
-                        _mm512_cvtepi32_ps(isum),
-                    );
-                    if ty == GgmlType::Q4_1 || ty == GgmlType::Q5_1 {
-                        t = _mm512_add_ps(
-                            t,
-                            _mm512_mul_ps(
-                                _mm512_mul_ps(_mm512_set1_ps(mw[rr * nb + b]), da),
-                                _mm512_cvtepi32_ps(asum),
-                            ),
+                for gg in 0..G {
+                    let g = gs[gg];
+                    let asum = _mm512_loadu_si512(g.asum.as_ptr().add(b * 16) as *const _);
+                    let da = _mm512_loadu_ps(g.da.as_ptr().add(b * 16));
+                    for rr in 0..R {
+                        let mut isum = _mm512_sub_epi32(
+                            ia[gg][rr],
+                            _mm512_set1_epi32(128 * wsum[rr * nb + b]),
                         );
+                        if ty == GgmlType::Q4_0 {
+                            isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(asum, 3));
+                        }
+                        if ty == GgmlType::Q5_0 {
+                            isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(asum, 4));
+                        }
+                        let mut t = _mm512_mul_ps(
+                            _mm512_mul_ps(_mm512_set1_ps(dw[rr * nb + b]), da),
+                            _mm512_cvtepi32_ps(isum),
+                        );
+                        if ty == GgmlType::Q4_1 || ty == GgmlType::Q5_1 {
+                            t = _mm512_add_ps(
+                                t,
+                                _mm512_mul_ps(
+                                    _mm512_mul_ps(_mm512_set1_ps(mw[rr * nb + b]), da),
+                                    _mm512_cvtepi32_ps(asum),
+                                ),
+                            );
+                        }
+                        acc[gg][rr][j] = _mm512_add_ps(acc[gg][rr][j], t);
                     }
-                    acc[rr][j] = _mm512_add_ps(acc[rr][j], t);
                 }
             }
             b8 += 8;
         }
-        for rr in 0..R {
-            let l = &acc[rr];
-            let y = _mm512_add_ps(
-                _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
-                _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
-            );
-            _mm512_storeu_ps(out[rr].as_mut_ptr(), y);
+        for gg in 0..G {
+            for rr in 0..R {
+                let l = &acc[gg][rr];
+                let y = _mm512_add_ps(
+                    _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
+                    _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
+                );
+                _mm512_storeu_ps(out[gg][rr].as_mut_ptr(), y);
+            }
+        }
+    }
+
+    /// [`tokens32`] for `nr <= PASS_ROWS32` unpacked rows against one or two groups: all at
+    /// once where `nr` is a whole pass, else 4, 2 and 1 at a time.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows_pass32(
+        ty: GgmlType,
+        nr: usize,
+        w: &[u32],
+        wsum: &[i32],
+        dw: &[f32],
+        mw: &[f32],
+        nb: usize,
+        pair: &[TokenGroup],
+        out: &mut [[[f32; 16]; PASS_ROWS32]; 2],
+    ) {
+        match (nr, pair) {
+            (PASS_ROWS32, [a, b]) => {
+                tokens32::<PASS_ROWS32, 2>(ty, w, wsum, dw, mw, nb, [a, b], out)
+            }
+            (PASS_ROWS32, [a]) => tokens32::<PASS_ROWS32, 1>(ty, w, wsum, dw, mw, nb, [a], out),
+            _ => {
+                let nw = nb * 8;
+                let mut part = [[[0f32; 16]; PASS_ROWS32]; 2];
+                let mut r = 0;
+                while r < nr {
+                    let m = [4, 2, 1].into_iter().find(|&m| m <= nr - r).unwrap_or(1);
+                    let (w, wsum, dw, mw) =
+                        (&w[r * nw..], &wsum[r * nb..], &dw[r * nb..], &mw[r * nb..]);
+                    for (gg, g) in pair.iter().enumerate() {
+                        match m {
+                            4 => tokens32::<4, 1>(ty, w, wsum, dw, mw, nb, [g], &mut part),
+                            2 => tokens32::<2, 1>(ty, w, wsum, dw, mw, nb, [g], &mut part),
+                            _ => tokens32::<1, 1>(ty, w, wsum, dw, mw, nb, [g], &mut part),
+                        }
+                        out[gg][r..r + m].copy_from_slice(&part[0][..m]);
+                    }
+                    r += m;
+                }
+            }
         }
     }
 
@@ -1187,17 +1303,18 @@ mod x86 {
         k: usize,
         buf: &mut Vec<u32>,
     ) {
+        const P: usize = PASS_ROWS32;
         let nb = rb / ty.type_size();
         let nw = nb * 8;
         let n: usize = groups.iter().map(|g| g.n).sum();
-        buf.resize(2 * nw, 0);
+        buf.resize(P * nw, 0);
         let (mut wsum, mut dw, mut mw) =
-            (vec![0i32; 2 * nb], vec![0f32; 2 * nb], vec![0f32; 2 * nb]);
-        let mut out = [[0f32; 16]; 2];
+            (vec![0i32; P * nb], vec![0f32; P * nb], vec![0f32; P * nb]);
+        let mut out = [[[0f32; 16]; P]; 2];
         let mut j = 0;
         while j < k {
-            // Up to two rows unpacked once, then run against every group.
-            let nr = (k - j).min(2);
+            // Up to P rows unpacked once, then run against every group.
+            let nr = (k - j).min(P);
             for rr in 0..nr {
                 let r = r0 + j + rr;
                 unpack32(
@@ -1210,16 +1327,15 @@ mod x86 {
                 );
             }
             let mut t0 = 0;
-            for g in groups {
-                if nr == 2 {
-                    tokens32::<2>(ty, buf, &wsum, &dw, &mw, nb, g, &mut out);
-                } else {
-                    tokens32::<1>(ty, buf, &wsum, &dw, &mw, nb, g, &mut out);
+            for pair in groups.chunks(2) {
+                rows_pass32(ty, nr, buf, &wsum, &dw, &mw, nb, pair, &mut out);
+                for (gg, g) in pair.iter().enumerate() {
+                    for rr in 0..nr {
+                        ys[(j + rr) * n + t0..(j + rr) * n + t0 + g.n]
+                            .copy_from_slice(&out[gg][rr][..g.n]);
+                    }
+                    t0 += g.n;
                 }
-                for rr in 0..nr {
-                    ys[(j + rr) * n + t0..(j + rr) * n + t0 + g.n].copy_from_slice(&out[rr][..g.n]);
-                }
-                t0 += g.n;
             }
             j += nr;
         }
@@ -1391,29 +1507,63 @@ mod x86 {
         }
     }
 
-    /// `R` rows of a k-quant (unpacked by [`unpack256`], `nb` blocks each) against one group
-    /// of 16 tokens: per sub-block 8 (Q4_K, Q5_K) or 4 (Q6_K) `vpdpbusd` give each token's
-    /// `sum w*(q + 128)`, times the sub-block's scale; `- c` makes the scaled sum exact; the
-    /// min (or Q6_K's `32 sum q`) term by 8 `vpdpwssd` on the tokens' 16-value sums; then
-    /// [`gguf_rows`]'s f32 term, added to lane `b % 8`.
+    /// Rows a pass of [`tokens256_impl`] (the k-quants): unpacked once, then run against
+    /// the token groups two at a time (more rows gained nothing on a Zen 5 core:
+    /// BENCHMARKS.md).
+    const PASS_ROWS256: usize = 4;
+
+    /// The parts of [`Unpacked256`] the kernel reads, for `R` rows.
+    #[derive(Clone, Copy)]
+    struct Rows256<'a> {
+        w: &'a [u32],
+        sc: &'a [i32],
+        mp: &'a [i32],
+        c: &'a [i32],
+        d: &'a [f32],
+        dmin: &'a [f32],
+    }
+
+    impl<'a> Rows256<'a> {
+        /// The rows from row `r` on.
+        fn from(self, r: usize, nb: usize) -> Rows256<'a> {
+            Rows256 {
+                w: &self.w[r * nb * 64..],
+                sc: &self.sc[r * nb * 16..],
+                mp: &self.mp[r * nb * 8..],
+                c: &self.c[r * nb..],
+                d: &self.d[r * nb..],
+                dmin: &self.dmin[r * nb..],
+            }
+        }
+    }
+
+    /// `R` rows of a k-quant (unpacked by [`unpack256`], `nb` blocks each) against the 16
+    /// tokens of each of `G` groups (`out[g][r]`): per sub-block 8 (Q4_K, Q5_K) or 4 (Q6_K)
+    /// `vpdpbusd` a row and group (the weights broadcast once for the `G` groups) give each
+    /// token's `sum w*(q + 128)`, times the sub-block's scale; `- c` makes the scaled sum
+    /// exact; the min (or Q6_K's `32 sum q`) term by 8 `vpdpwssd` on the tokens' 16-value
+    /// sums; then [`gguf_rows`]'s f32 term, added to lane `b % 8`.
     #[inline(always)]
     #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
-    unsafe fn tokens256<const R: usize>(
+    unsafe fn tokens256<const R: usize, const G: usize>(
         ty: GgmlType,
-        w: &[u32],
-        sc: &[i32],
-        mp: &[i32],
-        c: &[i32],
-        d: &[f32],
-        dmin: &[f32],
+        u: Rows256,
         nb: usize,
-        g: &TokenGroup,
-        out: &mut [[f32; 16]; 2],
+        gs: [&TokenGroup; G],
+        out: &mut [[[f32; 16]; PASS_ROWS256]; 2],
     ) {
+        let Rows256 {
+            w,
+            sc,
+            mp,
+            c,
+            d,
+            dmin,
+        } = u;
         let nw = nb * 64;
         let ns = subs(ty);
         let wps = 64 / ns; // words per sub-block
-        let mut acc = [[_mm512_setzero_ps(); 8]; R];
+        let mut acc = [[[_mm512_setzero_ps(); 8]; R]; G];
         let mut b8 = 0;
         while b8 < nb {
             for l in 0..8 {
@@ -1421,55 +1571,108 @@ mod x86 {
                 if b >= nb {
                     break;
                 }
-                let mut s1 = [_mm512_setzero_si512(); R];
+                let mut s1 = [[_mm512_setzero_si512(); R]; G];
                 for j in 0..ns {
-                    let mut ia = [_mm512_setzero_si512(); R];
+                    let mut ia = [[_mm512_setzero_si512(); R]; G];
                     for gi in b * 64 + j * wps..b * 64 + (j + 1) * wps {
-                        let x = _mm512_loadu_si512(g.x.as_ptr().add(gi * 64) as *const _);
+                        let mut x = [_mm512_setzero_si512(); G];
+                        for gg in 0..G {
+                            x[gg] = _mm512_loadu_si512(gs[gg].x.as_ptr().add(gi * 64) as *const _);
+                        }
                         for rr in 0..R {
                             let wv = _mm512_set1_epi32(*w.get_unchecked(rr * nw + gi) as i32);
-                            ia[rr] = _mm512_dpbusd_epi32(ia[rr], x, wv);
+                            for gg in 0..G {
+                                ia[gg][rr] = _mm512_dpbusd_epi32(ia[gg][rr], x[gg], wv);
+                            }
                         }
                     }
                     for rr in 0..R {
                         let scv = _mm512_set1_epi32(*sc.get_unchecked(rr * nb * 16 + b * 16 + j));
-                        s1[rr] = _mm512_add_epi32(s1[rr], _mm512_mullo_epi32(ia[rr], scv));
+                        for gg in 0..G {
+                            s1[gg][rr] =
+                                _mm512_add_epi32(s1[gg][rr], _mm512_mullo_epi32(ia[gg][rr], scv));
+                        }
                     }
                 }
-                let mut s2 = [_mm512_setzero_si512(); R];
+                let mut s2 = [[_mm512_setzero_si512(); R]; G];
                 for p in 0..8 {
-                    let sv = _mm512_loadu_si512(g.s16.as_ptr().add((b * 8 + p) * 32) as *const _);
-                    for rr in 0..R {
-                        let mv = _mm512_set1_epi32(*mp.get_unchecked(rr * nb * 8 + b * 8 + p));
-                        s2[rr] = _mm512_dpwssd_epi32(s2[rr], sv, mv);
+                    for gg in 0..G {
+                        let sv = _mm512_loadu_si512(
+                            gs[gg].s16.as_ptr().add((b * 8 + p) * 32) as *const _
+                        );
+                        for rr in 0..R {
+                            let mv = _mm512_set1_epi32(*mp.get_unchecked(rr * nb * 8 + b * 8 + p));
+                            s2[gg][rr] = _mm512_dpwssd_epi32(s2[gg][rr], sv, mv);
+                        }
                     }
                 }
-                let da = _mm512_loadu_ps(g.da.as_ptr().add(b * 16));
-                for rr in 0..R {
-                    let s1 = _mm512_sub_epi32(s1[rr], _mm512_set1_epi32(c[rr * nb + b]));
-                    let dv = _mm512_set1_ps(d[rr * nb + b]);
-                    let t = if ty == GgmlType::Q6_K {
-                        let isum = _mm512_sub_epi32(s1, _mm512_slli_epi32(s2[rr], 5));
-                        _mm512_mul_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(isum))
-                    } else {
-                        let mv = _mm512_set1_ps(dmin[rr * nb + b]);
-                        _mm512_sub_ps(
-                            _mm512_mul_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(s1)),
-                            _mm512_mul_ps(_mm512_mul_ps(mv, da), _mm512_cvtepi32_ps(s2[rr])),
-                        )
-                    };
-                    acc[rr][l] = _mm512_add_ps(acc[rr][l], t);
+                for gg in 0..G {
+                    let da = _mm512_loadu_ps(gs[gg].da.as_ptr().add(b * 16));
+                    for rr in 0..R {
+                        let s1 = _mm512_sub_epi32(s1[gg][rr], _mm512_set1_epi32(c[rr * nb + b]));
+                        let dv = _mm512_set1_ps(d[rr * nb + b]);
+                        let t = if ty == GgmlType::Q6_K {
+                            let isum = _mm512_sub_epi32(s1, _mm512_slli_epi32(s2[gg][rr], 5));
+                            _mm512_mul_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(isum))
+                        } else {
+                            let mv = _mm512_set1_ps(dmin[rr * nb + b]);
+                            _mm512_sub_ps(
+                                _mm512_mul_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(s1)),
+                                _mm512_mul_ps(
+                                    _mm512_mul_ps(mv, da),
+                                    _mm512_cvtepi32_ps(s2[gg][rr]),
+                                ),
+                            )
+                        };
+                        acc[gg][rr][l] = _mm512_add_ps(acc[gg][rr][l], t);
+                    }
                 }
             }
             b8 += 8;
         }
-        for rr in 0..R {
-            let l = &acc[rr];
-            let y = _mm512_add_ps(
-                _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
-                _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
-            );
-            _mm512_storeu_ps(out[rr].as_mut_ptr(), y);
+        for gg in 0..G {
+            for rr in 0..R {
+                let l = &acc[gg][rr];
+                let y = _mm512_add_ps(
+                    _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
+                    _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
+                );
+                _mm512_storeu_ps(out[gg][rr].as_mut_ptr(), y);
+            }
+        }
+    }
+
+    /// [`tokens256`] for `nr <= PASS_ROWS256` unpacked rows against one or two groups: all
+    /// at once where `nr` is a whole pass, else 2 and 1 at a time.
+    #[inline(always)]
+    unsafe fn rows_pass256(
+        ty: GgmlType,
+        nr: usize,
+        u: Rows256,
+        nb: usize,
+        pair: &[TokenGroup],
+        out: &mut [[[f32; 16]; PASS_ROWS256]; 2],
+    ) {
+        match (nr, pair) {
+            (PASS_ROWS256, [a, b]) => tokens256::<PASS_ROWS256, 2>(ty, u, nb, [a, b], out),
+            (PASS_ROWS256, [a]) => tokens256::<PASS_ROWS256, 1>(ty, u, nb, [a], out),
+            _ => {
+                let mut part = [[[0f32; 16]; PASS_ROWS256]; 2];
+                let mut r = 0;
+                while r < nr {
+                    let m = if nr - r >= 2 { 2 } else { 1 };
+                    for (gg, g) in pair.iter().enumerate() {
+                        let v = u.from(r, nb);
+                        if m == 2 {
+                            tokens256::<2, 1>(ty, v, nb, [g], &mut part);
+                        } else {
+                            tokens256::<1, 1>(ty, v, nb, [g], &mut part);
+                        }
+                        out[gg][r..r + m].copy_from_slice(&part[0][..m]);
+                    }
+                    r += m;
+                }
+            }
         }
     }
 
@@ -1485,19 +1688,21 @@ mod x86 {
         k: usize,
         buf: &mut Vec<u32>,
     ) {
+        const P: usize = PASS_ROWS256;
         let nb = rb / ty.type_size();
         let nw = nb * 64;
         let n: usize = groups.iter().map(|g| g.n).sum();
-        buf.resize(2 * nw, 0);
-        let mut sc = vec![0i32; 2 * nb * 16];
-        let mut mp = vec![0i32; 2 * nb * 8];
-        let mut c = vec![0i32; 2 * nb];
-        let mut d = vec![0f32; 2 * nb];
-        let mut dmin = vec![0f32; 2 * nb];
-        let mut out = [[0f32; 16]; 2];
+        buf.resize(P * nw, 0);
+        let mut sc = vec![0i32; P * nb * 16];
+        let mut mp = vec![0i32; P * nb * 8];
+        let mut c = vec![0i32; P * nb];
+        let mut d = vec![0f32; P * nb];
+        let mut dmin = vec![0f32; P * nb];
+        let mut out = [[[0f32; 16]; P]; 2];
         let mut j = 0;
         while j < k {
-            let nr = (k - j).min(2);
+            // Up to P rows unpacked once, then run against every group.
+            let nr = (k - j).min(P);
             for rr in 0..nr {
                 let r = r0 + j + rr;
                 let mut u = Unpacked256 {
@@ -1510,17 +1715,24 @@ mod x86 {
                 };
                 unpack256(ty, &bytes[r * rb..(r + 1) * rb], &mut u);
             }
+            let u = Rows256 {
+                w: buf,
+                sc: &sc,
+                mp: &mp,
+                c: &c,
+                d: &d,
+                dmin: &dmin,
+            };
             let mut t0 = 0;
-            for g in groups {
-                if nr == 2 {
-                    tokens256::<2>(ty, buf, &sc, &mp, &c, &d, &dmin, nb, g, &mut out);
-                } else {
-                    tokens256::<1>(ty, buf, &sc, &mp, &c, &d, &dmin, nb, g, &mut out);
+            for pair in groups.chunks(2) {
+                rows_pass256(ty, nr, u, nb, pair, &mut out);
+                for (gg, g) in pair.iter().enumerate() {
+                    for rr in 0..nr {
+                        ys[(j + rr) * n + t0..(j + rr) * n + t0 + g.n]
+                            .copy_from_slice(&out[gg][rr][..g.n]);
+                    }
+                    t0 += g.n;
                 }
-                for rr in 0..nr {
-                    ys[(j + rr) * n + t0..(j + rr) * n + t0 + g.n].copy_from_slice(&out[rr][..g.n]);
-                }
-                t0 += g.n;
             }
             j += nr;
         }
