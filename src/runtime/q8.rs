@@ -69,16 +69,19 @@ pub fn quantize(x: &[f32], block: usize) -> QAct {
         sum16: vec![0; x.len() / 16],
     };
     for (b, xb) in x.chunks_exact(block).enumerate() {
-        // `max` passes over NaN: a block with one gets d = NaN (its q stay 0), so every
-        // product term of it is NaN and the logits are reported non-finite, as with the f32
-        // kernel. An infinite value gives d = inf and terms inf * 0 = NaN likewise.
-        let (amax, nan) = xb
+        // A block with a NaN gets d = NaN (its q stay 0), so every product term of it is
+        // NaN and the logits are reported non-finite, as with the f32 kernel. An infinite
+        // value gives d = inf and terms inf * 0 = NaN likewise. max |x| as the largest
+        // `bits & 0x7fffffff` (non-negative floats order as their bits; a NaN's are above
+        // infinity's): the value f32::max would give, in a loop that vectorizes.
+        let amax_bits = xb
             .iter()
-            .fold((0f32, false), |(m, n), v| (m.max(v.abs()), n | v.is_nan()));
-        if nan {
+            .fold(0u32, |m, v| m.max(v.to_bits() & 0x7fff_ffff));
+        if amax_bits > 0x7f80_0000 {
             a.d[b] = f32::NAN;
             continue;
         }
+        let amax = f32::from_bits(amax_bits);
         if amax == 0.0 {
             continue;
         }
