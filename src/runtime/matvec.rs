@@ -1251,13 +1251,16 @@ mod tests {
         // kernels; token counts around the 16-token groups; rows not a multiple of 16; a
         // row length whose 32-element blocks are no multiple of 8 (SmolLM2's 576), one whose
         // 256-element blocks are more than 8 and no multiple of 8 (2304).
-        for cols in [512, 576, 2304] {
-            matmul_bits_case(cols);
+        // 37 and 39 rows: tasks of 16 rows end with 5 and 7 (passes of 8 rows, or 4 for the
+        // k-quants, then 4, 2 and 1 at a time).
+        for rows in [37, 39] {
+            for cols in [512, 576, 2304] {
+                matmul_bits_case(rows, cols);
+            }
         }
     }
 
-    fn matmul_bits_case(cols: usize) {
-        let rows = 37;
+    fn matmul_bits_case(rows: usize, cols: usize) {
         let mut seed = 23u64;
         let words: Vec<u32> = (0..rows * cols / 16).map(|_| lcg(&mut seed)).collect();
         let scales: Vec<u16> = (0..rows * cols / 256)

@@ -227,14 +227,16 @@ fn layer_kv_bytes(model: &Model) -> u64 {
 }
 
 /// Refuses a model that does not fit, before anything is uploaded: the bytes it needs at
-/// least (its weights as stored, with ternary scales a second time as f32, the f16 KV cache,
+/// least (its weights as stored, with ternary scales a second time as f32 and palette tables
+/// widened to f32, the f16 KV cache,
 /// the RoPE tables; activations are a few MB more) against `limit` (`--gpu-memory`), or without one the adapter's own figure where the
 /// driver gives one ([`GpuContext::device_memory`]; a heap size is a driver's hint, which the
 /// user may know better than: lavapipe reports 2 GiB whatever the RAM).
 fn check_memory(ctx: &GpuContext, model: &Model, limit: Option<u64>) -> Result<(), RuntimeError> {
     let hp = &model.layout.hyper;
     // Ternary weights also carry their block scales as f32 for the int8 decode products
-    // (`scales4`: twice the f16 scales' bytes).
+    // (`scales4`: twice the f16 scales' bytes); palette tables are uploaded as f32 (twice
+    // their f16 bytes, counted once in the weights: once more here).
     let scales4: u64 = model
         .bundle
         .manifest
@@ -242,6 +244,7 @@ fn check_memory(ctx: &GpuContext, model: &Model, limit: Option<u64>) -> Result<(
         .iter()
         .map(|t| match &t.encoding {
             crate::bundle::manifest::Encoding::Ternary2 { scales_length, .. } => 2 * scales_length,
+            crate::bundle::manifest::Encoding::Palette { tables_length, .. } => *tables_length,
             _ => 0,
         })
         .sum();

@@ -1,5 +1,6 @@
 //! Every weight encoding a bundle carries, on the GPU: upload from the bundle's bytes (as
-//! stored; Q8_0 and Q6_K blocks regrouped into aligned planes), the matrix product `y = W x` over one or more tokens, and the embedding gather
+//! stored; Q8_0 and Q6_K blocks regrouped into aligned planes, palette tables widened to f32),
+//! the matrix product `y = W x` over one or more tokens, and the embedding gather
 //! `out = W[ids]`.
 //!
 //! # Shapes and layouts
@@ -561,19 +562,22 @@ pub const GGUF_TYPES: [GgmlType; 15] = [
 ];
 
 /// How a [`GpuWeight`] is encoded on the device (the bundle's encoding, bytes as stored but
-/// for the Q8_0 and Q6_K planes: [`q8_0_planes`], [`q6_k_planes`]).
+/// for the Q8_0 and Q6_K planes, [`q8_0_planes`], [`q6_k_planes`], and the palette tables,
+/// widened to f32 where the kernels read them so: [`GpuContext::reads_f32_tables`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WeightFormat {
     /// GGML blocks of one of [`GGUF_TYPES`].
     Gguf(GgmlType),
     /// `ternary2`: 2-bit codes and f16 scales per 256 elements.
     Ternary,
-    /// Per `group_size` rows one table of `2^bits` f16 entries; `bits`-bit indices,
-    /// `row_bytes` per row.
+    /// Per `group_size` rows one table of `2^bits` entries of `entry_bytes` each on the
+    /// device (4: widened to f32; 2: the bundle's f16 as stored, for a bundle's kernels from
+    /// before); `bits`-bit indices, `row_bytes` per row.
     Palette {
         bits: u32,
         group_size: u32,
         row_bytes: u32,
+        entry_bytes: u32,
     },
 }
 
@@ -643,7 +647,11 @@ impl GpuWeight {
                 bits,
                 group_size,
                 row_bytes,
-            } => rows * row_bytes as u64 + rows / group_size.max(1) as u64 * (2u64 << bits),
+                entry_bytes,
+            } => {
+                rows * row_bytes as u64
+                    + rows / group_size.max(1) as u64 * ((entry_bytes as u64) << bits)
+            }
         }
     }
 }
@@ -1609,9 +1617,15 @@ impl GpuContext {
                     }
                 }
                 let table_bytes = 2usize << bits;
-                // Not where the repeated tables would rival the indices (groups of few rows
-                // against wide tables): each part a product of its own then.
-                if (rows / group) * table_bytes > rows * row_bytes / 4 {
+                // Not where the repeated tables, as uploaded (f32 or as stored), would rival
+                // the indices (groups of few rows against wide tables): each part a product
+                // of its own then.
+                let device_table_bytes = if self.reads_f32_tables()? {
+                    4usize << bits
+                } else {
+                    table_bytes
+                };
+                if (rows / group) * device_table_bytes > rows * row_bytes / 4 {
                     return Ok(None);
                 }
                 let mut tables = Vec::with_capacity(rows / group * table_bytes);
@@ -1900,7 +1914,9 @@ impl GpuContext {
         // the at most ceil(n / group_size) + 1 groups that n rows starting anywhere touch.
         let cap = self.weight_binding_cap();
         let by_data = cap.saturating_sub(8) / row_bytes as u64;
-        let by_tables = (cap / table_bytes as u64).saturating_sub(1) * group_size as u64;
+        // (upload_padded adds a word to each buffer.)
+        let by_tables =
+            (cap.saturating_sub(4) / table_bytes as u64).saturating_sub(1) * group_size as u64;
         let n_max = by_data.min(by_tables);
         if n_max == 0 {
             return Err(GpuError::Limit {
@@ -1938,6 +1954,7 @@ impl GpuContext {
                 bits,
                 group_size: group_size as u32,
                 row_bytes: row_bytes as u32,
+                entry_bytes: (table_bytes >> bits) as u32,
             },
             chunks,
             parts: vec![rows],
@@ -3111,7 +3128,8 @@ mod tests {
                 WeightFormat::Palette {
                     bits: 3,
                     group_size: 8,
-                    row_bytes: 12
+                    row_bytes: 12,
+                    entry_bytes: 4
                 },
                 WeightOp::Matmul,
                 Reduction::Workgroup
