@@ -970,6 +970,47 @@ mod x86 {
         }
     }
 
+    /// Each accumulator's 8 lanes (`acc[g][r][b % 8]`, block `b`'s terms) added in the
+    /// single-token kernels' order, `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`,
+    /// into `out[g][r]` (the multi-token kernels' common epilogue).
+    #[inline(always)]
+    unsafe fn store_sums<const R: usize, const G: usize, const P: usize>(
+        acc: &[[[__m512; 8]; R]; G],
+        out: &mut [[[f32; 16]; P]; 2],
+    ) {
+        for (o, a) in out.iter_mut().zip(acc) {
+            for (o, l) in o.iter_mut().zip(a) {
+                let y = _mm512_add_ps(
+                    _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
+                    _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
+                );
+                _mm512_storeu_ps(o.as_mut_ptr(), y);
+            }
+        }
+    }
+
+    /// Copies a pass's results (`out[g][r]`, rows `j .. j + nr` of a task against the
+    /// groups of `pair`, whose first token is `*t0`) into `ys` (`ys[r * n + t]`, `n` the
+    /// tokens of all groups), and moves `*t0` past the pair's tokens.
+    #[inline(always)]
+    fn scatter_pass<const P: usize>(
+        out: &[[[f32; 16]; P]; 2],
+        pair: &[TokenGroup],
+        nr: usize,
+        ys: &mut [f32],
+        n: usize,
+        j: usize,
+        t0: &mut usize,
+    ) {
+        for (o, g) in out.iter().zip(pair) {
+            for (rr, row) in o[..nr].iter().enumerate() {
+                let at = (j + rr) * n + *t0;
+                ys[at..at + g.n].copy_from_slice(&row[..g.n]);
+            }
+            *t0 += g.n;
+        }
+    }
+
     /// Rows a pass of [`ternary_tokens_vnni`]: their codes unpacked once, then run against
     /// the chunk's token groups two at a time.
     const PASS_ROWS: usize = 8;
@@ -1036,16 +1077,7 @@ mod x86 {
                 }
             }
         }
-        for gg in 0..G {
-            for rr in 0..R {
-                let l = &acc[gg][rr];
-                let y = _mm512_add_ps(
-                    _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
-                    _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
-                );
-                _mm512_storeu_ps(out[gg][rr].as_mut_ptr(), y);
-            }
-        }
+        store_sums(&acc, out);
     }
 
     /// [`tokens_rows`] for `nr <= PASS_ROWS` unpacked rows against one or two groups
@@ -1121,13 +1153,7 @@ mod x86 {
             let mut t0 = 0;
             for pair in groups.chunks(2) {
                 rows_pass(nr, buf, &csum, &dws, cols, pair, &mut out);
-                for (gg, g) in pair.iter().enumerate() {
-                    for rr in 0..nr {
-                        ys[(j + rr) * n + t0..(j + rr) * n + t0 + g.n]
-                            .copy_from_slice(&out[gg][rr][..g.n]);
-                    }
-                    t0 += g.n;
-                }
+                scatter_pass(&out, pair, nr, ys, n, j, &mut t0);
             }
             j += nr;
         }
@@ -1240,16 +1266,7 @@ mod x86 {
             }
             b8 += 8;
         }
-        for gg in 0..G {
-            for rr in 0..R {
-                let l = &acc[gg][rr];
-                let y = _mm512_add_ps(
-                    _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
-                    _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
-                );
-                _mm512_storeu_ps(out[gg][rr].as_mut_ptr(), y);
-            }
-        }
+        store_sums(&acc, out);
     }
 
     /// [`tokens32`] for `nr <= PASS_ROWS32` unpacked rows against one or two groups: all at
@@ -1332,13 +1349,7 @@ mod x86 {
             let mut t0 = 0;
             for pair in groups.chunks(2) {
                 rows_pass32(ty, nr, buf, &wsum, &dw, &mw, nb, pair, &mut out);
-                for (gg, g) in pair.iter().enumerate() {
-                    for rr in 0..nr {
-                        ys[(j + rr) * n + t0..(j + rr) * n + t0 + g.n]
-                            .copy_from_slice(&out[gg][rr][..g.n]);
-                    }
-                    t0 += g.n;
-                }
+                scatter_pass(&out, pair, nr, ys, n, j, &mut t0);
             }
             j += nr;
         }
@@ -1633,16 +1644,7 @@ mod x86 {
             }
             b8 += 8;
         }
-        for gg in 0..G {
-            for rr in 0..R {
-                let l = &acc[gg][rr];
-                let y = _mm512_add_ps(
-                    _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
-                    _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
-                );
-                _mm512_storeu_ps(out[gg][rr].as_mut_ptr(), y);
-            }
-        }
+        store_sums(&acc, out);
     }
 
     /// [`tokens256`] for `nr <= PASS_ROWS256` unpacked rows against one or two groups: all
@@ -1729,13 +1731,7 @@ mod x86 {
             let mut t0 = 0;
             for pair in groups.chunks(2) {
                 rows_pass256(ty, nr, u, nb, pair, &mut out);
-                for (gg, g) in pair.iter().enumerate() {
-                    for rr in 0..nr {
-                        ys[(j + rr) * n + t0..(j + rr) * n + t0 + g.n]
-                            .copy_from_slice(&out[gg][rr][..g.n]);
-                    }
-                    t0 += g.n;
-                }
+                scatter_pass(&out, pair, nr, ys, n, j, &mut t0);
             }
             j += nr;
         }

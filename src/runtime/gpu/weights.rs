@@ -1046,13 +1046,8 @@ pub fn palette_f16_sources() -> Vec<KernelSource> {
     sources()
         .into_iter()
         .filter_map(|k| {
-            let bits: u32 = k
-                .name
-                .strip_prefix("weights_palette_b")?
-                .split('_')
-                .next()?
-                .parse()
-                .ok()?;
+            let bits =
+                (1..=8).find(|&b| k.name.starts_with(&kernel_prefix(Decoder::Palette(b))))?;
             let now = Decoder::Palette(bits).source();
             assert!(k.wgsl.contains(&now), "{}: not today's source", k.name);
             let before = format!(
@@ -1759,27 +1754,46 @@ impl GpuContext {
         let Some(mark) = planes_mark(ty) else {
             return Ok(false);
         };
+        self.reads_marked_layout(
+            &kernel_prefix(Decoder::Gguf(ty)),
+            mark,
+            &format!("{ty} blocks as stored"),
+            "them as planes",
+        )
+    }
+
+    /// Whether the kernels named `prefix...` read a layout whose code has `mark`: the
+    /// built-in ones do (they are this build's), a bundle's do where its sources have the
+    /// mark; a bundle made before the layout carries sources without it. A set with both is
+    /// an error naming one of each (`old` and `new` say what each reads), since no upload
+    /// suits both. For [`GpuContext::reads_planes`] and [`GpuContext::reads_f32_tables`].
+    fn reads_marked_layout(
+        &self,
+        prefix: &str,
+        mark: &str,
+        old: &str,
+        new: &str,
+    ) -> Result<bool, GpuError> {
         if self.builtin {
             return Ok(true);
         }
-        let prefix = kernel_prefix(Decoder::Gguf(ty));
-        let mut planes = None;
-        let mut blocks = None;
-        for (n, s) in self.sources.iter().filter(|(n, _)| n.starts_with(&prefix)) {
+        let mut with = None;
+        let mut without = None;
+        for (n, s) in self.sources.iter().filter(|(n, _)| n.starts_with(prefix)) {
             if s.contains(mark) {
-                planes.get_or_insert(n);
+                with.get_or_insert(n);
             } else {
-                blocks.get_or_insert(n);
+                without.get_or_insert(n);
             }
         }
-        match (planes, blocks) {
-            (Some(p), Some(b)) => Err(GpuError::Shader {
-                name: b.clone(),
+        match (with, without) {
+            (Some(w), Some(o)) => Err(GpuError::Shader {
+                name: o.clone(),
                 detail: format!(
-                    "reads {ty} blocks as stored where {p} reads them as planes: the kernels are from two releases (`convert add-kernels` gives a bundle one set)"
+                    "reads {old} where {w} reads {new}: the kernels are from two releases (`convert add-kernels` gives a bundle one set)"
                 ),
             }),
-            (p, _) => Ok(p.is_some()),
+            (w, _) => Ok(w.is_some()),
         }
     }
 
@@ -1789,31 +1803,12 @@ impl GpuContext {
     /// are uploaded so. A kernel set with both is an error naming one of each, as in
     /// [`GpuContext::reads_planes`].
     pub fn reads_f32_tables(&self) -> Result<bool, GpuError> {
-        if self.builtin {
-            return Ok(true);
-        }
-        let mut wide = None;
-        let mut stored = None;
-        for (n, s) in self
-            .sources
-            .iter()
-            .filter(|(n, _)| n.starts_with("weights_palette_"))
-        {
-            if s.contains(PALETTE_F32_MARK) {
-                wide.get_or_insert(n);
-            } else {
-                stored.get_or_insert(n);
-            }
-        }
-        match (wide, stored) {
-            (Some(w), Some(s)) => Err(GpuError::Shader {
-                name: s.clone(),
-                detail: format!(
-                    "reads palette tables as f16 where {w} reads them as f32: the kernels are from two releases (`convert add-kernels` gives a bundle one set)"
-                ),
-            }),
-            (w, _) => Ok(w.is_some()),
-        }
+        self.reads_marked_layout(
+            "weights_palette_",
+            PALETTE_F32_MARK,
+            "palette tables as f16",
+            "them as f32",
+        )
     }
 
     /// Uploads a `ternary2` weight `[rows, cols]` (`words`: `rows * cols/16` little-endian
@@ -1901,9 +1896,7 @@ impl GpuContext {
             widened = tables
                 .chunks_exact(2)
                 .flat_map(|h| {
-                    half::f16::from_bits(u16::from_le_bytes([h[0], h[1]]))
-                        .to_f32()
-                        .to_le_bytes()
+                    crate::quant::f16_bits_to_f32(u16::from_le_bytes([h[0], h[1]])).to_le_bytes()
                 })
                 .collect();
             (&widened[..], 4usize << bits)
