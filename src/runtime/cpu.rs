@@ -28,6 +28,9 @@ use super::{Backend, BackendInfo, LoadOptions};
 use crate::arch::{Activation, RopeMode};
 use crate::bundle::manifest::ModelConfig;
 
+/// Values of the FFN's gating a task (for the threads; any split gives the same bits).
+const GATE_CHUNK: usize = 4096;
+
 /// Element type of the KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum KvType {
@@ -110,7 +113,7 @@ crate::multiversion! {
     /// each with [`matvec::dot`]'s order: element `i` added to lane `i % 8` (a multiply, then an add),
     /// then `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`. `scores.len()` positions are
     /// computed, rounded up to a multiple of 8 (`kt` holds them).
-    fn scores_t(q: &[f32], kt: &[f32], stride: usize, kq_scale: f32, scores: &mut [f32]) {
+    fn scores_t_portable(q: &[f32], kt: &[f32], stride: usize, kq_scale: f32, scores: &mut [f32]) {
         for (p0, out) in (0..).step_by(8).zip(scores.chunks_mut(8)) {
             let mut acc = [[0f32; 8]; 8];
             let k8 = |i: usize| -> &[f32; 8] {
@@ -143,7 +146,7 @@ crate::multiversion! {
 crate::multiversion! {
     /// `out = sum_p w[p] * v_p` over the rows of `v` (`out.len()` values each), in position
     /// order per element (a multiply, then an add, from 0), `out` kept in registers.
-    fn weighted_rows(w: &[f32], v: &[f32], out: &mut [f32]) {
+    fn weighted_rows_portable(w: &[f32], v: &[f32], out: &mut [f32]) {
         let hd = out.len();
         let mut d = 0;
         // 64 values at a time (eight 256-bit accumulators), then 16, then one by one: the
@@ -180,42 +183,363 @@ crate::multiversion! {
     }
 }
 
-/// One head at one position: `softmax(q k^T * kq_scale) v` over the attended positions, the
-/// keys transposed in `kt` (row stride `stride`, positions `0..n`), the values as rows in `v`
-/// (`n` rows), the max subtracted first, the normalizer summed in f64. The one definition for
-/// decode and prefill, so a position's output has the same bits however its tokens were
-/// grouped.
+/// Whether the attention's AVX-512 forms ([`attn512`]) run: AVX-512F present and
+/// `LOWBIT_ISA` not capping the runtime below it. They give the portable forms' bits.
+fn attn_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *OK.get_or_init(|| {
+            crate::isa::detect() == crate::isa::Isa::Avx512Vnni
+                && std::is_x86_feature_detected!("avx512f")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// [`scores_t_portable`]'s values (same bits), 16 positions a vector where AVX-512 runs;
+/// `kt` then holds `scores.len()` rounded up to a multiple of 16 positions in each row.
+fn scores_t(q: &[f32], kt: &[f32], stride: usize, kq_scale: f32, scores: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if attn_avx512() {
+        // SAFETY: AVX-512F is present (attn_avx512); the lengths are checked inside.
+        return unsafe { attn512::scores_t(q, kt, stride, kq_scale, scores) };
+    }
+    scores_t_portable(q, kt, stride, kq_scale, scores)
+}
+
+/// [`scores_t`] for two queries over the same keys: each the bits of [`scores_t`], each key
+/// load shared by both where AVX-512 runs.
+fn scores_t2(q: [&[f32]; 2], kt: &[f32], stride: usize, kq_scale: f32, scores: [&mut [f32]; 2]) {
+    #[cfg(target_arch = "x86_64")]
+    if attn_avx512() {
+        // SAFETY: AVX-512F is present (attn_avx512); the lengths are checked inside.
+        return unsafe { attn512::scores_t2(q, kt, stride, kq_scale, scores) };
+    }
+    let [s0, s1] = scores;
+    scores_t_portable(q[0], kt, stride, kq_scale, s0);
+    scores_t_portable(q[1], kt, stride, kq_scale, s1);
+}
+
+/// [`weighted_rows`] for two weightings of the same rows: each the bits of
+/// [`weighted_rows`], each row load shared by both where AVX-512 runs.
+fn weighted_rows2(w: [&[f32]; 2], v: &[f32], out: [&mut [f32]; 2]) {
+    #[cfg(target_arch = "x86_64")]
+    if attn_avx512() {
+        // SAFETY: AVX-512F is present (attn_avx512); the lengths are checked inside.
+        return unsafe { attn512::weighted_rows2(w, v, out) };
+    }
+    let [o0, o1] = out;
+    weighted_rows_portable(w[0], v, o0);
+    weighted_rows_portable(w[1], v, o1);
+}
+
+/// [`weighted_rows_portable`]'s values (same bits), 128 values a pass where AVX-512 runs.
+fn weighted_rows(w: &[f32], v: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if attn_avx512() {
+        // SAFETY: AVX-512F is present (attn_avx512); the lengths are checked inside.
+        return unsafe { attn512::weighted_rows(w, v, out) };
+    }
+    weighted_rows_portable(w, v, out)
+}
+
+/// The attention's two products on 512-bit vectors, each value's terms and their order the
+/// portable forms' (a multiply, then an add; never fused), so the bits are theirs.
+#[cfg(target_arch = "x86_64")]
+mod attn512 {
+    use std::arch::x86_64::*;
+
+    /// [`super::scores_t_portable`] with the positions 16 to a vector: lane `j` of
+    /// accumulator `l` is position `p0 + j`'s lane `l` (elements `i` with `i % 8 == l`).
+    ///
+    /// # Safety
+    /// AVX-512F is present. Panics unless `kt` holds `q.len()` rows of `stride` values with
+    /// `scores.len()` rounded up to 16 positions in each.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn scores_t(
+        q: &[f32],
+        kt: &[f32],
+        stride: usize,
+        kq_scale: f32,
+        scores: &mut [f32],
+    ) {
+        let (hd, n) = (q.len(), scores.len());
+        let span = n.div_ceil(16) * 16;
+        if hd == 0 || n == 0 {
+            scores.fill(0.0);
+            return;
+        }
+        assert!(
+            span <= stride && kt.len() >= (hd - 1) * stride + span,
+            "kt too short"
+        );
+        let (kp, n8) = (kt.as_ptr(), hd / 8 * 8);
+        let scale = _mm512_set1_ps(kq_scale);
+        for p0 in (0..n).step_by(16) {
+            let mut acc = [_mm512_setzero_ps(); 8];
+            for c in (0..n8).step_by(8) {
+                for (l, a) in acc.iter_mut().enumerate() {
+                    let i = c + l;
+                    // SAFETY: i < hd and p0 + 16 <= span (asserted above).
+                    let k = _mm512_loadu_ps(kp.add(i * stride + p0));
+                    *a = _mm512_add_ps(*a, _mm512_mul_ps(_mm512_set1_ps(q[i]), k));
+                }
+            }
+            for (l, &qi) in q[n8..].iter().enumerate() {
+                // SAFETY: as above.
+                let k = _mm512_loadu_ps(kp.add((n8 + l) * stride + p0));
+                acc[l] = _mm512_add_ps(acc[l], _mm512_mul_ps(_mm512_set1_ps(qi), k));
+            }
+            let y = _mm512_add_ps(
+                _mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6])),
+                _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7])),
+            );
+            let y = _mm512_mul_ps(y, scale);
+            let m = (n - p0).min(16);
+            let mut out = [0f32; 16];
+            _mm512_storeu_ps(out.as_mut_ptr(), y);
+            scores[p0..p0 + m].copy_from_slice(&out[..m]);
+        }
+    }
+
+    /// [`super::weighted_rows_portable`] with 128 values (eight 512-bit accumulators) a pass,
+    /// then 16, then one by one: each value's terms in position order from 0, as there.
+    ///
+    /// # Safety
+    /// AVX-512F is present. Panics unless `v` holds `w.len()` rows of `out.len()` values.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn weighted_rows(w: &[f32], v: &[f32], out: &mut [f32]) {
+        let hd = out.len();
+        assert!(v.len() >= w.len() * hd, "v too short");
+        let vp = v.as_ptr();
+        let mut d = 0;
+        while d + 128 <= hd {
+            let mut acc = [_mm512_setzero_ps(); 8];
+            for (p, &wp) in w.iter().enumerate() {
+                let b = _mm512_set1_ps(wp);
+                for (j, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: p * hd + d + 128 <= w.len() * hd <= v.len() (asserted).
+                    let x = _mm512_loadu_ps(vp.add(p * hd + d + 16 * j));
+                    *a = _mm512_add_ps(*a, _mm512_mul_ps(b, x));
+                }
+            }
+            for (j, a) in acc.iter().enumerate() {
+                _mm512_storeu_ps(out[d + 16 * j..d + 16 * j + 16].as_mut_ptr(), *a);
+            }
+            d += 128;
+        }
+        while d + 16 <= hd {
+            let mut a = _mm512_setzero_ps();
+            for (p, &wp) in w.iter().enumerate() {
+                // SAFETY: as above.
+                let x = _mm512_loadu_ps(vp.add(p * hd + d));
+                a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_set1_ps(wp), x));
+            }
+            _mm512_storeu_ps(out[d..d + 16].as_mut_ptr(), a);
+            d += 16;
+        }
+        for (j, o) in out.iter_mut().enumerate().skip(d) {
+            let mut a = 0f32;
+            for (p, &wp) in w.iter().enumerate() {
+                a += wp * v[p * hd + j];
+            }
+            *o = a;
+        }
+    }
+
+    /// The lanes of [`scores_t`] summed as there and scaled, `m` positions stored.
+    #[inline(always)]
+    unsafe fn store_scores(acc: &[__m512; 8], scale: __m512, out: &mut [f32]) {
+        let y = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6])),
+            _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7])),
+        );
+        let mut v = [0f32; 16];
+        _mm512_storeu_ps(v.as_mut_ptr(), _mm512_mul_ps(y, scale));
+        let m = out.len();
+        out.copy_from_slice(&v[..m]);
+    }
+
+    /// [`scores_t`] for two queries of the same length over the same keys, each key vector
+    /// loaded once for both; each query's terms and order as there.
+    ///
+    /// # Safety
+    /// As [`scores_t`]; both score slices have the same length.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn scores_t2(
+        q: [&[f32]; 2],
+        kt: &[f32],
+        stride: usize,
+        kq_scale: f32,
+        scores: [&mut [f32]; 2],
+    ) {
+        let [s0, s1] = scores;
+        let (hd, n) = (q[0].len(), s0.len());
+        assert!(q[1].len() == hd && s1.len() == n, "two heads of one shape");
+        if hd == 0 || n == 0 {
+            s0.fill(0.0);
+            s1.fill(0.0);
+            return;
+        }
+        let span = n.div_ceil(16) * 16;
+        assert!(
+            span <= stride && kt.len() >= (hd - 1) * stride + span,
+            "kt too short"
+        );
+        let (kp, n8) = (kt.as_ptr(), hd / 8 * 8);
+        let scale = _mm512_set1_ps(kq_scale);
+        for p0 in (0..n).step_by(16) {
+            let mut acc = [[_mm512_setzero_ps(); 8]; 2];
+            for c in (0..n8).step_by(8) {
+                for l in 0..8 {
+                    let i = c + l;
+                    // SAFETY: i < hd and p0 + 16 <= span (asserted above).
+                    let k = _mm512_loadu_ps(kp.add(i * stride + p0));
+                    for (a, qh) in acc.iter_mut().zip(q) {
+                        a[l] = _mm512_add_ps(a[l], _mm512_mul_ps(_mm512_set1_ps(qh[i]), k));
+                    }
+                }
+            }
+            for l in 0..hd - n8 {
+                // SAFETY: as above.
+                let k = _mm512_loadu_ps(kp.add((n8 + l) * stride + p0));
+                for (a, qh) in acc.iter_mut().zip(q) {
+                    a[l] = _mm512_add_ps(a[l], _mm512_mul_ps(_mm512_set1_ps(qh[n8 + l]), k));
+                }
+            }
+            let m = (n - p0).min(16);
+            store_scores(&acc[0], scale, &mut s0[p0..p0 + m]);
+            store_scores(&acc[1], scale, &mut s1[p0..p0 + m]);
+        }
+    }
+
+    /// `C` 16-value columns from `d` of [`weighted_rows`] for two weightings, each row load
+    /// shared by both.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn weighted_pass2<const C: usize>(
+        w: [&[f32]; 2],
+        vp: *const f32,
+        hd: usize,
+        d: usize,
+        out: &mut [&mut [f32]; 2],
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); C]; 2];
+        for (p, (&w0, &w1)) in w[0].iter().zip(w[1]).enumerate() {
+            let b = [_mm512_set1_ps(w0), _mm512_set1_ps(w1)];
+            for j in 0..C {
+                let x = _mm512_loadu_ps(vp.add(p * hd + d + 16 * j));
+                for h in 0..2 {
+                    acc[h][j] = _mm512_add_ps(acc[h][j], _mm512_mul_ps(b[h], x));
+                }
+            }
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for (j, a) in a.iter().enumerate() {
+                _mm512_storeu_ps(o[d + 16 * j..d + 16 * j + 16].as_mut_ptr(), *a);
+            }
+        }
+    }
+
+    /// [`weighted_rows`] for two weightings of the same rows (128 values a pass, then 16,
+    /// then one by one), each value's terms and order as there.
+    ///
+    /// # Safety
+    /// As [`weighted_rows`]; both weightings and both outputs have the same lengths.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn weighted_rows2(w: [&[f32]; 2], v: &[f32], out: [&mut [f32]; 2]) {
+        let mut out = out;
+        let hd = out[0].len();
+        assert!(
+            w[1].len() == w[0].len() && out[1].len() == hd,
+            "two heads of one shape"
+        );
+        assert!(v.len() >= w[0].len() * hd, "v too short");
+        let vp = v.as_ptr();
+        let mut d = 0;
+        while d + 128 <= hd {
+            // SAFETY: rows p < w.len() hold hd values, d + 128 <= hd (asserted).
+            weighted_pass2::<8>(w, vp, hd, d, &mut out);
+            d += 128;
+        }
+        while d + 16 <= hd {
+            // SAFETY: as above, d + 16 <= hd.
+            weighted_pass2::<1>(w, vp, hd, d, &mut out);
+            d += 16;
+        }
+        for (wh, o) in w.iter().zip(out.iter_mut()) {
+            for (j, o) in o.iter_mut().enumerate().skip(d) {
+                let mut a = 0f32;
+                for (p, &wp) in wh.iter().enumerate() {
+                    a += wp * v[p * hd + j];
+                }
+                *o = a;
+            }
+        }
+    }
+}
+
+/// One or two query heads of one KV head at one position: for each, `softmax(q k^T *
+/// kq_scale) v` over the attended positions, the keys transposed in `kt` (row stride
+/// `stride`, positions `0..n`), the values as rows in `v` (`n` rows), the max subtracted
+/// first, the normalizer summed in f64. The one definition for decode and prefill, so a
+/// position's output has the same bits however its tokens were grouped; a head has the same
+/// bits alone or beside another (two share each load of K and V: the products read them from
+/// the cache, and a prompt's attention is bound by that read).
 #[allow(clippy::too_many_arguments)]
-fn attend_head(
-    q: &[f32],
+fn attend_heads(
+    q: &[&[f32]],
     kt: &[f32],
     stride: usize,
     n: usize,
     v: &[f32],
     kq_scale: f32,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
+    scores: &mut [Vec<f32>; 2],
+    out: &mut [&mut [f32]],
 ) {
-    scores.clear();
-    scores.resize(n, 0.0);
-    scores_t(q, kt, stride, kq_scale, scores);
+    for s in scores.iter_mut() {
+        s.clear();
+        s.resize(n, 0.0);
+    }
+    let [s0, s1] = scores;
+    match (q, &mut *out) {
+        ([q0, q1], [o0, o1]) => {
+            scores_t2([q0, q1], kt, stride, kq_scale, [s0, s1]);
+            softmax(s0);
+            softmax(s1);
+            weighted_rows2([s0, s1], v, [o0, o1]);
+        }
+        _ => {
+            for (q, o) in q.iter().zip(out.iter_mut()) {
+                scores_t(q, kt, stride, kq_scale, s0);
+                softmax(s0);
+                weighted_rows(s0, v, o);
+            }
+        }
+    }
+}
+
+/// `scores = exp(scores - max) / sum`, the sum of the exponentials in f64 in position order.
+fn softmax(scores: &mut [f32]) {
     let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f64;
     for s in scores.iter_mut() {
         *s = (*s - m).exp();
-        sum += *s as f64;
     }
+    // A loop of its own: with the call to `exp` in it, the sum went through memory each time.
+    let sum = scores.iter().fold(0f64, |a, &s| a + s as f64);
     let inv = (1.0 / sum) as f32;
     for s in scores.iter_mut() {
         *s *= inv;
     }
-    weighted_rows(scores, v, out);
 }
 
 /// Writes the K and V of the positions `start .. start + n` (`k`, `v`: `[n][n_head_kv *
-/// hd]`), then attends every head of every position over `lo(pos)..=pos` ([`attend_head`]);
+/// hd]`), then attends every head of every position over `lo(pos)..=pos` ([`attend_heads`]);
 /// `q` and `out` are `[n][n_head * hd]`. Each KV head's keys and values for the whole span
-/// are widened once (in parallel over KV heads), then the query heads run in parallel.
+/// are widened once (in parallel over KV heads), then the query heads run in parallel, two
+/// of one KV head a task.
 #[allow(clippy::too_many_arguments)]
 fn attend<T: KvElem>(
     kc: &mut [T],
@@ -242,9 +566,9 @@ fn attend<T: KvElem>(
     let (kc, vc) = (&*kc, &*vc);
     let (lo0, end) = (sh.lo(start), start + n);
     let m = end - lo0;
-    // Row stride of the widened keys: positions padded to a multiple of 8, and 8 more, so
-    // that scores_t's 8-position steps from any first position stay inside.
-    let stride = m.div_ceil(8) * 8 + 8;
+    // Row stride of the widened keys: positions padded to a multiple of 16, and 16 more, so
+    // that scores_t's 8- or 16-position steps from any first position stay inside.
+    let stride = m.div_ceil(16) * 16 + 16;
     let widened: Vec<(Vec<f32>, Vec<f32>)> = (0..nkv)
         .into_par_iter()
         .map(|kh| {
@@ -259,26 +583,58 @@ fn attend<T: KvElem>(
             (kt, vr)
         })
         .collect();
-    let heads: Vec<Vec<f32>> = (0..nq / hd)
-        .into_par_iter()
-        .map(|head| {
+    // Tasks of two query heads of one KV head (one where a group is odd), which share each
+    // load of the keys and values.
+    let units: Vec<(usize, usize)> = (0..nq / hd / sh.group)
+        .flat_map(|kh| {
+            let first = kh * sh.group;
+            (first..first + sh.group)
+                .step_by(2)
+                .map(move |h| (h, (first + sh.group - h).min(2)))
+        })
+        .collect();
+    let heads: Vec<Vec<f32>> = units
+        .par_iter()
+        .map(|&(head, count)| {
             let (kt, vr) = &widened[head / sh.group];
-            let mut res = vec![0f32; n * hd];
-            let mut scores = Vec::with_capacity(m);
-            for (t, o) in res.chunks_exact_mut(hd).enumerate() {
+            // [count][n][hd]
+            let mut res = vec![0f32; count * n * hd];
+            let mut scores = [Vec::with_capacity(m), Vec::with_capacity(m)];
+            let (r0, r1) = res.split_at_mut(n * hd);
+            let mut rows: Vec<std::slice::ChunksExactMut<f32>> = vec![r0.chunks_exact_mut(hd)];
+            if count == 2 {
+                rows.push(r1.chunks_exact_mut(hd));
+            }
+            for t in 0..n {
                 let pos = start + t;
                 let a = sh.lo(pos) - lo0;
-                let qh = &q[t * nq + head * hd..t * nq + (head + 1) * hd];
+                let qs: Vec<&[f32]> = (head..head + count)
+                    .map(|h| &q[t * nq + h * hd..t * nq + (h + 1) * hd])
+                    .collect();
+                let mut os: Vec<&mut [f32]> =
+                    rows.iter_mut().map(|r| r.next().expect("n rows")).collect();
                 let vt = &vr[a * hd..(pos + 1 - lo0) * hd];
                 let len = pos + 1 - sh.lo(pos);
-                attend_head(qh, &kt[a..], stride, len, vt, sh.kq_scale, &mut scores, o);
+                attend_heads(
+                    &qs,
+                    &kt[a..],
+                    stride,
+                    len,
+                    vt,
+                    sh.kq_scale,
+                    &mut scores,
+                    &mut os,
+                );
             }
             res
         })
         .collect();
-    for (head, res) in heads.iter().enumerate() {
-        for (t, o) in res.chunks_exact(hd).enumerate() {
-            out[t * nq + head * hd..t * nq + (head + 1) * hd].copy_from_slice(o);
+    for (&(head, _), res) in units.iter().zip(&heads) {
+        for (c, per_head) in res.chunks_exact(n * hd).enumerate() {
+            let h = head + c;
+            for (t, o) in per_head.chunks_exact(hd).enumerate() {
+                out[t * nq + h * hd..t * nq + (h + 1) * hd].copy_from_slice(o);
+            }
         }
     }
 }
@@ -609,6 +965,18 @@ impl CpuBackend {
         matvec::matmul_with(self.kernel, view(w, &self.model), w.cols, xs, ys);
     }
 
+    /// [`CpuBackend::mm`] for weights that read the same activations (Q/K/V, gate/up):
+    /// they are quantized and grouped once for all of them (the same bits).
+    fn mm_shared(&self, w: &Weight, acts: &mut matvec::SharedActs, ys: &mut [f32]) {
+        assert_eq!(
+            w.cols,
+            acts.cols(),
+            "{}: activations of another width",
+            w.name
+        );
+        matvec::matmul_shared(self.kernel, view(w, &self.model), ys, acts);
+    }
+
     /// Rotates the first `n_rot` dims of each head of `v` in place, at `pos`, with the layer's
     /// base and frequency scale.
     fn rope(&self, v: &mut [f32], n_heads: usize, pos: usize, base: f32, freq_scale: f32) {
@@ -717,13 +1085,15 @@ impl CpuBackend {
         for il in 0..hp.n_layer {
             let lv = &self.vecs[il];
             let layer = &self.model.layers[il];
-            for (xt, ht) in x.chunks_exact(e).zip(h.chunks_exact_mut(e)) {
-                rms_norm(xt, &lv.attn_norm, eps, ht);
-            }
+            x.par_chunks_exact(e)
+                .zip(h.par_chunks_exact_mut(e))
+                .for_each(|(xt, ht)| rms_norm(xt, &lv.attn_norm, eps, ht));
             trace("attn_norm", il, &h[..e]);
-            self.mm(&layer.wq, &h, &mut q);
-            self.mm(&layer.wk, &h, &mut k);
-            self.mm(&layer.wv, &h, &mut v);
+            let mut acts = matvec::SharedActs::new(&h, e);
+            self.mm_shared(&layer.wq, &mut acts, &mut q);
+            self.mm_shared(&layer.wk, &mut acts, &mut k);
+            self.mm_shared(&layer.wv, &mut acts, &mut v);
+            drop(acts);
             let (base, fscale) = hp.rope_of_layer(il);
             for t in 0..n {
                 let pos = start + t;
@@ -781,21 +1151,27 @@ impl CpuBackend {
                 }
                 residual(xt, ot);
             }
-            for (xt, ht) in x.chunks_exact(e).zip(h.chunks_exact_mut(e)) {
-                rms_norm(xt, &lv.ffn_norm, eps, ht);
-            }
-            self.mm(&layer.w_gate, &h, &mut g);
-            self.mm(&layer.w_up, &h, &mut u);
-            match gelu {
-                Some(table) => g
-                    .iter_mut()
-                    .zip(&u)
-                    .for_each(|(gi, ui)| *gi = geglu(*gi, *ui, table)),
-                None => g
-                    .iter_mut()
-                    .zip(&u)
-                    .for_each(|(gi, ui)| *gi = silu(*gi) * ui),
-            }
+            x.par_chunks_exact(e)
+                .zip(h.par_chunks_exact_mut(e))
+                .for_each(|(xt, ht)| rms_norm(xt, &lv.ffn_norm, eps, ht));
+            let mut acts = matvec::SharedActs::new(&h, e);
+            self.mm_shared(&layer.w_gate, &mut acts, &mut g);
+            self.mm_shared(&layer.w_up, &mut acts, &mut u);
+            drop(acts);
+            // Element by element (the same bits on any split), over the threads: an `exp` a
+            // value, 16,384 a token on the 8B shape.
+            g.par_chunks_mut(GATE_CHUNK)
+                .zip(u.par_chunks(GATE_CHUNK))
+                .for_each(|(g, u)| match gelu {
+                    Some(table) => g
+                        .iter_mut()
+                        .zip(u)
+                        .for_each(|(gi, ui)| *gi = geglu(*gi, *ui, table)),
+                    None => g
+                        .iter_mut()
+                        .zip(u)
+                        .for_each(|(gi, ui)| *gi = silu(*gi) * ui),
+                });
             trace("ffn_swiglu", il, &g[..nff]);
             self.mm(&layer.w_down, &g, &mut o);
             for (xt, ot) in x.chunks_exact_mut(e).zip(o.chunks_exact_mut(e)) {
@@ -958,6 +1334,65 @@ impl Backend for CpuBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The attention's AVX-512 products (one head, and two at once) give the portable forms'
+    /// bits, at head sizes that leave partial 8-element lanes, 16-value passes and scalar
+    /// tails, and position counts that leave partial 16-position vectors.
+    #[test]
+    fn attention_products_have_the_portable_bits_on_avx512() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !std::is_x86_feature_detected!("avx512f") {
+                eprintln!("skipped: no AVX-512F on this CPU");
+                return;
+            }
+            let mut seed = 11u32;
+            let mut rnd = |n: usize| -> Vec<f32> {
+                (0..n)
+                    .map(|_| {
+                        seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                        (seed >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+                    })
+                    .collect()
+            };
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for hd in [5, 8, 13, 64, 80, 128, 144, 256] {
+                for n in [1usize, 7, 16, 17, 40, 129] {
+                    let stride = n.div_ceil(16) * 16 + 16;
+                    let (q, kt) = (rnd(hd), rnd(hd * stride));
+                    let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
+                    scores_t_portable(&q, &kt, stride, 0.3, &mut want);
+                    // SAFETY: AVX-512F checked above; kt holds hd rows of stride values.
+                    unsafe { attn512::scores_t(&q, &kt, stride, 0.3, &mut got) };
+                    assert_eq!(bits(&got), bits(&want), "scores hd {hd} n {n}");
+                    let (w, v) = (rnd(n), rnd(n * hd));
+                    let (mut want, mut got) = (vec![0f32; hd], vec![0f32; hd]);
+                    weighted_rows_portable(&w, &v, &mut want);
+                    // SAFETY: AVX-512F checked above; v holds n rows of hd values.
+                    unsafe { attn512::weighted_rows(&w, &v, &mut got) };
+                    assert_eq!(bits(&got), bits(&want), "weighted rows hd {hd} n {n}");
+                    // Two heads at once: each the bits of the portable form alone.
+                    let (q1, w1) = (rnd(hd), rnd(n));
+                    let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+                    // SAFETY: AVX-512F checked above; kt holds hd rows of stride values.
+                    unsafe { attn512::scores_t2([&q, &q1], &kt, stride, 0.3, [&mut a, &mut b]) };
+                    let mut want1 = vec![0f32; n];
+                    scores_t_portable(&q1, &kt, stride, 0.3, &mut want1);
+                    let mut want0 = vec![0f32; n];
+                    scores_t_portable(&q, &kt, stride, 0.3, &mut want0);
+                    assert_eq!(bits(&a), bits(&want0), "scores pair hd {hd} n {n}");
+                    assert_eq!(bits(&b), bits(&want1), "scores pair hd {hd} n {n}");
+                    let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
+                    // SAFETY: AVX-512F checked above; v holds n rows of hd values.
+                    unsafe { attn512::weighted_rows2([&w, &w1], &v, [&mut a, &mut b]) };
+                    let mut want1 = vec![0f32; hd];
+                    weighted_rows_portable(&w1, &v, &mut want1);
+                    assert_eq!(bits(&a), bits(&want), "weighted pair hd {hd} n {n}");
+                    assert_eq!(bits(&b), bits(&want1), "weighted pair hd {hd} n {n}");
+                }
+            }
+        }
+    }
 
     /// A span attended at once has, at every position and head, the bits of the same positions
     /// attended one at a time (decode), on both KV types, with and without a sliding window

@@ -795,21 +795,104 @@ enum Prepared {
     Ternary(q8::QAct, Vec<i8>),
 }
 
-/// Which kernel `kernel` selects for `w`, with `x` prepared for it.
-fn prepare(kernel: Kernel, w: &WeightData, cols: usize, x: &[f32]) -> Prepared {
+/// How [`prepare`] prepares an input vector for a weight: weights with the same key take
+/// the same prepared vector.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum PrepKey {
+    F32,
+    /// int8 activations in blocks of this many values.
+    Q(usize),
+    Ternary,
+}
+
+/// How `kernel` prepares a vector of `cols` values for `w` ([`prepare`]).
+fn prep_key(kernel: Kernel, w: &WeightData, cols: usize) -> PrepKey {
     match w {
-        WeightData::Ternary { .. } if kernel == Kernel::Int8 => {
-            let a = q8::quantize(x, 256);
-            let p = q8::permute_for_ternary(&a);
-            Prepared::Ternary(a, p)
-        }
+        WeightData::Ternary { .. } if kernel == Kernel::Int8 => PrepKey::Ternary,
         WeightData::Gguf { ty, .. }
             if kernel == Kernel::Int8
                 && q8::act_block(*ty).is_some_and(|b| cols.is_multiple_of(b)) =>
         {
-            Prepared::Q(q8::quantize(x, q8::act_block(*ty).unwrap_or(32)))
+            PrepKey::Q(q8::act_block(*ty).unwrap_or(32))
         }
-        _ => Prepared::F32,
+        _ => PrepKey::F32,
+    }
+}
+
+/// Which kernel `kernel` selects for `w`, with `x` prepared for it.
+fn prepare(kernel: Kernel, w: &WeightData, cols: usize, x: &[f32]) -> Prepared {
+    prepare_key(prep_key(kernel, w, cols), x)
+}
+
+fn prepare_key(key: PrepKey, x: &[f32]) -> Prepared {
+    match key {
+        PrepKey::Ternary => {
+            let a = q8::quantize(x, 256);
+            let p = q8::permute_for_ternary(&a);
+            Prepared::Ternary(a, p)
+        }
+        PrepKey::Q(block) => Prepared::Q(q8::quantize(x, block)),
+        PrepKey::F32 => Prepared::F32,
+    }
+}
+
+/// The inputs of one or more products over the same activations (`xs`, `[n, cols]`),
+/// prepared once for all of them: Q, K and V (or gate and up) read the same normed hidden
+/// state, and each would quantize it and regroup it for its kernel again. For one vector
+/// the prepared vector of each [`PrepKey`]; for several the int8 token groups of each block
+/// size. The values are those each product would compute itself, so the bits are the same.
+pub struct SharedActs<'a> {
+    xs: &'a [f32],
+    cols: usize,
+    prepared: Vec<(PrepKey, Prepared)>,
+    groups: Vec<(usize, Vec<q8::TokenGroup>)>,
+}
+
+impl<'a> SharedActs<'a> {
+    /// Nothing is prepared until a product asks for it.
+    pub fn new(xs: &'a [f32], cols: usize) -> Self {
+        SharedActs {
+            xs,
+            cols,
+            prepared: Vec::new(),
+            groups: Vec::new(),
+        }
+    }
+
+    /// Values in each vector.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The single vector prepared for `key`.
+    fn prepared(&mut self, key: PrepKey) -> &Prepared {
+        let i = match self.prepared.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                self.prepared.push((key, prepare_key(key, self.xs)));
+                self.prepared.len() - 1
+            }
+        };
+        &self.prepared[i].1
+    }
+
+    /// Every vector quantized in blocks of `block` ([`q8::quantize`]) and grouped by
+    /// [`q8::TOKENS_PER_GROUP`] tokens ([`q8::token_groups`]).
+    fn groups(&mut self, block: usize) -> &[q8::TokenGroup] {
+        let i = match self.groups.iter().position(|(b, _)| *b == block) {
+            Some(i) => i,
+            None => {
+                let acts: Vec<q8::QAct> = self
+                    .xs
+                    .par_chunks_exact(self.cols)
+                    .map(|x| q8::quantize(x, block))
+                    .collect();
+                let g = q8::token_groups(&acts.iter().collect::<Vec<_>>());
+                self.groups.push((block, g));
+                self.groups.len() - 1
+            }
+        };
+        &self.groups[i].1
     }
 }
 
@@ -878,13 +961,31 @@ fn rows(
 
 /// [`matvec`] with a choice of kernel.
 pub fn matvec_with(kernel: Kernel, w: WeightData, cols: usize, x: &[f32], y: &mut [f32]) {
-    debug_assert_eq!(x.len(), cols);
     let a = prepare(kernel, &w, cols, x);
+    matvec_prepared(kernel, w, cols, x, &a, y)
+}
+
+/// [`matvec_with`] with `x` already prepared for `w`'s kernel ([`prepare`]).
+fn matvec_prepared(
+    kernel: Kernel,
+    w: WeightData,
+    cols: usize,
+    x: &[f32],
+    a: &Prepared,
+    y: &mut [f32],
+) {
+    debug_assert_eq!(x.len(), cols);
+    debug_assert!(matches!(
+        (prep_key(kernel, &w, cols), a),
+        (PrepKey::F32, Prepared::F32)
+            | (PrepKey::Q(_), Prepared::Q(_))
+            | (PrepKey::Ternary, Prepared::Ternary(..))
+    ));
     let isa = q8::detect();
     y.par_chunks_mut(ROWS_PER_TASK)
         .enumerate()
         .for_each_init(Scratch::default, |s, (t, ys)| {
-            rows(&w, cols, x, &a, isa, ys, t * ROWS_PER_TASK, s)
+            rows(&w, cols, x, a, isa, ys, t * ROWS_PER_TASK, s)
         });
 }
 
@@ -921,9 +1022,17 @@ impl SharedOut {
 /// (row, vector) product has the bits of the single-vector kernel: `ys[i]` has the same bits
 /// as `matvec_with(kernel, w, cols, xs[i], ys[i])`.
 pub fn matmul_with(kernel: Kernel, w: WeightData, cols: usize, xs: &[f32], ys: &mut [f32]) {
+    matmul_shared(kernel, w, ys, &mut SharedActs::new(xs, cols))
+}
+
+/// [`matmul_with`] over `acts`' vectors, reusing what an earlier product over the same
+/// `acts` prepared (the same bits as [`matmul_with`]).
+pub fn matmul_shared(kernel: Kernel, w: WeightData, ys: &mut [f32], acts: &mut SharedActs) {
+    let (xs, cols) = (acts.xs, acts.cols);
     let n = xs.len() / cols.max(1);
     if n <= 1 {
-        return matvec_with(kernel, w, cols, xs, ys);
+        let a = acts.prepared(prep_key(kernel, &w, cols));
+        return matvec_prepared(kernel, w, cols, xs, a, ys);
     }
     let nrows = ys.len() / n;
     assert_eq!(ys.len(), n * nrows, "ys is [n, rows]");
@@ -951,13 +1060,9 @@ pub fn matmul_with(kernel: Kernel, w: WeightData, cols: usize, xs: &[f32], ys: &
             // 16 tokens per vector lane group: each weight's codes unpacked once per group.
             // The activations are quantized as [`prepare`] quantizes them, without the
             // permutation only the per-token kernel reads.
-            let acts: Vec<q8::QAct> = xs
-                .par_chunks_exact(cols)
-                .map(|x| q8::quantize(x, 256))
-                .collect();
-            let groups = q8::token_groups(&acts.iter().collect::<Vec<_>>());
+            let groups = acts.groups(256);
             run(&|r0, k, tile, s| {
-                q8::ternary_rows_tokens(words, scales, cols, &groups, tile, r0, k, &mut s.words)
+                q8::ternary_rows_tokens(words, scales, cols, groups, tile, r0, k, &mut s.words)
             });
         }
         WeightData::Gguf { ty, bytes }
@@ -968,14 +1073,9 @@ pub fn matmul_with(kernel: Kernel, w: WeightData, cols: usize, xs: &[f32], ys: &
             // The GGML types of the int8 kernels, 16 tokens per vector lane group as above:
             // each row's weights unpacked once per call. Quantized as [`prepare`] does.
             let rb = ty.bytes_for(cols as u64).unwrap_or(0) as usize;
-            let block = q8::act_block(ty).unwrap_or(32);
-            let acts: Vec<q8::QAct> = xs
-                .par_chunks_exact(cols)
-                .map(|x| q8::quantize(x, block))
-                .collect();
-            let groups = q8::token_groups(&acts.iter().collect::<Vec<_>>());
+            let groups = acts.groups(q8::act_block(ty).unwrap_or(32));
             run(&|r0, k, tile, s| {
-                q8::gguf_rows_tokens(ty, bytes, rb, &groups, tile, r0, k, &mut s.words)
+                q8::gguf_rows_tokens(ty, bytes, rb, groups, tile, r0, k, &mut s.words)
             });
         }
         WeightData::Palette(v) => {
