@@ -14,10 +14,10 @@
 //! - the gated FFN `down(act(gate h) * up h)`.
 //!
 //! A prefill chunk runs each matrix as one matrix-matrix product ([`matvec::matmul_with`]:
-//! each weight read once per chunk), attention as one pass per head over the chunk's
-//! positions (each KV head's keys and values widened once), and everything else token by
-//! token, all with a decode step's arithmetic, so its logits have the same bits as single
-//! steps.
+//! each weight read once per chunk), attention as one pass per two query heads of a KV head
+//! over the chunk's positions (each KV head's keys and values widened once), and everything
+//! else token by token, all with a decode step's arithmetic, so its logits have the same bits
+//! as single steps.
 
 use rayon::prelude::*;
 
@@ -183,8 +183,9 @@ crate::multiversion! {
     }
 }
 
-/// Whether the attention's AVX-512 forms ([`attn512`]) run: AVX-512F present and
-/// `LOWBIT_ISA` not capping the runtime below it. They give the portable forms' bits.
+/// Whether the attention's AVX-512 forms ([`attn512`]) run: the runtime's AVX-512 level
+/// ([`crate::isa::Isa::Avx512Vnni`], which `LOWBIT_ISA` can cap) and AVX-512F. They give the
+/// portable forms' bits.
 fn attn_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -1468,6 +1469,105 @@ mod tests {
         for window in [None, Some(7)] {
             run::<u16>(window);
             run::<f32>(window);
+        }
+    }
+    /// `attend` (f32 KV) gives each head at each position the bits of that head attended
+    /// alone through the portable products (a reference outside the head-pair tasks and their
+    /// copy-back), for groups of 1 to 7 query heads a KV head, odd head sizes, sliding
+    /// windows, and the span run whole, in three spans and one position at a time.
+    #[test]
+    fn attend_gives_each_head_the_bits_of_the_portable_products_alone() {
+        let mut seed = 5u32;
+        let mut rnd = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (seed >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+                })
+                .collect()
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for hd in [5usize, 13, 16, 64, 80, 128, 144] {
+            for (nkv, group) in [
+                (1usize, 1usize),
+                (2, 1),
+                (2, 2),
+                (2, 3),
+                (1, 4),
+                (2, 5),
+                (1, 7),
+            ] {
+                for window in [None, Some(1), Some(7), Some(20)] {
+                    let nctx = 64;
+                    let (nq, nk) = (nkv * group * hd, nkv * hd);
+                    let total = 37;
+                    let (q, k, v) = (rnd(total * nq), rnd(total * nk), rnd(total * nk));
+                    // Each head alone, from its own widened keys and values.
+                    let mut want = vec![0f32; total * nq];
+                    let lo = |pos: usize| window.map(|w| (pos + 1).saturating_sub(w)).unwrap_or(0);
+                    for pos in 0..total {
+                        for h in 0..nkv * group {
+                            let kh = h / group;
+                            let l = lo(pos);
+                            let len = pos + 1 - l;
+                            let stride = len.div_ceil(16) * 16 + 16;
+                            let mut kt = vec![0f32; hd * stride];
+                            let mut vr = vec![0f32; len * hd];
+                            for p in 0..len {
+                                for d in 0..hd {
+                                    kt[d * stride + p] = k[(l + p) * nk + kh * hd + d];
+                                    vr[p * hd + d] = v[(l + p) * nk + kh * hd + d];
+                                }
+                            }
+                            let qh = &q[pos * nq + h * hd..pos * nq + (h + 1) * hd];
+                            let mut sc = vec![0f32; len];
+                            scores_t_portable(qh, &kt, stride, 0.35, &mut sc);
+                            softmax(&mut sc);
+                            weighted_rows_portable(
+                                &sc,
+                                &vr,
+                                &mut want[pos * nq + h * hd..pos * nq + (h + 1) * hd],
+                            );
+                        }
+                    }
+                    for spans in [
+                        vec![(0usize, total)],
+                        vec![(0, 5), (5, 6), (6, total)],
+                        (0..total).map(|t| (t, t + 1)).collect::<Vec<_>>(),
+                    ] {
+                        let mut kc = vec![0f32; 2 * nkv * nctx * hd];
+                        let mut vc = vec![0f32; 2 * nkv * nctx * hd];
+                        let mut got = vec![0f32; total * nq];
+                        for (a, b) in spans.iter().copied() {
+                            let sh = AttnShape {
+                                layer_base: nkv * nctx * hd,
+                                nctx,
+                                hd,
+                                group,
+                                start: a,
+                                window,
+                                kq_scale: 0.35,
+                            };
+                            attend(
+                                &mut kc,
+                                &mut vc,
+                                b - a,
+                                &q[a * nq..b * nq],
+                                &k[a * nk..b * nk],
+                                &v[a * nk..b * nk],
+                                &mut got[a * nq..b * nq],
+                                &sh,
+                            );
+                        }
+                        assert_eq!(
+                            bits(&got),
+                            bits(&want),
+                            "hd {hd} nkv {nkv} group {group} window {window:?} spans {}",
+                            spans.len()
+                        );
+                    }
+                }
+            }
         }
     }
 }

@@ -975,12 +975,11 @@ fn matvec_prepared(
     y: &mut [f32],
 ) {
     debug_assert_eq!(x.len(), cols);
-    debug_assert!(matches!(
-        (prep_key(kernel, &w, cols), a),
-        (PrepKey::F32, Prepared::F32)
-            | (PrepKey::Q(_), Prepared::Q(_))
-            | (PrepKey::Ternary, Prepared::Ternary(..))
-    ));
+    debug_assert!(match (prep_key(kernel, &w, cols), a) {
+        (PrepKey::F32, Prepared::F32) | (PrepKey::Ternary, Prepared::Ternary(..)) => true,
+        (PrepKey::Q(block), Prepared::Q(q)) => q.block == block,
+        _ => false,
+    });
     let isa = q8::detect();
     y.par_chunks_mut(ROWS_PER_TASK)
         .enumerate()
@@ -1419,7 +1418,7 @@ mod tests {
             q.iter()
                 .map(|(ty, b)| WeightData::Gguf { ty: *ty, bytes: b }),
         );
-        for n in [2usize, 5, 16, 17, 33] {
+        for n in [1usize, 2, 5, 16, 17, 33] {
             let xs: Vec<f32> = (0..n * cols)
                 .map(|i| {
                     if i % 300 < 8 {
@@ -1429,6 +1428,31 @@ mod tests {
                     }
                 })
                 .collect();
+            // One SharedActs across every encoding (both orders, so each cache entry is
+            // made by one weight and reused by another), against matvec_with.
+            for kernel in [Kernel::F32, Kernel::Int8] {
+                for rev in [false, true] {
+                    let mut acts = SharedActs::new(&xs, cols);
+                    let order: Vec<&WeightData> = if rev {
+                        ws.iter().rev().collect()
+                    } else {
+                        ws.iter().collect()
+                    };
+                    for w in order {
+                        let mut y = vec![0f32; n * rows];
+                        matmul_shared(kernel, *w, &mut y, &mut acts);
+                        for (i, x) in xs.chunks_exact(cols).enumerate() {
+                            let mut want = vec![0f32; rows];
+                            matvec_with(kernel, *w, cols, x, &mut want);
+                            assert_eq!(
+                                bits_of(&y[i * rows..(i + 1) * rows]),
+                                bits_of(&want),
+                                "shared {kernel:?} cols {cols} n {n} rev {rev}"
+                            );
+                        }
+                    }
+                }
+            }
             for w in &ws {
                 for kernel in [Kernel::F32, Kernel::Int8] {
                     let mut y = vec![0f32; n * rows];
