@@ -632,6 +632,37 @@ mod x86 {
         }
     }
 
+    /// The f32 terms of eight 32-element blocks ([`term32`]'s, lane j block j): their exact
+    /// sums `v` reduced into one vector, f16 scales `dw` (and mins `mw`), the activations'
+    /// scales `da` and sums `asum`.
+    #[inline(always)]
+    unsafe fn terms8(
+        ty: GgmlType,
+        v: &[__m256i; 8],
+        dw: &[u16; 8],
+        mw: &[u16; 8],
+        da: __m256,
+        asum: __m256i,
+    ) -> __m256 {
+        let mut isum = hsum8(v);
+        if ty == GgmlType::Q4_0 {
+            isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(asum, 3));
+        }
+        if ty == GgmlType::Q5_0 {
+            isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(asum, 4));
+        }
+        let dwv = _mm256_cvtph_ps(_mm_loadu_si128(dw.as_ptr() as *const __m128i));
+        let mut t = _mm256_mul_ps(_mm256_mul_ps(dwv, da), _mm256_cvtepi32_ps(isum));
+        if ty == GgmlType::Q4_1 || ty == GgmlType::Q5_1 {
+            let mwv = _mm256_cvtph_ps(_mm_loadu_si128(mw.as_ptr() as *const __m128i));
+            t = _mm256_add_ps(
+                t,
+                _mm256_mul_ps(_mm256_mul_ps(mwv, da), _mm256_cvtepi32_ps(asum)),
+            );
+        }
+        t
+    }
+
     /// Rows of a 32-element-block type: eight blocks at a time, their exact sums reduced into
     /// one vector, the terms computed as eight lanes (lane j holds block 8i + j).
     #[inline(always)]
@@ -660,33 +691,42 @@ mod x86 {
                     dw[j] = u16::from_le_bytes([blk[0], blk[1]]);
                     mw[j] = u16::from_le_bytes([blk[2], blk[3]]);
                 }
-                let mut isum = hsum8(&v);
                 let da = _mm256_loadu_ps(a.d.as_ptr().add(b));
                 let asum = _mm256_loadu_si256(a.sum.as_ptr().add(b) as *const __m256i);
-                if ty == GgmlType::Q4_0 {
-                    isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(asum, 3));
-                }
-                if ty == GgmlType::Q5_0 {
-                    isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(asum, 4));
-                }
-                let dwv = _mm256_cvtph_ps(_mm_loadu_si128(dw.as_ptr() as *const __m128i));
-                let mut t = _mm256_mul_ps(_mm256_mul_ps(dwv, da), _mm256_cvtepi32_ps(isum));
-                if ty == GgmlType::Q4_1 || ty == GgmlType::Q5_1 {
-                    let mwv = _mm256_cvtph_ps(_mm_loadu_si128(mw.as_ptr() as *const __m128i));
-                    t = _mm256_add_ps(
-                        t,
-                        _mm256_mul_ps(_mm256_mul_ps(mwv, da), _mm256_cvtepi32_ps(asum)),
-                    );
-                }
-                acc = _mm256_add_ps(acc, t);
+                acc = _mm256_add_ps(acc, terms8(ty, &v, &dw, &mw, da, asum));
                 b += 8;
+            }
+            if nb > n8 {
+                // The last `nb % 8` blocks (4 of a 896-wide row's 28) the same way, into
+                // their lanes only: the other lanes keep their bits (adding a zero term
+                // would turn a -0.0 into +0.0).
+                let rem = nb - n8;
+                let mut v = [_mm256_setzero_si256(); 8];
+                let (mut dw, mut mw) = ([0u16; 8], [0u16; 8]);
+                let (mut da, mut asum) = ([0f32; 8], [0i32; 8]);
+                for j in 0..rem {
+                    let blk = &row[(n8 + j) * ts..(n8 + j + 1) * ts];
+                    v[j] = block32::<VNNI>(ty, blk, a, n8 + j);
+                    dw[j] = u16::from_le_bytes([blk[0], blk[1]]);
+                    mw[j] = u16::from_le_bytes([blk[2], blk[3]]);
+                    da[j] = a.d[n8 + j];
+                    asum[j] = a.sum[n8 + j];
+                }
+                let t = terms8(
+                    ty,
+                    &v,
+                    &dw,
+                    &mw,
+                    _mm256_loadu_ps(da.as_ptr()),
+                    _mm256_loadu_si256(asum.as_ptr() as *const __m256i),
+                );
+                let lane = _mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0);
+                let real =
+                    _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(rem as i32), lane));
+                acc = _mm256_blendv_ps(acc, _mm256_add_ps(acc, t), real);
             }
             let mut l = [0f32; 8];
             _mm256_storeu_ps(l.as_mut_ptr(), acc);
-            for bt in n8..nb {
-                let blk = &row[bt * ts..(bt + 1) * ts];
-                l[bt % 8] += term32(ty, blk, a, bt, hsum_i32(block32::<VNNI>(ty, blk, a, bt)));
-            }
             *y = lanes_sum(&l);
         }
     }
@@ -1852,70 +1892,77 @@ mod tests {
             GgmlType::Q6_K,
         ] {
             let block = act_block(ty).unwrap();
-            // 576 = 18 blocks of 32 (a tail after the 8-block groups); 1280 = 5 super-blocks.
-            let cols = if block == 32 { 576 } else { 1280 };
-            let rows = 21;
-            let rb = ty.bytes_for(cols as u64).unwrap() as usize;
-            let bytes = random_blocks(ty, rows * rb / ty.type_size(), &mut seed);
-            let x = activations(cols, &mut seed);
-            let a = quantize(&x, block);
-            let mut want = vec![0f32; rows];
-            gguf_rows(Isa::Portable, ty, &bytes, rb, &a, &mut want, 0);
-            for isa in isas() {
-                let mut y = vec![0f32; rows];
-                gguf_rows(isa, ty, &bytes, rb, &a, &mut y[3..], 3);
-                gguf_rows(isa, ty, &bytes, rb, &a, &mut y[..3], 0);
-                for (r, (p, q)) in y.iter().zip(&want).enumerate() {
-                    assert_eq!(p.to_bits(), q.to_bits(), "{ty} {isa:?} row {r}: {p} vs {q}");
+            // 576 = 18 blocks of 32 (a tail of 2 after the 8-block groups), 224 (7: only a
+            // tail), 896 (28: Qwen2.5's rows), 992 (31); 1280 = 5 super-blocks.
+            let widths: &[usize] = if block == 32 {
+                &[576, 224, 896, 992]
+            } else {
+                &[1280]
+            };
+            for &cols in widths {
+                let rows = 21;
+                let rb = ty.bytes_for(cols as u64).unwrap() as usize;
+                let bytes = random_blocks(ty, rows * rb / ty.type_size(), &mut seed);
+                let x = activations(cols, &mut seed);
+                let a = quantize(&x, block);
+                let mut want = vec![0f32; rows];
+                gguf_rows(Isa::Portable, ty, &bytes, rb, &a, &mut want, 0);
+                for isa in isas() {
+                    let mut y = vec![0f32; rows];
+                    gguf_rows(isa, ty, &bytes, rb, &a, &mut y[3..], 3);
+                    gguf_rows(isa, ty, &bytes, rb, &a, &mut y[..3], 0);
+                    for (r, (p, q)) in y.iter().zip(&want).enumerate() {
+                        assert_eq!(p.to_bits(), q.to_bits(), "{ty} {isa:?} row {r}: {p} vs {q}");
+                    }
                 }
-            }
-            // The definition: the dequantized weights times the quantized activations, in f64.
-            let mut w = vec![0f32; cols];
-            for (r, y) in want.iter().enumerate() {
-                crate::quant::dequantize(ty, &bytes[r * rb..(r + 1) * rb], &mut w).unwrap();
-                let exact: f64 = w
-                    .iter()
-                    .enumerate()
-                    .map(|(k, wk)| *wk as f64 * a.d[k / block] as f64 * a.q[k] as f64)
-                    .sum();
-                let scale: f64 = w
-                    .iter()
-                    .enumerate()
-                    .map(|(k, wk)| (*wk as f64 * a.d[k / block] as f64 * a.q[k] as f64).abs())
-                    .sum();
-                assert!(
-                    (*y as f64 - exact).abs() <= 1e-5 * (1.0 + scale),
-                    "{ty} row {r}: {y} vs {exact}"
+                // The definition: the dequantized weights times the quantized activations, in f64.
+                let mut w = vec![0f32; cols];
+                for (r, y) in want.iter().enumerate() {
+                    crate::quant::dequantize(ty, &bytes[r * rb..(r + 1) * rb], &mut w).unwrap();
+                    let exact: f64 = w
+                        .iter()
+                        .enumerate()
+                        .map(|(k, wk)| *wk as f64 * a.d[k / block] as f64 * a.q[k] as f64)
+                        .sum();
+                    let scale: f64 = w
+                        .iter()
+                        .enumerate()
+                        .map(|(k, wk)| (*wk as f64 * a.d[k / block] as f64 * a.q[k] as f64).abs())
+                        .sum();
+                    assert!(
+                        (*y as f64 - exact).abs() <= 1e-5 * (1.0 + scale),
+                        "{ty} row {r}: {y} vs {exact}"
+                    );
+                }
+                // And the f32-activation kernel within the activation rounding.
+                let mut yf = vec![0f32; rows];
+                matvec::matvec(WeightData::Gguf { ty, bytes: &bytes }, cols, &x, &mut yf);
+                let mut yi = vec![0f32; rows];
+                matvec::matvec_with(
+                    Kernel::Int8,
+                    WeightData::Gguf { ty, bytes: &bytes },
+                    cols,
+                    &x,
+                    &mut yi,
                 );
-            }
-            // And the f32-activation kernel within the activation rounding.
-            let mut yf = vec![0f32; rows];
-            matvec::matvec(WeightData::Gguf { ty, bytes: &bytes }, cols, &x, &mut yf);
-            let mut yi = vec![0f32; rows];
-            matvec::matvec_with(
-                Kernel::Int8,
-                WeightData::Gguf { ty, bytes: &bytes },
-                cols,
-                &x,
-                &mut yi,
-            );
-            assert_eq!(
-                yi.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                "{ty}: matvec_with(Int8) takes the integer kernel"
-            );
-            // |sum w (x - d q)| <= sum |w| d / 2: the activation rounding bounds the difference.
-            for (r, (p, q)) in yi.iter().zip(&yf).enumerate() {
-                crate::quant::dequantize(ty, &bytes[r * rb..(r + 1) * rb], &mut w).unwrap();
-                let bound: f64 = w
-                    .iter()
-                    .enumerate()
-                    .map(|(k, wk)| (*wk as f64).abs() * a.d[k / block] as f64 / 2.0)
-                    .sum();
-                assert!(
-                    ((p - q).abs() as f64) <= bound * 1.001 + 1e-5,
-                    "{ty} row {r}: {p} vs f32 {q} (bound {bound})"
+                assert_eq!(
+                    yi.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{ty}: matvec_with(Int8) takes the integer kernel"
                 );
+                // |sum w (x - d q)| <= sum |w| d / 2: the activation rounding bounds the difference.
+                for (r, (p, q)) in yi.iter().zip(&yf).enumerate() {
+                    crate::quant::dequantize(ty, &bytes[r * rb..(r + 1) * rb], &mut w).unwrap();
+                    let bound: f64 = w
+                        .iter()
+                        .enumerate()
+                        .map(|(k, wk)| (*wk as f64).abs() * a.d[k / block] as f64 / 2.0)
+                        .sum();
+                    assert!(
+                        ((p - q).abs() as f64) <= bound * 1.001 + 1e-5,
+                        "{ty} row {r}: {p} vs f32 {q} (bound {bound})"
+                    );
+                }
             }
         }
     }
