@@ -199,51 +199,37 @@ fn attn_avx512() -> bool {
     false
 }
 
-/// [`scores_t_portable`]'s values (same bits), 16 positions a vector where AVX-512 runs;
-/// `kt` then holds `scores.len()` rounded up to a multiple of 16 positions in each row.
-fn scores_t(q: &[f32], kt: &[f32], stride: usize, kq_scale: f32, scores: &mut [f32]) {
+/// [`scores_t_portable`] for `H` queries over the same keys, each with its bits: 16
+/// positions a vector and each key vector loaded once for all `H` where AVX-512 runs (`kt`
+/// then holds the scores' length rounded up to a multiple of 16 positions in each row).
+fn scores_t<const H: usize>(
+    q: [&[f32]; H],
+    kt: &[f32],
+    stride: usize,
+    kq_scale: f32,
+    scores: [&mut [f32]; H],
+) {
     #[cfg(target_arch = "x86_64")]
     if attn_avx512() {
         // SAFETY: AVX-512F is present (attn_avx512); the lengths are checked inside.
         return unsafe { attn512::scores_t(q, kt, stride, kq_scale, scores) };
     }
-    scores_t_portable(q, kt, stride, kq_scale, scores)
-}
-
-/// [`scores_t`] for two queries over the same keys: each the bits of [`scores_t`], each key
-/// load shared by both where AVX-512 runs.
-fn scores_t2(q: [&[f32]; 2], kt: &[f32], stride: usize, kq_scale: f32, scores: [&mut [f32]; 2]) {
-    #[cfg(target_arch = "x86_64")]
-    if attn_avx512() {
-        // SAFETY: AVX-512F is present (attn_avx512); the lengths are checked inside.
-        return unsafe { attn512::scores_t2(q, kt, stride, kq_scale, scores) };
+    for (q, s) in q.into_iter().zip(scores) {
+        scores_t_portable(q, kt, stride, kq_scale, s);
     }
-    let [s0, s1] = scores;
-    scores_t_portable(q[0], kt, stride, kq_scale, s0);
-    scores_t_portable(q[1], kt, stride, kq_scale, s1);
 }
 
-/// [`weighted_rows`] for two weightings of the same rows: each the bits of
-/// [`weighted_rows`], each row load shared by both where AVX-512 runs.
-fn weighted_rows2(w: [&[f32]; 2], v: &[f32], out: [&mut [f32]; 2]) {
-    #[cfg(target_arch = "x86_64")]
-    if attn_avx512() {
-        // SAFETY: AVX-512F is present (attn_avx512); the lengths are checked inside.
-        return unsafe { attn512::weighted_rows2(w, v, out) };
-    }
-    let [o0, o1] = out;
-    weighted_rows_portable(w[0], v, o0);
-    weighted_rows_portable(w[1], v, o1);
-}
-
-/// [`weighted_rows_portable`]'s values (same bits), 128 values a pass where AVX-512 runs.
-fn weighted_rows(w: &[f32], v: &[f32], out: &mut [f32]) {
+/// [`weighted_rows_portable`] for `H` weightings of the same rows, each with its bits: 128
+/// values a pass and each row loaded once for all `H` where AVX-512 runs.
+fn weighted_rows<const H: usize>(w: [&[f32]; H], v: &[f32], out: [&mut [f32]; H]) {
     #[cfg(target_arch = "x86_64")]
     if attn_avx512() {
         // SAFETY: AVX-512F is present (attn_avx512); the lengths are checked inside.
         return unsafe { attn512::weighted_rows(w, v, out) };
     }
-    weighted_rows_portable(w, v, out)
+    for (w, o) in w.into_iter().zip(out) {
+        weighted_rows_portable(w, v, o);
+    }
 }
 
 /// The attention's two products on 512-bit vectors, each value's terms and their order the
@@ -252,136 +238,30 @@ fn weighted_rows(w: &[f32], v: &[f32], out: &mut [f32]) {
 mod attn512 {
     use std::arch::x86_64::*;
 
-    /// [`super::scores_t_portable`] with the positions 16 to a vector: lane `j` of
-    /// accumulator `l` is position `p0 + j`'s lane `l` (elements `i` with `i % 8 == l`).
+    /// [`super::scores_t_portable`] for `H` queries of the same length over the same keys,
+    /// with the positions 16 to a vector and each key vector loaded once for all `H`: lane
+    /// `j` of accumulator `l` of query `h` is position `p0 + j`'s lane `l` (elements `i` with
+    /// `i % 8 == l`), each query's terms and order as there.
     ///
     /// # Safety
-    /// AVX-512F is present. Panics unless `kt` holds `q.len()` rows of `stride` values with
-    /// `scores.len()` rounded up to 16 positions in each.
+    /// AVX-512F is present. Panics unless the queries share a length, the score slices a
+    /// length `n`, and `kt` holds `q.len()` rows of `stride` values with `n` rounded up to 16
+    /// positions in each.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn scores_t(
-        q: &[f32],
+    pub unsafe fn scores_t<const H: usize>(
+        q: [&[f32]; H],
         kt: &[f32],
         stride: usize,
         kq_scale: f32,
-        scores: &mut [f32],
+        scores: [&mut [f32]; H],
     ) {
-        let (hd, n) = (q.len(), scores.len());
-        let span = n.div_ceil(16) * 16;
-        if hd == 0 || n == 0 {
-            scores.fill(0.0);
-            return;
-        }
+        let (hd, n) = (q[0].len(), scores[0].len());
         assert!(
-            span <= stride && kt.len() >= (hd - 1) * stride + span,
-            "kt too short"
+            q.iter().all(|q| q.len() == hd) && scores.iter().all(|s| s.len() == n),
+            "heads of one shape"
         );
-        let (kp, n8) = (kt.as_ptr(), hd / 8 * 8);
-        let scale = _mm512_set1_ps(kq_scale);
-        for p0 in (0..n).step_by(16) {
-            let mut acc = [_mm512_setzero_ps(); 8];
-            for c in (0..n8).step_by(8) {
-                for (l, a) in acc.iter_mut().enumerate() {
-                    let i = c + l;
-                    // SAFETY: i < hd and p0 + 16 <= span (asserted above).
-                    let k = _mm512_loadu_ps(kp.add(i * stride + p0));
-                    *a = _mm512_add_ps(*a, _mm512_mul_ps(_mm512_set1_ps(q[i]), k));
-                }
-            }
-            for (l, &qi) in q[n8..].iter().enumerate() {
-                // SAFETY: as above.
-                let k = _mm512_loadu_ps(kp.add((n8 + l) * stride + p0));
-                acc[l] = _mm512_add_ps(acc[l], _mm512_mul_ps(_mm512_set1_ps(qi), k));
-            }
-            let y = _mm512_add_ps(
-                _mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6])),
-                _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7])),
-            );
-            let y = _mm512_mul_ps(y, scale);
-            let m = (n - p0).min(16);
-            let mut out = [0f32; 16];
-            _mm512_storeu_ps(out.as_mut_ptr(), y);
-            scores[p0..p0 + m].copy_from_slice(&out[..m]);
-        }
-    }
-
-    /// [`super::weighted_rows_portable`] with 128 values (eight 512-bit accumulators) a pass,
-    /// then 16, then one by one: each value's terms in position order from 0, as there.
-    ///
-    /// # Safety
-    /// AVX-512F is present. Panics unless `v` holds `w.len()` rows of `out.len()` values.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn weighted_rows(w: &[f32], v: &[f32], out: &mut [f32]) {
-        let hd = out.len();
-        assert!(v.len() >= w.len() * hd, "v too short");
-        let vp = v.as_ptr();
-        let mut d = 0;
-        while d + 128 <= hd {
-            let mut acc = [_mm512_setzero_ps(); 8];
-            for (p, &wp) in w.iter().enumerate() {
-                let b = _mm512_set1_ps(wp);
-                for (j, a) in acc.iter_mut().enumerate() {
-                    // SAFETY: p * hd + d + 128 <= w.len() * hd <= v.len() (asserted).
-                    let x = _mm512_loadu_ps(vp.add(p * hd + d + 16 * j));
-                    *a = _mm512_add_ps(*a, _mm512_mul_ps(b, x));
-                }
-            }
-            for (j, a) in acc.iter().enumerate() {
-                _mm512_storeu_ps(out[d + 16 * j..d + 16 * j + 16].as_mut_ptr(), *a);
-            }
-            d += 128;
-        }
-        while d + 16 <= hd {
-            let mut a = _mm512_setzero_ps();
-            for (p, &wp) in w.iter().enumerate() {
-                // SAFETY: as above.
-                let x = _mm512_loadu_ps(vp.add(p * hd + d));
-                a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_set1_ps(wp), x));
-            }
-            _mm512_storeu_ps(out[d..d + 16].as_mut_ptr(), a);
-            d += 16;
-        }
-        for (j, o) in out.iter_mut().enumerate().skip(d) {
-            let mut a = 0f32;
-            for (p, &wp) in w.iter().enumerate() {
-                a += wp * v[p * hd + j];
-            }
-            *o = a;
-        }
-    }
-
-    /// The lanes of [`scores_t`] summed as there and scaled, `m` positions stored.
-    #[inline(always)]
-    unsafe fn store_scores(acc: &[__m512; 8], scale: __m512, out: &mut [f32]) {
-        let y = _mm512_add_ps(
-            _mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6])),
-            _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7])),
-        );
-        let mut v = [0f32; 16];
-        _mm512_storeu_ps(v.as_mut_ptr(), _mm512_mul_ps(y, scale));
-        let m = out.len();
-        out.copy_from_slice(&v[..m]);
-    }
-
-    /// [`scores_t`] for two queries of the same length over the same keys, each key vector
-    /// loaded once for both; each query's terms and order as there.
-    ///
-    /// # Safety
-    /// As [`scores_t`]; both score slices have the same length.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn scores_t2(
-        q: [&[f32]; 2],
-        kt: &[f32],
-        stride: usize,
-        kq_scale: f32,
-        scores: [&mut [f32]; 2],
-    ) {
-        let [s0, s1] = scores;
-        let (hd, n) = (q[0].len(), s0.len());
-        assert!(q[1].len() == hd && s1.len() == n, "two heads of one shape");
         if hd == 0 || n == 0 {
-            s0.fill(0.0);
-            s1.fill(0.0);
+            scores.into_iter().for_each(|s| s.fill(0.0));
             return;
         }
         let span = n.div_ceil(16) * 16;
@@ -391,8 +271,9 @@ mod attn512 {
         );
         let (kp, n8) = (kt.as_ptr(), hd / 8 * 8);
         let scale = _mm512_set1_ps(kq_scale);
+        let mut scores = scores;
         for p0 in (0..n).step_by(16) {
-            let mut acc = [[_mm512_setzero_ps(); 8]; 2];
+            let mut acc = [[_mm512_setzero_ps(); 8]; H];
             for c in (0..n8).step_by(8) {
                 for l in 0..8 {
                     let i = c + l;
@@ -411,28 +292,35 @@ mod attn512 {
                 }
             }
             let m = (n - p0).min(16);
-            store_scores(&acc[0], scale, &mut s0[p0..p0 + m]);
-            store_scores(&acc[1], scale, &mut s1[p0..p0 + m]);
+            for (a, s) in acc.iter().zip(scores.iter_mut()) {
+                let y = _mm512_add_ps(
+                    _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                    _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])),
+                );
+                let mut v = [0f32; 16];
+                _mm512_storeu_ps(v.as_mut_ptr(), _mm512_mul_ps(y, scale));
+                s[p0..p0 + m].copy_from_slice(&v[..m]);
+            }
         }
     }
 
-    /// `C` 16-value columns from `d` of [`weighted_rows`] for two weightings, each row load
-    /// shared by both.
+    /// `C` 16-value columns from `d` of [`weighted_rows`] for `H` weightings, each row load
+    /// shared by all.
     #[inline(always)]
     #[allow(clippy::needless_range_loop)]
-    unsafe fn weighted_pass2<const C: usize>(
-        w: [&[f32]; 2],
+    unsafe fn weighted_pass<const H: usize, const C: usize>(
+        w: [&[f32]; H],
         vp: *const f32,
         hd: usize,
         d: usize,
-        out: &mut [&mut [f32]; 2],
+        out: &mut [&mut [f32]; H],
     ) {
-        let mut acc = [[_mm512_setzero_ps(); C]; 2];
-        for (p, (&w0, &w1)) in w[0].iter().zip(w[1]).enumerate() {
-            let b = [_mm512_set1_ps(w0), _mm512_set1_ps(w1)];
+        let mut acc = [[_mm512_setzero_ps(); C]; H];
+        for p in 0..w[0].len() {
+            let b = w.map(|wh| _mm512_set1_ps(wh[p]));
             for j in 0..C {
                 let x = _mm512_loadu_ps(vp.add(p * hd + d + 16 * j));
-                for h in 0..2 {
+                for h in 0..H {
                     acc[h][j] = _mm512_add_ps(acc[h][j], _mm512_mul_ps(b[h], x));
                 }
             }
@@ -444,30 +332,32 @@ mod attn512 {
         }
     }
 
-    /// [`weighted_rows`] for two weightings of the same rows (128 values a pass, then 16,
-    /// then one by one), each value's terms and order as there.
+    /// [`super::weighted_rows_portable`] for `H` weightings of the same rows, 128 values
+    /// (eight 512-bit accumulators a weighting) a pass, then 16, then one by one, each row
+    /// load shared by all: each value's terms in position order from 0, as there.
     ///
     /// # Safety
-    /// As [`weighted_rows`]; both weightings and both outputs have the same lengths.
+    /// AVX-512F is present. Panics unless the weightings share a length, the outputs a length
+    /// `hd`, and `v` holds `w.len()` rows of `hd` values.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn weighted_rows2(w: [&[f32]; 2], v: &[f32], out: [&mut [f32]; 2]) {
+    pub unsafe fn weighted_rows<const H: usize>(w: [&[f32]; H], v: &[f32], out: [&mut [f32]; H]) {
         let mut out = out;
-        let hd = out[0].len();
+        let (np, hd) = (w[0].len(), out[0].len());
         assert!(
-            w[1].len() == w[0].len() && out[1].len() == hd,
-            "two heads of one shape"
+            w.iter().all(|w| w.len() == np) && out.iter().all(|o| o.len() == hd),
+            "heads of one shape"
         );
-        assert!(v.len() >= w[0].len() * hd, "v too short");
+        assert!(v.len() >= np * hd, "v too short");
         let vp = v.as_ptr();
         let mut d = 0;
         while d + 128 <= hd {
-            // SAFETY: rows p < w.len() hold hd values, d + 128 <= hd (asserted).
-            weighted_pass2::<8>(w, vp, hd, d, &mut out);
+            // SAFETY: rows p < np hold hd values, d + 128 <= hd (asserted).
+            weighted_pass::<H, 8>(w, vp, hd, d, &mut out);
             d += 128;
         }
         while d + 16 <= hd {
             // SAFETY: as above, d + 16 <= hd.
-            weighted_pass2::<1>(w, vp, hd, d, &mut out);
+            weighted_pass::<H, 1>(w, vp, hd, d, &mut out);
             d += 16;
         }
         for (wh, o) in w.iter().zip(out.iter_mut()) {
@@ -507,16 +397,16 @@ fn attend_heads(
     let [s0, s1] = scores;
     match (q, &mut *out) {
         ([q0, q1], [o0, o1]) => {
-            scores_t2([q0, q1], kt, stride, kq_scale, [s0, s1]);
+            scores_t([q0, q1], kt, stride, kq_scale, [s0, s1]);
             softmax(s0);
             softmax(s1);
-            weighted_rows2([s0, s1], v, [o0, o1]);
+            weighted_rows([s0, s1], v, [o0, o1]);
         }
         _ => {
             for (q, o) in q.iter().zip(out.iter_mut()) {
-                scores_t(q, kt, stride, kq_scale, s0);
+                scores_t([q], kt, stride, kq_scale, [s0]);
                 softmax(s0);
-                weighted_rows(s0, v, o);
+                weighted_rows([s0], v, [o]);
             }
         }
     }
@@ -748,6 +638,11 @@ pub fn geglu_slice(g: &mut [f32], u: &[f32], table: &[u16]) {
         // SAFETY: AVX2 and F16C are present (checked above); lengths asserted above.
         return unsafe { geglu_f16c(g, u, table) };
     }
+    geglu_each(g, u, table)
+}
+
+/// [`geglu`] value by value.
+fn geglu_each(g: &mut [f32], u: &[f32], table: &[u16]) {
     for (gi, ui) in g.iter_mut().zip(u) {
         *gi = geglu(*gi, *ui, table);
     }
@@ -766,9 +661,7 @@ unsafe fn geglu_f16c(g: &mut [f32], u: &[f32], table: &[u16]) {
         let x = _mm256_loadu_ps(g[i..i + 8].as_ptr());
         let w = _mm256_loadu_ps(u[i..i + 8].as_ptr());
         if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x)) != 0 {
-            for (gi, ui) in g[i..i + 8].iter_mut().zip(&u[i..i + 8]) {
-                *gi = geglu(*gi, *ui, table);
-            }
+            geglu_each(&mut g[i..i + 8], &u[i..i + 8], table);
             continue;
         }
         let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
@@ -790,9 +683,7 @@ unsafe fn geglu_f16c(g: &mut [f32], u: &[f32], table: &[u16]) {
         );
         _mm256_storeu_ps(g[i..i + 8].as_mut_ptr(), r);
     }
-    for (gi, ui) in g[n8..].iter_mut().zip(&u[n8..]) {
-        *gi = geglu(*gi, *ui, table);
-    }
+    geglu_each(&mut g[n8..], &u[n8..], table)
 }
 
 /// Elements of K (and of V) in the KV cache, `n_layer * n_head_kv * n_ctx * head_dim`, when
@@ -1396,6 +1287,20 @@ impl Backend for CpuBackend {
 mod tests {
     use super::*;
 
+    /// `n` values in [-2, 2) from a linear congruential generator at `seed`.
+    fn lcg_values(seed: &mut u32, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (*seed >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
     /// The attention's AVX-512 products (one head, and two at once) give the portable forms'
     /// bits, at head sizes that leave partial 8-element lanes, 16-value passes and scalar
     /// tails, and position counts that leave partial 16-position vectors.
@@ -1408,15 +1313,7 @@ mod tests {
                 return;
             }
             let mut seed = 11u32;
-            let mut rnd = |n: usize| -> Vec<f32> {
-                (0..n)
-                    .map(|_| {
-                        seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                        (seed >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
-                    })
-                    .collect()
-            };
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let mut rnd = |n: usize| lcg_values(&mut seed, n);
             for hd in [5, 8, 13, 64, 80, 128, 144, 256] {
                 for n in [1usize, 7, 16, 17, 40, 129] {
                     let stride = n.div_ceil(16) * 16 + 16;
@@ -1424,19 +1321,19 @@ mod tests {
                     let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
                     scores_t_portable(&q, &kt, stride, 0.3, &mut want);
                     // SAFETY: AVX-512F checked above; kt holds hd rows of stride values.
-                    unsafe { attn512::scores_t(&q, &kt, stride, 0.3, &mut got) };
+                    unsafe { attn512::scores_t([&q], &kt, stride, 0.3, [&mut got]) };
                     assert_eq!(bits(&got), bits(&want), "scores hd {hd} n {n}");
                     let (w, v) = (rnd(n), rnd(n * hd));
                     let (mut want, mut got) = (vec![0f32; hd], vec![0f32; hd]);
                     weighted_rows_portable(&w, &v, &mut want);
                     // SAFETY: AVX-512F checked above; v holds n rows of hd values.
-                    unsafe { attn512::weighted_rows(&w, &v, &mut got) };
+                    unsafe { attn512::weighted_rows([&w], &v, [&mut got]) };
                     assert_eq!(bits(&got), bits(&want), "weighted rows hd {hd} n {n}");
                     // Two heads at once: each the bits of the portable form alone.
                     let (q1, w1) = (rnd(hd), rnd(n));
                     let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
                     // SAFETY: AVX-512F checked above; kt holds hd rows of stride values.
-                    unsafe { attn512::scores_t2([&q, &q1], &kt, stride, 0.3, [&mut a, &mut b]) };
+                    unsafe { attn512::scores_t([&q, &q1], &kt, stride, 0.3, [&mut a, &mut b]) };
                     let mut want1 = vec![0f32; n];
                     scores_t_portable(&q1, &kt, stride, 0.3, &mut want1);
                     let mut want0 = vec![0f32; n];
@@ -1445,7 +1342,7 @@ mod tests {
                     assert_eq!(bits(&b), bits(&want1), "scores pair hd {hd} n {n}");
                     let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
                     // SAFETY: AVX-512F checked above; v holds n rows of hd values.
-                    unsafe { attn512::weighted_rows2([&w, &w1], &v, [&mut a, &mut b]) };
+                    unsafe { attn512::weighted_rows([&w, &w1], &v, [&mut a, &mut b]) };
                     let mut want1 = vec![0f32; hd];
                     weighted_rows_portable(&w1, &v, &mut want1);
                     assert_eq!(bits(&a), bits(&want), "weighted pair hd {hd} n {n}");
@@ -1466,14 +1363,7 @@ mod tests {
             let (nq, nk) = (nkv * group * hd, nkv * hd);
             let total = 40;
             let mut seed = 7u32;
-            let mut rnd = |n: usize| -> Vec<f32> {
-                (0..n)
-                    .map(|_| {
-                        seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                        (seed >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
-                    })
-                    .collect()
-            };
+            let mut rnd = |n: usize| lcg_values(&mut seed, n);
             let (q, k, v) = (rnd(total * nq), rnd(total * nk), rnd(total * nk));
             let sh = |start| AttnShape {
                 layer_base: nkv * nctx * hd, // the second of two layers
@@ -1522,7 +1412,6 @@ mod tests {
                     &sh(a),
                 );
             }
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "window {window:?}");
             assert!(want.iter().all(|x| x.is_finite()));
         }
@@ -1605,15 +1494,7 @@ mod tests {
     #[test]
     fn attend_gives_each_head_the_bits_of_the_portable_products_alone() {
         let mut seed = 5u32;
-        let mut rnd = |n: usize| -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                    (seed >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
-                })
-                .collect()
-        };
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let mut rnd = |n: usize| lcg_values(&mut seed, n);
         for hd in [5usize, 13, 16, 64, 80, 128, 144] {
             for (nkv, group) in [
                 (1usize, 1usize),
