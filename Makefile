@@ -32,7 +32,7 @@ OUT ?= $(LOWBIT_CACHE)/out
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: all demo test fetch requant-real eval-data eval-vectors bench-eval eval-table artifacts venv build hf-checkpoints hf-qwen2 bench bench-conversion bench-ternary bench-runtime bench-dequant bench-palette bench-palette-large bench-palette-8b bench-gpu refvectors golden llama ternary-real ternary-llama ternary-vectors minicpm8b
+.PHONY: all demo test test-aarch64 fetch requant-real eval-data eval-vectors bench-eval eval-table artifacts venv build hf-checkpoints hf-qwen2 bench bench-conversion bench-ternary bench-runtime bench-dequant bench-palette bench-palette-large bench-palette-8b bench-gpu refvectors golden llama ternary-real ternary-llama ternary-vectors minicpm8b
 
 all: build
 
@@ -211,6 +211,30 @@ test: fetch $(SMOLLM2_TQ2) $(SMOLLM2_Q4_0) $(SMOLLM2_Q8_0) hf-checkpoints eval-d
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	LOWBIT_REQUIRE_MODELS=1 LOWBIT_REQUIRE_GPU=1 cargo test --release
+	LOWBIT_REQUIRE_MODELS=1 $(MAKE) test-aarch64
+
+# The aarch64 build (phones, Apple silicon, ARM servers): clippy for that target, the
+# library's unit tests (among them the NEON and `sdot` int8 kernels against the portable
+# ones, bit for bit) under qemu's user-mode emulator, on its default CPU (with `dotprod`) and
+# on a Cortex-A53 (without), and tests/aarch64.rs: the aarch64 `convert` under qemu gives
+# this build's logits bit for bit and its greedy ids (the real models where fetched). Needs
+# rustup's aarch64-unknown-linux-gnu standard library (added here) and the Debian packages
+# gcc-aarch64-linux-gnu, libc6-dev-arm64-cross and qemu-user (.ci/run installs them).
+AARCH64 := aarch64-unknown-linux-gnu
+AARCH64_ENV := CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+	CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
+test-aarch64:
+	@command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null || { \
+		echo "test-aarch64: needs aarch64-linux-gnu-gcc and qemu-aarch64 (Debian packages gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)" >&2; exit 2; }
+	rustup target add $(AARCH64)
+	$(AARCH64_ENV) cargo clippy --target $(AARCH64) --all-targets -- -D warnings
+	$(AARCH64_ENV) CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" \
+		cargo test --release --target $(AARCH64) --lib
+	$(AARCH64_ENV) CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu cortex-a53 -L /usr/aarch64-linux-gnu" \
+		cargo test --release --target $(AARCH64) --lib
+	$(AARCH64_ENV) cargo build --release --target $(AARCH64) --bin convert
+	LOWBIT_REQUIRE_AARCH64=1 LOWBIT_AARCH64_CONVERT=$${CARGO_TARGET_DIR:-target}/$(AARCH64)/release/convert \
+		LOWBIT_AARCH64_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" cargo test --release --test aarch64
 
 # Regenerate the reference vectors from gguf-py (pinned in tests/ref/requirements.txt).
 refvectors: $(VENV)/.ok

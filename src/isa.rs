@@ -9,10 +9,15 @@ pub enum Isa {
     Avx2,
     /// AVX2 plus AVX-512 VNNI on 256-bit vectors (`vpdpbusd`).
     Avx512Vnni,
+    /// aarch64's NEON (every aarch64 CPU): int8 products by `smull` and `sadalp`.
+    Neon,
+    /// NEON with the `dotprod` extension (`sdot`; ARMv8.2-A and later, e.g. Apple M1 on).
+    NeonDot,
 }
 
-/// The best implementation this CPU runs. `LOWBIT_ISA=portable|avx2` caps it (for tests and
-/// comparisons); every choice gives the same bits.
+/// The best implementation this CPU runs. `LOWBIT_ISA=portable|avx2` (x86-64) or
+/// `portable|neon` (aarch64) caps it (for tests and comparisons); every choice gives the same
+/// bits.
 pub fn detect() -> Isa {
     static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
     *ISA.get_or_init(|| {
@@ -33,7 +38,19 @@ pub fn detect() -> Isa {
                 _ => {}
             }
         }
-        let _ = cap;
-        Isa::Portable
+        #[cfg(target_arch = "aarch64")]
+        {
+            return match cap.as_str() {
+                "portable" => Isa::Portable,
+                "neon" => Isa::Neon,
+                _ if std::arch::is_aarch64_feature_detected!("dotprod") => Isa::NeonDot,
+                _ => Isa::Neon,
+            };
+        }
+        #[allow(unreachable_code)]
+        {
+            let _ = cap;
+            Isa::Portable
+        }
     })
 }

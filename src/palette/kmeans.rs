@@ -130,6 +130,7 @@ impl Prefix {
 }
 
 /// The vector paths the solver may take (each gives the scalar path's bits, tested).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Simd {
     Scalar,
@@ -139,6 +140,7 @@ enum Simd {
 
 /// Detected once; `LOWBIT_ISA=portable` (the crate's one switch, see
 /// [`crate::isa::detect`]) keeps the scalar path, as on a CPU without AVX2.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn simd() -> Simd {
     static S: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
     *S.get_or_init(|| {
@@ -231,6 +233,7 @@ unsafe fn cost512(
 }
 
 /// Windows at least this wide (`hi - lo`) take [`best_start_avx512`].
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const AVX512_MIN_WIDTH: usize = 2;
 
 /// [`best_start_scalar`] eight `j` at a time, the last step masked (no scalar tail): each lane
@@ -354,6 +357,7 @@ unsafe fn best_start_avx2(
 const GROUP: usize = 8;
 
 /// AVX2 vectors (four rows each) per group.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const HALVES: usize = GROUP / 4;
 
 /// Independent row ranges of a Knuth layer, swept side by side (see [`knuth_segments`]).

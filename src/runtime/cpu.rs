@@ -186,6 +186,7 @@ crate::multiversion! {
 /// Whether the attention's AVX-512 forms ([`attn512`]) run: the runtime's AVX-512 level
 /// ([`crate::isa::Isa::Avx512Vnni`], which `LOWBIT_ISA` can cap) and AVX-512F. They give the
 /// portable forms' bits.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn attn_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {

@@ -319,10 +319,12 @@ const PAL_ROWS: usize = 4;
 /// Tokens per register block of the portable and AVX2 multi-token palette kernels.
 const PAL_TOKENS: usize = 2;
 /// Tokens per register block of the AVX-512 multi-token palette kernel.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const PAL_TOKENS_512: usize = 4;
 
 /// Whether [`palette_rows_tokens`] takes the AVX-512 kernel ([`palette_tokens_avx512`]) for
 /// `isa`: AVX-512F and AVX2 present and `isa` the AVX-512 level (`LOWBIT_ISA` caps it).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn palette_tokens_avx512_ok(isa: q8::Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -1271,6 +1273,9 @@ mod tests {
                 isas.push(q8::Isa::Avx512Vnni);
             }
         }
+        // The palette kernels have no NEON form: the aarch64 levels take the portable one.
+        #[cfg(target_arch = "aarch64")]
+        isas.push(q8::detect());
         let mut seed = 31u64;
         let rows = 37;
         for &bits in crate::palette::SUPPORTED_BITS {

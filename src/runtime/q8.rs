@@ -159,7 +159,16 @@ pub fn gguf_rows(
             // SAFETY: the features were detected by `detect` (callers pass its result).
             Isa::Avx512Vnni => return unsafe { x86::gguf_rows_vnni(ty, bytes, rb, a, ys, r0) },
             Isa::Avx2 => return unsafe { x86::gguf_rows_avx2(ty, bytes, rb, a, ys, r0) },
-            Isa::Portable => {}
+            _ => {}
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        match isa {
+            // SAFETY: NEON is part of aarch64; `dotprod` was detected by `detect`.
+            Isa::Neon => return unsafe { arm::gguf_rows_neon(ty, bytes, rb, a, ys, r0) },
+            Isa::NeonDot => return unsafe { arm::gguf_rows_dot(ty, bytes, rb, a, ys, r0) },
+            _ => {}
         }
     }
     let _ = isa;
@@ -211,7 +220,20 @@ pub fn ternary_rows(
             Isa::Avx2 => {
                 return unsafe { x86::ternary_rows_avx2(codes, scales, cols, a, p, ys, r0) }
             }
-            Isa::Portable => {}
+            _ => {}
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        match isa {
+            // SAFETY: NEON is part of aarch64; `dotprod` was detected by `detect`.
+            Isa::Neon => {
+                return unsafe { arm::ternary_rows_neon(codes, scales, cols, a, p, ys, r0) }
+            }
+            Isa::NeonDot => {
+                return unsafe { arm::ternary_rows_dot(codes, scales, cols, a, p, ys, r0) }
+            }
+            _ => {}
         }
     }
     let _ = (isa, p);
@@ -511,6 +533,301 @@ pub mod portable {
             }
             _ => unreachable!("act_block() admits only the types above"),
         }
+    }
+}
+
+/// The aarch64 paths ([`Isa::Neon`], [`Isa::NeonDot`]): each block's exact integer dot product
+/// with 128-bit vectors, then [`portable::term`]'s f32 arithmetic on it in the same order (so
+/// the same bits). `sdot` (the `dotprod` extension, ARMv8.2 and later: Apple M1 on, Cortex-A55/A75
+/// on) adds four `i8 x i8` products into each i32 lane; without it `smull` and `sadalp` widen
+/// the products to i16 and add pairs into i32 lanes. Every weight code fits i8 (Q4/Q5 codes
+/// 0..32, Q6_K 0..64, ternary 0..3, Q8_0 signed), so both are exact.
+#[cfg(target_arch = "aarch64")]
+mod arm {
+    use super::*;
+    use std::arch::aarch64::*;
+
+    /// `acc + a . b` of one `sdot` (four `i8 x i8` products a lane).
+    #[target_feature(enable = "neon,dotprod")]
+    #[inline]
+    unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+        let mut acc = acc;
+        std::arch::asm!(
+            "sdot {0:v}.4s, {1:v}.16b, {2:v}.16b",
+            inout(vreg) acc,
+            in(vreg) a,
+            in(vreg) b,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+        acc
+    }
+
+    /// `acc` plus the 16 products `a_i * b_i` in its four lanes (which lane holds which
+    /// product differs between the two forms; only the lanes' total is used).
+    #[inline(always)]
+    unsafe fn dot_acc<const DOT: bool>(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+        if DOT {
+            sdot(acc, a, b)
+        } else {
+            let lo = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+            let hi = vmull_high_s8(a, b);
+            vpadalq_s16(vpadalq_s16(acc, lo), hi)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load(p: &[u8], off: usize) -> uint8x16_t {
+        debug_assert!(off + 16 <= p.len());
+        vld1q_u8(p.as_ptr().add(off))
+    }
+
+    #[inline(always)]
+    unsafe fn load_i8(p: &[i8], off: usize) -> int8x16_t {
+        debug_assert!(off + 16 <= p.len());
+        vld1q_s8(p.as_ptr().add(off))
+    }
+
+    #[inline(always)]
+    unsafe fn s8(v: uint8x16_t) -> int8x16_t {
+        vreinterpretq_s8_u8(v)
+    }
+
+    /// Exact `sum w_i * q_i` over 32 weights (two vectors, element order) and the activations
+    /// at `a.q[off..off + 32]`.
+    #[inline(always)]
+    unsafe fn isum2<const DOT: bool>(w: [int8x16_t; 2], a: &[i8], off: usize) -> i32 {
+        let acc = dot_acc::<DOT>(vdupq_n_s32(0), w[0], load_i8(a, off));
+        vaddvq_s32(dot_acc::<DOT>(acc, w[1], load_i8(a, off + 16)))
+    }
+
+    /// The 32 nibbles of the 16 bytes at `blk[off..]`: low nibbles (elements 0..16), high
+    /// nibbles (16..32).
+    #[inline(always)]
+    unsafe fn nibbles(blk: &[u8], off: usize) -> [uint8x16_t; 2] {
+        let v = load(blk, off);
+        [vandq_u8(v, vdupq_n_u8(0x0F)), vshrq_n_u8::<4>(v)]
+    }
+
+    /// `0x10` in byte `k` (of 32) where bit `k` of the little-endian u32 at `blk[off..]` is set:
+    /// a Q5 block's fifth bits in element order (scalar: `((qh >> k) & 1) << 4`).
+    #[inline(always)]
+    unsafe fn q5_high(blk: &[u8], off: usize) -> [uint8x16_t; 2] {
+        const BIT: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+        let bit = vld1q_u8(BIT.as_ptr());
+        let t = vdupq_n_u8(0x10);
+        let half = |b0: u8, b1: u8| {
+            let v = vcombine_u8(vdup_n_u8(b0), vdup_n_u8(b1));
+            vandq_u8(vtstq_u8(v, bit), t)
+        };
+        [
+            half(blk[off], blk[off + 1]),
+            half(blk[off + 2], blk[off + 3]),
+        ]
+    }
+
+    /// A 32-element block's exact `sum w*q` (`w` as [`portable::term`] reads it).
+    #[inline(always)]
+    unsafe fn isum32<const DOT: bool>(ty: GgmlType, blk: &[u8], a: &QAct, b: usize) -> i32 {
+        let w = match ty {
+            GgmlType::Q8_0 => [load(blk, 2), load(blk, 18)],
+            GgmlType::Q4_0 => nibbles(blk, 2),
+            GgmlType::Q4_1 => nibbles(blk, 4),
+            GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                let (qh, qs) = if ty == GgmlType::Q5_0 { (2, 6) } else { (4, 8) };
+                let [lo, hi] = nibbles(blk, qs);
+                let [h0, h1] = q5_high(blk, qh);
+                [vorrq_u8(lo, h0), vorrq_u8(hi, h1)]
+            }
+            _ => unreachable!("32-element types only"),
+        };
+        isum2::<DOT>([s8(w[0]), s8(w[1])], &a.q, b * 32)
+    }
+
+    /// Q4_K's / Q5_K's block term ([`portable::term`]'s arithmetic on the same exact sums).
+    #[inline(always)]
+    unsafe fn term_q45k<const DOT: bool>(ty: GgmlType, blk: &[u8], a: &QAct, b: usize) -> f32 {
+        let sc: &[u8; 12] = blk[4..16].try_into().expect("12 bytes");
+        let (sc, mn) = crate::quant::kquants::get_scale_min_k4(sc);
+        let (qs_off, qh) = if ty == GgmlType::Q5_K {
+            (48, Some([load(blk, 16), load(blk, 32)]))
+        } else {
+            (16, None)
+        };
+        let t = vdupq_n_u8(0x10);
+        let mut s1 = 0i32;
+        for c in 0..4 {
+            let v = [load(blk, qs_off + c * 32), load(blk, qs_off + c * 32 + 16)];
+            let m = vdupq_n_u8(0x0F);
+            let mut lo = [vandq_u8(v[0], m), vandq_u8(v[1], m)];
+            let mut hi = [vshrq_n_u8::<4>(v[0]), vshrq_n_u8::<4>(v[1])];
+            if let Some(qh) = qh {
+                let (b1, b2) = (vdupq_n_u8(1 << (2 * c)), vdupq_n_u8(2 << (2 * c)));
+                for i in 0..2 {
+                    lo[i] = vorrq_u8(lo[i], vandq_u8(vtstq_u8(qh[i], b1), t));
+                    hi[i] = vorrq_u8(hi[i], vandq_u8(vtstq_u8(qh[i], b2), t));
+                }
+            }
+            let l = isum2::<DOT>([s8(lo[0]), s8(lo[1])], &a.q, b * 256 + c * 64);
+            let h = isum2::<DOT>([s8(hi[0]), s8(hi[1])], &a.q, b * 256 + c * 64 + 32);
+            s1 += sc[2 * c] as i32 * l + sc[2 * c + 1] as i32 * h;
+        }
+        let mut s2 = 0i32;
+        for (j, &m) in mn.iter().enumerate() {
+            let s32 = a.sum16[b * 16 + 2 * j] + a.sum16[b * 16 + 2 * j + 1];
+            s2 += m as i32 * s32;
+        }
+        let da = a.d[b];
+        (f16_at(blk, 0) * da) * s1 as f32 - (f16_at(blk, 2) * da) * s2 as f32
+    }
+
+    /// Q6_K's block term ([`portable::term`]'s arithmetic on the same exact sums).
+    #[inline(always)]
+    unsafe fn term_q6k<const DOT: bool>(blk: &[u8], a: &QAct, b: usize) -> f32 {
+        let m4 = vdupq_n_u8(0x0F);
+        let m2 = vdupq_n_u8(3);
+        let mut isum = 0i32;
+        for h in 0..2 {
+            for s in 0..4 {
+                let lq = h * 64 + (s % 2) * 32;
+                let right = vdupq_n_s8(-2 * s as i8);
+                for half in 0..2 {
+                    let l = load(blk, lq + half * 16);
+                    let l = if s < 2 {
+                        vandq_u8(l, m4)
+                    } else {
+                        vshrq_n_u8::<4>(l)
+                    };
+                    let hb = vandq_u8(vshlq_u8(load(blk, 128 + h * 32 + half * 16), right), m2);
+                    let w = s8(vorrq_u8(l, vshlq_n_u8::<4>(hb)));
+                    let q = load_i8(&a.q, b * 256 + h * 128 + s * 32 + half * 16);
+                    let p = vaddvq_s32(dot_acc::<DOT>(vdupq_n_s32(0), w, q));
+                    let j = h * 8 + s * 2 + half;
+                    isum += (blk[192 + j] as i8) as i32 * (p - 32 * a.sum16[b * 16 + j]);
+                }
+            }
+        }
+        (f16_at(blk, 208) * a.d[b]) * isum as f32
+    }
+
+    #[inline(always)]
+    unsafe fn gguf_rows_body<const DOT: bool>(
+        ty: GgmlType,
+        bytes: &[u8],
+        rb: usize,
+        a: &QAct,
+        ys: &mut [f32],
+        r0: usize,
+    ) {
+        let ts = ty.type_size();
+        for (i, y) in ys.iter_mut().enumerate() {
+            let row = &bytes[(r0 + i) * rb..(r0 + i + 1) * rb];
+            let mut acc = [0f32; 8];
+            for (b, blk) in row.chunks_exact(ts).enumerate() {
+                acc[b % 8] += match ty {
+                    GgmlType::Q4_K | GgmlType::Q5_K => term_q45k::<DOT>(ty, blk, a, b),
+                    GgmlType::Q6_K => term_q6k::<DOT>(blk, a, b),
+                    _ => term32(ty, blk, a, b, isum32::<DOT>(ty, blk, a, b)),
+                };
+            }
+            *y = lanes_sum(&acc);
+        }
+    }
+
+    /// [`gguf_rows`] with `smull`/`sadalp` (NEON, every aarch64 CPU).
+    #[target_feature(enable = "neon")]
+    pub unsafe fn gguf_rows_neon(
+        ty: GgmlType,
+        bytes: &[u8],
+        rb: usize,
+        a: &QAct,
+        ys: &mut [f32],
+        r0: usize,
+    ) {
+        gguf_rows_body::<false>(ty, bytes, rb, a, ys, r0)
+    }
+
+    /// [`gguf_rows`] with `sdot`.
+    #[target_feature(enable = "neon,dotprod")]
+    pub unsafe fn gguf_rows_dot(
+        ty: GgmlType,
+        bytes: &[u8],
+        rb: usize,
+        a: &QAct,
+        ys: &mut [f32],
+        r0: usize,
+    ) {
+        gguf_rows_body::<true>(ty, bytes, rb, a, ys, r0)
+    }
+
+    /// [`ternary_rows`]: per 128-element half of a block, its 32 code bytes shifted by
+    /// `2u` and masked are the codes of permuted activations `p[u * 32..u * 32 + 32]`.
+    #[inline(always)]
+    unsafe fn ternary_rows_body<const DOT: bool>(
+        codes: &[u8],
+        scales: &[u16],
+        cols: usize,
+        a: &QAct,
+        p: &[i8],
+        ys: &mut [f32],
+        r0: usize,
+    ) {
+        let (bpr, spr) = (cols / 4, cols / 256);
+        let m2 = vdupq_n_u8(3);
+        for (i, y) in ys.iter_mut().enumerate() {
+            let r = r0 + i;
+            let mut acc = [0f32; 8];
+            for b in 0..spr {
+                let base = r * bpr + b * 64;
+                let mut v = vdupq_n_s32(0);
+                for h in 0..2 {
+                    let c = [load(codes, base + h * 32), load(codes, base + h * 32 + 16)];
+                    let pa = b * 256 + h * 128;
+                    for (k, &cv) in c.iter().enumerate() {
+                        v = dot_acc::<DOT>(v, s8(vandq_u8(cv, m2)), load_i8(p, pa + k * 16));
+                        let c1 = vandq_u8(vshrq_n_u8::<2>(cv), m2);
+                        v = dot_acc::<DOT>(v, s8(c1), load_i8(p, pa + 32 + k * 16));
+                        let c2 = vandq_u8(vshrq_n_u8::<4>(cv), m2);
+                        v = dot_acc::<DOT>(v, s8(c2), load_i8(p, pa + 64 + k * 16));
+                        let c3 = vshrq_n_u8::<6>(cv);
+                        v = dot_acc::<DOT>(v, s8(c3), load_i8(p, pa + 96 + k * 16));
+                    }
+                }
+                let isum = vaddvq_s32(v);
+                let dw = f16_bits_to_f32(scales[r * spr + b]);
+                acc[b % 8] += (dw * a.d[b]) * (isum - a.sum[b]) as f32;
+            }
+            *y = lanes_sum(&acc);
+        }
+    }
+
+    /// [`ternary_rows`] with `smull`/`sadalp`.
+    #[target_feature(enable = "neon")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn ternary_rows_neon(
+        codes: &[u8],
+        scales: &[u16],
+        cols: usize,
+        a: &QAct,
+        p: &[i8],
+        ys: &mut [f32],
+        r0: usize,
+    ) {
+        ternary_rows_body::<false>(codes, scales, cols, a, p, ys, r0)
+    }
+
+    /// [`ternary_rows`] with `sdot`.
+    #[target_feature(enable = "neon,dotprod")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn ternary_rows_dot(
+        codes: &[u8],
+        scales: &[u16],
+        cols: usize,
+        a: &QAct,
+        p: &[i8],
+        ys: &mut [f32],
+        r0: usize,
+    ) {
+        ternary_rows_body::<true>(codes, scales, cols, a, p, ys, r0)
     }
 }
 
@@ -1800,6 +2117,13 @@ mod tests {
             }
             if detect() == Isa::Avx512Vnni {
                 v.push(Isa::Avx512Vnni);
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            v.push(Isa::Neon);
+            if detect() == Isa::NeonDot {
+                v.push(Isa::NeonDot);
             }
         }
         v
