@@ -213,7 +213,8 @@ test: fetch $(SMOLLM2_TQ2) $(SMOLLM2_Q4_0) $(SMOLLM2_Q8_0) hf-checkpoints eval-d
 	LOWBIT_REQUIRE_MODELS=1 LOWBIT_REQUIRE_GPU=1 cargo test --release
 	LOWBIT_REQUIRE_MODELS=1 $(MAKE) test-aarch64
 
-# The aarch64 build (phones, Apple silicon, ARM servers): clippy for that target, the
+# The aarch64 build (phones, Apple silicon, ARM servers): clippy for it and for macOS on
+# Apple silicon (wgpu's Metal backend; type-checked only: linking needs Apple's SDK), the
 # library's unit tests (among them the NEON and `sdot` int8 kernels against the portable
 # ones, bit for bit) under qemu's user-mode emulator, on its default CPU (with `dotprod`) and
 # on a Cortex-A53 (without), and tests/aarch64.rs: the aarch64 `convert` under qemu gives
@@ -226,8 +227,9 @@ AARCH64_ENV := CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-g
 test-aarch64:
 	@command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null || { \
 		echo "test-aarch64: needs aarch64-linux-gnu-gcc and qemu-aarch64 (Debian packages gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)" >&2; exit 2; }
-	rustup target add $(AARCH64)
+	rustup target add $(AARCH64) aarch64-apple-darwin
 	$(AARCH64_ENV) cargo clippy --target $(AARCH64) --all-targets -- -D warnings
+	cargo clippy --target aarch64-apple-darwin --all-targets -- -D warnings
 	$(AARCH64_ENV) CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" \
 		cargo test --release --target $(AARCH64) --lib
 	$(AARCH64_ENV) CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu cortex-a53 -L /usr/aarch64-linux-gnu" \

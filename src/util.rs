@@ -441,6 +441,7 @@ const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 /// run on this host from one being written now ([`remove_stale_partials`]). Characters other
 /// than ASCII letters, digits and `-` in the host name become `_`.
 fn process_tag() -> String {
+    #[cfg_attr(not(unix), allow(unused_mut))]
     let mut host = [0u8; 256];
     #[cfg(unix)]
     // SAFETY: the buffer is valid for its length; gethostname writes at most that many bytes.

@@ -28,7 +28,7 @@ use crate::ggml::GgmlType;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant;
 use crate::ternary::{self, TernaryBlock, BLOCK, WORDS_PER_BLOCK};
-use crate::util::{self, OutputError};
+use crate::util;
 
 /// Which bundle to make.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -872,7 +872,7 @@ fn rename_dir_noclobber(from: &Path, to: &Path) -> Result<(), BundleError> {
         }
         let e = std::io::Error::last_os_error();
         if e.kind() == std::io::ErrorKind::AlreadyExists {
-            return Err(OutputError::Exists(to.to_path_buf()).into());
+            return Err(util::OutputError::Exists(to.to_path_buf()).into());
         }
         if e.raw_os_error() != Some(libc::EINVAL) && e.raw_os_error() != Some(libc::ENOSYS) {
             return Err(BundleError::Io {

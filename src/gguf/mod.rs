@@ -219,6 +219,8 @@ pub fn release_range(map: &Mmap, offset: u64, len: u64) {
             };
         }
     }
+    #[cfg(not(unix))]
+    let _ = (map, offset, len);
 }
 
 /// What [`parse`] finds in a header.

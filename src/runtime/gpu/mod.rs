@@ -2387,6 +2387,7 @@ fn check_rows_split(r: u32, rs: u32, p: u32, reduction: Reduction) -> Result<(),
 /// The size of `adapter`'s largest device-local memory heap on Vulkan
 /// (`vkGetPhysicalDeviceMemoryProperties`, through wgpu-hal); `None` on other backends, which
 /// wgpu gives no memory figure for.
+#[cfg(not(target_vendor = "apple"))]
 fn device_local_heap(adapter: &wgpu::Adapter) -> Option<u64> {
     // VK_MEMORY_HEAP_DEVICE_LOCAL_BIT.
     const DEVICE_LOCAL: u32 = 0x1;
@@ -2403,6 +2404,12 @@ fn device_local_heap(adapter: &wgpu::Adapter) -> Option<u64> {
             .map(|h| h.size)
             .max()
     }
+}
+
+/// On Apple platforms wgpu has no Vulkan backend (Metal only): no memory figure.
+#[cfg(target_vendor = "apple")]
+fn device_local_heap(_adapter: &wgpu::Adapter) -> Option<u64> {
+    None
 }
 
 /// The widths of x the int8 decode kernels are built for ([`MatvecKernel::Q8`]'s `max_cols`;
