@@ -227,6 +227,8 @@ AARCH64_ENV := CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-g
 test-aarch64:
 	@command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null || { \
 		echo "test-aarch64: needs aarch64-linux-gnu-gcc and qemu-aarch64 (Debian packages gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)" >&2; exit 2; }
+	@command -v rustup >/dev/null || { \
+		echo "test-aarch64: needs rustup (for the aarch64 standard library; a cargo without rustup cannot add targets)" >&2; exit 2; }
 	rustup target add $(AARCH64) aarch64-apple-darwin
 	$(AARCH64_ENV) cargo clippy --target $(AARCH64) --all-targets -- -D warnings
 	cargo clippy --target aarch64-apple-darwin --all-targets -- -D warnings
@@ -235,7 +237,8 @@ test-aarch64:
 	$(AARCH64_ENV) CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu cortex-a53 -L /usr/aarch64-linux-gnu" \
 		cargo test --release --target $(AARCH64) --lib
 	$(AARCH64_ENV) cargo build --release --target $(AARCH64) --bin convert
-	LOWBIT_REQUIRE_AARCH64=1 LOWBIT_AARCH64_CONVERT=$${CARGO_TARGET_DIR:-target}/$(AARCH64)/release/convert \
+	dir=$$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])') && \
+	LOWBIT_REQUIRE_AARCH64=1 LOWBIT_AARCH64_CONVERT=$$dir/$(AARCH64)/release/convert \
 		LOWBIT_AARCH64_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" cargo test --release --test aarch64
 
 # Regenerate the reference vectors from gguf-py (pinned in tests/ref/requirements.txt).

@@ -61,9 +61,12 @@ fn run_dump(
         "--dump-logits",
         dump.to_str().unwrap(),
     ]);
+    // The caller's LOWBIT_ISA would cap both builds alike: each run gets only `env`'s.
+    c.env_remove("LOWBIT_ISA");
     for (k, v) in env {
         c.env(k, v);
     }
+    let _ = std::fs::remove_file(dump);
     let o = c.output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(o.status.success(), "{cmd:?} {env:?} {kernel}: {err}");
@@ -136,16 +139,29 @@ fn aarch64_build_gives_this_builds_bits() {
         &["--bits", "4", "--min-elements", "0"],
     );
     same_as_host(&arm, &b, &["int8"]);
-    // Q4_1 and Q8_0 (SmolLM2); Q4_K, Q5_0, Q6_K and Q8_0 (Qwen2.5, Gemma 3).
-    for name in [
-        "SmolLM2-135M-Instruct.Q4_1.gguf",
-        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-        "gemma-3-270m-q4_k_m.gguf",
-    ] {
-        let Some(src) = common::model(name) else {
+    // Q4_1 and Q8_0 (SmolLM2); Q4_K, Q5_0, Q6_K and Q8_0 (Qwen2.5, Gemma 3); gguf-py's Q4_0,
+    // Q8_0 and TQ2_0 of SmolLM2 (made by `make test`).
+    let models = [
+        ("models/SmolLM2-135M-Instruct.Q4_1.gguf", "fetch", "pack"),
+        (
+            "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            "fetch",
+            "pack",
+        ),
+        ("models/gemma-3-270m-q4_k_m.gguf", "fetch", "pack"),
+        ("requant/smollm2-q4_0-gguf-py.gguf", "requant-real", "pack"),
+        ("requant/smollm2-q8_0-gguf-py.gguf", "requant-real", "pack"),
+        (
+            "ternary/smollm2-tq2_0-gguf-py.gguf",
+            "ternary-real",
+            "gguf-to-ternary",
+        ),
+    ];
+    for (rel, target, sub) in models {
+        let Some(src) = common::cache_file(rel, target) else {
             continue;
         };
-        let (_d, b) = make(&src, "pack", &["--context", "256"]);
+        let (_d, b) = make(&src, sub, &["--context", "256"]);
         same_as_host(&arm, &b, &["int8"]);
     }
 }

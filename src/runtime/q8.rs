@@ -142,6 +142,45 @@ fn f16_at(b: &[u8], off: usize) -> f32 {
 
 pub use crate::isa::{detect, Isa};
 
+/// `isa`, or the best level below it that this CPU has: the kernels' entry points are safe
+/// functions taking any [`Isa`], so an `isa` this CPU lacks (not one [`detect`] gave) runs a
+/// path it has instead of faulting. The features are detected once (the standard library
+/// caches them).
+fn usable(isa: Isa) -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx2 = || {
+            std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c")
+        };
+        let vnni = || {
+            std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vl")
+                && std::is_x86_feature_detected!("avx512vnni")
+        };
+        match isa {
+            Isa::Avx512Vnni if avx2() && vnni() => Isa::Avx512Vnni,
+            Isa::Avx512Vnni | Isa::Avx2 if avx2() => Isa::Avx2,
+            _ => Isa::Portable,
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        match isa {
+            Isa::NeonDot if std::arch::is_aarch64_feature_detected!("dotprod") => Isa::NeonDot,
+            Isa::NeonDot | Isa::Neon => Isa::Neon,
+            _ => Isa::Portable,
+        }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        let _ = isa;
+        Isa::Portable
+    }
+}
+
 /// Rows `r0 .. r0 + ys.len()` of a GGML matrix of type `ty` (`rb` bytes per row) with
 /// activations `a` ([`act_block`] of `ty`).
 pub fn gguf_rows(
@@ -153,10 +192,25 @@ pub fn gguf_rows(
     ys: &mut [f32],
     r0: usize,
 ) {
+    // The vector paths load activations unchecked: the lengths once, here.
+    let block = act_block(ty).expect("gguf_rows takes the types of act_block");
+    let n = rb / ty.type_size() * block;
+    assert!(
+        rb.is_multiple_of(ty.type_size())
+            && bytes.len() >= (r0 + ys.len()) * rb
+            && a.block == block
+            && a.q.len() >= n
+            && a.d.len() >= n / block
+            && a.sum.len() >= n / block
+            && a.sum16.len() >= n / 16,
+        "gguf_rows: {ty} rows of {rb} bytes against activations of {} values",
+        a.q.len()
+    );
+    let isa = usable(isa);
     #[cfg(target_arch = "x86_64")]
     {
         match isa {
-            // SAFETY: the features were detected by `detect` (callers pass its result).
+            // SAFETY: `usable` checked the features.
             Isa::Avx512Vnni => return unsafe { x86::gguf_rows_vnni(ty, bytes, rb, a, ys, r0) },
             Isa::Avx2 => return unsafe { x86::gguf_rows_avx2(ty, bytes, rb, a, ys, r0) },
             _ => {}
@@ -165,7 +219,7 @@ pub fn gguf_rows(
     #[cfg(target_arch = "aarch64")]
     {
         match isa {
-            // SAFETY: NEON is part of aarch64; `dotprod` was detected by `detect`.
+            // SAFETY: NEON is part of aarch64; `usable` checked `dotprod`.
             Isa::Neon => return unsafe { arm::gguf_rows_neon(ty, bytes, rb, a, ys, r0) },
             Isa::NeonDot => return unsafe { arm::gguf_rows_dot(ty, bytes, rb, a, ys, r0) },
             _ => {}
@@ -210,10 +264,26 @@ pub fn ternary_rows(
     r0: usize,
 ) {
     let codes: &[u8] = bytemuck::cast_slice(words);
+    // The vector paths load activations unchecked: the lengths once, here.
+    let (rows, nb) = (r0 + ys.len(), cols / 256);
+    assert!(
+        cols.is_multiple_of(256)
+            && codes.len() >= rows * cols / 4
+            && scales.len() >= rows * nb
+            && a.q.len() >= cols
+            && p.len() >= cols
+            && a.d.len() >= nb
+            && a.sum.len() >= nb,
+        "ternary_rows: {rows} rows of {cols} against {} words, {} scales, {} activations",
+        words.len(),
+        scales.len(),
+        a.q.len()
+    );
+    let isa = usable(isa);
     #[cfg(target_arch = "x86_64")]
     {
         match isa {
-            // SAFETY: the features were detected by `detect`.
+            // SAFETY: `usable` checked the features.
             Isa::Avx512Vnni => {
                 return unsafe { x86::ternary_rows_vnni(codes, scales, cols, a, p, ys, r0) }
             }
@@ -226,7 +296,7 @@ pub fn ternary_rows(
     #[cfg(target_arch = "aarch64")]
     {
         match isa {
-            // SAFETY: NEON is part of aarch64; `dotprod` was detected by `detect`.
+            // SAFETY: NEON is part of aarch64; `usable` checked `dotprod`.
             Isa::Neon => {
                 return unsafe { arm::ternary_rows_neon(codes, scales, cols, a, p, ys, r0) }
             }
@@ -313,8 +383,8 @@ pub fn token_groups(acts: &[&QAct]) -> Vec<TokenGroup> {
         .collect()
 }
 
-/// Whether [`ternary_rows_tokens`] runs on this CPU: AVX-512 (F, BW, VNNI) and `isa` not
-/// capped below it.
+/// Whether [`ternary_rows_tokens`] runs on this CPU: AVX-512 (F, BW, VL, VNNI) with AVX2 and
+/// F16C, and `isa` not capped below it.
 pub fn ternary_tokens_available(isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -323,7 +393,10 @@ pub fn ternary_tokens_available(isa: Isa) -> bool {
             && *OK.get_or_init(|| {
                 std::is_x86_feature_detected!("avx512f")
                     && std::is_x86_feature_detected!("avx512bw")
+                    && std::is_x86_feature_detected!("avx512vl")
                     && std::is_x86_feature_detected!("avx512vnni")
+                    && std::is_x86_feature_detected!("avx2")
+                    && std::is_x86_feature_detected!("f16c")
             })
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -355,7 +428,11 @@ pub fn ternary_rows_tokens(
     let codes: &[u8] = bytemuck::cast_slice(words);
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: callers check ternary_tokens_available (AVX-512 F, BW, VNNI).
+        assert!(
+            ternary_tokens_available(Isa::Avx512Vnni),
+            "ternary_rows_tokens needs AVX-512 (F, BW, VL, VNNI)"
+        );
+        // SAFETY: the features are present (asserted).
         unsafe { x86::ternary_tokens_vnni(codes, scales, cols, groups, ys, r0, k, buf) }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -394,7 +471,11 @@ pub fn gguf_rows_tokens(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: callers check gguf_tokens_available (AVX-512 F, BW, VL, VNNI).
+        assert!(
+            ternary_tokens_available(Isa::Avx512Vnni),
+            "gguf_rows_tokens needs AVX-512 (F, BW, VL, VNNI)"
+        );
+        // SAFETY: the features are present (asserted).
         unsafe { x86::gguf_tokens_vnni(ty, bytes, rb, groups, ys, r0, k, buf) }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -643,7 +724,22 @@ mod arm {
         isum2::<DOT>([s8(w[0]), s8(w[1])], &a.q, b * 32)
     }
 
-    /// Q4_K's / Q5_K's block term ([`portable::term`]'s arithmetic on the same exact sums).
+    /// The four lane totals of each of `v[0..4]` and `v[4..8]`: `[sum v0, .., sum v3]`,
+    /// `[sum v4, .., sum v7]` (pairwise adds; exact in i32).
+    #[inline(always)]
+    unsafe fn totals8(v: &[int32x4_t; 8]) -> [int32x4_t; 2] {
+        let t = [
+            vpaddq_s32(v[0], v[1]),
+            vpaddq_s32(v[2], v[3]),
+            vpaddq_s32(v[4], v[5]),
+            vpaddq_s32(v[6], v[7]),
+        ];
+        [vpaddq_s32(t[0], t[1]), vpaddq_s32(t[2], t[3])]
+    }
+
+    /// Q4_K's / Q5_K's block term ([`portable::term`]'s arithmetic on the same exact sums:
+    /// `s1 = sum_j sc_j * (sum_{32} w*q)_j` as one integer, from the eight sub-block sums'
+    /// lane totals times the scales, added in any order).
     #[inline(always)]
     unsafe fn term_q45k<const DOT: bool>(ty: GgmlType, blk: &[u8], a: &QAct, b: usize) -> f32 {
         let sc: &[u8; 12] = blk[4..16].try_into().expect("12 bytes");
@@ -653,24 +749,32 @@ mod arm {
         } else {
             (16, None)
         };
-        let t = vdupq_n_u8(0x10);
-        let mut s1 = 0i32;
+        let (t, m) = (vdupq_n_u8(0x10), vdupq_n_u8(0x0F));
+        let z = vdupq_n_s32(0);
+        // Sub-block j = 2c (low nibbles) and 2c + 1 (high nibbles) of each 64-element chunk c.
+        let mut u = [z; 8];
         for c in 0..4 {
             let v = [load(blk, qs_off + c * 32), load(blk, qs_off + c * 32 + 16)];
-            let m = vdupq_n_u8(0x0F);
             let mut lo = [vandq_u8(v[0], m), vandq_u8(v[1], m)];
             let mut hi = [vshrq_n_u8::<4>(v[0]), vshrq_n_u8::<4>(v[1])];
             if let Some(qh) = qh {
                 let (b1, b2) = (vdupq_n_u8(1 << (2 * c)), vdupq_n_u8(2 << (2 * c)));
-                for i in 0..2 {
-                    lo[i] = vorrq_u8(lo[i], vandq_u8(vtstq_u8(qh[i], b1), t));
-                    hi[i] = vorrq_u8(hi[i], vandq_u8(vtstq_u8(qh[i], b2), t));
+                for k in 0..2 {
+                    lo[k] = vorrq_u8(lo[k], vandq_u8(vtstq_u8(qh[k], b1), t));
+                    hi[k] = vorrq_u8(hi[k], vandq_u8(vtstq_u8(qh[k], b2), t));
                 }
             }
-            let l = isum2::<DOT>([s8(lo[0]), s8(lo[1])], &a.q, b * 256 + c * 64);
-            let h = isum2::<DOT>([s8(hi[0]), s8(hi[1])], &a.q, b * 256 + c * 64 + 32);
-            s1 += sc[2 * c] as i32 * l + sc[2 * c + 1] as i32 * h;
+            let off = b * 256 + c * 64;
+            let l = dot_acc::<DOT>(z, s8(lo[0]), load_i8(&a.q, off));
+            u[2 * c] = dot_acc::<DOT>(l, s8(lo[1]), load_i8(&a.q, off + 16));
+            let h = dot_acc::<DOT>(z, s8(hi[0]), load_i8(&a.q, off + 32));
+            u[2 * c + 1] = dot_acc::<DOT>(h, s8(hi[1]), load_i8(&a.q, off + 48));
         }
+        let [p0, p1] = totals8(&u);
+        let sc = sc.map(|v| v as i32);
+        let s0 = vld1q_s32(sc[..4].as_ptr());
+        let s4 = vld1q_s32(sc[4..].as_ptr());
+        let s1 = vaddvq_s32(vmlaq_s32(vmulq_s32(p0, s0), p1, s4));
         let mut s2 = 0i32;
         for (j, &m) in mn.iter().enumerate() {
             let s32 = a.sum16[b * 16 + 2 * j] + a.sum16[b * 16 + 2 * j + 1];
@@ -680,33 +784,46 @@ mod arm {
         (f16_at(blk, 0) * da) * s1 as f32 - (f16_at(blk, 2) * da) * s2 as f32
     }
 
-    /// Q6_K's block term ([`portable::term`]'s arithmetic on the same exact sums).
+    /// Q6_K's block term ([`portable::term`]'s arithmetic on the same exact sum
+    /// `sum_j sc_j * (p_j - 32 sum16_j)`, `p_j` the exact `sum w*q` of sub-block j: each
+    /// half's eight `p_j` as lane totals, then the scaled differences in i32 lanes).
     #[inline(always)]
     unsafe fn term_q6k<const DOT: bool>(blk: &[u8], a: &QAct, b: usize) -> f32 {
-        let m4 = vdupq_n_u8(0x0F);
-        let m2 = vdupq_n_u8(3);
-        let mut isum = 0i32;
+        let (m4, m2) = (vdupq_n_u8(0x0F), vdupq_n_u8(3));
+        let z = vdupq_n_s32(0);
+        let mut acc = z;
         for h in 0..2 {
+            let ql = [0, 16, 32, 48].map(|o| load(blk, h * 64 + o));
+            let qh = [load(blk, 128 + h * 32), load(blk, 128 + h * 32 + 16)];
+            // Sub-block j = h * 8 + s * 2 + half: element h * 128 + s * 32 + half * 16 + l.
+            let mut v = [z; 8];
             for s in 0..4 {
-                let lq = h * 64 + (s % 2) * 32;
                 let right = vdupq_n_s8(-2 * s as i8);
                 for half in 0..2 {
-                    let l = load(blk, lq + half * 16);
+                    let l = ql[(s % 2) * 2 + half];
                     let l = if s < 2 {
                         vandq_u8(l, m4)
                     } else {
                         vshrq_n_u8::<4>(l)
                     };
-                    let hb = vandq_u8(vshlq_u8(load(blk, 128 + h * 32 + half * 16), right), m2);
+                    let hb = vandq_u8(vshlq_u8(qh[half], right), m2);
                     let w = s8(vorrq_u8(l, vshlq_n_u8::<4>(hb)));
                     let q = load_i8(&a.q, b * 256 + h * 128 + s * 32 + half * 16);
-                    let p = vaddvq_s32(dot_acc::<DOT>(vdupq_n_s32(0), w, q));
-                    let j = h * 8 + s * 2 + half;
-                    isum += (blk[192 + j] as i8) as i32 * (p - 32 * a.sum16[b * 16 + j]);
+                    v[s * 2 + half] = dot_acc::<DOT>(z, w, q);
                 }
             }
+            let p = totals8(&v);
+            // The half's eight scales and 16-value activation sums, four to a vector.
+            let sc = vmovl_s8(vld1_s8(blk.as_ptr().add(192 + h * 8) as *const i8));
+            let sc = [vmovl_s16(vget_low_s16(sc)), vmovl_high_s16(sc)];
+            let s16 = &a.sum16[b * 16 + h * 8..b * 16 + h * 8 + 8];
+            for k in 0..2 {
+                let sum16 = vld1q_s32(s16[k * 4..].as_ptr());
+                let d = vsubq_s32(p[k], vshlq_n_s32::<5>(sum16));
+                acc = vmlaq_s32(acc, d, sc[k]);
+            }
         }
-        (f16_at(blk, 208) * a.d[b]) * isum as f32
+        (f16_at(blk, 208) * a.d[b]) * vaddvq_s32(acc) as f32
     }
 
     #[inline(always)]
@@ -775,24 +892,28 @@ mod arm {
         let m2 = vdupq_n_u8(3);
         for (i, y) in ys.iter_mut().enumerate() {
             let r = r0 + i;
+            let rq = &codes[r * bpr..(r + 1) * bpr];
             let mut acc = [0f32; 8];
             for b in 0..spr {
-                let base = r * bpr + b * 64;
-                let mut v = vdupq_n_s32(0);
+                // One accumulator per shift: four independent `sdot` chains.
+                let mut v = [vdupq_n_s32(0); 4];
                 for h in 0..2 {
-                    let c = [load(codes, base + h * 32), load(codes, base + h * 32 + 16)];
+                    let c = [load(rq, b * 64 + h * 32), load(rq, b * 64 + h * 32 + 16)];
                     let pa = b * 256 + h * 128;
                     for (k, &cv) in c.iter().enumerate() {
-                        v = dot_acc::<DOT>(v, s8(vandq_u8(cv, m2)), load_i8(p, pa + k * 16));
-                        let c1 = vandq_u8(vshrq_n_u8::<2>(cv), m2);
-                        v = dot_acc::<DOT>(v, s8(c1), load_i8(p, pa + 32 + k * 16));
-                        let c2 = vandq_u8(vshrq_n_u8::<4>(cv), m2);
-                        v = dot_acc::<DOT>(v, s8(c2), load_i8(p, pa + 64 + k * 16));
-                        let c3 = vshrq_n_u8::<6>(cv);
-                        v = dot_acc::<DOT>(v, s8(c3), load_i8(p, pa + 96 + k * 16));
+                        let cs = [
+                            vandq_u8(cv, m2),
+                            vandq_u8(vshrq_n_u8::<2>(cv), m2),
+                            vandq_u8(vshrq_n_u8::<4>(cv), m2),
+                            vshrq_n_u8::<6>(cv),
+                        ];
+                        for u in 0..4 {
+                            let pu = load_i8(p, pa + u * 32 + k * 16);
+                            v[u] = dot_acc::<DOT>(v[u], s8(cs[u]), pu);
+                        }
                     }
                 }
-                let isum = vaddvq_s32(v);
+                let isum = vaddvq_s32(vaddq_s32(vaddq_s32(v[0], v[1]), vaddq_s32(v[2], v[3])));
                 let dw = f16_bits_to_f32(scales[r * spr + b]);
                 acc[b % 8] += (dw * a.d[b]) * (isum - a.sum[b]) as f32;
             }
@@ -2608,5 +2729,157 @@ mod tests {
         assert_eq!(a.q[34], 2);
         assert_eq!(a.sum[1], a.q[32..].iter().map(|&q| q as i32).sum::<i32>());
         assert_eq!(a.sum16.len(), 4);
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Every level of [`Isa`], this CPU's or not: a level the CPU lacks runs one it has.
+    const ALL_ISAS: [Isa; 5] = [
+        Isa::Portable,
+        Isa::Avx2,
+        Isa::Avx512Vnni,
+        Isa::Neon,
+        Isa::NeonDot,
+    ];
+
+    /// Activation blocks of all +127, all -127 and alternating +-127 (a QAct of `block`).
+    fn extreme_acts(cols: usize, block: usize) -> QAct {
+        let x: Vec<f32> = (0..cols)
+            .map(|i| match (i / block) % 3 {
+                0 => 1.0,
+                1 => -1.0,
+                _ if i % 2 == 0 => 1.0,
+                _ => -1.0,
+            })
+            .collect();
+        let a = quantize(&x, block);
+        assert!(a.q.iter().all(|&q| q == 127 || q == -127));
+        a
+    }
+
+    /// Extreme blocks (every payload byte 0x80, 0x7F, 0xFF, or those and 0x00 in turn: Q8_0
+    /// weights of -128 and 127, the largest codes, Q6_K scales of -128) against extreme
+    /// activations, and ternary words of every code; each level of [`ALL_ISAS`] against the
+    /// portable definition, bit for bit (from a review of the NEON paths).
+    #[test]
+    fn extreme_blocks_give_the_portable_bits_on_every_level() {
+        let (cols, rows) = (9 * 256, 4);
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ] {
+            let block = act_block(ty).unwrap();
+            let rb = ty.bytes_for(cols as u64).unwrap() as usize;
+            let a = extreme_acts(cols, block);
+            for fill in [&[0x80u8][..], &[0x7F], &[0xFF], &[0x80, 0x7F, 0xFF, 0x00]] {
+                let ts = ty.type_size();
+                let mut bytes = vec![0u8; rows * rb];
+                for (i, b) in bytes.chunks_exact_mut(ts).enumerate() {
+                    b.fill(fill[i % fill.len()]);
+                    let one = half::f16::from_f32(1.0).to_le_bytes();
+                    let m = half::f16::from_f32(-0.5).to_le_bytes();
+                    match ty {
+                        GgmlType::Q6_K => b[208..210].copy_from_slice(&one),
+                        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => {
+                            b[0..2].copy_from_slice(&one);
+                            b[2..4].copy_from_slice(&m);
+                        }
+                        _ => b[0..2].copy_from_slice(&one),
+                    }
+                }
+                let want: Vec<u32> = bytes
+                    .chunks_exact(rb)
+                    .map(|r| portable::row(ty, r, &a).to_bits())
+                    .collect();
+                for isa in ALL_ISAS {
+                    let mut y = vec![0f32; rows];
+                    gguf_rows(isa, ty, &bytes, rb, &a, &mut y, 0);
+                    assert_eq!(bits(&y), want, "{ty} {isa:?} fill {fill:?}");
+                }
+            }
+        }
+        let a = extreme_acts(cols, 256);
+        let p = permute_for_ternary(&a);
+        for w in [0xFFFF_FFFFu32, 0xAAAA_AAAA, 0x1B1B_1B1B, 0] {
+            let words = vec![w; rows * cols / 16];
+            let scales = vec![half::f16::from_f32(-0.75).to_bits(); rows * cols / 256];
+            let mut want = vec![0f32; rows];
+            ternary_rows(Isa::Portable, &words, &scales, cols, &a, &p, &mut want, 0);
+            for isa in ALL_ISAS {
+                let mut y = vec![0f32; rows];
+                ternary_rows(isa, &words, &scales, cols, &a, &p, &mut y, 0);
+                assert_eq!(bits(&y), bits(&want), "ternary {isa:?} {w:#x}");
+            }
+        }
+    }
+
+    /// Inputs shorter than the rows asked for panic on every level (the vector paths load
+    /// unchecked) instead of reading past them: words or scales for one row of two, too few
+    /// activations, GGUF bytes for one row of two.
+    #[test]
+    fn short_inputs_panic_on_every_level() {
+        let cols = 512;
+        let a = quantize(&vec![0.5f32; cols], 256);
+        let p = permute_for_ternary(&a);
+        let short_a = quantize(&vec![0.5f32; 256], 256);
+        let one_row = vec![0x5555_5555u32; cols / 16];
+        let two_rows = vec![0x5555_5555u32; 2 * cols / 16];
+        let one = half::f16::from_f32(1.0).to_bits();
+        let q4 = vec![0x11u8; 2 * cols / 32 * 18];
+        let a32 = quantize(&vec![0.5f32; cols], 32);
+        let short_a32 = quantize(&vec![0.5f32; cols - 32], 32);
+        for isa in ALL_ISAS {
+            type Case<'a> = (&'a str, Box<dyn Fn() + std::panic::RefUnwindSafe + 'a>);
+            let cases: [Case; 5] = [
+                (
+                    "words",
+                    Box::new(|| {
+                        let s = vec![one; 2 * cols / 256];
+                        ternary_rows(isa, &one_row, &s, cols, &a, &p, &mut [0.0; 2], 0)
+                    }),
+                ),
+                (
+                    "scales",
+                    Box::new(|| {
+                        let s = vec![one; cols / 256];
+                        ternary_rows(isa, &two_rows, &s, cols, &a, &p, &mut [0.0; 2], 0)
+                    }),
+                ),
+                (
+                    "activations",
+                    Box::new(|| {
+                        let s = vec![one; 2 * cols / 256];
+                        let sp = permute_for_ternary(&short_a);
+                        ternary_rows(isa, &two_rows, &s, cols, &short_a, &sp, &mut [0.0; 2], 0)
+                    }),
+                ),
+                (
+                    "gguf bytes",
+                    Box::new(|| {
+                        let rb = cols / 32 * 18;
+                        gguf_rows(isa, GgmlType::Q4_0, &q4[..rb], rb, &a32, &mut [0.0; 2], 0)
+                    }),
+                ),
+                (
+                    "gguf activations",
+                    Box::new(|| {
+                        let rb = cols / 32 * 18;
+                        gguf_rows(isa, GgmlType::Q4_0, &q4, rb, &short_a32, &mut [0.0; 2], 0)
+                    }),
+                ),
+            ];
+            for (what, f) in cases {
+                let r = std::panic::catch_unwind(&*f);
+                assert!(r.is_err(), "{isa:?}: short {what} did not panic");
+            }
+        }
     }
 }
