@@ -144,9 +144,30 @@ pub use crate::isa::{detect, Isa};
 
 /// `isa`, or the best level below it that this CPU has: the kernels' entry points are safe
 /// functions taking any [`Isa`], so an `isa` this CPU lacks (not one [`detect`] gave) runs a
-/// path it has instead of faulting. The features are detected once (the standard library
-/// caches them).
+/// path it has instead of faulting. Worked out once per level (one load a call after that:
+/// the entry points run for every 16 rows of a product).
+#[inline]
 fn usable(isa: Isa) -> Isa {
+    const LEVELS: [Isa; 5] = [
+        Isa::Portable,
+        Isa::Avx2,
+        Isa::Avx512Vnni,
+        Isa::Neon,
+        Isa::NeonDot,
+    ];
+    static MAP: std::sync::OnceLock<[Isa; 5]> = std::sync::OnceLock::new();
+    // LEVELS in declaration order, so a level's discriminant is its index.
+    const _: () = assert!(
+        Isa::Portable as usize == 0
+            && Isa::Avx2 as usize == 1
+            && Isa::Avx512Vnni as usize == 2
+            && Isa::Neon as usize == 3
+            && Isa::NeonDot as usize == 4
+    );
+    MAP.get_or_init(|| LEVELS.map(usable_uncached))[isa as usize]
+}
+
+fn usable_uncached(isa: Isa) -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
         let avx2 = || {
@@ -193,16 +214,17 @@ pub fn gguf_rows(
     r0: usize,
 ) {
     // The vector paths load activations unchecked: the lengths once, here.
+    // A row is `rb / ts` whole blocks (the kernels take `chunks_exact(ts)`); the activations
+    // must cover them. Multiplied out (no division: this runs for every 16 rows of a product).
     let block = act_block(ty).expect("gguf_rows takes the types of act_block");
-    let n = rb / ty.type_size() * block;
+    let ts = ty.type_size();
     assert!(
-        rb.is_multiple_of(ty.type_size())
-            && bytes.len() >= (r0 + ys.len()) * rb
+        bytes.len() >= (r0 + ys.len()) * rb
             && a.block == block
-            && a.q.len() >= n
-            && a.d.len() >= n / block
-            && a.sum.len() >= n / block
-            && a.sum16.len() >= n / 16,
+            && a.q.len() * ts >= rb * block
+            && a.d.len() * ts >= rb
+            && a.sum.len() * ts >= rb
+            && a.sum16.len() * ts * 16 >= rb * block,
         "gguf_rows: {ty} rows of {rb} bytes against activations of {} values",
         a.q.len()
     );
