@@ -140,67 +140,8 @@ fn f16_at(b: &[u8], off: usize) -> f32 {
     f16_bits_to_f32(u16::from_le_bytes([b[off], b[off + 1]]))
 }
 
+use crate::isa::usable;
 pub use crate::isa::{detect, Isa};
-
-/// `isa`, or the best level below it that this CPU has: the kernels' entry points are safe
-/// functions taking any [`Isa`], so an `isa` this CPU lacks (not one [`detect`] gave) runs a
-/// path it has instead of faulting. Worked out once per level (one load a call after that:
-/// the entry points run for every 16 rows of a product).
-#[inline]
-fn usable(isa: Isa) -> Isa {
-    const LEVELS: [Isa; 5] = [
-        Isa::Portable,
-        Isa::Avx2,
-        Isa::Avx512Vnni,
-        Isa::Neon,
-        Isa::NeonDot,
-    ];
-    static MAP: std::sync::OnceLock<[Isa; 5]> = std::sync::OnceLock::new();
-    // LEVELS in declaration order, so a level's discriminant is its index.
-    const _: () = assert!(
-        Isa::Portable as usize == 0
-            && Isa::Avx2 as usize == 1
-            && Isa::Avx512Vnni as usize == 2
-            && Isa::Neon as usize == 3
-            && Isa::NeonDot as usize == 4
-    );
-    MAP.get_or_init(|| LEVELS.map(usable_uncached))[isa as usize]
-}
-
-fn usable_uncached(isa: Isa) -> Isa {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let avx2 = || {
-            std::is_x86_feature_detected!("avx2")
-                && std::is_x86_feature_detected!("fma")
-                && std::is_x86_feature_detected!("f16c")
-        };
-        let vnni = || {
-            std::is_x86_feature_detected!("avx512f")
-                && std::is_x86_feature_detected!("avx512bw")
-                && std::is_x86_feature_detected!("avx512vl")
-                && std::is_x86_feature_detected!("avx512vnni")
-        };
-        match isa {
-            Isa::Avx512Vnni if avx2() && vnni() => Isa::Avx512Vnni,
-            Isa::Avx512Vnni | Isa::Avx2 if avx2() => Isa::Avx2,
-            _ => Isa::Portable,
-        }
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        match isa {
-            Isa::NeonDot if std::arch::is_aarch64_feature_detected!("dotprod") => Isa::NeonDot,
-            Isa::NeonDot | Isa::Neon => Isa::Neon,
-            _ => Isa::Portable,
-        }
-    }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    {
-        let _ = isa;
-        Isa::Portable
-    }
-}
 
 /// Rows `r0 .. r0 + ys.len()` of a GGML matrix of type `ty` (`rb` bytes per row) with
 /// activations `a` ([`act_block`] of `ty`).
@@ -232,7 +173,7 @@ pub fn gguf_rows(
     #[cfg(target_arch = "x86_64")]
     {
         match isa {
-            // SAFETY: `usable` checked the features.
+            // SAFETY: `usable` gives only a level this CPU has.
             Isa::Avx512Vnni => return unsafe { x86::gguf_rows_vnni(ty, bytes, rb, a, ys, r0) },
             Isa::Avx2 => return unsafe { x86::gguf_rows_avx2(ty, bytes, rb, a, ys, r0) },
             _ => {}
@@ -241,7 +182,7 @@ pub fn gguf_rows(
     #[cfg(target_arch = "aarch64")]
     {
         match isa {
-            // SAFETY: NEON is part of aarch64; `usable` checked `dotprod`.
+            // SAFETY: `usable` gives only a level this CPU has.
             Isa::Neon => return unsafe { arm::gguf_rows_neon(ty, bytes, rb, a, ys, r0) },
             Isa::NeonDot => return unsafe { arm::gguf_rows_dot(ty, bytes, rb, a, ys, r0) },
             _ => {}
@@ -305,7 +246,7 @@ pub fn ternary_rows(
     #[cfg(target_arch = "x86_64")]
     {
         match isa {
-            // SAFETY: `usable` checked the features.
+            // SAFETY: `usable` gives only a level this CPU has.
             Isa::Avx512Vnni => {
                 return unsafe { x86::ternary_rows_vnni(codes, scales, cols, a, p, ys, r0) }
             }
@@ -318,7 +259,7 @@ pub fn ternary_rows(
     #[cfg(target_arch = "aarch64")]
     {
         match isa {
-            // SAFETY: NEON is part of aarch64; `usable` checked `dotprod`.
+            // SAFETY: `usable` gives only a level this CPU has.
             Isa::Neon => {
                 return unsafe { arm::ternary_rows_neon(codes, scales, cols, a, p, ys, r0) }
             }
@@ -405,27 +346,10 @@ pub fn token_groups(acts: &[&QAct]) -> Vec<TokenGroup> {
         .collect()
 }
 
-/// Whether [`ternary_rows_tokens`] runs on this CPU: AVX-512 (F, BW, VL, VNNI) with AVX2 and
-/// F16C, and `isa` not capped below it.
+/// Whether [`ternary_rows_tokens`] runs on this CPU: the AVX-512 level
+/// ([`crate::isa::has`]) and `isa` not capped below it.
 pub fn ternary_tokens_available(isa: Isa) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        isa == Isa::Avx512Vnni
-            && *OK.get_or_init(|| {
-                std::is_x86_feature_detected!("avx512f")
-                    && std::is_x86_feature_detected!("avx512bw")
-                    && std::is_x86_feature_detected!("avx512vl")
-                    && std::is_x86_feature_detected!("avx512vnni")
-                    && std::is_x86_feature_detected!("avx2")
-                    && std::is_x86_feature_detected!("f16c")
-            })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = isa;
-        false
-    }
+    isa == Isa::Avx512Vnni && crate::isa::has(Isa::Avx512Vnni)
 }
 
 /// Rows `r0 .. r0 + k` of a ternary matrix (the bundle's layout, as [`ternary_rows`]) against
@@ -451,7 +375,7 @@ pub fn ternary_rows_tokens(
     #[cfg(target_arch = "x86_64")]
     {
         assert!(
-            ternary_tokens_available(Isa::Avx512Vnni),
+            crate::isa::has(Isa::Avx512Vnni),
             "ternary_rows_tokens needs AVX-512 (F, BW, VL, VNNI)"
         );
         // SAFETY: the features are present (asserted).
@@ -494,7 +418,7 @@ pub fn gguf_rows_tokens(
     #[cfg(target_arch = "x86_64")]
     {
         assert!(
-            ternary_tokens_available(Isa::Avx512Vnni),
+            crate::isa::has(Isa::Avx512Vnni),
             "gguf_rows_tokens needs AVX-512 (F, BW, VL, VNNI)"
         );
         // SAFETY: the features are present (asserted).
@@ -520,6 +444,19 @@ fn term32(ty: GgmlType, blk: &[u8], a: &QAct, b: usize, isum: i32) -> f32 {
         }
         _ => (f16_at(blk, 0) * da) * isum as f32,
     }
+}
+
+/// The term of a Q4_K/Q5_K block from its exact `s1 = sum_j sc_j * (sum_{32} w*q)_j` and its
+/// sub-block mins `mn` (the min term's `sum_j m_j * sum_{32} q` from the activations'
+/// 16-value sums).
+#[inline(always)]
+fn term_k4(blk: &[u8], a: &QAct, b: usize, s1: i32, mn: &[u8; 8]) -> f32 {
+    let mut s2 = 0i32;
+    for (j, &m) in mn.iter().enumerate() {
+        s2 += m as i32 * (a.sum16[b * 16 + 2 * j] + a.sum16[b * 16 + 2 * j + 1]);
+    }
+    let da = a.d[b];
+    (f16_at(blk, 0) * da) * s1 as f32 - (f16_at(blk, 2) * da) * s2 as f32
 }
 
 /// The definitions, one block at a time (the reference the SIMD paths are held to).
@@ -594,7 +531,7 @@ pub mod portable {
                     (&blk[16..144], [0u8; 32])
                 };
                 let q = &a.q[b * 256..b * 256 + 256];
-                let (mut s1, mut s2) = (0i32, 0i32);
+                let mut s1 = 0i32;
                 for c in 0..4 {
                     let (mut lo, mut hi) = (0i32, 0i32);
                     for l in 0..32 {
@@ -606,11 +543,7 @@ pub mod portable {
                     }
                     s1 += sc[2 * c] as i32 * lo + sc[2 * c + 1] as i32 * hi;
                 }
-                for (j, &m) in mn.iter().enumerate() {
-                    let s32 = a.sum16[b * 16 + 2 * j] + a.sum16[b * 16 + 2 * j + 1];
-                    s2 += m as i32 * s32;
-                }
-                (f16_at(blk, 0) * da) * s1 as f32 - (f16_at(blk, 2) * da) * s2 as f32
+                term_k4(blk, a, b, s1, &mn)
             }
             GgmlType::Q6_K => {
                 let (ql, qh, sc) = (&blk[0..128], &blk[128..192], &blk[192..208]);
@@ -759,9 +692,9 @@ mod arm {
         [vpaddq_s32(t[0], t[1]), vpaddq_s32(t[2], t[3])]
     }
 
-    /// Q4_K's / Q5_K's block term ([`portable::term`]'s arithmetic on the same exact sums:
-    /// `s1 = sum_j sc_j * (sum_{32} w*q)_j` as one integer, from the eight sub-block sums'
-    /// lane totals times the scales, added in any order).
+    /// Q4_K's / Q5_K's block term ([`term_k4`] of the exact `s1 = sum_j sc_j * (sum_{32}
+    /// w*q)_j`, one integer from the eight sub-block sums' lane totals times the scales,
+    /// added in any order).
     #[inline(always)]
     unsafe fn term_q45k<const DOT: bool>(ty: GgmlType, blk: &[u8], a: &QAct, b: usize) -> f32 {
         let sc: &[u8; 12] = blk[4..16].try_into().expect("12 bytes");
@@ -797,13 +730,7 @@ mod arm {
         let s0 = vld1q_s32(sc[..4].as_ptr());
         let s4 = vld1q_s32(sc[4..].as_ptr());
         let s1 = vaddvq_s32(vmlaq_s32(vmulq_s32(p0, s0), p1, s4));
-        let mut s2 = 0i32;
-        for (j, &m) in mn.iter().enumerate() {
-            let s32 = a.sum16[b * 16 + 2 * j] + a.sum16[b * 16 + 2 * j + 1];
-            s2 += m as i32 * s32;
-        }
-        let da = a.d[b];
-        (f16_at(blk, 0) * da) * s1 as f32 - (f16_at(blk, 2) * da) * s2 as f32
+        term_k4(blk, a, b, s1, &mn)
     }
 
     /// Q6_K's block term ([`portable::term`]'s arithmetic on the same exact sum
@@ -1295,12 +1222,7 @@ mod x86 {
                         } else {
                             q4k_isum::<false>(blk, &sc, a, b)
                         };
-                        let mut s2 = 0i32;
-                        for (j, &m) in mn.iter().enumerate() {
-                            s2 +=
-                                m as i32 * (a.sum16[b * 16 + 2 * j] + a.sum16[b * 16 + 2 * j + 1]);
-                        }
-                        (f16_at(blk, 0) * da) * s1 as f32 - (f16_at(blk, 2) * da) * s2 as f32
+                        term_k4(blk, a, b, s1, &mn)
                     }
                 };
             }
