@@ -1063,7 +1063,7 @@ pub fn matmul_shared(kernel: Kernel, w: WeightData, ys: &mut [f32], acts: &mut S
             // permutation only the per-token kernel reads.
             let groups = acts.groups(256);
             run(&|r0, k, tile, s| {
-                q8::ternary_rows_tokens(words, scales, cols, groups, tile, r0, k, &mut s.words)
+                q8::ternary_rows_tokens(isa, words, scales, cols, groups, tile, r0, k, &mut s.words)
             });
         }
         WeightData::Gguf { ty, bytes }
@@ -1076,7 +1076,7 @@ pub fn matmul_shared(kernel: Kernel, w: WeightData, ys: &mut [f32], acts: &mut S
             let rb = ty.bytes_for(cols as u64).unwrap_or(0) as usize;
             let groups = acts.groups(q8::act_block(ty).unwrap_or(32));
             run(&|r0, k, tile, s| {
-                q8::gguf_rows_tokens(ty, bytes, rb, groups, tile, r0, k, &mut s.words)
+                q8::gguf_rows_tokens(isa, ty, bytes, rb, groups, tile, r0, k, &mut s.words)
             });
         }
         WeightData::Palette(v) => {
@@ -1351,8 +1351,9 @@ mod tests {
 
     #[test]
     fn matmul_gives_each_vectors_matvec_bits_on_every_encoding() {
-        // Ternary (the multi-token int8 kernel where the CPU has AVX-512), GGML types, both
-        // kernels; token counts around the 16-token groups; rows not a multiple of 16; a
+        // Ternary (the multi-token int8 kernel where the CPU has AVX-512 or AVX2), GGML
+        // types, both kernels; token counts around the 16-token groups; rows not a multiple
+        // of 16; a
         // row length whose 32-element blocks are no multiple of 8 (SmolLM2's 576), one whose
         // 256-element blocks are more than 8 and no multiple of 8 (2304).
         // 37 and 39 rows: tasks of 16 rows end with 5 and 7 (passes of 8 rows, or 4 for the

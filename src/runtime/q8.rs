@@ -346,10 +346,21 @@ pub fn token_groups(acts: &[&QAct]) -> Vec<TokenGroup> {
         .collect()
 }
 
-/// Whether [`ternary_rows_tokens`] runs on this CPU: the AVX-512 level
-/// ([`crate::isa::has`]) and `isa` not capped below it.
+/// The level [`ternary_rows_tokens`] and [`gguf_rows_tokens`] run for `isa` on this CPU
+/// ([`crate::isa::usable`]): the AVX-512 kernels (`vpdpbusd` on 16 tokens a vector), the
+/// AVX2 ones (`vpmaddubsw`, two halves of 8) or the aarch64 ones (`sdot`, or `smull` and
+/// `sadalp`, four quarters of 4); `None` for the portable level.
+fn tokens_level(isa: Isa) -> Option<Isa> {
+    match crate::isa::usable(isa) {
+        l @ (Isa::Avx512Vnni | Isa::Avx2 | Isa::Neon | Isa::NeonDot) => Some(l),
+        _ => None,
+    }
+}
+
+/// Whether [`ternary_rows_tokens`] runs for `isa` on this CPU: any level but the portable
+/// one ([`tokens_level`]).
 pub fn ternary_tokens_available(isa: Isa) -> bool {
-    isa == Isa::Avx512Vnni && crate::isa::has(Isa::Avx512Vnni)
+    tokens_level(isa).is_some()
 }
 
 /// Rows `r0 .. r0 + k` of a ternary matrix (the bundle's layout, as [`ternary_rows`]) against
@@ -359,9 +370,13 @@ pub fn ternary_tokens_available(isa: Isa) -> bool {
 /// `sum c * q` comes from `sum c * (q + 128) - 128 * sum c` with the 16 tokens in the lanes of
 /// one vector (`vpdpbusd`, the row's codes broadcast), so a weight's codes are unpacked once
 /// for 16 tokens and no horizontal sum is needed; the f32 terms and their summation order are
-/// [`ternary_rows`]'s. Only where [`ternary_tokens_available`].
+/// [`ternary_rows`]'s. With AVX2 only, the same on two halves of 8 tokens (`vpmaddubsw`); on
+/// aarch64 on four quarters of 4 (`sdot`, or `smull` and `sadalp`).
+/// Only where [`ternary_tokens_available`]; panics where not, and on inputs shorter than the
+/// rows and groups asked for.
 #[allow(clippy::too_many_arguments)]
 pub fn ternary_rows_tokens(
+    isa: Isa,
     words: &[u32],
     scales: &[u16],
     cols: usize,
@@ -372,20 +387,58 @@ pub fn ternary_rows_tokens(
     buf: &mut Vec<u32>,
 ) {
     let codes: &[u8] = bytemuck::cast_slice(words);
-    #[cfg(target_arch = "x86_64")]
-    {
-        assert!(
-            crate::isa::has(Isa::Avx512Vnni),
-            "ternary_rows_tokens needs AVX-512 (F, BW, VL, VNNI)"
-        );
-        // SAFETY: the features are present (asserted).
-        unsafe { x86::ternary_tokens_vnni(codes, scales, cols, groups, ys, r0, k, buf) }
+    check_tokens(cols, groups, ys, k);
+    assert!(
+        cols.is_multiple_of(256)
+            && codes.len() >= (r0 + k) * (cols / 4)
+            && scales.len() >= (r0 + k) * (cols / 256),
+        "ternary_rows_tokens: rows {r0}..{} of {cols} columns need {} code bytes and {} \
+         scales, given {} and {}",
+        r0 + k,
+        (r0 + k) * (cols / 4),
+        (r0 + k) * (cols / 256),
+        codes.len(),
+        scales.len()
+    );
+    match tokens_level(isa) {
+        // SAFETY: the level's features are present (tokens_level: usable), the inputs'
+        // lengths are checked above.
+        #[cfg(target_arch = "x86_64")]
+        Some(Isa::Avx512Vnni) => unsafe {
+            x86::ternary_tokens_vnni(codes, scales, cols, groups, ys, r0, k, buf)
+        },
+        #[cfg(target_arch = "x86_64")]
+        Some(Isa::Avx2) => unsafe {
+            x86::ternary_tokens_avx2(codes, scales, cols, groups, ys, r0, k, buf)
+        },
+        #[cfg(target_arch = "aarch64")]
+        Some(Isa::NeonDot) => unsafe {
+            arm::ternary_tokens_dot(codes, scales, cols, groups, ys, r0, k, buf)
+        },
+        #[cfg(target_arch = "aarch64")]
+        Some(Isa::Neon) => unsafe {
+            arm::ternary_tokens_neon(codes, scales, cols, groups, ys, r0, k, buf)
+        },
+        _ => panic!("ternary_rows_tokens: no multi-token kernel for {isa:?} on this CPU"),
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (codes, scales, cols, groups, ys, r0, k, buf);
-        unreachable!("ternary_tokens_available is false off x86-64");
-    }
+}
+
+/// The multi-token kernels' common checks: every group holds `cols` values a token, and
+/// `ys` takes `k` rows of all the groups' tokens.
+fn check_tokens(cols: usize, groups: &[TokenGroup], ys: &[f32], k: usize) {
+    let n: usize = groups.iter().map(|g| g.n).sum();
+    assert!(
+        groups
+            .iter()
+            .all(|g| g.x.len() == cols * TOKENS_PER_GROUP && g.n <= TOKENS_PER_GROUP),
+        "token groups are not of {cols} values a token"
+    );
+    assert!(
+        ys.len() >= k * n,
+        "ys holds {} values, {k} rows of {n} tokens need {}",
+        ys.len(),
+        k * n
+    );
 }
 
 /// Whether [`gguf_rows_tokens`] takes `ty` on this CPU: every type of [`act_block`] (Q8_0,
@@ -403,9 +456,13 @@ pub fn gguf_tokens_available(isa: Isa, ty: GgmlType) -> bool {
 /// `vpdpbusd`, so no horizontal sums. The k-quants' sub-block scales multiply those exact
 /// sums (`vpmulld`), their mins (Q4_K, Q5_K) and Q6_K's `32 sum q` term take the tokens'
 /// 16-value sums two at a time (`vpdpwssd`). The f32 terms and their summation order are
-/// [`gguf_rows`]'s. Only where [`gguf_tokens_available`].
+/// [`gguf_rows`]'s. With AVX2 only, the same on two halves of 8 tokens (`vpmaddubsw`; Q8_0's
+/// signed weights as `|w|` and `q` with `w`'s sign); on aarch64 on four quarters of 4
+/// (`sdot`, or `smull` and `sadalp`). Only where [`gguf_tokens_available`];
+/// panics where not, and on inputs shorter than the rows and groups asked for.
 #[allow(clippy::too_many_arguments)]
 pub fn gguf_rows_tokens(
+    isa: Isa,
     ty: GgmlType,
     bytes: &[u8],
     rb: usize,
@@ -415,19 +472,33 @@ pub fn gguf_rows_tokens(
     k: usize,
     buf: &mut Vec<u32>,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        assert!(
-            crate::isa::has(Isa::Avx512Vnni),
-            "gguf_rows_tokens needs AVX-512 (F, BW, VL, VNNI)"
-        );
-        // SAFETY: the features are present (asserted).
-        unsafe { x86::gguf_tokens_vnni(ty, bytes, rb, groups, ys, r0, k, buf) }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (ty, bytes, rb, groups, ys, r0, k, buf);
-        unreachable!("gguf_tokens_available is false off x86-64");
+    let block =
+        act_block(ty).unwrap_or_else(|| panic!("gguf_rows_tokens: {ty} has no multi-token kernel"));
+    let ts = ty.type_size();
+    assert!(
+        rb.is_multiple_of(ts) && bytes.len() >= (r0 + k) * rb,
+        "gguf_rows_tokens: rows {r0}..{} of {rb} bytes need {} bytes, given {}",
+        r0 + k,
+        (r0 + k) * rb,
+        bytes.len()
+    );
+    check_tokens(rb / ts * block, groups, ys, k);
+    match tokens_level(isa) {
+        // SAFETY: the level's features are present (tokens_level: usable), the inputs'
+        // lengths are checked above.
+        #[cfg(target_arch = "x86_64")]
+        Some(Isa::Avx512Vnni) => unsafe {
+            x86::gguf_tokens_vnni(ty, bytes, rb, groups, ys, r0, k, buf)
+        },
+        #[cfg(target_arch = "x86_64")]
+        Some(Isa::Avx2) => unsafe { x86::gguf_tokens_avx2(ty, bytes, rb, groups, ys, r0, k, buf) },
+        #[cfg(target_arch = "aarch64")]
+        Some(Isa::NeonDot) => unsafe {
+            arm::gguf_tokens_dot(ty, bytes, rb, groups, ys, r0, k, buf)
+        },
+        #[cfg(target_arch = "aarch64")]
+        Some(Isa::Neon) => unsafe { arm::gguf_tokens_neon(ty, bytes, rb, groups, ys, r0, k, buf) },
+        _ => panic!("gguf_rows_tokens: no multi-token kernel for {isa:?} on this CPU"),
     }
 }
 
@@ -898,6 +969,661 @@ mod arm {
         r0: usize,
     ) {
         ternary_rows_body::<true>(codes, scales, cols, a, p, ys, r0)
+    }
+
+    // The multi-token kernels (prefill): the x86 ones' layout and f32 arithmetic on 128-bit
+    // vectors, a token group's 16 tokens as four quarters of 4 (one token's 4 values to an
+    // i32 lane). `sdot` (or, without `dotprod`, `smull`, a pairwise add in i16 and `sadalp`,
+    // which keep each 4-byte group in its lane: a pair of products is at most 2 * 128 * 127)
+    // multiplies signed by signed, so the codes and the signed `q` (the group holds `q + 128`:
+    // one `eor` a load) enter as they are and each block's `sum w*q` is exact with no
+    // correction; every term and its order are the single-token kernels', so the same bits.
+
+    /// `acc` plus, in each i32 lane, the dot product of that lane's 4 bytes of `a` and `b`.
+    #[inline(always)]
+    unsafe fn dot4<const DOT: bool>(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+        if DOT {
+            sdot(acc, a, b)
+        } else {
+            let lo = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+            let hi = vmull_high_s8(a, b);
+            // Adjacent products (|p| <= 128 * 127, a pair fits i16), then adjacent pairs.
+            vpadalq_s16(acc, vpaddq_s16(lo, hi))
+        }
+    }
+
+    /// The 16 tokens of a group's activation word `gi` (4 values each) as four quarters of
+    /// signed `q`.
+    #[inline(always)]
+    unsafe fn q_quarters(g: &TokenGroup, gi: usize) -> [int8x16_t; 4] {
+        debug_assert!(gi * 64 + 64 <= g.x.len());
+        let p = g.x.as_ptr().add(gi * 64);
+        let m = vdupq_n_u8(0x80);
+        [0, 16, 32, 48].map(|o| s8(veorq_u8(vld1q_u8(p.add(o)), m)))
+    }
+
+    /// A row's 4 codes of word `gi` (bytes, in element order) in every lane.
+    #[inline(always)]
+    unsafe fn bcast(w: &[u32], i: usize) -> int8x16_t {
+        debug_assert!(i < w.len());
+        vreinterpretq_s8_u32(vld1q_dup_u32(w.as_ptr().add(i)))
+    }
+
+    /// `acc[r][q][l]` (row `r`, token quarter `q`, lane `l` = block `% 8`) added in the
+    /// single-token kernels' order into `out[r]` (16 tokens).
+    #[inline(always)]
+    unsafe fn store_sums4<const R: usize>(acc: &[[[float32x4_t; 8]; 4]; R], out: &mut [[f32; 16]]) {
+        for (o, a) in out.iter_mut().zip(acc) {
+            for (qd, l) in a.iter().enumerate() {
+                let y = vaddq_f32(
+                    vaddq_f32(vaddq_f32(l[0], l[4]), vaddq_f32(l[2], l[6])),
+                    vaddq_f32(vaddq_f32(l[1], l[5]), vaddq_f32(l[3], l[7])),
+                );
+                vst1q_f32(o.as_mut_ptr().add(qd * 4), y);
+            }
+        }
+    }
+
+    /// `acc[r][q][b % 8] += t` for block `b`, `t = (dw_r * da) * f32(isum[r][q])` (plus
+    /// `(mw_r * da) * f32(sum q)` where `mw` is given: Q4_1, Q5_1), `da` the quarter's
+    /// activation scales: [`term32`]'s and the ternary term's arithmetic lane-wise.
+    #[inline(always)]
+    unsafe fn add_terms<const R: usize>(
+        acc: &mut [[[float32x4_t; 8]; 4]; R],
+        isum: &[[int32x4_t; 4]; R],
+        dw: [f32; R],
+        mw: Option<[f32; R]>,
+        g: &TokenGroup,
+        b: usize,
+    ) {
+        for qd in 0..4 {
+            let da = vld1q_f32(g.da.as_ptr().add(b * 16 + qd * 4));
+            for rr in 0..R {
+                let mut t = vmulq_f32(vmulq_n_f32(da, dw[rr]), vcvtq_f32_s32(isum[rr][qd]));
+                if let Some(mw) = mw {
+                    let sq = vcvtq_f32_s32(asum4(g, b, qd));
+                    t = vaddq_f32(t, vmulq_f32(vmulq_n_f32(da, mw[rr]), sq));
+                }
+                acc[rr][qd][b % 8] = vaddq_f32(acc[rr][qd][b % 8], t);
+            }
+        }
+    }
+
+    /// The activations' block sums of quarter `qd` (`sum q` of each token).
+    #[inline(always)]
+    unsafe fn asum4(g: &TokenGroup, b: usize, qd: usize) -> int32x4_t {
+        vld1q_s32(g.asum.as_ptr().add(b * 16 + qd * 4))
+    }
+
+    /// `R` ternary rows (codes unpacked in `c`, `R` slices of `cols / 4`; block scales
+    /// widened in `dws`) against the 16 tokens of `g`: `out[r]`, `sum c*q - sum q` a block.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn tokens_rows4<const R: usize, const DOT: bool>(
+        c: &[u32],
+        dws: &[f32],
+        cols: usize,
+        g: &TokenGroup,
+        out: &mut [[f32; 16]],
+    ) {
+        let (ng, spr) = (cols / 4, cols / 256);
+        let z = vdupq_n_s32(0);
+        let mut acc = [[[vdupq_n_f32(0.0); 8]; 4]; R];
+        for b in 0..spr {
+            let mut ia = [[z; 4]; R];
+            for gi in b * 64..b * 64 + 64 {
+                let x = q_quarters(g, gi);
+                for rr in 0..R {
+                    let w = bcast(c, rr * ng + gi);
+                    for qd in 0..4 {
+                        ia[rr][qd] = dot4::<DOT>(ia[rr][qd], x[qd], w);
+                    }
+                }
+            }
+            for qd in 0..4 {
+                let s = asum4(g, b, qd);
+                for rr in 0..R {
+                    ia[rr][qd] = vsubq_s32(ia[rr][qd], s);
+                }
+            }
+            add_terms(
+                &mut acc,
+                &ia,
+                std::array::from_fn(|rr| dws[rr * spr + b]),
+                None,
+                g,
+                b,
+            );
+        }
+        store_sums4(&acc, &mut out[..R]);
+    }
+
+    /// How many of the `left` rows of a pass the next call takes: 4, then the last 2 and 1.
+    /// (The drivers loop over it themselves: a closure would not inherit their target
+    /// features, and the kernels inlined into it would call each intrinsic.)
+    #[inline(always)]
+    fn next_rows(left: usize) -> usize {
+        [4, 2, 1].into_iter().find(|&m| m <= left).unwrap_or(1)
+    }
+
+    /// Copies a pass's results against group `g` (`out[r]`, rows `j .. j + nr` of a task;
+    /// the group's first token is `*t0`) into `ys` (`ys[r * n + t]`) and moves `*t0` on.
+    #[inline(always)]
+    fn scatter_group(
+        out: &[[f32; 16]],
+        g: &TokenGroup,
+        ys: &mut [f32],
+        n: usize,
+        j: usize,
+        t0: &mut usize,
+    ) {
+        for (rr, row) in out.iter().enumerate() {
+            let at = (j + rr) * n + *t0;
+            ys[at..at + g.n].copy_from_slice(&row[..g.n]);
+        }
+        *t0 += g.n;
+    }
+
+    /// Rows unpacked at once by the multi-token drivers.
+    const PASS: usize = 8;
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn ternary_tokens_impl<const DOT: bool>(
+        codes: &[u8],
+        scales: &[u16],
+        cols: usize,
+        groups: &[TokenGroup],
+        ys: &mut [f32],
+        r0: usize,
+        k: usize,
+        buf: &mut Vec<u32>,
+    ) {
+        let (bpr, ng, spr) = (cols / 4, cols / 4, cols / 256);
+        let n: usize = groups.iter().map(|g| g.n).sum();
+        buf.resize(PASS * ng, 0);
+        let mut dws = vec![0f32; PASS * spr];
+        let mut out = [[0f32; 16]; PASS];
+        let m3 = vdupq_n_u8(3);
+        let mut j = 0;
+        while j < k {
+            let nr = (k - j).min(PASS);
+            for rr in 0..nr {
+                let r = r0 + j + rr;
+                // Each code byte's 4 codes as the 4 bytes of a u32, in element order.
+                let row = &codes[r * bpr..(r + 1) * bpr];
+                let dst = buf[rr * ng..(rr + 1) * ng].as_mut_ptr() as *mut u8;
+                for (i, c16) in row.chunks_exact(16).enumerate() {
+                    let v = vld1q_u8(c16.as_ptr());
+                    let cs = uint8x16x4_t(
+                        vandq_u8(v, m3),
+                        vandq_u8(vshrq_n_u8::<2>(v), m3),
+                        vandq_u8(vshrq_n_u8::<4>(v), m3),
+                        vshrq_n_u8::<6>(v),
+                    );
+                    vst4q_u8(dst.add(i * 64), cs);
+                }
+                for b in 0..spr {
+                    dws[rr * spr + b] = f16_bits_to_f32(scales[r * spr + b]);
+                }
+            }
+            let mut t0 = 0;
+            for g in groups {
+                let mut r = 0;
+                while r < nr {
+                    let m = next_rows(nr - r);
+                    let (c, d, o) = (&buf[r * ng..], &dws[r * spr..], &mut out[r..]);
+                    match m {
+                        4 => tokens_rows4::<4, DOT>(c, d, cols, g, o),
+                        2 => tokens_rows4::<2, DOT>(c, d, cols, g, o),
+                        _ => tokens_rows4::<1, DOT>(c, d, cols, g, o),
+                    }
+                    r += m;
+                }
+                scatter_group(&out[..nr], g, ys, n, j, &mut t0);
+            }
+            j += nr;
+        }
+    }
+
+    /// [`ternary_rows_tokens`] with `smull`/`sadalp`.
+    #[target_feature(enable = "neon")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn ternary_tokens_neon(
+        codes: &[u8],
+        scales: &[u16],
+        cols: usize,
+        groups: &[TokenGroup],
+        ys: &mut [f32],
+        r0: usize,
+        k: usize,
+        buf: &mut Vec<u32>,
+    ) {
+        ternary_tokens_impl::<false>(codes, scales, cols, groups, ys, r0, k, buf)
+    }
+
+    /// [`ternary_rows_tokens`] with `sdot`.
+    #[target_feature(enable = "neon,dotprod")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn ternary_tokens_dot(
+        codes: &[u8],
+        scales: &[u16],
+        cols: usize,
+        groups: &[TokenGroup],
+        ys: &mut [f32],
+        r0: usize,
+        k: usize,
+        buf: &mut Vec<u32>,
+    ) {
+        ternary_tokens_impl::<true>(codes, scales, cols, groups, ys, r0, k, buf)
+    }
+
+    /// A 32-element block's 32 codes in element order (signed bytes for Q8_0, unsigned codes
+    /// otherwise: [`isum32`]'s weights).
+    #[inline(always)]
+    unsafe fn codes32(ty: GgmlType, blk: &[u8]) -> [uint8x16_t; 2] {
+        match ty {
+            GgmlType::Q8_0 => [load(blk, 2), load(blk, 18)],
+            GgmlType::Q4_0 => nibbles(blk, 2),
+            GgmlType::Q4_1 => nibbles(blk, 4),
+            GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                let (qh, qs) = if ty == GgmlType::Q5_0 { (2, 6) } else { (4, 8) };
+                let [lo, hi] = nibbles(blk, qs);
+                let [h0, h1] = q5_high(blk, qh);
+                [vorrq_u8(lo, h0), vorrq_u8(hi, h1)]
+            }
+            _ => unreachable!("32-element types only"),
+        }
+    }
+
+    /// `R` rows of a 32-element type (codes in `w`, 8 words a block; scales `dw`, mins
+    /// `mw`) against the 16 tokens of `g`: `out[r]`, [`term32`]'s arithmetic lane-wise.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+    unsafe fn tokens32_4<const R: usize, const DOT: bool>(
+        ty: GgmlType,
+        w: &[u32],
+        dw: &[f32],
+        mw: &[f32],
+        nb: usize,
+        g: &TokenGroup,
+        out: &mut [[f32; 16]],
+    ) {
+        let nw = nb * 8;
+        let z = vdupq_n_s32(0);
+        let mut acc = [[[vdupq_n_f32(0.0); 8]; 4]; R];
+        for b in 0..nb {
+            let mut ia = [[z; 4]; R];
+            for gi in b * 8..b * 8 + 8 {
+                let x = q_quarters(g, gi);
+                for rr in 0..R {
+                    let wv = bcast(w, rr * nw + gi);
+                    for qd in 0..4 {
+                        ia[rr][qd] = dot4::<DOT>(ia[rr][qd], x[qd], wv);
+                    }
+                }
+            }
+            let shift = match ty {
+                GgmlType::Q4_0 => 3,
+                GgmlType::Q5_0 => 4,
+                _ => 0,
+            };
+            if shift > 0 {
+                for qd in 0..4 {
+                    let s = vshlq_s32(asum4(g, b, qd), vdupq_n_s32(shift));
+                    for rr in 0..R {
+                        ia[rr][qd] = vsubq_s32(ia[rr][qd], s);
+                    }
+                }
+            }
+            let mins = (ty == GgmlType::Q4_1 || ty == GgmlType::Q5_1)
+                .then(|| std::array::from_fn(|rr| mw[rr * nb + b]));
+            add_terms(
+                &mut acc,
+                &ia,
+                std::array::from_fn(|rr| dw[rr * nb + b]),
+                mins,
+                g,
+                b,
+            );
+        }
+        store_sums4(&acc, &mut out[..R]);
+    }
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gguf32_tokens_impl<const DOT: bool>(
+        ty: GgmlType,
+        bytes: &[u8],
+        rb: usize,
+        groups: &[TokenGroup],
+        ys: &mut [f32],
+        r0: usize,
+        k: usize,
+        buf: &mut Vec<u32>,
+    ) {
+        let ts = ty.type_size();
+        let nb = rb / ts;
+        let nw = nb * 8;
+        let n: usize = groups.iter().map(|g| g.n).sum();
+        buf.resize(PASS * nw, 0);
+        let (mut dw, mut mw) = (vec![0f32; PASS * nb], vec![0f32; PASS * nb]);
+        let mut out = [[0f32; 16]; PASS];
+        let mut j = 0;
+        while j < k {
+            let nr = (k - j).min(PASS);
+            for rr in 0..nr {
+                let r = r0 + j + rr;
+                let dst = buf[rr * nw..(rr + 1) * nw].as_mut_ptr() as *mut u8;
+                for (b, blk) in bytes[r * rb..(r + 1) * rb].chunks_exact(ts).enumerate() {
+                    let [w0, w1] = codes32(ty, blk);
+                    vst1q_u8(dst.add(b * 32), w0);
+                    vst1q_u8(dst.add(b * 32 + 16), w1);
+                    dw[rr * nb + b] = f16_at(blk, 0);
+                    mw[rr * nb + b] = f16_at(blk, 2);
+                }
+            }
+            let mut t0 = 0;
+            for g in groups {
+                let mut r = 0;
+                while r < nr {
+                    let m = next_rows(nr - r);
+                    let (w, d, mn) = (&buf[r * nw..], &dw[r * nb..], &mw[r * nb..]);
+                    let o = &mut out[r..];
+                    match m {
+                        4 => tokens32_4::<4, DOT>(ty, w, d, mn, nb, g, o),
+                        2 => tokens32_4::<2, DOT>(ty, w, d, mn, nb, g, o),
+                        _ => tokens32_4::<1, DOT>(ty, w, d, mn, nb, g, o),
+                    }
+                    r += m;
+                }
+                scatter_group(&out[..nr], g, ys, n, j, &mut t0);
+            }
+            j += nr;
+        }
+    }
+
+    /// Sub-blocks of a 256-block whose elements share a scale: 8 of 32 (Q4_K, Q5_K), 16 of 16
+    /// (Q6_K).
+    const fn subs(ty: GgmlType) -> usize {
+        if matches!(ty, GgmlType::Q6_K) {
+            16
+        } else {
+            8
+        }
+    }
+
+    /// A k-quant row unpacked: per block the 256 codes in element order (64 words of `w`),
+    /// each sub-block's scale (`sc`, 16 a block; Q6_K's signed), `mp` the min pairs `m_j |
+    /// m_j << 16` (Q4_K, Q5_K) or Q6_K's scale pairs `sc_2p | sc_2p+1 << 16` (i16 halves),
+    /// `d` and `dmin` widened.
+    struct Rows256<'a> {
+        w: &'a [u32],
+        sc: &'a [i32],
+        mp: &'a [u32],
+        d: &'a [f32],
+        dmin: &'a [f32],
+    }
+
+    /// Block `blk`'s codes into `dst` (256 bytes), its scales and min (or scale) pairs.
+    #[inline(always)]
+    unsafe fn unpack256(ty: GgmlType, blk: &[u8], dst: *mut u8, sc: &mut [i32], mp: &mut [u32]) {
+        let (m4, m2) = (vdupq_n_u8(0x0F), vdupq_n_u8(3));
+        if ty == GgmlType::Q6_K {
+            for h in 0..2 {
+                let ql = [0, 16, 32, 48].map(|o| load(blk, h * 64 + o));
+                let qh = [load(blk, 128 + h * 32), load(blk, 128 + h * 32 + 16)];
+                for s in 0..4 {
+                    let right = vdupq_n_s8(-2 * s as i8);
+                    for half in 0..2 {
+                        let l = ql[(s % 2) * 2 + half];
+                        let l = if s < 2 {
+                            vandq_u8(l, m4)
+                        } else {
+                            vshrq_n_u8::<4>(l)
+                        };
+                        let hb = vandq_u8(vshlq_u8(qh[half], right), m2);
+                        let w = vorrq_u8(l, vshlq_n_u8::<4>(hb));
+                        vst1q_u8(dst.add(h * 128 + s * 32 + half * 16), w);
+                    }
+                }
+            }
+            for j in 0..16 {
+                sc[j] = (blk[192 + j] as i8) as i32;
+            }
+            for p in 0..8 {
+                mp[p] = sc[2 * p] as u16 as u32 | (sc[2 * p + 1] as u16 as u32) << 16;
+            }
+        } else {
+            let (qs_off, qh) = if ty == GgmlType::Q5_K {
+                (48, Some([load(blk, 16), load(blk, 32)]))
+            } else {
+                (16, None)
+            };
+            let t = vdupq_n_u8(0x10);
+            for c in 0..4 {
+                let v = [load(blk, qs_off + c * 32), load(blk, qs_off + c * 32 + 16)];
+                let mut lo = [vandq_u8(v[0], m4), vandq_u8(v[1], m4)];
+                let mut hi = [vshrq_n_u8::<4>(v[0]), vshrq_n_u8::<4>(v[1])];
+                if let Some(qh) = qh {
+                    let (b1, b2) = (vdupq_n_u8(1 << (2 * c)), vdupq_n_u8(2 << (2 * c)));
+                    for k in 0..2 {
+                        lo[k] = vorrq_u8(lo[k], vandq_u8(vtstq_u8(qh[k], b1), t));
+                        hi[k] = vorrq_u8(hi[k], vandq_u8(vtstq_u8(qh[k], b2), t));
+                    }
+                }
+                vst1q_u8(dst.add(c * 64), lo[0]);
+                vst1q_u8(dst.add(c * 64 + 16), lo[1]);
+                vst1q_u8(dst.add(c * 64 + 32), hi[0]);
+                vst1q_u8(dst.add(c * 64 + 48), hi[1]);
+            }
+            let scb: &[u8; 12] = blk[4..16].try_into().expect("12 bytes");
+            let (s8, m8) = crate::quant::kquants::get_scale_min_k4(scb);
+            for j in 0..8 {
+                sc[j] = s8[j] as i32;
+                mp[j] = m8[j] as u32 | (m8[j] as u32) << 16;
+            }
+        }
+    }
+
+    /// `R` rows of a k-quant against the 16 tokens of `g`: `out[r]`. Per sub-block each
+    /// token's exact `sum w*q` times the sub-block's scale; the min (or Q6_K's `32 sum q`)
+    /// term from the tokens' 16-value sums (`smull` of i16 pairs); then [`gguf_rows`]'s f32
+    /// term, added to lane `b % 8`.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn tokens256_4<const R: usize, const DOT: bool>(
+        ty: GgmlType,
+        u: &Rows256,
+        nb: usize,
+        g: &TokenGroup,
+        out: &mut [[f32; 16]],
+    ) {
+        let nw = nb * 64;
+        let ns = subs(ty);
+        let wps = 64 / ns; // words per sub-block
+        let z = vdupq_n_s32(0);
+        let mut acc = [[[vdupq_n_f32(0.0); 8]; 4]; R];
+        for b in 0..nb {
+            let mut s1 = [[z; 4]; R];
+            for j in 0..ns {
+                let mut ia = [[z; 4]; R];
+                for gi in b * 64 + j * wps..b * 64 + (j + 1) * wps {
+                    let x = q_quarters(g, gi);
+                    for rr in 0..R {
+                        let wv = bcast(u.w, rr * nw + gi);
+                        for qd in 0..4 {
+                            ia[rr][qd] = dot4::<DOT>(ia[rr][qd], x[qd], wv);
+                        }
+                    }
+                }
+                for rr in 0..R {
+                    let scv = u.sc[rr * nb * 16 + b * 16 + j];
+                    for qd in 0..4 {
+                        s1[rr][qd] = vmlaq_n_s32(s1[rr][qd], ia[rr][qd], scv);
+                    }
+                }
+            }
+            let mut s2 = [[z; 4]; R];
+            for p in 0..8 {
+                for qd in 0..4 {
+                    let sv = vld1q_s16(g.s16.as_ptr().add((b * 8 + p) * 32 + qd * 8));
+                    for rr in 0..R {
+                        let mv = vreinterpretq_s16_u32(vdupq_n_u32(u.mp[rr * nb * 8 + b * 8 + p]));
+                        let lo = vmull_s16(vget_low_s16(sv), vget_low_s16(mv));
+                        let hi = vmull_high_s16(sv, mv);
+                        s2[rr][qd] = vaddq_s32(s2[rr][qd], vpaddq_s32(lo, hi));
+                    }
+                }
+            }
+            for qd in 0..4 {
+                let da = vld1q_f32(g.da.as_ptr().add(b * 16 + qd * 4));
+                for rr in 0..R {
+                    let dv = vmulq_n_f32(da, u.d[rr * nb + b]);
+                    let t = if ty == GgmlType::Q6_K {
+                        let isum = vsubq_s32(s1[rr][qd], vshlq_n_s32::<5>(s2[rr][qd]));
+                        vmulq_f32(dv, vcvtq_f32_s32(isum))
+                    } else {
+                        let mv = vmulq_n_f32(da, u.dmin[rr * nb + b]);
+                        vsubq_f32(
+                            vmulq_f32(dv, vcvtq_f32_s32(s1[rr][qd])),
+                            vmulq_f32(mv, vcvtq_f32_s32(s2[rr][qd])),
+                        )
+                    };
+                    acc[rr][qd][b % 8] = vaddq_f32(acc[rr][qd][b % 8], t);
+                }
+            }
+        }
+        store_sums4(&acc, &mut out[..R]);
+    }
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gguf256_tokens_impl<const DOT: bool>(
+        ty: GgmlType,
+        bytes: &[u8],
+        rb: usize,
+        groups: &[TokenGroup],
+        ys: &mut [f32],
+        r0: usize,
+        k: usize,
+        buf: &mut Vec<u32>,
+    ) {
+        let ts = ty.type_size();
+        let nb = rb / ts;
+        let nw = nb * 64;
+        let n: usize = groups.iter().map(|g| g.n).sum();
+        buf.resize(PASS * nw, 0);
+        let mut sc = vec![0i32; PASS * nb * 16];
+        let mut mp = vec![0u32; PASS * nb * 8];
+        let (mut d, mut dmin) = (vec![0f32; PASS * nb], vec![0f32; PASS * nb]);
+        let mut out = [[0f32; 16]; PASS];
+        let mut j = 0;
+        while j < k {
+            let nr = (k - j).min(PASS);
+            for rr in 0..nr {
+                let r = r0 + j + rr;
+                let dst = buf[rr * nw..(rr + 1) * nw].as_mut_ptr() as *mut u8;
+                for (b, blk) in bytes[r * rb..(r + 1) * rb].chunks_exact(ts).enumerate() {
+                    let at = rr * nb + b;
+                    unpack256(
+                        ty,
+                        blk,
+                        dst.add(b * 256),
+                        &mut sc[at * 16..at * 16 + 16],
+                        &mut mp[at * 8..at * 8 + 8],
+                    );
+                    if ty == GgmlType::Q6_K {
+                        d[at] = f16_at(blk, 208);
+                    } else {
+                        d[at] = f16_at(blk, 0);
+                        dmin[at] = f16_at(blk, 2);
+                    }
+                }
+            }
+            let mut t0 = 0;
+            for g in groups {
+                let mut r = 0;
+                while r < nr {
+                    let m = next_rows(nr - r);
+                    let u = Rows256 {
+                        w: &buf[r * nw..],
+                        sc: &sc[r * nb * 16..],
+                        mp: &mp[r * nb * 8..],
+                        d: &d[r * nb..],
+                        dmin: &dmin[r * nb..],
+                    };
+                    let o = &mut out[r..];
+                    match m {
+                        4 => tokens256_4::<4, DOT>(ty, &u, nb, g, o),
+                        2 => tokens256_4::<2, DOT>(ty, &u, nb, g, o),
+                        _ => tokens256_4::<1, DOT>(ty, &u, nb, g, o),
+                    }
+                    r += m;
+                }
+                scatter_group(&out[..nr], g, ys, n, j, &mut t0);
+            }
+            j += nr;
+        }
+    }
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gguf_tokens_impl<const DOT: bool>(
+        ty: GgmlType,
+        bytes: &[u8],
+        rb: usize,
+        groups: &[TokenGroup],
+        ys: &mut [f32],
+        r0: usize,
+        k: usize,
+        buf: &mut Vec<u32>,
+    ) {
+        // One copy of the kernel per type, the type's branches folded away.
+        use GgmlType as T;
+        match ty {
+            T::Q8_0 => gguf32_tokens_impl::<DOT>(T::Q8_0, bytes, rb, groups, ys, r0, k, buf),
+            T::Q4_0 => gguf32_tokens_impl::<DOT>(T::Q4_0, bytes, rb, groups, ys, r0, k, buf),
+            T::Q4_1 => gguf32_tokens_impl::<DOT>(T::Q4_1, bytes, rb, groups, ys, r0, k, buf),
+            T::Q5_0 => gguf32_tokens_impl::<DOT>(T::Q5_0, bytes, rb, groups, ys, r0, k, buf),
+            T::Q5_1 => gguf32_tokens_impl::<DOT>(T::Q5_1, bytes, rb, groups, ys, r0, k, buf),
+            T::Q4_K => gguf256_tokens_impl::<DOT>(T::Q4_K, bytes, rb, groups, ys, r0, k, buf),
+            T::Q5_K => gguf256_tokens_impl::<DOT>(T::Q5_K, bytes, rb, groups, ys, r0, k, buf),
+            T::Q6_K => gguf256_tokens_impl::<DOT>(T::Q6_K, bytes, rb, groups, ys, r0, k, buf),
+            _ => unreachable!("gguf_tokens_available admits only act_block's types"),
+        }
+    }
+
+    /// [`gguf_rows_tokens`] with `smull`/`sadalp`.
+    #[target_feature(enable = "neon")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gguf_tokens_neon(
+        ty: GgmlType,
+        bytes: &[u8],
+        rb: usize,
+        groups: &[TokenGroup],
+        ys: &mut [f32],
+        r0: usize,
+        k: usize,
+        buf: &mut Vec<u32>,
+    ) {
+        gguf_tokens_impl::<false>(ty, bytes, rb, groups, ys, r0, k, buf)
+    }
+
+    /// [`gguf_rows_tokens`] with `sdot`.
+    #[target_feature(enable = "neon,dotprod")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gguf_tokens_dot(
+        ty: GgmlType,
+        bytes: &[u8],
+        rb: usize,
+        groups: &[TokenGroup],
+        ys: &mut [f32],
+        r0: usize,
+        k: usize,
+        buf: &mut Vec<u32>,
+    ) {
+        gguf_tokens_impl::<true>(ty, bytes, rb, groups, ys, r0, k, buf)
     }
 }
 
@@ -2158,6 +2884,522 @@ mod x86 {
             j += nr;
         }
     }
+
+    // The AVX2 multi-token kernels: the AVX-512 ones' layout and f32 arithmetic on 256-bit
+    // vectors, a token group's 16 tokens as two halves of 8. Without `vpdpbusd` a step is
+    // `vpmaddubsw` (pairs of `u8 x i8` products into i16 lanes, saturating) then `vpmaddwd`
+    // by ones into i32. So that no pair saturates, the weights are the unsigned operand and
+    // the activations enter as signed `q` (the group holds `q + 128`: one `xor` a load),
+    // never `q + 128`: a pair is at most `2 * max|w| * 127`; the pairs of several steps add
+    // in i16 lanes before one `vpmaddwd` ([`steps16`]). Q8_0's signed weights go as `|w|`
+    // with `q` carrying `w`'s sign (`vpsignb`), as llama.cpp's AVX2 `ggml_vec_dot_q8_0_q8_0`
+    // does. The sums are exact integers, `sum w*q` itself (no `128 sum w` to take off), so
+    // every term and its order are the single-token kernels' and the bits the same.
+
+    /// The 16 tokens of a group's activation word `gi` (4 values each) as two 8-token
+    /// halves of signed `q`.
+    #[inline(always)]
+    unsafe fn q_halves(g: &TokenGroup, gi: usize) -> [__m256i; 2] {
+        debug_assert!(gi * 64 + 64 <= g.x.len());
+        let p = g.x.as_ptr().add(gi * 64) as *const __m256i;
+        let m = _mm256_set1_epi8(-128);
+        [
+            _mm256_xor_si256(_mm256_loadu_si256(p), m),
+            _mm256_xor_si256(_mm256_loadu_si256(p.add(1)), m),
+        ]
+    }
+
+    /// Steps (4-weight words) of `ty` (`None`: ternary) whose `vpmaddubsw` pairs an i16
+    /// lane adds before one `vpmaddwd`: `steps * 2 * max w * 127 <= 32,767` (ternary: 32,
+    /// half a 256-block, for a 2-bit field's largest value 3, which no converter writes but
+    /// the other paths take exactly; Q4 codes 0..16: 8; Q5: 4; Q6_K: 2; Q8_0, a pair of up
+    /// to 2 * 128 * 127: 1).
+    const fn steps16(ty: Option<GgmlType>) -> usize {
+        match ty {
+            None => 32,
+            Some(GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K) => 8,
+            Some(GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K) => 4,
+            Some(GgmlType::Q6_K) => 2,
+            _ => 1,
+        }
+    }
+
+    /// `acc[r][h][l]` (row `r`, token half `h`, lane `l` = block `% 8`) added in the
+    /// single-token kernels' order into `out[r]` (16 tokens).
+    #[inline(always)]
+    unsafe fn store_sums2<const R: usize>(acc: &[[[__m256; 8]; 2]; R], out: &mut [[f32; 16]]) {
+        for (o, a) in out.iter_mut().zip(acc) {
+            for (h, l) in a.iter().enumerate() {
+                let y = _mm256_add_ps(
+                    _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
+                    _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])),
+                );
+                _mm256_storeu_ps(o.as_mut_ptr().add(h * 8), y);
+            }
+        }
+    }
+
+    /// How many of the `left` rows of a pass the next call takes: 4, then the last 2 and 1.
+    /// (The drivers loop over it themselves: a closure would not inherit their target
+    /// features, and the kernels inlined into it would call each intrinsic.)
+    #[inline(always)]
+    fn next_rows(left: usize) -> usize {
+        [4, 2, 1].into_iter().find(|&m| m <= left).unwrap_or(1)
+    }
+
+    /// Copies a pass's results against group `g` (`out[r]`, rows `j .. j + nr` of a task;
+    /// the group's first token is `*t0`) into `ys` (`ys[r * n + t]`) and moves `*t0` on.
+    #[inline(always)]
+    fn scatter_group(
+        out: &[[f32; 16]],
+        g: &TokenGroup,
+        ys: &mut [f32],
+        n: usize,
+        j: usize,
+        t0: &mut usize,
+    ) {
+        for (rr, row) in out.iter().enumerate() {
+            let at = (j + rr) * n + *t0;
+            ys[at..at + g.n].copy_from_slice(&row[..g.n]);
+        }
+        *t0 += g.n;
+    }
+
+    /// Ternary codes unpacked as [`unpack_codes`] does (its `u32` per code byte), with
+    /// 256-bit vectors.
+    #[inline(always)]
+    unsafe fn unpack_codes2(row: &[u8], out: &mut [u32]) {
+        debug_assert!(out.len() >= row.len());
+        let m = _mm256_set1_epi32(0x0303_0303);
+        for (j, c8) in row.chunks_exact(8).enumerate() {
+            let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(c8.as_ptr() as *const __m128i));
+            let w = _mm256_or_si256(
+                _mm256_or_si256(v, _mm256_slli_epi32(v, 6)),
+                _mm256_or_si256(_mm256_slli_epi32(v, 12), _mm256_slli_epi32(v, 18)),
+            );
+            _mm256_storeu_si256(
+                out.as_mut_ptr().add(j * 8) as *mut __m256i,
+                _mm256_and_si256(w, m),
+            );
+        }
+    }
+
+    /// `R` ternary rows (codes unpacked in `c`, `R` slices of `cols / 4`; block scales
+    /// widened in `dws`) against the 16 tokens of `g`: `out[r]`. Each half block's 32 steps
+    /// add in i16 lanes ([`steps16`]), then `sum c*q - sum q`.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn tokens_rows2<const R: usize>(
+        c: &[u32],
+        dws: &[f32],
+        cols: usize,
+        g: &TokenGroup,
+        out: &mut [[f32; 16]],
+    ) {
+        let (ng, spr) = (cols / 4, cols / 256);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[[_mm256_setzero_ps(); 8]; 2]; R];
+        const F: usize = steps16(None);
+        for b in 0..spr {
+            let mut ia = [[_mm256_setzero_si256(); 2]; R];
+            for s0 in (b * 64..b * 64 + 64).step_by(F) {
+                let mut a16 = [[_mm256_setzero_si256(); 2]; R];
+                for gi in s0..s0 + F {
+                    let x = q_halves(g, gi);
+                    for rr in 0..R {
+                        let wv = _mm256_set1_epi32(*c.get_unchecked(rr * ng + gi) as i32);
+                        for h in 0..2 {
+                            let p = _mm256_maddubs_epi16(wv, x[h]);
+                            a16[rr][h] = _mm256_add_epi16(a16[rr][h], p);
+                        }
+                    }
+                }
+                for rr in 0..R {
+                    for h in 0..2 {
+                        let p = _mm256_madd_epi16(a16[rr][h], ones);
+                        ia[rr][h] = _mm256_add_epi32(ia[rr][h], p);
+                    }
+                }
+            }
+            for h in 0..2 {
+                let asum = _mm256_loadu_si256(g.asum.as_ptr().add(b * 16 + h * 8) as *const _);
+                let da = _mm256_loadu_ps(g.da.as_ptr().add(b * 16 + h * 8));
+                for rr in 0..R {
+                    let isum = _mm256_sub_epi32(ia[rr][h], asum);
+                    let dw = _mm256_set1_ps(dws[rr * spr + b]);
+                    let l = &mut acc[rr][h][b % 8];
+                    *l = _mm256_add_ps(
+                        *l,
+                        _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum)),
+                    );
+                }
+            }
+        }
+        store_sums2(&acc, &mut out[..R]);
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn ternary_tokens_avx2(
+        codes: &[u8],
+        scales: &[u16],
+        cols: usize,
+        groups: &[TokenGroup],
+        ys: &mut [f32],
+        r0: usize,
+        k: usize,
+        buf: &mut Vec<u32>,
+    ) {
+        const P: usize = PASS_ROWS;
+        let (bpr, ng, spr) = (cols / 4, cols / 4, cols / 256);
+        let n: usize = groups.iter().map(|g| g.n).sum();
+        buf.resize(P * ng, 0);
+        let mut dws = vec![0f32; P * spr];
+        let mut out = [[0f32; 16]; P];
+        let mut j = 0;
+        while j < k {
+            let nr = (k - j).min(P);
+            for rr in 0..nr {
+                let r = r0 + j + rr;
+                unpack_codes2(
+                    &codes[r * bpr..(r + 1) * bpr],
+                    &mut buf[rr * ng..(rr + 1) * ng],
+                );
+                for b in 0..spr {
+                    dws[rr * spr + b] = f16_bits_to_f32(scales[r * spr + b]);
+                }
+            }
+            let mut t0 = 0;
+            for g in groups {
+                let mut r = 0;
+                while r < nr {
+                    let m = next_rows(nr - r);
+                    let (c, d, o) = (&buf[r * ng..], &dws[r * spr..], &mut out[r..]);
+                    match m {
+                        4 => tokens_rows2::<4>(c, d, cols, g, o),
+                        2 => tokens_rows2::<2>(c, d, cols, g, o),
+                        _ => tokens_rows2::<1>(c, d, cols, g, o),
+                    }
+                    r += m;
+                }
+                scatter_group(&out[..nr], g, ys, n, j, &mut t0);
+            }
+            j += nr;
+        }
+    }
+
+    /// `R` rows of a 32-element type (unpacked by [`unpack32`]) against the 16 tokens of
+    /// `g`: `out[r]`. Per block, each token's exact `sum w*q` (Q8_0: `|w|` times `q` with
+    /// `w`'s sign, a `vpmaddwd` a step), then [`term32`]'s arithmetic lane-wise, added to
+    /// lane `b % 8`.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+    unsafe fn tokens32_2<const R: usize>(
+        ty: GgmlType,
+        w: &[u32],
+        dw: &[f32],
+        mw: &[f32],
+        nb: usize,
+        g: &TokenGroup,
+        out: &mut [[f32; 16]],
+    ) {
+        let nw = nb * 8;
+        let ones = _mm256_set1_epi16(1);
+        let f = steps16(Some(ty));
+        let mut acc = [[[_mm256_setzero_ps(); 8]; 2]; R];
+        for b in 0..nb {
+            let mut ia = [[_mm256_setzero_si256(); 2]; R];
+            for s0 in (b * 8..b * 8 + 8).step_by(f) {
+                let mut a16 = [[_mm256_setzero_si256(); 2]; R];
+                for gi in s0..s0 + f {
+                    let x = q_halves(g, gi);
+                    for rr in 0..R {
+                        let wv = _mm256_set1_epi32(*w.get_unchecked(rr * nw + gi) as i32);
+                        if ty == GgmlType::Q8_0 {
+                            let aw = _mm256_abs_epi8(wv);
+                            for h in 0..2 {
+                                let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x[h], wv));
+                                a16[rr][h] = _mm256_add_epi16(a16[rr][h], p);
+                            }
+                        } else {
+                            for h in 0..2 {
+                                let p = _mm256_maddubs_epi16(wv, x[h]);
+                                a16[rr][h] = _mm256_add_epi16(a16[rr][h], p);
+                            }
+                        }
+                    }
+                }
+                for rr in 0..R {
+                    for h in 0..2 {
+                        ia[rr][h] =
+                            _mm256_add_epi32(ia[rr][h], _mm256_madd_epi16(a16[rr][h], ones));
+                    }
+                }
+            }
+            for h in 0..2 {
+                let asum = _mm256_loadu_si256(g.asum.as_ptr().add(b * 16 + h * 8) as *const _);
+                let da = _mm256_loadu_ps(g.da.as_ptr().add(b * 16 + h * 8));
+                for rr in 0..R {
+                    let mut isum = ia[rr][h];
+                    if ty == GgmlType::Q4_0 {
+                        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(asum, 3));
+                    }
+                    if ty == GgmlType::Q5_0 {
+                        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(asum, 4));
+                    }
+                    let mut t = _mm256_mul_ps(
+                        _mm256_mul_ps(_mm256_set1_ps(dw[rr * nb + b]), da),
+                        _mm256_cvtepi32_ps(isum),
+                    );
+                    if ty == GgmlType::Q4_1 || ty == GgmlType::Q5_1 {
+                        t = _mm256_add_ps(
+                            t,
+                            _mm256_mul_ps(
+                                _mm256_mul_ps(_mm256_set1_ps(mw[rr * nb + b]), da),
+                                _mm256_cvtepi32_ps(asum),
+                            ),
+                        );
+                    }
+                    let l = &mut acc[rr][h][b % 8];
+                    *l = _mm256_add_ps(*l, t);
+                }
+            }
+        }
+        store_sums2(&acc, &mut out[..R]);
+    }
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gguf_tokens2_impl(
+        ty: GgmlType,
+        bytes: &[u8],
+        rb: usize,
+        groups: &[TokenGroup],
+        ys: &mut [f32],
+        r0: usize,
+        k: usize,
+        buf: &mut Vec<u32>,
+    ) {
+        const P: usize = PASS_ROWS32;
+        let nb = rb / ty.type_size();
+        let nw = nb * 8;
+        let n: usize = groups.iter().map(|g| g.n).sum();
+        buf.resize(P * nw, 0);
+        let (mut wsum, mut dw, mut mw) =
+            (vec![0i32; P * nb], vec![0f32; P * nb], vec![0f32; P * nb]);
+        let mut out = [[0f32; 16]; P];
+        let mut j = 0;
+        while j < k {
+            let nr = (k - j).min(P);
+            for rr in 0..nr {
+                let r = r0 + j + rr;
+                unpack32(
+                    ty,
+                    &bytes[r * rb..(r + 1) * rb],
+                    &mut buf[rr * nw..(rr + 1) * nw],
+                    &mut wsum[rr * nb..(rr + 1) * nb],
+                    &mut dw[rr * nb..(rr + 1) * nb],
+                    &mut mw[rr * nb..(rr + 1) * nb],
+                );
+            }
+            let mut t0 = 0;
+            for g in groups {
+                let mut r = 0;
+                while r < nr {
+                    let m = next_rows(nr - r);
+                    let (w, d, mn, o) =
+                        (&buf[r * nw..], &dw[r * nb..], &mw[r * nb..], &mut out[r..]);
+                    match m {
+                        4 => tokens32_2::<4>(ty, w, d, mn, nb, g, o),
+                        2 => tokens32_2::<2>(ty, w, d, mn, nb, g, o),
+                        _ => tokens32_2::<1>(ty, w, d, mn, nb, g, o),
+                    }
+                    r += m;
+                }
+                scatter_group(&out[..nr], g, ys, n, j, &mut t0);
+            }
+            j += nr;
+        }
+    }
+
+    /// `R` rows of a k-quant (unpacked by [`unpack256`], whose `c` this kernel does not use)
+    /// against the 16 tokens of `g`: `out[r]`. Per sub-block each token's exact `sum w*q`
+    /// times the sub-block's scale; the min (or Q6_K's `32 sum q`) term from the tokens'
+    /// 16-value sums by `vpmaddwd`; then [`gguf_rows`]'s f32 term, added to lane `b % 8`.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn tokens256_2<const R: usize>(
+        ty: GgmlType,
+        u: Rows256,
+        nb: usize,
+        g: &TokenGroup,
+        out: &mut [[f32; 16]],
+    ) {
+        let Rows256 {
+            w, sc, mp, d, dmin, ..
+        } = u;
+        let nw = nb * 64;
+        let ns = subs(ty);
+        let wps = 64 / ns; // words per sub-block
+        let f = steps16(Some(ty));
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[[_mm256_setzero_ps(); 8]; 2]; R];
+        for b in 0..nb {
+            let mut s1 = [[_mm256_setzero_si256(); 2]; R];
+            for j in 0..ns {
+                let mut ia = [[_mm256_setzero_si256(); 2]; R];
+                let w0 = b * 64 + j * wps;
+                for s0 in (w0..w0 + wps).step_by(f) {
+                    let mut a16 = [[_mm256_setzero_si256(); 2]; R];
+                    for gi in s0..s0 + f {
+                        let x = q_halves(g, gi);
+                        for rr in 0..R {
+                            let wv = _mm256_set1_epi32(*w.get_unchecked(rr * nw + gi) as i32);
+                            for h in 0..2 {
+                                let p = _mm256_maddubs_epi16(wv, x[h]);
+                                a16[rr][h] = _mm256_add_epi16(a16[rr][h], p);
+                            }
+                        }
+                    }
+                    for rr in 0..R {
+                        for h in 0..2 {
+                            let p = _mm256_madd_epi16(a16[rr][h], ones);
+                            ia[rr][h] = _mm256_add_epi32(ia[rr][h], p);
+                        }
+                    }
+                }
+                for rr in 0..R {
+                    let scv = _mm256_set1_epi32(*sc.get_unchecked(rr * nb * 16 + b * 16 + j));
+                    for h in 0..2 {
+                        s1[rr][h] = _mm256_add_epi32(s1[rr][h], _mm256_mullo_epi32(ia[rr][h], scv));
+                    }
+                }
+            }
+            let mut s2 = [[_mm256_setzero_si256(); 2]; R];
+            for p in 0..8 {
+                for h in 0..2 {
+                    let sv = _mm256_loadu_si256(
+                        g.s16.as_ptr().add((b * 8 + p) * 32 + h * 16) as *const _
+                    );
+                    for rr in 0..R {
+                        let mv = _mm256_set1_epi32(*mp.get_unchecked(rr * nb * 8 + b * 8 + p));
+                        s2[rr][h] = _mm256_add_epi32(s2[rr][h], _mm256_madd_epi16(sv, mv));
+                    }
+                }
+            }
+            for h in 0..2 {
+                let da = _mm256_loadu_ps(g.da.as_ptr().add(b * 16 + h * 8));
+                for rr in 0..R {
+                    let dv = _mm256_set1_ps(d[rr * nb + b]);
+                    let t = if ty == GgmlType::Q6_K {
+                        let isum = _mm256_sub_epi32(s1[rr][h], _mm256_slli_epi32(s2[rr][h], 5));
+                        _mm256_mul_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(isum))
+                    } else {
+                        let mv = _mm256_set1_ps(dmin[rr * nb + b]);
+                        _mm256_sub_ps(
+                            _mm256_mul_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(s1[rr][h])),
+                            _mm256_mul_ps(_mm256_mul_ps(mv, da), _mm256_cvtepi32_ps(s2[rr][h])),
+                        )
+                    };
+                    let l = &mut acc[rr][h][b % 8];
+                    *l = _mm256_add_ps(*l, t);
+                }
+            }
+        }
+        store_sums2(&acc, &mut out[..R]);
+    }
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tokens256_2_impl(
+        ty: GgmlType,
+        bytes: &[u8],
+        rb: usize,
+        groups: &[TokenGroup],
+        ys: &mut [f32],
+        r0: usize,
+        k: usize,
+        buf: &mut Vec<u32>,
+    ) {
+        const P: usize = PASS_ROWS256;
+        let nb = rb / ty.type_size();
+        let nw = nb * 64;
+        let n: usize = groups.iter().map(|g| g.n).sum();
+        buf.resize(P * nw, 0);
+        let mut sc = vec![0i32; P * nb * 16];
+        let mut mp = vec![0i32; P * nb * 8];
+        let mut c = vec![0i32; P * nb];
+        let mut d = vec![0f32; P * nb];
+        let mut dmin = vec![0f32; P * nb];
+        let mut out = [[0f32; 16]; P];
+        let mut j = 0;
+        while j < k {
+            let nr = (k - j).min(P);
+            for rr in 0..nr {
+                let r = r0 + j + rr;
+                let mut u = Unpacked256 {
+                    w: &mut buf[rr * nw..(rr + 1) * nw],
+                    sc: &mut sc[rr * nb * 16..(rr + 1) * nb * 16],
+                    mp: &mut mp[rr * nb * 8..(rr + 1) * nb * 8],
+                    c: &mut c[rr * nb..(rr + 1) * nb],
+                    d: &mut d[rr * nb..(rr + 1) * nb],
+                    dmin: &mut dmin[rr * nb..(rr + 1) * nb],
+                };
+                unpack256(ty, &bytes[r * rb..(r + 1) * rb], &mut u);
+            }
+            let u = Rows256 {
+                w: buf,
+                sc: &sc,
+                mp: &mp,
+                c: &c,
+                d: &d,
+                dmin: &dmin,
+            };
+            let mut t0 = 0;
+            for g in groups {
+                let mut r = 0;
+                while r < nr {
+                    let m = next_rows(nr - r);
+                    let (v, o) = (u.from(r, nb), &mut out[r..]);
+                    match m {
+                        4 => tokens256_2::<4>(ty, v, nb, g, o),
+                        2 => tokens256_2::<2>(ty, v, nb, g, o),
+                        _ => tokens256_2::<1>(ty, v, nb, g, o),
+                    }
+                    r += m;
+                }
+                scatter_group(&out[..nr], g, ys, n, j, &mut t0);
+            }
+            j += nr;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gguf_tokens_avx2(
+        ty: GgmlType,
+        bytes: &[u8],
+        rb: usize,
+        groups: &[TokenGroup],
+        ys: &mut [f32],
+        r0: usize,
+        k: usize,
+        buf: &mut Vec<u32>,
+    ) {
+        // One copy of the kernel per type, the type's branches folded away.
+        use GgmlType as T;
+        match ty {
+            T::Q8_0 => gguf_tokens2_impl(T::Q8_0, bytes, rb, groups, ys, r0, k, buf),
+            T::Q4_0 => gguf_tokens2_impl(T::Q4_0, bytes, rb, groups, ys, r0, k, buf),
+            T::Q4_1 => gguf_tokens2_impl(T::Q4_1, bytes, rb, groups, ys, r0, k, buf),
+            T::Q5_0 => gguf_tokens2_impl(T::Q5_0, bytes, rb, groups, ys, r0, k, buf),
+            T::Q5_1 => gguf_tokens2_impl(T::Q5_1, bytes, rb, groups, ys, r0, k, buf),
+            T::Q4_K => tokens256_2_impl(T::Q4_K, bytes, rb, groups, ys, r0, k, buf),
+            T::Q5_K => tokens256_2_impl(T::Q5_K, bytes, rb, groups, ys, r0, k, buf),
+            T::Q6_K => tokens256_2_impl(T::Q6_K, bytes, rb, groups, ys, r0, k, buf),
+            _ => unreachable!("gguf_tokens_available admits only act_block's types"),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -2761,6 +4003,124 @@ mod tests {
                 let mut y = vec![0f32; rows];
                 ternary_rows(isa, &words, &scales, cols, &a, &p, &mut y, 0);
                 assert_eq!(bits(&y), bits(&want), "ternary {isa:?} {w:#x}");
+            }
+        }
+    }
+
+    /// The multi-token kernels (AVX-512, AVX2, NEON with and without `sdot`, each where this
+    /// CPU has it) against the portable single-token definition, bit for bit: every type
+    /// they take and ternary, random and extreme blocks (the largest codes, Q8_0's -128 and
+    /// 127, every ternary code) against random and extreme (all +-127: the i16 lanes' worst
+    /// case) activations; 13 rows (passes of 8 or 4, then 4, 2 and 1), 1, 16, 17 and 35
+    /// tokens (partial groups), 9 k-quant blocks and 72 32-element blocks a row (no multiple
+    /// of 8).
+    type RunTokens<'a> = dyn Fn(Isa, &[TokenGroup], &mut [f32]) + 'a;
+
+    #[test]
+    fn tokens_kernels_give_the_single_token_bits_on_every_level() {
+        let (cols, rows) = (9 * 256, 13);
+        let levels: Vec<Isa> = [Isa::Avx512Vnni, Isa::Avx2, Isa::NeonDot, Isa::Neon]
+            .into_iter()
+            .filter(|&l| tokens_level(l) == Some(l))
+            .collect();
+        eprintln!("multi-token levels on this CPU: {levels:?}");
+        let mut seed = 11u64;
+        let acts_for = |block: usize, n: usize, seed: &mut u64| -> Vec<QAct> {
+            (0..n)
+                .map(|t| match t % 3 {
+                    0 => extreme_acts(cols, block),
+                    _ => quantize(&activations(cols, seed), block),
+                })
+                .collect()
+        };
+        let check = |what: &str,
+                     n: usize,
+                     want: &dyn Fn(usize, &QAct) -> Vec<u32>,
+                     block: usize,
+                     run: &RunTokens,
+                     seed: &mut u64| {
+            let acts = acts_for(block, n, seed);
+            let groups = token_groups(&acts.iter().collect::<Vec<_>>());
+            let want: Vec<Vec<u32>> = acts.iter().enumerate().map(|(t, a)| want(t, a)).collect();
+            for &l in &levels {
+                let mut ys = vec![0f32; rows * n];
+                run(l, &groups, &mut ys);
+                for (t, w) in want.iter().enumerate() {
+                    let got: Vec<u32> = (0..rows).map(|r| ys[r * n + t].to_bits()).collect();
+                    assert_eq!(&got, w, "{what} {l:?} n {n} token {t}");
+                }
+            }
+        };
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ] {
+            let block = act_block(ty).unwrap();
+            let rb = ty.bytes_for(cols as u64).unwrap() as usize;
+            let ts = ty.type_size();
+            let mut extreme = random_blocks(ty, rows * rb / ts, &mut seed);
+            for (i, b) in extreme.chunks_exact_mut(ts).enumerate() {
+                // Payload bytes all 0x80, 0x7F or 0xFF (row by row), the f16 fields kept.
+                let fill = [0x80u8, 0x7F, 0xFF][(i / (rb / ts)) % 3];
+                let keep: Vec<u8> = b.to_vec();
+                b.fill(fill);
+                match ty {
+                    GgmlType::Q6_K => b[208..210].copy_from_slice(&keep[208..210]),
+                    GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => {
+                        b[0..4].copy_from_slice(&keep[0..4])
+                    }
+                    _ => b[0..2].copy_from_slice(&keep[0..2]),
+                }
+            }
+            for bytes in [random_blocks(ty, rows * rb / ts, &mut seed), extreme] {
+                for n in [1, 16, 17, 35] {
+                    let want = |_: usize, a: &QAct| -> Vec<u32> {
+                        let mut y = vec![0f32; rows];
+                        gguf_rows(Isa::Portable, ty, &bytes, rb, a, &mut y, 0);
+                        bits(&y)
+                    };
+                    let run = |l: Isa, g: &[TokenGroup], ys: &mut [f32]| {
+                        gguf_rows_tokens(l, ty, &bytes, rb, g, ys, 0, rows, &mut Vec::new())
+                    };
+                    check(&format!("{ty}"), n, &want, block, &run, &mut seed);
+                }
+            }
+        }
+        let scales: Vec<u16> = (0..rows * cols / 256)
+            .map(|i| half::f16::from_f32([0.02, -0.03, 0.0, 1.5][i % 4]).to_bits())
+            .collect();
+        let random: Vec<u32> = (0..rows * cols / 16).map(|_| lcg(&mut seed)).collect();
+        // Every code 2 (the largest), every code 0, and all four codes in turn.
+        for words in [
+            random,
+            vec![0xAAAA_AAAA; rows * cols / 16],
+            vec![0; rows * cols / 16],
+            vec![0x1B1B_1B1B; rows * cols / 16],
+        ] {
+            for n in [1, 16, 17, 35] {
+                let want = |_: usize, a: &QAct| -> Vec<u32> {
+                    let mut y = vec![0f32; rows];
+                    let p = permute_for_ternary(a);
+                    ternary_rows(Isa::Portable, &words, &scales, cols, a, &p, &mut y, 0);
+                    bits(&y)
+                };
+                let run = |l: Isa, g: &[TokenGroup], ys: &mut [f32]| {
+                    ternary_rows_tokens(l, &words, &scales, cols, g, ys, 0, rows, &mut Vec::new())
+                };
+                check(
+                    &format!("ternary {:#x}", words[0]),
+                    n,
+                    &want,
+                    256,
+                    &run,
+                    &mut seed,
+                );
             }
         }
     }
