@@ -1,7 +1,9 @@
 //! Kernel probe: CPU time (not wall time, so other load on the machine matters less) of a
 //! ternary or GGML-type matrix product against `n` vectors, as decode (n matvecs) and as one
 //! prefill matmul, with the multiply-accumulates per CPU-nanosecond.
-//! Usage: cargo run --release --example matmul_probe -- [rows] [cols] [n] [f32|int8]
+//! Usage: cargo run --release --example matmul_probe -- [rows] [cols] [n] [f32|int8] [TYPE]
+//! (`TYPE` a GGML type name such as Q4_K or Q8_0: random blocks of it with modest scales;
+//! ternary without it).
 use lowbit::runtime::matvec::{matmul_with, matvec_with, Kernel, WeightData};
 
 fn cpu_seconds() -> f64 {
@@ -38,9 +40,34 @@ fn main() {
     let xs: Vec<f32> = (0..n * cols)
         .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
         .collect();
-    let w = WeightData::Ternary {
-        words: &words,
-        scales: &scales,
+    let ty = a.get(5).map(|s| {
+        lowbit::ggml::GgmlType::from_name(s).unwrap_or_else(|| panic!("unknown type {s}"))
+    });
+    let mut bytes = Vec::new();
+    if let Some(ty) = ty {
+        let ts = ty.type_size();
+        let nb = ty.bytes_for((rows * cols) as u64).expect("whole blocks") as usize;
+        bytes = (0..nb).map(|_| next() as u8).collect();
+        // Every f16 field a modest scale (random bytes could be NaN or huge).
+        let d = half::f16::from_f32(0.01).to_le_bytes();
+        let m = half::f16::from_f32(-0.02).to_le_bytes();
+        for b in bytes.chunks_exact_mut(ts) {
+            match ty.name() {
+                "Q6_K" => b[208..210].copy_from_slice(&d),
+                "Q4_1" | "Q5_1" | "Q4_K" | "Q5_K" => {
+                    b[0..2].copy_from_slice(&d);
+                    b[2..4].copy_from_slice(&m);
+                }
+                _ => b[0..2].copy_from_slice(&d),
+            }
+        }
+    }
+    let w = match ty {
+        Some(ty) => WeightData::Gguf { ty, bytes: &bytes },
+        None => WeightData::Ternary {
+            words: &words,
+            scales: &scales,
+        },
     };
     let mut y = vec![0f32; n * rows];
     let macs = (rows * cols * n) as f64;
