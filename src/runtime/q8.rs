@@ -45,7 +45,9 @@
 use crate::ggml::GgmlType;
 use crate::quant::f16_bits_to_f32;
 
-/// Activations quantized per block of `block` values.
+/// Activations quantized per block of `block` values ([`quantize`]). The kernels take `q` in
+/// -127..=127, as [`quantize`] makes it (a hand-made -128 gives wrong sums on some paths:
+/// AVX2's Q8_0 negates it, NEON's pairs can leave i16).
 #[derive(Clone, Debug)]
 pub struct QAct {
     pub block: usize,
@@ -301,6 +303,8 @@ pub const TOKENS_PER_GROUP: usize = 16;
 pub struct TokenGroup {
     /// Real tokens in the group.
     pub n: usize,
+    /// The activation block the tokens were quantized in ([`QAct::block`]).
+    block: usize,
     x: Vec<u8>,
     da: Vec<f32>,
     asum: Vec<i32>,
@@ -310,22 +314,32 @@ pub struct TokenGroup {
     s16: Vec<i16>,
 }
 
-/// Groups `acts` (activations of one token each, all with the same block) by
-/// [`TOKENS_PER_GROUP`].
+/// Groups `acts` (activations of one token each, as [`quantize`] makes them, all of one
+/// length and block) by [`TOKENS_PER_GROUP`]. Panics on activations of different lengths or
+/// blocks, or whose parts disagree with their length.
 pub fn token_groups(acts: &[&QAct]) -> Vec<TokenGroup> {
     acts.chunks(TOKENS_PER_GROUP)
         .map(|g| {
-            let cols = g[0].q.len();
-            let nb = cols / g[0].block;
+            let (cols, block) = (g[0].q.len(), g[0].block);
+            assert!(
+                block > 0 && block.is_multiple_of(16) && cols.is_multiple_of(block),
+                "token_groups: {cols} activations in blocks of {block}"
+            );
+            let nb = cols / block;
             let mut t = TokenGroup {
                 n: g.len(),
+                block,
                 x: vec![128u8; cols * TOKENS_PER_GROUP],
                 da: vec![0f32; nb * TOKENS_PER_GROUP],
                 asum: vec![0i32; nb * TOKENS_PER_GROUP],
                 s16: vec![0i16; cols / 16 * TOKENS_PER_GROUP],
             };
             for (k, a) in g.iter().enumerate() {
-                debug_assert_eq!((a.q.len(), a.block), (cols, g[0].block));
+                assert!(
+                    (a.q.len(), a.block, a.d.len(), a.sum.len(), a.sum16.len())
+                        == (cols, block, nb, nb, cols / 16),
+                    "token_groups: token {k} is not {cols} activations in blocks of {block}"
+                );
                 for (j, q4) in a.q.chunks_exact(4).enumerate() {
                     // q + 128 as a byte is q ^ 0x80, four at a time.
                     let w = u32::from_le_bytes(bytemuck::cast([q4[0], q4[1], q4[2], q4[3]]));
@@ -387,11 +401,12 @@ pub fn ternary_rows_tokens(
     buf: &mut Vec<u32>,
 ) {
     let codes: &[u8] = bytemuck::cast_slice(words);
-    check_tokens(cols, groups, ys, k);
+    check_tokens(cols, 256, groups, ys, k);
+    let rows = r0.checked_add(k).expect("r0 + k overflows");
     assert!(
         cols.is_multiple_of(256)
-            && codes.len() >= (r0 + k) * (cols / 4)
-            && scales.len() >= (r0 + k) * (cols / 256),
+            && rows.checked_mul(cols / 4).is_some_and(|b| codes.len() >= b)
+            && scales.len() >= rows * (cols / 256),
         "ternary_rows_tokens: rows {r0}..{} of {cols} columns need {} code bytes and {} \
          scales, given {} and {}",
         r0 + k,
@@ -423,21 +438,31 @@ pub fn ternary_rows_tokens(
     }
 }
 
-/// The multi-token kernels' common checks: every group holds `cols` values a token, and
-/// `ys` takes `k` rows of all the groups' tokens.
-fn check_tokens(cols: usize, groups: &[TokenGroup], ys: &[f32], k: usize) {
+/// The multi-token kernels' common checks (they load the groups unchecked): every group
+/// holds `cols` values a token quantized in blocks of `block`, and `ys` takes `k` rows of all
+/// the groups' tokens.
+fn check_tokens(cols: usize, block: usize, groups: &[TokenGroup], ys: &[f32], k: usize) {
     let n: usize = groups.iter().map(|g| g.n).sum();
+    for g in groups {
+        let nb = cols / block;
+        assert!(
+            g.block == block
+                && g.x.len() == cols * TOKENS_PER_GROUP
+                && g.da.len() == nb * TOKENS_PER_GROUP
+                && g.asum.len() == nb * TOKENS_PER_GROUP
+                && g.s16.len() == cols / 16 * TOKENS_PER_GROUP
+                && g.n <= TOKENS_PER_GROUP,
+            "token groups are not of {cols} values a token in blocks of {block} (given {} \
+             values in blocks of {})",
+            g.x.len() / TOKENS_PER_GROUP,
+            g.block
+        );
+    }
+    let need = k.checked_mul(n).expect("rows times tokens overflows");
     assert!(
-        groups
-            .iter()
-            .all(|g| g.x.len() == cols * TOKENS_PER_GROUP && g.n <= TOKENS_PER_GROUP),
-        "token groups are not of {cols} values a token"
-    );
-    assert!(
-        ys.len() >= k * n,
-        "ys holds {} values, {k} rows of {n} tokens need {}",
-        ys.len(),
-        k * n
+        ys.len() >= need,
+        "ys holds {} values, {k} rows of {n} tokens need {need}",
+        ys.len()
     );
 }
 
@@ -475,14 +500,15 @@ pub fn gguf_rows_tokens(
     let block =
         act_block(ty).unwrap_or_else(|| panic!("gguf_rows_tokens: {ty} has no multi-token kernel"));
     let ts = ty.type_size();
+    let rows = r0.checked_add(k).expect("r0 + k overflows");
     assert!(
-        rb.is_multiple_of(ts) && bytes.len() >= (r0 + k) * rb,
+        rb.is_multiple_of(ts) && rows.checked_mul(rb).is_some_and(|b| bytes.len() >= b),
         "gguf_rows_tokens: rows {r0}..{} of {rb} bytes need {} bytes, given {}",
         r0 + k,
         (r0 + k) * rb,
         bytes.len()
     );
-    check_tokens(rb / ts * block, groups, ys, k);
+    check_tokens(rb / ts * block, block, groups, ys, k);
     match tokens_level(isa) {
         // SAFETY: the level's features are present (tokens_level: usable), the inputs'
         // lengths are checked above.
@@ -2578,7 +2604,9 @@ mod x86 {
                     let ql0 = load(blk, h * 64);
                     let ql1 = load(blk, h * 64 + 32);
                     let qh = load(blk, 128 + h * 32);
-                    let hb = |sh: i32| -> __m256i {
+                    // Not a closure: one would not inherit the caller's target features.
+                    #[inline(always)]
+                    unsafe fn hb(qh: __m256i, m2: __m256i, sh: i32) -> __m256i {
                         let x = match sh {
                             0 => qh,
                             2 => _mm256_srli_epi16(qh, 2),
@@ -2586,13 +2614,17 @@ mod x86 {
                             _ => _mm256_srli_epi16(qh, 6),
                         };
                         _mm256_slli_epi16(_mm256_and_si256(x, m2), 4)
-                    };
-                    v[h * 4] = _mm256_or_si256(_mm256_and_si256(ql0, m4), hb(0));
-                    v[h * 4 + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), hb(2));
-                    v[h * 4 + 2] =
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), hb(4));
-                    v[h * 4 + 3] =
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), hb(6));
+                    }
+                    v[h * 4] = _mm256_or_si256(_mm256_and_si256(ql0, m4), hb(qh, m2, 0));
+                    v[h * 4 + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), hb(qh, m2, 2));
+                    v[h * 4 + 2] = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                        hb(qh, m2, 4),
+                    );
+                    v[h * 4 + 3] = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                        hb(qh, m2, 6),
+                    );
                 }
                 let mut sc = [0i32; 16];
                 for (j, s) in sc.iter_mut().enumerate() {
@@ -4014,7 +4046,8 @@ mod tests {
     /// case) activations; 13 rows (passes of 8 or 4, then 4, 2 and 1), 1, 16, 17 and 35
     /// tokens (partial groups), 9 k-quant blocks and 72 32-element blocks a row (no multiple
     /// of 8).
-    type RunTokens<'a> = dyn Fn(Isa, &[TokenGroup], &mut [f32]) + 'a;
+    /// A multi-token entry point on `(level, groups, ys, r0, k)`.
+    type RunTokens<'a> = dyn Fn(Isa, &[TokenGroup], &mut [f32], usize, usize) + 'a;
 
     #[test]
     fn tokens_kernels_give_the_single_token_bits_on_every_level() {
@@ -4043,11 +4076,15 @@ mod tests {
             let groups = token_groups(&acts.iter().collect::<Vec<_>>());
             let want: Vec<Vec<u32>> = acts.iter().enumerate().map(|(t, a)| want(t, a)).collect();
             for &l in &levels {
-                let mut ys = vec![0f32; rows * n];
-                run(l, &groups, &mut ys);
-                for (t, w) in want.iter().enumerate() {
-                    let got: Vec<u32> = (0..rows).map(|r| ys[r * n + t].to_bits()).collect();
-                    assert_eq!(&got, w, "{what} {l:?} n {n} token {t}");
+                // Every row, then rows 3.. (a task that does not start at row 0).
+                for r0 in [0, 3] {
+                    let k = rows - r0;
+                    let mut ys = vec![0f32; k * n];
+                    run(l, &groups, &mut ys, r0, k);
+                    for (t, w) in want.iter().enumerate() {
+                        let got: Vec<u32> = (0..k).map(|r| ys[r * n + t].to_bits()).collect();
+                        assert_eq!(&got, &w[r0..], "{what} {l:?} n {n} r0 {r0} token {t}");
+                    }
                 }
             }
         };
@@ -4085,8 +4122,8 @@ mod tests {
                         gguf_rows(Isa::Portable, ty, &bytes, rb, a, &mut y, 0);
                         bits(&y)
                     };
-                    let run = |l: Isa, g: &[TokenGroup], ys: &mut [f32]| {
-                        gguf_rows_tokens(l, ty, &bytes, rb, g, ys, 0, rows, &mut Vec::new())
+                    let run = |l: Isa, g: &[TokenGroup], ys: &mut [f32], r0, k| {
+                        gguf_rows_tokens(l, ty, &bytes, rb, g, ys, r0, k, &mut Vec::new())
                     };
                     check(&format!("{ty}"), n, &want, block, &run, &mut seed);
                 }
@@ -4096,10 +4133,12 @@ mod tests {
             .map(|i| half::f16::from_f32([0.02, -0.03, 0.0, 1.5][i % 4]).to_bits())
             .collect();
         let random: Vec<u32> = (0..rows * cols / 16).map(|_| lcg(&mut seed)).collect();
-        // Every code 2 (the largest), every code 0, and all four codes in turn.
+        // Every code 2 (the largest a converter writes), every code 3 (the largest a 2-bit
+        // field holds), every code 0, and all four codes in turn.
         for words in [
             random,
             vec![0xAAAA_AAAA; rows * cols / 16],
+            vec![0xFFFF_FFFF; rows * cols / 16],
             vec![0; rows * cols / 16],
             vec![0x1B1B_1B1B; rows * cols / 16],
         ] {
@@ -4110,8 +4149,8 @@ mod tests {
                     ternary_rows(Isa::Portable, &words, &scales, cols, a, &p, &mut y, 0);
                     bits(&y)
                 };
-                let run = |l: Isa, g: &[TokenGroup], ys: &mut [f32]| {
-                    ternary_rows_tokens(l, &words, &scales, cols, g, ys, 0, rows, &mut Vec::new())
+                let run = |l: Isa, g: &[TokenGroup], ys: &mut [f32], r0, k| {
+                    ternary_rows_tokens(l, &words, &scales, cols, g, ys, r0, k, &mut Vec::new())
                 };
                 check(
                     &format!("ternary {:#x}", words[0]),
@@ -4121,6 +4160,162 @@ mod tests {
                     &run,
                     &mut seed,
                 );
+            }
+        }
+    }
+
+    /// The multi-token entry points (whose kernels load unchecked) panic instead of reading
+    /// past their inputs: token groups quantized in another block than the weights' (a
+    /// review found 256-blocks given to Q4_0 read `da` far past its end) or of another
+    /// length, too few rows of weights or scales, too short an output, and `token_groups`
+    /// of activations that disagree.
+    #[test]
+    fn tokens_entry_points_panic_on_mismatched_inputs() {
+        let cols = 512;
+        let x = vec![0.5f32; cols];
+        let (a32, a256) = (quantize(&x, 32), quantize(&x, 256));
+        let g32 = token_groups(&[&a32, &a32]);
+        let g256 = token_groups(&[&a256, &a256]);
+        let short = quantize(&x[..256], 256);
+        let g_short = token_groups(&[&short]);
+        let q4 = random_blocks(GgmlType::Q4_0, 2 * cols / 32, &mut 3u64);
+        let q4k = random_blocks(GgmlType::Q4_K, 2 * cols / 256, &mut 4u64);
+        let words = vec![0x5555_5555u32; 2 * cols / 16];
+        let scales = vec![half::f16::from_f32(1.0).to_bits(); 2 * cols / 256];
+        let (rb4, rbk) = (cols / 32 * 18, cols / 256 * 144);
+        for isa in ALL_ISAS.into_iter().filter(|&l| tokens_level(l) == Some(l)) {
+            type Case<'a> = (&'a str, Box<dyn Fn() + std::panic::RefUnwindSafe + 'a>);
+            let cases: [Case; 8] = [
+                (
+                    "256-blocks to Q4_0",
+                    Box::new(|| {
+                        let mut ys = vec![0f32; 4];
+                        gguf_rows_tokens(
+                            isa,
+                            GgmlType::Q4_0,
+                            &q4,
+                            rb4,
+                            &g256,
+                            &mut ys,
+                            0,
+                            2,
+                            &mut vec![],
+                        )
+                    }),
+                ),
+                (
+                    "32-blocks to Q4_K",
+                    Box::new(|| {
+                        let mut ys = vec![0f32; 4];
+                        gguf_rows_tokens(
+                            isa,
+                            GgmlType::Q4_K,
+                            &q4k,
+                            rbk,
+                            &g32,
+                            &mut ys,
+                            0,
+                            2,
+                            &mut vec![],
+                        )
+                    }),
+                ),
+                (
+                    "32-blocks to ternary",
+                    Box::new(|| {
+                        let mut ys = vec![0f32; 4];
+                        ternary_rows_tokens(
+                            isa,
+                            &words,
+                            &scales,
+                            cols,
+                            &g32,
+                            &mut ys,
+                            0,
+                            2,
+                            &mut vec![],
+                        )
+                    }),
+                ),
+                (
+                    "groups of 256 values to 512 columns",
+                    Box::new(|| {
+                        let mut ys = vec![0f32; 2];
+                        ternary_rows_tokens(
+                            isa,
+                            &words,
+                            &scales,
+                            cols,
+                            &g_short,
+                            &mut ys,
+                            0,
+                            2,
+                            &mut vec![],
+                        )
+                    }),
+                ),
+                (
+                    "ternary words for one row of two",
+                    Box::new(|| {
+                        let mut ys = vec![0f32; 4];
+                        let w = &words[..cols / 16];
+                        ternary_rows_tokens(
+                            isa,
+                            w,
+                            &scales,
+                            cols,
+                            &g256,
+                            &mut ys,
+                            0,
+                            2,
+                            &mut vec![],
+                        )
+                    }),
+                ),
+                (
+                    "GGUF rows past the bytes",
+                    Box::new(|| {
+                        let mut ys = vec![0f32; 4];
+                        gguf_rows_tokens(
+                            isa,
+                            GgmlType::Q4_0,
+                            &q4,
+                            rb4,
+                            &g32,
+                            &mut ys,
+                            1,
+                            2,
+                            &mut vec![],
+                        )
+                    }),
+                ),
+                (
+                    "short output",
+                    Box::new(|| {
+                        let mut ys = vec![0f32; 3];
+                        gguf_rows_tokens(
+                            isa,
+                            GgmlType::Q4_0,
+                            &q4,
+                            rb4,
+                            &g32,
+                            &mut ys,
+                            0,
+                            2,
+                            &mut vec![],
+                        )
+                    }),
+                ),
+                (
+                    "token_groups of two blocks",
+                    Box::new(|| {
+                        let _ = token_groups(&[&a32, &a256]);
+                    }),
+                ),
+            ];
+            for (what, f) in cases {
+                let r = std::panic::catch_unwind(&*f);
+                assert!(r.is_err(), "{isa:?}: {what} did not panic");
             }
         }
     }
