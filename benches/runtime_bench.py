@@ -124,7 +124,8 @@ def main():
                 f"{runs[p]['prompt_tokens_per_second']:.2f} ({runs[p]['prompt_tokens_per_second'] / ll[f'pp{p}']:.2f}x)"
                 if ll.get(f"pp{p}") else f"{runs[p]['prompt_tokens_per_second']:.2f}"
                 for p in prompts)
-            print(f"| {name} | lowbit cpu, {k} | {pps} | "
+            level = lb.get("cpu_level") or "?"
+            print(f"| {name} | lowbit cpu, {k} ({level}) | {pps} | "
                   f"{lb['decode_tokens_per_second']:.2f} | {ratio:.2f} | "
                   f"{lb['rss_over_weights_plus_kv']:.2f} | {lb['decode_bytes_per_token'] / 1e6:.1f} | "
                   f"{rb:.2f}{frac} |", flush=True)

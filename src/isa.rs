@@ -68,6 +68,20 @@ fn has_uncached(level: Isa) -> bool {
     level == Isa::Portable
 }
 
+impl Isa {
+    /// The level's name as `LOWBIT_ISA` and `bench --json` (`info.cpu_level`) write it:
+    /// `portable`, `avx2`, `avx512vnni`, `neon`, `neon-dot`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512Vnni => "avx512vnni",
+            Isa::Neon => "neon",
+            Isa::NeonDot => "neon-dot",
+        }
+    }
+}
+
 /// `level`, or the best level below it that this CPU has ([`has`]): what a kernel entry point
 /// handed any level runs, so that a level this CPU lacks runs a path it has instead of
 /// faulting.

@@ -482,6 +482,7 @@ impl Backend for NanAt {
             n_ctx: 64,
             n_vocab: 4,
             threads: 1,
+            cpu_level: None,
             device: None,
             dispatches_per_token: None,
             device_weight_bytes: None,
@@ -1180,6 +1181,45 @@ fn bench_without_a_decode_step_reports_no_decode_speed() {
         serde_json::from_str(&bench(&["--gen-tokens", "3", "--json"])).unwrap();
     assert!(j["decode_tokens_per_second"].as_f64().unwrap() > 0.0, "{j}");
     assert!(j["decode_cpu_ms_per_token"].as_f64().unwrap() > 0.0, "{j}");
+}
+
+/// `bench` names the CPU kernels' level it ran (`info.cpu_level` and `cpu_level` in `--json`,
+/// in parentheses after the kernel in text), after a `LOWBIT_ISA` cap.
+#[test]
+fn bench_names_the_cpu_level() {
+    let (_d, b) = make_bundle(
+        &common::repo().join("testdata/ternary/minicpm-tiny-tq2_0.gguf"),
+        "gguf-to-ternary",
+    );
+    let bench = |isa: Option<&str>, json: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_convert"));
+        c.arg("bench")
+            .arg(&b)
+            .args(["--prompt-tokens", "2", "--gen-tokens", "2"]);
+        if json {
+            c.arg("--json");
+        }
+        c.env_remove("LOWBIT_ISA");
+        if let Some(isa) = isa {
+            c.env("LOWBIT_ISA", isa);
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let j: serde_json::Value = serde_json::from_str(&bench(Some("portable"), true)).unwrap();
+    assert_eq!(j["cpu_level"], "portable", "{j}");
+    assert_eq!(j["info"]["cpu_level"], "portable", "{j}");
+    let j: serde_json::Value = serde_json::from_str(&bench(None, true)).unwrap();
+    let level = j["cpu_level"].as_str().unwrap().to_string();
+    assert!(
+        ["avx512vnni", "avx2", "neon-dot", "neon", "portable"].contains(&level.as_str()),
+        "{j}"
+    );
+    assert!(
+        bench(None, false).contains(&format!("int8 kernel ({level})")),
+        "the text report names {level}"
+    );
 }
 
 /// A KV cache the process may not allocate (here `ulimit -v` of 1 GiB against 2 GiB of K and

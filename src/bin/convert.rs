@@ -1361,6 +1361,7 @@ fn bench_cmd(
         "architecture": info.architecture,
         "backend": info.backend,
         "kernel": info.kernel,
+        "cpu_level": info.cpu_level,
         "kv_cache": info.kv_cache,
         "threads": info.threads,
         "prompt_tokens": pp.prompt_tokens,
@@ -1384,10 +1385,11 @@ fn bench_cmd(
         outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         outln!(
-            "{}: {} backend, {} kernel, {} threads, buckets {:?}; load {:.2}s; prompt {} tokens {:.2} tok/s; decode {} tokens {}; weights {:.1} MB, KV cache {:.1} MB, peak RSS {} MB ({:.2}x weights+KV); decode reads weights ({:.1} MB per token) at {}",
+            "{}: {} backend, {} kernel{}, {} threads, buckets {:?}; load {:.2}s; prompt {} tokens {:.2} tok/s; decode {} tokens {}; weights {:.1} MB, KV cache {:.1} MB, peak RSS {} MB ({:.2}x weights+KV); decode reads weights ({:.1} MB per token) at {}",
             bundle.display(),
             info.backend,
             info.kernel,
+            info.cpu_level.map(|l| format!(" ({l})")).unwrap_or_default(),
             info.threads,
             info.buckets,
             load_s,

@@ -1202,6 +1202,7 @@ impl Backend for CpuBackend {
             n_ctx: self.n_ctx(),
             n_vocab: self.n_vocab(),
             threads: rayon::current_num_threads(),
+            cpu_level: Some(crate::isa::detect().name()),
             device: None,
             dispatches_per_token: None,
             device_weight_bytes: None,

@@ -168,6 +168,10 @@ pub struct BackendInfo {
     pub n_ctx: usize,
     pub n_vocab: usize,
     pub threads: usize,
+    /// The CPU kernels' level ([`crate::isa::detect`], [`crate::isa::Isa::name`]: `avx512vnni`,
+    /// `avx2`, `neon-dot`, `neon` or `portable`); absent on the GPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_level: Option<&'static str>,
     /// The GPU adapter (name, API, driver); absent on the CPU.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,

@@ -1695,6 +1695,7 @@ impl Backend for GpuBackend {
             n_ctx: self.n_ctx(),
             n_vocab: self.n_vocab(),
             threads: 1,
+            cpu_level: None,
             device: Some(format!(
                 "{} ({:?}, {})",
                 self.ctx.info.name, self.ctx.info.backend, self.ctx.info.driver
