@@ -3274,12 +3274,18 @@ mod x86 {
         let ns = subs(ty);
         let wps = 64 / ns; // words per sub-block
         let f = steps16(Some(ty));
-        let ones = _mm256_set1_epi16(1);
         let mut acc = [[[_mm256_setzero_ps(); 8]; 2]; R];
         for b in 0..nb {
+            // Each step group's i16 lanes times the sub-block's scale straight into i32 by
+            // `vpmaddwd` (the scale as both i16 factors of a pair: |lane| <= 32,767 and
+            // |scale| <= 128, so a pair's sum fits i32), in place of `vpmaddwd` by ones and a
+            // `vpmulld`: the same integer.
             let mut s1 = [[_mm256_setzero_si256(); 2]; R];
             for j in 0..ns {
-                let mut ia = [[_mm256_setzero_si256(); 2]; R];
+                let mut scv = [_mm256_setzero_si256(); R];
+                for (rr, v) in scv.iter_mut().enumerate() {
+                    *v = _mm256_set1_epi16(*sc.get_unchecked(rr * nb * 16 + b * 16 + j) as i16);
+                }
                 let w0 = b * 64 + j * wps;
                 for s0 in (w0..w0 + wps).step_by(f) {
                     let mut a16 = [[_mm256_setzero_si256(); 2]; R];
@@ -3295,15 +3301,9 @@ mod x86 {
                     }
                     for rr in 0..R {
                         for h in 0..2 {
-                            let p = _mm256_madd_epi16(a16[rr][h], ones);
-                            ia[rr][h] = _mm256_add_epi32(ia[rr][h], p);
+                            let p = _mm256_madd_epi16(a16[rr][h], scv[rr]);
+                            s1[rr][h] = _mm256_add_epi32(s1[rr][h], p);
                         }
-                    }
-                }
-                for rr in 0..R {
-                    let scv = _mm256_set1_epi32(*sc.get_unchecked(rr * nb * 16 + b * 16 + j));
-                    for h in 0..2 {
-                        s1[rr][h] = _mm256_add_epi32(s1[rr][h], _mm256_mullo_epi32(ia[rr][h], scv));
                     }
                 }
             }
