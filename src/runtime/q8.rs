@@ -528,6 +528,46 @@ pub fn gguf_rows_tokens(
     }
 }
 
+/// How many of the `left` rows of a pass the next call of a multi-token kernel takes: 4,
+/// then the last 2 and 1. (The drivers loop over it themselves: a closure would not inherit
+/// their target features, and the kernels inlined into it would call each intrinsic.)
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[inline(always)]
+fn next_rows(left: usize) -> usize {
+    [4, 2, 1].into_iter().find(|&m| m <= left).unwrap_or(1)
+}
+
+/// Copies a multi-token pass's results against group `g` (`out[r]`, rows `j .. j + nr` of a
+/// task; the group's first token is `*t0`) into `ys` (`ys[r * n + t]`, `n` the tokens of all
+/// groups) and moves `*t0` past the group's tokens.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[inline(always)]
+fn scatter_group(
+    out: &[[f32; 16]],
+    g: &TokenGroup,
+    ys: &mut [f32],
+    n: usize,
+    j: usize,
+    t0: &mut usize,
+) {
+    for (rr, row) in out.iter().enumerate() {
+        let at = (j + rr) * n + *t0;
+        ys[at..at + g.n].copy_from_slice(&row[..g.n]);
+    }
+    *t0 += g.n;
+}
+
+/// Sub-blocks of a 256-block whose elements share a scale: 8 of 32 (Q4_K, Q5_K), 16 of 16
+/// (Q6_K).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const fn subs(ty: GgmlType) -> usize {
+    if matches!(ty, GgmlType::Q6_K) {
+        16
+    } else {
+        8
+    }
+}
+
 /// The term of a 32-element block (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) from its exact `sum w*q` (`w`
 /// the unsigned code for Q4_x and Q5_x).
 #[inline(always)]
@@ -761,18 +801,7 @@ mod arm {
     /// A 32-element block's exact `sum w*q` (`w` as [`portable::term`] reads it).
     #[inline(always)]
     unsafe fn isum32<const DOT: bool>(ty: GgmlType, blk: &[u8], a: &QAct, b: usize) -> i32 {
-        let w = match ty {
-            GgmlType::Q8_0 => [load(blk, 2), load(blk, 18)],
-            GgmlType::Q4_0 => nibbles(blk, 2),
-            GgmlType::Q4_1 => nibbles(blk, 4),
-            GgmlType::Q5_0 | GgmlType::Q5_1 => {
-                let (qh, qs) = if ty == GgmlType::Q5_0 { (2, 6) } else { (4, 8) };
-                let [lo, hi] = nibbles(blk, qs);
-                let [h0, h1] = q5_high(blk, qh);
-                [vorrq_u8(lo, h0), vorrq_u8(hi, h1)]
-            }
-            _ => unreachable!("32-element types only"),
-        };
+        let w = codes32(ty, blk);
         isum2::<DOT>([s8(w[0]), s8(w[1])], &a.q, b * 32)
     }
 
@@ -1124,32 +1153,6 @@ mod arm {
         store_sums4(&acc, &mut out[..R]);
     }
 
-    /// How many of the `left` rows of a pass the next call takes: 4, then the last 2 and 1.
-    /// (The drivers loop over it themselves: a closure would not inherit their target
-    /// features, and the kernels inlined into it would call each intrinsic.)
-    #[inline(always)]
-    fn next_rows(left: usize) -> usize {
-        [4, 2, 1].into_iter().find(|&m| m <= left).unwrap_or(1)
-    }
-
-    /// Copies a pass's results against group `g` (`out[r]`, rows `j .. j + nr` of a task;
-    /// the group's first token is `*t0`) into `ys` (`ys[r * n + t]`) and moves `*t0` on.
-    #[inline(always)]
-    fn scatter_group(
-        out: &[[f32; 16]],
-        g: &TokenGroup,
-        ys: &mut [f32],
-        n: usize,
-        j: usize,
-        t0: &mut usize,
-    ) {
-        for (rr, row) in out.iter().enumerate() {
-            let at = (j + rr) * n + *t0;
-            ys[at..at + g.n].copy_from_slice(&row[..g.n]);
-        }
-        *t0 += g.n;
-    }
-
     /// Rows unpacked at once by the multi-token drivers.
     const PASS: usize = 8;
 
@@ -1245,7 +1248,7 @@ mod arm {
     }
 
     /// A 32-element block's 32 codes in element order (signed bytes for Q8_0, unsigned codes
-    /// otherwise: [`isum32`]'s weights).
+    /// otherwise), for [`isum32`] and the multi-token unpacking.
     #[inline(always)]
     unsafe fn codes32(ty: GgmlType, blk: &[u8]) -> [uint8x16_t; 2] {
         match ty {
@@ -1366,16 +1369,6 @@ mod arm {
                 scatter_group(&out[..nr], g, ys, n, j, &mut t0);
             }
             j += nr;
-        }
-    }
-
-    /// Sub-blocks of a 256-block whose elements share a scale: 8 of 32 (Q4_K, Q5_K), 16 of 16
-    /// (Q6_K).
-    const fn subs(ty: GgmlType) -> usize {
-        if matches!(ty, GgmlType::Q6_K) {
-            16
-        } else {
-            8
         }
     }
 
@@ -2177,11 +2170,7 @@ mod x86 {
         t0: &mut usize,
     ) {
         for (o, g) in out.iter().zip(pair) {
-            for (rr, row) in o[..nr].iter().enumerate() {
-                let at = (j + rr) * n + *t0;
-                ys[at..at + g.n].copy_from_slice(&row[..g.n]);
-            }
-            *t0 += g.n;
+            scatter_group(&o[..nr], g, ys, n, j, t0);
         }
     }
 
@@ -2552,16 +2541,6 @@ mod x86 {
             GgmlType::Q5_K => tokens256_impl(GgmlType::Q5_K, bytes, rb, groups, ys, r0, k, buf),
             GgmlType::Q6_K => tokens256_impl(GgmlType::Q6_K, bytes, rb, groups, ys, r0, k, buf),
             _ => unreachable!("gguf_tokens_available admits only act_block's types"),
-        }
-    }
-
-    /// Sub-blocks of a 256-block whose elements share a scale: 8 of 32 (Q4_K, Q5_K), 16 of 16
-    /// (Q6_K).
-    const fn subs(ty: GgmlType) -> usize {
-        if matches!(ty, GgmlType::Q6_K) {
-            16
-        } else {
-            8
         }
     }
 
@@ -2969,32 +2948,6 @@ mod x86 {
                 _mm256_storeu_ps(o.as_mut_ptr().add(h * 8), y);
             }
         }
-    }
-
-    /// How many of the `left` rows of a pass the next call takes: 4, then the last 2 and 1.
-    /// (The drivers loop over it themselves: a closure would not inherit their target
-    /// features, and the kernels inlined into it would call each intrinsic.)
-    #[inline(always)]
-    fn next_rows(left: usize) -> usize {
-        [4, 2, 1].into_iter().find(|&m| m <= left).unwrap_or(1)
-    }
-
-    /// Copies a pass's results against group `g` (`out[r]`, rows `j .. j + nr` of a task;
-    /// the group's first token is `*t0`) into `ys` (`ys[r * n + t]`) and moves `*t0` on.
-    #[inline(always)]
-    fn scatter_group(
-        out: &[[f32; 16]],
-        g: &TokenGroup,
-        ys: &mut [f32],
-        n: usize,
-        j: usize,
-        t0: &mut usize,
-    ) {
-        for (rr, row) in out.iter().enumerate() {
-            let at = (j + rr) * n + *t0;
-            ys[at..at + g.n].copy_from_slice(&row[..g.n]);
-        }
-        *t0 += g.n;
     }
 
     /// Ternary codes unpacked as [`unpack_codes`] does (its `u32` per code byte), with
@@ -4185,132 +4138,62 @@ mod tests {
         let (rb4, rbk) = (cols / 32 * 18, cols / 256 * 144);
         for isa in ALL_ISAS.into_iter().filter(|&l| tokens_level(l) == Some(l)) {
             type Case<'a> = (&'a str, Box<dyn Fn() + std::panic::RefUnwindSafe + 'a>);
+            // Rows 0..2 (from `r0`) into an output of `ys` values.
+            let gguf = |ty, bytes: &[u8], rb, g: &[TokenGroup], ys: usize, r0| {
+                gguf_rows_tokens(
+                    isa,
+                    ty,
+                    bytes,
+                    rb,
+                    g,
+                    &mut vec![0f32; ys],
+                    r0,
+                    2,
+                    &mut vec![],
+                )
+            };
+            let tern = |w: &[u32], g: &[TokenGroup], ys: usize| {
+                ternary_rows_tokens(
+                    isa,
+                    w,
+                    &scales,
+                    cols,
+                    g,
+                    &mut vec![0f32; ys],
+                    0,
+                    2,
+                    &mut vec![],
+                )
+            };
             let cases: [Case; 8] = [
                 (
                     "256-blocks to Q4_0",
-                    Box::new(|| {
-                        let mut ys = vec![0f32; 4];
-                        gguf_rows_tokens(
-                            isa,
-                            GgmlType::Q4_0,
-                            &q4,
-                            rb4,
-                            &g256,
-                            &mut ys,
-                            0,
-                            2,
-                            &mut vec![],
-                        )
-                    }),
+                    Box::new(|| gguf(GgmlType::Q4_0, &q4, rb4, &g256, 4, 0)),
                 ),
                 (
                     "32-blocks to Q4_K",
-                    Box::new(|| {
-                        let mut ys = vec![0f32; 4];
-                        gguf_rows_tokens(
-                            isa,
-                            GgmlType::Q4_K,
-                            &q4k,
-                            rbk,
-                            &g32,
-                            &mut ys,
-                            0,
-                            2,
-                            &mut vec![],
-                        )
-                    }),
+                    Box::new(|| gguf(GgmlType::Q4_K, &q4k, rbk, &g32, 4, 0)),
                 ),
-                (
-                    "32-blocks to ternary",
-                    Box::new(|| {
-                        let mut ys = vec![0f32; 4];
-                        ternary_rows_tokens(
-                            isa,
-                            &words,
-                            &scales,
-                            cols,
-                            &g32,
-                            &mut ys,
-                            0,
-                            2,
-                            &mut vec![],
-                        )
-                    }),
-                ),
+                ("32-blocks to ternary", Box::new(|| tern(&words, &g32, 4))),
                 (
                     "groups of 256 values to 512 columns",
-                    Box::new(|| {
-                        let mut ys = vec![0f32; 2];
-                        ternary_rows_tokens(
-                            isa,
-                            &words,
-                            &scales,
-                            cols,
-                            &g_short,
-                            &mut ys,
-                            0,
-                            2,
-                            &mut vec![],
-                        )
-                    }),
+                    Box::new(|| tern(&words, &g_short, 2)),
                 ),
                 (
                     "ternary words for one row of two",
-                    Box::new(|| {
-                        let mut ys = vec![0f32; 4];
-                        let w = &words[..cols / 16];
-                        ternary_rows_tokens(
-                            isa,
-                            w,
-                            &scales,
-                            cols,
-                            &g256,
-                            &mut ys,
-                            0,
-                            2,
-                            &mut vec![],
-                        )
-                    }),
+                    Box::new(|| tern(&words[..cols / 16], &g256, 4)),
                 ),
                 (
                     "GGUF rows past the bytes",
-                    Box::new(|| {
-                        let mut ys = vec![0f32; 4];
-                        gguf_rows_tokens(
-                            isa,
-                            GgmlType::Q4_0,
-                            &q4,
-                            rb4,
-                            &g32,
-                            &mut ys,
-                            1,
-                            2,
-                            &mut vec![],
-                        )
-                    }),
+                    Box::new(|| gguf(GgmlType::Q4_0, &q4, rb4, &g32, 4, 1)),
                 ),
                 (
                     "short output",
-                    Box::new(|| {
-                        let mut ys = vec![0f32; 3];
-                        gguf_rows_tokens(
-                            isa,
-                            GgmlType::Q4_0,
-                            &q4,
-                            rb4,
-                            &g32,
-                            &mut ys,
-                            0,
-                            2,
-                            &mut vec![],
-                        )
-                    }),
+                    Box::new(|| gguf(GgmlType::Q4_0, &q4, rb4, &g32, 3, 0)),
                 ),
                 (
                     "token_groups of two blocks",
-                    Box::new(|| {
-                        let _ = token_groups(&[&a32, &a256]);
-                    }),
+                    Box::new(|| drop(token_groups(&[&a32, &a256]))),
                 ),
             ];
             for (what, f) in cases {
