@@ -96,6 +96,8 @@ struct AttnShape {
     /// Sliding window (a position `pos` attends `pos + 1 - window ..= pos`), or all positions.
     window: Option<usize>,
     kq_scale: f32,
+    /// The products' form ([`AttnForm::detect`] outside tests).
+    form: AttnForm,
 }
 
 impl AttnShape {
@@ -183,53 +185,329 @@ crate::multiversion! {
     }
 }
 
-/// Whether the attention's AVX-512 forms ([`attn512`]) run: the runtime's AVX-512 level
-/// ([`crate::isa::Isa::Avx512Vnni`], which `LOWBIT_ISA` can cap) and AVX-512F. They give the
-/// portable forms' bits.
+/// Which forms of the attention's two products [`attend`] runs; every form gives the portable
+/// forms' bits ([`scores_t_portable`], [`weighted_rows_portable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-fn attn_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *OK.get_or_init(|| {
-            crate::isa::detect() == crate::isa::Isa::Avx512Vnni
-                && std::is_x86_feature_detected!("avx512f")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+enum AttnForm {
+    /// The portable forms (vectorized by the compiler), the keys transposed.
+    Portable,
+    /// 256-bit forms ([`attn256`]): the keys widened as rows, each key and value load shared
+    /// by two query heads. For spans of at least [`ROWS_MIN_SPAN`] positions and head sizes
+    /// that are multiples of 8; other spans run the portable forms.
+    Avx2,
+    /// 512-bit forms ([`attn512`]): the keys transposed, 16 positions a vector, each key and
+    /// value load shared by two query heads.
+    Avx512,
 }
 
-/// [`scores_t_portable`] for `H` queries over the same keys, each with its bits: 16
-/// positions a vector and each key vector loaded once for all `H` where AVX-512 runs (`kt`
-/// then holds the scores' length rounded up to a multiple of 16 positions in each row).
-fn scores_t<const H: usize>(
+/// Positions a span needs for [`AttnForm::Avx2`]'s key rows: a decode step's keys stay
+/// transposed (widening them as rows costs about what one query head's scores cost).
+const ROWS_MIN_SPAN: usize = 4;
+
+impl AttnForm {
+    /// The form the runtime's level runs ([`crate::isa::detect`], which `LOWBIT_ISA` caps):
+    /// AVX-512 where the level is AVX-512 VNNI, AVX2 where it is AVX2, else portable.
+    fn detect() -> AttnForm {
+        static FORM: std::sync::OnceLock<AttnForm> = std::sync::OnceLock::new();
+        *FORM.get_or_init(|| {
+            use crate::isa::Isa;
+            match crate::isa::detect() {
+                Isa::Avx512Vnni if Self::Avx512.here() => Self::Avx512,
+                Isa::Avx512Vnni | Isa::Avx2 if Self::Avx2.here() => Self::Avx2,
+                _ => Self::Portable,
+            }
+        })
+    }
+
+    /// Whether this CPU has the instructions of this form.
+    fn here(self) -> bool {
+        match self {
+            Self::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 => std::is_x86_feature_detected!("avx2"),
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512 => std::is_x86_feature_detected!("avx512f"),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The form a span of `n` positions at head size `hd` runs.
+    fn for_span(self, n: usize, hd: usize) -> AttnForm {
+        match self {
+            Self::Avx2 if n < ROWS_MIN_SPAN || !hd.is_multiple_of(8) => Self::Portable,
+            f => f,
+        }
+    }
+}
+
+/// A span's widened keys as the products read them.
+#[derive(Clone, Copy)]
+enum Keys<'a> {
+    /// Transposed: element `i` of position `p` at `kt[i * stride + p]`.
+    T { kt: &'a [f32], stride: usize },
+    /// Rows: position `p`'s `hd` elements at `rows[p * hd..]`.
+    Rows { rows: &'a [f32], hd: usize },
+}
+
+impl<'a> Keys<'a> {
+    /// The keys from position `a` on.
+    fn from(self, a: usize) -> Keys<'a> {
+        match self {
+            Keys::T { kt, stride } => Keys::T {
+                kt: &kt[a..],
+                stride,
+            },
+            Keys::Rows { rows, hd } => Keys::Rows {
+                rows: &rows[a * hd..],
+                hd,
+            },
+        }
+    }
+}
+
+/// [`scores_t_portable`] for `H` queries over the same keys, each with its bits, in `form`
+/// (transposed keys: `kt` then holds the scores' length rounded up to a multiple of 16
+/// positions in each row; rows: `H` queries of a length that is a multiple of 8).
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn scores<const H: usize>(
+    form: AttnForm,
     q: [&[f32]; H],
-    kt: &[f32],
-    stride: usize,
+    keys: Keys,
     kq_scale: f32,
     scores: [&mut [f32]; H],
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if attn_avx512() {
-        // SAFETY: AVX-512F is present (attn_avx512); the lengths are checked inside.
-        return unsafe { attn512::scores_t(q, kt, stride, kq_scale, scores) };
-    }
-    for (q, s) in q.into_iter().zip(scores) {
-        scores_t_portable(q, kt, stride, kq_scale, s);
+    match keys {
+        #[cfg(target_arch = "x86_64")]
+        Keys::Rows { rows, .. } => {
+            assert!(AttnForm::Avx2.here(), "key rows need AVX2");
+            // SAFETY: AVX2 is present (asserted); the lengths are checked inside.
+            unsafe { attn256::scores_rows(q, rows, kq_scale, scores) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Keys::T { kt, stride } if form == AttnForm::Avx512 => {
+            assert!(form.here(), "AVX-512F");
+            // SAFETY: AVX-512F is present (asserted); the lengths are checked inside.
+            unsafe { attn512::scores_t(q, kt, stride, kq_scale, scores) }
+        }
+        Keys::T { kt, stride } => {
+            for (q, s) in q.into_iter().zip(scores) {
+                scores_t_portable(q, kt, stride, kq_scale, s);
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Keys::Rows { .. } => unreachable!("key rows are made only for the AVX2 form"),
     }
 }
 
-/// [`weighted_rows_portable`] for `H` weightings of the same rows, each with its bits: 128
-/// values a pass and each row loaded once for all `H` where AVX-512 runs.
-fn weighted_rows<const H: usize>(w: [&[f32]; H], v: &[f32], out: [&mut [f32]; H]) {
-    #[cfg(target_arch = "x86_64")]
-    if attn_avx512() {
-        // SAFETY: AVX-512F is present (attn_avx512); the lengths are checked inside.
-        return unsafe { attn512::weighted_rows(w, v, out) };
+/// [`weighted_rows_portable`] for `H` weightings of the same rows, each with its bits, in
+/// `form` (each row loaded once for all `H` in the vector forms).
+fn weighted_rows<const H: usize>(form: AttnForm, w: [&[f32]; H], v: &[f32], out: [&mut [f32]; H]) {
+    match form {
+        #[cfg(target_arch = "x86_64")]
+        AttnForm::Avx512 => {
+            assert!(form.here(), "AVX-512F");
+            // SAFETY: AVX-512F is present (asserted); the lengths are checked inside.
+            unsafe { attn512::weighted_rows(w, v, out) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        AttnForm::Avx2 => {
+            assert!(form.here(), "AVX2");
+            // SAFETY: AVX2 is present (asserted); the lengths are checked inside.
+            unsafe { attn256::weighted_rows(w, v, out) }
+        }
+        _ => {
+            for (w, o) in w.into_iter().zip(out) {
+                weighted_rows_portable(w, v, o);
+            }
+        }
     }
-    for (w, o) in w.into_iter().zip(out) {
-        weighted_rows_portable(w, v, o);
+}
+
+/// The attention's two products on 256-bit vectors, each value's terms and their order the
+/// portable forms' (a multiply, then an add; never fused), so the bits are theirs.
+#[cfg(target_arch = "x86_64")]
+mod attn256 {
+    use std::arch::x86_64::*;
+
+    /// [`super::scores_t_portable`]'s last step for four positions at once: lane `l` of
+    /// `a[j]` is position `j`'s lane `l`; gives `((l0 + l4) + (l2 + l6)) + ((l1 + l5) +
+    /// (l3 + l7))` of each, times `kq_scale`.
+    #[inline(always)]
+    unsafe fn tree4(a: &[__m256], kq_scale: __m256) -> [f32; 4] {
+        let half = |x: __m256, y: __m256| {
+            _mm256_add_ps(
+                _mm256_permute2f128_ps(x, y, 0x20),
+                _mm256_permute2f128_ps(x, y, 0x31),
+            )
+        };
+        // Each 128-bit half [s0, s1, s2, s3] (s_l = l_l + l_(l+4)) of positions 0 | 1 and
+        // 2 | 3, reordered as [s0, s2, s1, s3].
+        let x = _mm256_permute_ps(half(a[0], a[1]), 0b11_01_10_00);
+        let y = _mm256_permute_ps(half(a[2], a[3]), 0b11_01_10_00);
+        // [s0 + s2, s1 + s3] of positions 0, 2 | 1, 3; then their sums.
+        let z = _mm256_hadd_ps(x, y);
+        let t = _mm256_mul_ps(_mm256_hadd_ps(z, z), kq_scale);
+        let mut v = [0f32; 8];
+        _mm256_storeu_ps(v.as_mut_ptr(), t);
+        [v[0], v[4], v[1], v[5]]
+    }
+
+    /// `P` positions' scores (rows from `rp`) for `H` queries: each key load shared by all
+    /// `H`, lane `l` of accumulator `[h][p]` position `p`'s lane `l` (elements `i` with
+    /// `i % 8 == l`).
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn block<const H: usize, const P: usize>(
+        q: &[&[f32]; H],
+        rp: *const f32,
+        hd: usize,
+        kq_scale: f32,
+        out: &mut [&mut [f32]; H],
+        p0: usize,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); P]; H];
+        for c in (0..hd).step_by(8) {
+            let qv = q.map(|qh| _mm256_loadu_ps(qh.as_ptr().add(c)));
+            for p in 0..P {
+                let k = _mm256_loadu_ps(rp.add((p0 + p) * hd + c));
+                for h in 0..H {
+                    acc[h][p] = _mm256_add_ps(acc[h][p], _mm256_mul_ps(qv[h], k));
+                }
+            }
+        }
+        let scale = _mm256_set1_ps(kq_scale);
+        for (a, o) in acc.iter().zip(out.iter_mut()) {
+            if P.is_multiple_of(4) {
+                for (j, a4) in a.chunks_exact(4).enumerate() {
+                    let s = tree4(a4, scale);
+                    o[p0 + 4 * j..p0 + 4 * j + 4].copy_from_slice(&s);
+                }
+            } else {
+                for (p, a) in a.iter().enumerate() {
+                    let mut l = [0f32; 8];
+                    _mm256_storeu_ps(l.as_mut_ptr(), *a);
+                    o[p0 + p] = (((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])))
+                        * kq_scale;
+                }
+            }
+        }
+    }
+
+    /// [`super::scores_t_portable`] for `H` queries of the same length over the keys as
+    /// rows (`rows[p * hd..]`): a block of 8 positions for one query, 4 for two, each key
+    /// load shared by the queries, then the positions left one at a time.
+    ///
+    /// # Safety
+    /// AVX2 is present. Panics unless the queries share a length that is a multiple of 8,
+    /// the score slices a length `n`, and `rows` holds `n` rows.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn scores_rows<const H: usize>(
+        q: [&[f32]; H],
+        rows: &[f32],
+        kq_scale: f32,
+        scores: [&mut [f32]; H],
+    ) {
+        let (hd, n) = (q[0].len(), scores[0].len());
+        assert!(
+            q.iter().all(|q| q.len() == hd) && scores.iter().all(|s| s.len() == n),
+            "heads of one shape"
+        );
+        assert!(hd.is_multiple_of(8), "head size {hd} not a multiple of 8");
+        assert!(rows.len() >= n * hd, "key rows too short");
+        let (rp, mut scores) = (rows.as_ptr(), scores);
+        let step = 8 / H.clamp(1, 2);
+        let mut p0 = 0;
+        while p0 + step <= n {
+            // SAFETY: rows p0 .. p0 + step < n hold hd values each (asserted).
+            if H == 1 {
+                block::<H, 8>(&q, rp, hd, kq_scale, &mut scores, p0);
+            } else {
+                block::<H, 4>(&q, rp, hd, kq_scale, &mut scores, p0);
+            }
+            p0 += step;
+        }
+        while p0 < n {
+            // SAFETY: as above, p0 < n.
+            block::<H, 1>(&q, rp, hd, kq_scale, &mut scores, p0);
+            p0 += 1;
+        }
+    }
+
+    /// `C` 8-value columns from `d` of [`weighted_rows`] for `H` weightings, each row load
+    /// shared by all.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn weighted_pass<const H: usize, const C: usize>(
+        w: [&[f32]; H],
+        vp: *const f32,
+        hd: usize,
+        d: usize,
+        out: &mut [&mut [f32]; H],
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); C]; H];
+        for p in 0..w[0].len() {
+            let b = w.map(|wh| _mm256_set1_ps(*wh.get_unchecked(p)));
+            for j in 0..C {
+                let x = _mm256_loadu_ps(vp.add(p * hd + d + 8 * j));
+                for h in 0..H {
+                    acc[h][j] = _mm256_add_ps(acc[h][j], _mm256_mul_ps(b[h], x));
+                }
+            }
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for (j, a) in a.iter().enumerate() {
+                _mm256_storeu_ps(o[d + 8 * j..d + 8 * j + 8].as_mut_ptr(), *a);
+            }
+        }
+    }
+
+    /// [`super::weighted_rows_portable`] for `H` weightings of the same rows, 64 values a
+    /// pass for one weighting, 32 for two, then 8, then one by one, each row load shared by
+    /// all: each value's terms in position order from 0, as there.
+    ///
+    /// # Safety
+    /// AVX2 is present. Panics unless the weightings share a length, the outputs a length
+    /// `hd`, and `v` holds `w.len()` rows of `hd` values.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn weighted_rows<const H: usize>(w: [&[f32]; H], v: &[f32], out: [&mut [f32]; H]) {
+        let mut out = out;
+        let (np, hd) = (w[0].len(), out[0].len());
+        assert!(
+            w.iter().all(|w| w.len() == np) && out.iter().all(|o| o.len() == hd),
+            "heads of one shape"
+        );
+        assert!(v.len() >= np * hd, "v too short");
+        let vp = v.as_ptr();
+        let mut d = 0;
+        if H == 1 {
+            while d + 64 <= hd {
+                // SAFETY: rows p < np hold hd values, d + 64 <= hd (asserted).
+                weighted_pass::<H, 8>(w, vp, hd, d, &mut out);
+                d += 64;
+            }
+        } else {
+            while d + 32 <= hd {
+                // SAFETY: as above, d + 32 <= hd.
+                weighted_pass::<H, 4>(w, vp, hd, d, &mut out);
+                d += 32;
+            }
+        }
+        while d + 8 <= hd {
+            // SAFETY: as above, d + 8 <= hd.
+            weighted_pass::<H, 1>(w, vp, hd, d, &mut out);
+            d += 8;
+        }
+        for (wh, o) in w.iter().zip(out.iter_mut()) {
+            for (j, o) in o.iter_mut().enumerate().skip(d) {
+                let mut a = 0f32;
+                for (p, &wp) in wh.iter().enumerate() {
+                    a += wp * v[p * hd + j];
+                }
+                *o = a;
+            }
+        }
     }
 }
 
@@ -374,17 +652,16 @@ mod attn512 {
 }
 
 /// One or two query heads of one KV head at one position: for each, `softmax(q k^T *
-/// kq_scale) v` over the attended positions, the keys transposed in `kt` (row stride
-/// `stride`, positions `0..n`), the values as rows in `v` (`n` rows), the max subtracted
-/// first, the normalizer summed in f64. The one definition for decode and prefill, so a
-/// position's output has the same bits however its tokens were grouped; a head has the same
-/// bits alone or beside another (two share each load of K and V: the products read them from
-/// the cache, and a prompt's attention is bound by that read).
+/// kq_scale) v` over the attended positions (`n` of them in `keys` and in `v`'s rows), the
+/// max subtracted first, the normalizer summed in f64. The one definition for decode and
+/// prefill, so a position's output has the same bits however its tokens were grouped; a head
+/// has the same bits alone or beside another and in every form (two share each load of K and
+/// V: the products read them from the cache, and a prompt's attention is bound by that read).
 #[allow(clippy::too_many_arguments)]
 fn attend_heads(
+    form: AttnForm,
     q: &[&[f32]],
-    kt: &[f32],
-    stride: usize,
+    keys: Keys,
     n: usize,
     v: &[f32],
     kq_scale: f32,
@@ -398,16 +675,16 @@ fn attend_heads(
     let [s0, s1] = scores;
     match (q, &mut *out) {
         ([q0, q1], [o0, o1]) => {
-            scores_t([q0, q1], kt, stride, kq_scale, [s0, s1]);
+            self::scores(form, [q0, q1], keys, kq_scale, [s0, s1]);
             softmax(s0);
             softmax(s1);
-            weighted_rows([s0, s1], v, [o0, o1]);
+            weighted_rows(form, [s0, s1], v, [o0, o1]);
         }
         _ => {
             for (q, o) in q.iter().zip(out.iter_mut()) {
-                scores_t([q], kt, stride, kq_scale, [s0]);
+                self::scores(form, [q], keys, kq_scale, [s0]);
                 softmax(s0);
-                weighted_rows([s0], v, [o]);
+                weighted_rows(form, [s0], v, [o]);
             }
         }
     }
@@ -424,6 +701,30 @@ fn softmax(scores: &mut [f32]) {
     let inv = (1.0 / sum) as f32;
     for s in scores.iter_mut() {
         *s *= inv;
+    }
+}
+
+/// One KV head's keys of the positions `lo .. lo + m` widened as rows (`kr[p * hd + d]`,
+/// `kr.len() == m * hd`) from the transposed cache (`kc[d * nctx + pos]`, `hd` rows of
+/// `nctx`): eight of its rows at a time widened, then interleaved.
+fn widen_rows<T: KvElem>(kc: &[T], nctx: usize, lo: usize, m: usize, kr: &mut [f32]) {
+    let hd = kc.len() / nctx;
+    assert!(
+        kr.len() == m * hd && lo + m <= nctx,
+        "key rows of {m} positions"
+    );
+    let mut tmp = vec![0f32; 8 * m];
+    for d0 in (0..hd).step_by(8) {
+        let w = (hd - d0).min(8);
+        for j in 0..w {
+            let at = (d0 + j) * nctx + lo;
+            T::widen(&kc[at..at + m], &mut tmp[j * m..(j + 1) * m]);
+        }
+        for (p, row) in kr.chunks_exact_mut(hd).enumerate() {
+            for (j, x) in row[d0..d0 + w].iter_mut().enumerate() {
+                *x = tmp[j * m + p];
+            }
+        }
     }
 }
 
@@ -458,6 +759,8 @@ fn attend<T: KvElem>(
     let (kc, vc) = (&*kc, &*vc);
     let (lo0, end) = (sh.lo(start), start + n);
     let m = end - lo0;
+    let form = sh.form.for_span(n, hd);
+    let key_rows = form == AttnForm::Avx2;
     // Row stride of the widened keys: positions padded to a multiple of 16, and 16 more, so
     // that scores_t's 8- or 16-position steps from any first position stay inside.
     let stride = m.div_ceil(16) * 16 + 16;
@@ -465,11 +768,18 @@ fn attend<T: KvElem>(
         .into_par_iter()
         .map(|kh| {
             let head = sh.layer_base + kh * nctx * hd;
-            let mut kt = vec![0f32; hd * stride];
-            for (d, row) in kt.chunks_exact_mut(stride).enumerate() {
-                let at = head + d * nctx + lo0;
-                T::widen(&kc[at..at + m], &mut row[..m]);
-            }
+            let kt = if key_rows {
+                let mut kr = vec![0f32; m * hd];
+                widen_rows(&kc[head..head + hd * nctx], nctx, lo0, m, &mut kr);
+                kr
+            } else {
+                let mut kt = vec![0f32; hd * stride];
+                for (d, row) in kt.chunks_exact_mut(stride).enumerate() {
+                    let at = head + d * nctx + lo0;
+                    T::widen(&kc[at..at + m], &mut row[..m]);
+                }
+                kt
+            };
             let mut vr = vec![0f32; m * hd];
             T::widen(&vc[head + lo0 * hd..head + end * hd], &mut vr);
             (kt, vr)
@@ -507,10 +817,15 @@ fn attend<T: KvElem>(
                     rows.iter_mut().map(|r| r.next().expect("n rows")).collect();
                 let vt = &vr[a * hd..(pos + 1 - lo0) * hd];
                 let len = pos + 1 - sh.lo(pos);
+                let keys = if key_rows {
+                    Keys::Rows { rows: kt, hd }
+                } else {
+                    Keys::T { kt, stride }
+                };
                 attend_heads(
+                    form,
                     &qs,
-                    &kt[a..],
-                    stride,
+                    keys.from(a),
                     len,
                     vt,
                     sh.kq_scale,
@@ -1090,6 +1405,7 @@ impl CpuBackend {
                 start,
                 window: hp.window_of_layer(il),
                 kq_scale,
+                form: AttnForm::detect(),
             };
             match &mut self.kv {
                 KvStore::F16 { k: kc, v: vc } => attend(kc, vc, n, &q, &k, &v, &mut attn, &sh),
@@ -1303,6 +1619,98 @@ mod tests {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
+    /// The attention forms this CPU runs (whatever `LOWBIT_ISA` says).
+    fn attn_forms() -> Vec<AttnForm> {
+        [AttnForm::Portable, AttnForm::Avx2, AttnForm::Avx512]
+            .into_iter()
+            .filter(|f| f.here())
+            .collect()
+    }
+
+    /// The attention's AVX2 products (one head, and two at once; the keys as rows) give the
+    /// portable forms' bits, at head sizes that leave partial 64- and 32-value passes and
+    /// scalar tails (the products of values) and position counts that leave partial blocks
+    /// of 8 and 4 positions.
+    #[test]
+    fn attention_products_have_the_portable_bits_on_avx2() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !AttnForm::Avx2.here() {
+                eprintln!("skipped: no AVX2 on this CPU");
+                return;
+            }
+            let mut seed = 13u32;
+            let mut rnd = |n: usize| lcg_values(&mut seed, n);
+            for hd in [5, 8, 13, 16, 40, 64, 72, 80, 128, 136, 256] {
+                for n in [1usize, 3, 4, 5, 7, 8, 9, 12, 17, 40, 129] {
+                    let (q, q1) = (rnd(hd), rnd(hd));
+                    let (w, w1, v) = (rnd(n), rnd(n), rnd(n * hd));
+                    if hd.is_multiple_of(8) {
+                        let stride = n.div_ceil(16) * 16 + 16;
+                        let kt = rnd(hd * stride);
+                        let mut rows = vec![0f32; n * hd];
+                        for p in 0..n {
+                            for d in 0..hd {
+                                rows[p * hd + d] = kt[d * stride + p];
+                            }
+                        }
+                        let (mut want0, mut want1) = (vec![0f32; n], vec![0f32; n]);
+                        scores_t_portable(&q, &kt, stride, 0.3, &mut want0);
+                        scores_t_portable(&q1, &kt, stride, 0.3, &mut want1);
+                        let mut got = vec![0f32; n];
+                        // SAFETY: AVX2 checked above; rows holds n rows of hd values.
+                        unsafe { attn256::scores_rows([&q], &rows, 0.3, [&mut got]) };
+                        assert_eq!(bits(&got), bits(&want0), "scores hd {hd} n {n}");
+                        let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+                        // SAFETY: as above.
+                        unsafe { attn256::scores_rows([&q, &q1], &rows, 0.3, [&mut a, &mut b]) };
+                        assert_eq!(bits(&a), bits(&want0), "scores pair hd {hd} n {n}");
+                        assert_eq!(bits(&b), bits(&want1), "scores pair hd {hd} n {n}");
+                    }
+                    let (mut want0, mut want1) = (vec![0f32; hd], vec![0f32; hd]);
+                    weighted_rows_portable(&w, &v, &mut want0);
+                    weighted_rows_portable(&w1, &v, &mut want1);
+                    let mut got = vec![0f32; hd];
+                    // SAFETY: AVX2 checked above; v holds n rows of hd values.
+                    unsafe { attn256::weighted_rows([&w], &v, [&mut got]) };
+                    assert_eq!(bits(&got), bits(&want0), "weighted rows hd {hd} n {n}");
+                    let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
+                    // SAFETY: as above.
+                    unsafe { attn256::weighted_rows([&w, &w1], &v, [&mut a, &mut b]) };
+                    assert_eq!(bits(&a), bits(&want0), "weighted pair hd {hd} n {n}");
+                    assert_eq!(bits(&b), bits(&want1), "weighted pair hd {hd} n {n}");
+                }
+            }
+        }
+    }
+
+    /// The key rows ([`widen_rows`]) hold the transposed cache's keys, from f16 and f32
+    /// caches, at head sizes that leave a partial group of 8 rows.
+    #[test]
+    fn widen_rows_transposes_the_cache() {
+        let mut seed = 17u32;
+        for hd in [3usize, 8, 13, 64] {
+            let (nctx, lo, m) = (40, 5, 23);
+            let kc = lcg_values(&mut seed, hd * nctx);
+            let kc16: Vec<u16> = kc.iter().map(|&x| u16::store(x)).collect();
+            let (mut a, mut b) = (vec![0f32; m * hd], vec![0f32; m * hd]);
+            widen_rows(&kc, nctx, lo, m, &mut a);
+            widen_rows(&kc16, nctx, lo, m, &mut b);
+            for p in 0..m {
+                for d in 0..hd {
+                    let at = d * nctx + lo + p;
+                    assert_eq!(
+                        a[p * hd + d].to_bits(),
+                        kc[at].to_bits(),
+                        "hd {hd} p {p} d {d}"
+                    );
+                    let w = crate::quant::f16_bits_to_f32(kc16[at]);
+                    assert_eq!(b[p * hd + d].to_bits(), w.to_bits(), "hd {hd} p {p} d {d}");
+                }
+            }
+        }
+    }
+
     /// The attention's AVX-512 products (one head, and two at once) give the portable forms'
     /// bits, at head sizes that leave partial 8-element lanes, 16-value passes and scalar
     /// tails, and position counts that leave partial 16-position vectors.
@@ -1360,7 +1768,7 @@ mod tests {
     /// later), the span starting after earlier positions.
     #[test]
     fn a_span_attends_as_its_positions_one_at_a_time() {
-        fn run<T: KvElem>(window: Option<usize>) {
+        fn run<T: KvElem>(window: Option<usize>, form: AttnForm) {
             let (hd, nkv, group, nctx) = (8, 2, 3, 64);
             let (nq, nk) = (nkv * group * hd, nkv * hd);
             let total = 40;
@@ -1375,6 +1783,7 @@ mod tests {
                 start,
                 window,
                 kq_scale: 0.35,
+                form,
             };
             let cache = || {
                 (
@@ -1414,12 +1823,14 @@ mod tests {
                     &sh(a),
                 );
             }
-            assert_eq!(bits(&got), bits(&want), "window {window:?}");
+            assert_eq!(bits(&got), bits(&want), "window {window:?} {form:?}");
             assert!(want.iter().all(|x| x.is_finite()));
         }
-        for window in [None, Some(7)] {
-            run::<u16>(window);
-            run::<f32>(window);
+        for form in attn_forms() {
+            for window in [None, Some(7)] {
+                run::<u16>(window, form);
+                run::<f32>(window, form);
+            }
         }
     }
     /// The vectorized GEGLU gives the scalar definition's bits: every f16 value as x (the
@@ -1540,11 +1951,14 @@ mod tests {
                             );
                         }
                     }
-                    for spans in [
-                        vec![(0usize, total)],
-                        vec![(0, 5), (5, 6), (6, total)],
-                        (0..total).map(|t| (t, t + 1)).collect::<Vec<_>>(),
-                    ] {
+                    for (form, spans) in attn_forms().into_iter().flat_map(|f| {
+                        [
+                            vec![(0usize, total)],
+                            vec![(0, 5), (5, 6), (6, total)],
+                            (0..total).map(|t| (t, t + 1)).collect::<Vec<_>>(),
+                        ]
+                        .map(|s| (f, s))
+                    }) {
                         let mut kc = vec![0f32; 2 * nkv * nctx * hd];
                         let mut vc = vec![0f32; 2 * nkv * nctx * hd];
                         let mut got = vec![0f32; total * nq];
@@ -1557,6 +1971,7 @@ mod tests {
                                 start: a,
                                 window,
                                 kq_scale: 0.35,
+                                form,
                             };
                             attend(
                                 &mut kc,
@@ -1572,7 +1987,7 @@ mod tests {
                         assert_eq!(
                             bits(&got),
                             bits(&want),
-                            "hd {hd} nkv {nkv} group {group} window {window:?} spans {}",
+                            "hd {hd} nkv {nkv} group {group} window {window:?} spans {} {form:?}",
                             spans.len()
                         );
                     }
