@@ -193,17 +193,19 @@ enum AttnForm {
     /// The portable forms (vectorized by the compiler), the keys transposed.
     Portable,
     /// 256-bit forms ([`attn256`]): the keys widened as rows, each key and value load shared
-    /// by two query heads. For spans of at least [`ROWS_MIN_SPAN`] positions and head sizes
-    /// that are multiples of 8; other spans run the portable forms.
+    /// by two query heads. Where a KV head serves at least [`ROWS_MIN_QUERIES`] queries (the
+    /// span's positions times the query heads a KV head) and the head size is a multiple of
+    /// 8; elsewhere the portable forms.
     Avx2,
     /// 512-bit forms ([`attn512`]): the keys transposed, 16 positions a vector, each key and
     /// value load shared by two query heads.
     Avx512,
 }
 
-/// Positions a span needs for [`AttnForm::Avx2`]'s key rows: a decode step's keys stay
-/// transposed (widening them as rows costs about what one query head's scores cost).
-const ROWS_MIN_SPAN: usize = 4;
+/// Queries a KV head must serve for [`AttnForm::Avx2`]'s key rows: widening the keys as
+/// rows costs 0.1-0.3 ns an element more than widening them transposed (on a Zen 4 core),
+/// which the rows' scores, about twice as fast, repay after 3 to 6 queries (BENCHMARKS.md).
+const ROWS_MIN_QUERIES: usize = 8;
 
 impl AttnForm {
     /// The form the runtime's level runs ([`crate::isa::detect`], which `LOWBIT_ISA` caps):
@@ -211,13 +213,18 @@ impl AttnForm {
     fn detect() -> AttnForm {
         static FORM: std::sync::OnceLock<AttnForm> = std::sync::OnceLock::new();
         *FORM.get_or_init(|| {
-            use crate::isa::Isa;
-            match crate::isa::detect() {
-                Isa::Avx512Vnni if Self::Avx512.here() => Self::Avx512,
-                Isa::Avx512Vnni | Isa::Avx2 if Self::Avx2.here() => Self::Avx2,
-                _ => Self::Portable,
-            }
+            Self::of_level(crate::isa::detect(), Self::Avx2.here(), Self::Avx512.here())
         })
+    }
+
+    /// The form of the runtime level `isa` on a CPU with (or without) AVX2 and AVX-512F.
+    fn of_level(isa: crate::isa::Isa, avx2: bool, avx512f: bool) -> AttnForm {
+        use crate::isa::Isa;
+        match isa {
+            Isa::Avx512Vnni if avx512f => Self::Avx512,
+            Isa::Avx512Vnni | Isa::Avx2 if avx2 => Self::Avx2,
+            _ => Self::Portable,
+        }
     }
 
     /// Whether this CPU has the instructions of this form.
@@ -233,10 +240,10 @@ impl AttnForm {
         }
     }
 
-    /// The form a span of `n` positions at head size `hd` runs.
-    fn for_span(self, n: usize, hd: usize) -> AttnForm {
+    /// The form a span of `n` positions runs, `group` query heads a KV head of size `hd`.
+    fn for_span(self, n: usize, group: usize, hd: usize) -> AttnForm {
         match self {
-            Self::Avx2 if n < ROWS_MIN_SPAN || !hd.is_multiple_of(8) => Self::Portable,
+            Self::Avx2 if n * group < ROWS_MIN_QUERIES || !hd.is_multiple_of(8) => Self::Portable,
             f => f,
         }
     }
@@ -420,7 +427,7 @@ mod attn256 {
         let step = 8 / H.clamp(1, 2);
         let mut p0 = 0;
         while p0 + step <= n {
-            // SAFETY: rows p0 .. p0 + step < n hold hd values each (asserted).
+            // SAFETY: rows p0 .. p0 + step <= n hold hd values each (asserted).
             if H == 1 {
                 block::<H, 8>(&q, rp, hd, kq_scale, &mut scores, p0);
             } else {
@@ -433,6 +440,64 @@ mod attn256 {
             block::<H, 1>(&q, rp, hd, kq_scale, &mut scores, p0);
             p0 += 1;
         }
+    }
+
+    /// `kr[p * hd + d0 + j] = tmp[j * m + p]` for `j < 8` and the positions `p` of whole
+    /// blocks of 8 (an 8 x 8 transpose a block); returns the first position left.
+    ///
+    /// # Safety
+    /// AVX2 is present. Panics unless `tmp` holds 8 rows of `m`, `kr` `m` rows of `hd` and
+    /// `d0 + 8 <= hd`.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn interleave8(
+        tmp: &[f32],
+        m: usize,
+        kr: &mut [f32],
+        hd: usize,
+        d0: usize,
+    ) -> usize {
+        assert!(
+            tmp.len() >= 8 * m && kr.len() >= m * hd && d0 + 8 <= hd,
+            "interleave8"
+        );
+        let (tp, kp) = (tmp.as_ptr(), kr.as_mut_ptr());
+        let mut p = 0;
+        while p + 8 <= m {
+            // SAFETY: rows j < 8 of tmp hold m >= p + 8 values (asserted).
+            let r: [__m256; 8] = std::array::from_fn(|j| _mm256_loadu_ps(tp.add(j * m + p)));
+            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            let u0 = _mm256_shuffle_ps(t0, t2, 0x44);
+            let u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+            let u2 = _mm256_shuffle_ps(t1, t3, 0x44);
+            let u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+            let u4 = _mm256_shuffle_ps(t4, t6, 0x44);
+            let u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+            let u6 = _mm256_shuffle_ps(t5, t7, 0x44);
+            let u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+            let c = [
+                _mm256_permute2f128_ps(u0, u4, 0x20),
+                _mm256_permute2f128_ps(u1, u5, 0x20),
+                _mm256_permute2f128_ps(u2, u6, 0x20),
+                _mm256_permute2f128_ps(u3, u7, 0x20),
+                _mm256_permute2f128_ps(u0, u4, 0x31),
+                _mm256_permute2f128_ps(u1, u5, 0x31),
+                _mm256_permute2f128_ps(u2, u6, 0x31),
+                _mm256_permute2f128_ps(u3, u7, 0x31),
+            ];
+            for (i, c) in c.iter().enumerate() {
+                // SAFETY: row p + i < m of kr holds hd >= d0 + 8 values (asserted).
+                _mm256_storeu_ps(kp.add((p + i) * hd + d0), *c);
+            }
+            p += 8;
+        }
+        p
     }
 
     /// `C` 8-value columns from `d` of [`weighted_rows`] for `H` weightings, each row load
@@ -713,16 +778,32 @@ fn widen_rows<T: KvElem>(kc: &[T], nctx: usize, lo: usize, m: usize, kr: &mut [f
         kr.len() == m * hd && lo + m <= nctx,
         "key rows of {m} positions"
     );
-    let mut tmp = vec![0f32; 8 * m];
-    for d0 in (0..hd).step_by(8) {
-        let w = (hd - d0).min(8);
-        for j in 0..w {
-            let at = (d0 + j) * nctx + lo;
-            T::widen(&kc[at..at + m], &mut tmp[j * m..(j + 1) * m]);
-        }
-        for (p, row) in kr.chunks_exact_mut(hd).enumerate() {
-            for (j, x) in row[d0..d0 + w].iter_mut().enumerate() {
-                *x = tmp[j * m + p];
+    // Blocks of positions whose 8 widened rows stay in L1 (8 KiB).
+    const PB: usize = 256;
+    let mut tmp = vec![0f32; 8 * PB];
+    for p0 in (0..m).step_by(PB) {
+        let pm = (m - p0).min(PB);
+        let kb = &mut kr[p0 * hd..(p0 + pm) * hd];
+        for d0 in (0..hd).step_by(8) {
+            let w = (hd - d0).min(8);
+            for j in 0..w {
+                let at = (d0 + j) * nctx + lo + p0;
+                T::widen(&kc[at..at + pm], &mut tmp[j * pm..(j + 1) * pm]);
+            }
+            // Whole 8 x 8 blocks transposed in registers where AVX2 runs.
+            #[cfg(target_arch = "x86_64")]
+            let done = if w == 8 && AttnForm::Avx2.here() {
+                // SAFETY: AVX2 is present; the lengths are checked inside.
+                unsafe { attn256::interleave8(&tmp, pm, kb, hd, d0) }
+            } else {
+                0
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let done = 0;
+            for (p, row) in kb.chunks_exact_mut(hd).enumerate().skip(done) {
+                for (j, x) in row[d0..d0 + w].iter_mut().enumerate() {
+                    *x = tmp[j * pm + p];
+                }
             }
         }
     }
@@ -745,6 +826,10 @@ fn attend<T: KvElem>(
     sh: &AttnShape,
 ) {
     let (hd, nctx, start) = (sh.hd, sh.nctx, sh.start);
+    assert!(
+        start + n <= nctx,
+        "positions {start} + {n} past the context {nctx}"
+    );
     let (nq, nk) = (q.len() / n, k.len() / n);
     let nkv = nk / hd;
     for t in 0..n {
@@ -759,7 +844,7 @@ fn attend<T: KvElem>(
     let (kc, vc) = (&*kc, &*vc);
     let (lo0, end) = (sh.lo(start), start + n);
     let m = end - lo0;
-    let form = sh.form.for_span(n, hd);
+    let form = sh.form.for_span(n, sh.group, hd);
     let key_rows = form == AttnForm::Avx2;
     // Row stride of the widened keys: positions padded to a multiple of 16, and 16 more, so
     // that scores_t's 8- or 16-position steps from any first position stay inside.
@@ -1642,7 +1727,7 @@ mod tests {
             let mut seed = 13u32;
             let mut rnd = |n: usize| lcg_values(&mut seed, n);
             for hd in [5, 8, 13, 16, 40, 64, 72, 80, 128, 136, 256] {
-                for n in [1usize, 3, 4, 5, 7, 8, 9, 12, 17, 40, 129] {
+                for n in [1usize, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 17, 40, 129] {
                     let (q, q1) = (rnd(hd), rnd(hd));
                     let (w, w1, v) = (rnd(n), rnd(n), rnd(n * hd));
                     if hd.is_multiple_of(8) {
@@ -1684,13 +1769,40 @@ mod tests {
         }
     }
 
+    /// The runtime levels' attention forms, and where the AVX2 form takes key rows.
+    #[test]
+    fn attention_forms_follow_the_level_and_the_span() {
+        use crate::isa::Isa;
+        use AttnForm::*;
+        assert_eq!(AttnForm::of_level(Isa::Avx512Vnni, true, true), Avx512);
+        assert_eq!(AttnForm::of_level(Isa::Avx512Vnni, true, false), Avx2);
+        assert_eq!(AttnForm::of_level(Isa::Avx2, true, true), Avx2);
+        assert_eq!(AttnForm::of_level(Isa::Avx2, false, false), Portable);
+        assert_eq!(AttnForm::of_level(Isa::Portable, true, true), Portable);
+        assert_eq!(AttnForm::of_level(Isa::NeonDot, false, false), Portable);
+        // Queries a KV head serves: positions times query heads a KV head.
+        assert_eq!(Avx2.for_span(1, 8, 64), Avx2);
+        assert_eq!(Avx2.for_span(4, 2, 128), Avx2);
+        assert_eq!(Avx2.for_span(1, 7, 64), Portable);
+        assert_eq!(Avx2.for_span(7, 1, 64), Portable);
+        assert_eq!(Avx2.for_span(16, 4, 12), Portable);
+        assert_eq!(Avx512.for_span(1, 1, 5), Avx512);
+        assert_eq!(Portable.for_span(64, 8, 64), Portable);
+    }
+
     /// The key rows ([`widen_rows`]) hold the transposed cache's keys, from f16 and f32
-    /// caches, at head sizes that leave a partial group of 8 rows.
+    /// caches, at head sizes that leave a partial group of 8 rows, position counts that leave
+    /// a partial 8 x 8 block and span more than one block of 256 positions.
     #[test]
     fn widen_rows_transposes_the_cache() {
         let mut seed = 17u32;
-        for hd in [3usize, 8, 13, 64] {
-            let (nctx, lo, m) = (40, 5, 23);
+        for (hd, nctx, lo, m) in [
+            (3usize, 40, 5, 23),
+            (8, 40, 5, 23),
+            (13, 40, 5, 23),
+            (64, 40, 5, 23),
+            (16, 600, 7, 530),
+        ] {
             let kc = lcg_values(&mut seed, hd * nctx);
             let kc16: Vec<u16> = kc.iter().map(|&x| u16::store(x)).collect();
             let (mut a, mut b) = (vec![0f32; m * hd], vec![0f32; m * hd]);
@@ -1807,10 +1919,10 @@ mod tests {
                     &sh(t),
                 );
             }
-            // Spans of 5 then 35 positions.
+            // Spans of 5, 7 and 28 positions.
             let (mut kc2, mut vc2) = cache();
             let mut got = vec![0f32; total * nq];
-            for (a, b) in [(0, 5), (5, total)] {
+            for (a, b) in [(0, 5), (5, 12), (12, total)] {
                 let n = b - a;
                 attend(
                     &mut kc2,
@@ -1955,6 +2067,7 @@ mod tests {
                         [
                             vec![(0usize, total)],
                             vec![(0, 5), (5, 6), (6, total)],
+                            vec![(0, 20), (20, 29), (29, total)],
                             (0..total).map(|t| (t, t + 1)).collect::<Vec<_>>(),
                         ]
                         .map(|s| (f, s))
