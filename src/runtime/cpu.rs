@@ -332,6 +332,34 @@ fn weighted_rows<const H: usize>(form: AttnForm, w: [&[f32]; H], v: &[f32], out:
     }
 }
 
+/// `(a[0].len(), b[0].len())` of the vector forms' heads (queries and scores, weightings and
+/// outputs); panics unless every `a` has the first's length and every `b` its first's.
+#[cfg(target_arch = "x86_64")]
+fn heads_shape(a: &[&[f32]], b: &[&mut [f32]]) -> (usize, usize) {
+    let (x, y) = (a[0].len(), b[0].len());
+    assert!(
+        a.iter().all(|s| s.len() == x) && b.iter().all(|s| s.len() == y),
+        "heads of one shape"
+    );
+    (x, y)
+}
+
+/// The values `d..` of [`weighted_rows_portable`] for each weighting, one by one (what the
+/// vector forms' passes leave), in its order.
+#[cfg(target_arch = "x86_64")]
+fn weighted_tail(w: &[&[f32]], v: &[f32], out: &mut [&mut [f32]], d: usize) {
+    for (wh, o) in w.iter().zip(out.iter_mut()) {
+        let hd = o.len();
+        for (j, o) in o.iter_mut().enumerate().skip(d) {
+            let mut a = 0f32;
+            for (p, &wp) in wh.iter().enumerate() {
+                a += wp * v[p * hd + j];
+            }
+            *o = a;
+        }
+    }
+}
+
 /// The attention's two products on 256-bit vectors, each value's terms and their order the
 /// portable forms' (a multiply, then an add; never fused), so the bits are theirs.
 #[cfg(target_arch = "x86_64")]
@@ -416,11 +444,7 @@ mod attn256 {
         kq_scale: f32,
         scores: [&mut [f32]; H],
     ) {
-        let (hd, n) = (q[0].len(), scores[0].len());
-        assert!(
-            q.iter().all(|q| q.len() == hd) && scores.iter().all(|s| s.len() == n),
-            "heads of one shape"
-        );
+        let (hd, n) = super::heads_shape(&q, &scores);
         assert!(hd.is_multiple_of(8), "head size {hd} not a multiple of 8");
         assert!(rows.len() >= n * hd, "key rows too short");
         let (rp, mut scores) = (rows.as_ptr(), scores);
@@ -538,11 +562,7 @@ mod attn256 {
     #[target_feature(enable = "avx2")]
     pub unsafe fn weighted_rows<const H: usize>(w: [&[f32]; H], v: &[f32], out: [&mut [f32]; H]) {
         let mut out = out;
-        let (np, hd) = (w[0].len(), out[0].len());
-        assert!(
-            w.iter().all(|w| w.len() == np) && out.iter().all(|o| o.len() == hd),
-            "heads of one shape"
-        );
+        let (np, hd) = super::heads_shape(&w, &out);
         assert!(v.len() >= np * hd, "v too short");
         let vp = v.as_ptr();
         let mut d = 0;
@@ -564,15 +584,7 @@ mod attn256 {
             weighted_pass::<H, 1>(w, vp, hd, d, &mut out);
             d += 8;
         }
-        for (wh, o) in w.iter().zip(out.iter_mut()) {
-            for (j, o) in o.iter_mut().enumerate().skip(d) {
-                let mut a = 0f32;
-                for (p, &wp) in wh.iter().enumerate() {
-                    a += wp * v[p * hd + j];
-                }
-                *o = a;
-            }
-        }
+        super::weighted_tail(&w, v, &mut out, d);
     }
 }
 
@@ -599,11 +611,7 @@ mod attn512 {
         kq_scale: f32,
         scores: [&mut [f32]; H],
     ) {
-        let (hd, n) = (q[0].len(), scores[0].len());
-        assert!(
-            q.iter().all(|q| q.len() == hd) && scores.iter().all(|s| s.len() == n),
-            "heads of one shape"
-        );
+        let (hd, n) = super::heads_shape(&q, &scores);
         if hd == 0 || n == 0 {
             scores.into_iter().for_each(|s| s.fill(0.0));
             return;
@@ -686,11 +694,7 @@ mod attn512 {
     #[target_feature(enable = "avx512f")]
     pub unsafe fn weighted_rows<const H: usize>(w: [&[f32]; H], v: &[f32], out: [&mut [f32]; H]) {
         let mut out = out;
-        let (np, hd) = (w[0].len(), out[0].len());
-        assert!(
-            w.iter().all(|w| w.len() == np) && out.iter().all(|o| o.len() == hd),
-            "heads of one shape"
-        );
+        let (np, hd) = super::heads_shape(&w, &out);
         assert!(v.len() >= np * hd, "v too short");
         let vp = v.as_ptr();
         let mut d = 0;
@@ -704,15 +708,7 @@ mod attn512 {
             weighted_pass::<H, 1>(w, vp, hd, d, &mut out);
             d += 16;
         }
-        for (wh, o) in w.iter().zip(out.iter_mut()) {
-            for (j, o) in o.iter_mut().enumerate().skip(d) {
-                let mut a = 0f32;
-                for (p, &wp) in wh.iter().enumerate() {
-                    a += wp * v[p * hd + j];
-                }
-                *o = a;
-            }
-        }
+        super::weighted_tail(&w, v, &mut out, d);
     }
 }
 
@@ -884,6 +880,11 @@ fn attend<T: KvElem>(
         .par_iter()
         .map(|&(head, count)| {
             let (kt, vr) = &widened[head / sh.group];
+            let keys = if key_rows {
+                Keys::Rows { rows: kt, hd }
+            } else {
+                Keys::T { kt, stride }
+            };
             // [count][n][hd]
             let mut res = vec![0f32; count * n * hd];
             let mut scores = [Vec::with_capacity(m), Vec::with_capacity(m)];
@@ -902,11 +903,6 @@ fn attend<T: KvElem>(
                     rows.iter_mut().map(|r| r.next().expect("n rows")).collect();
                 let vt = &vr[a * hd..(pos + 1 - lo0) * hd];
                 let len = pos + 1 - sh.lo(pos);
-                let keys = if key_rows {
-                    Keys::Rows { rows: kt, hd }
-                } else {
-                    Keys::T { kt, stride }
-                };
                 attend_heads(
                     form,
                     &qs,
