@@ -300,7 +300,8 @@ bench-eval: build fetch eval-data
 
 # Prompt and decode speed: convert bench on bundles of SmolLM2, Qwen2.5-0.5B, Gemma 3 270M and
 # the MiniCPM4-8B-shape model next to llama-bench on their GGUFs, same threads, pp64 and pp512,
-# in one run (BENCH_PROMPTS, BENCH_KERNELS narrow it). BENCH_ISA=avx2 runs both at AVX2 at most
+# in one run (BENCH_PROMPTS, BENCH_KERNELS narrow it), and decode after prompts of BENCH_DEPTHS
+# tokens (the KV cache that full: a long chat's speed) next to llama-bench's -d. BENCH_ISA=avx2 runs both at AVX2 at most
 # (lowbit with LOWBIT_ISA=avx2, llama-bench from a second llama.cpp build with AVX-512 off):
 # the speed of a CPU without AVX-512, measured on one that has it.
 LLAMA_BIN := $(LOWBIT_CACHE)/llama.cpp-11434/build/bin
@@ -315,6 +316,8 @@ endif
 BENCH_THREADS ?= 2
 BENCH_PROMPTS ?= 64,512
 BENCH_KERNELS ?= int8,f32
+# Decode after prompts of these lengths as well (the real models only; empty: skip).
+BENCH_DEPTHS ?= 1024,4000
 # Then the CPU's int8 ceiling in the same run (examples/vnni_peak.rs: 512-bit vpdpbusd a core,
 # and the tok/s the 8B shape's 7.58 GMAC a prompt token allow; a note on a CPU without VNNI).
 bench-runtime-args:
@@ -330,7 +333,7 @@ bench-runtime: bench-runtime-args build $(MINICPM8B) fetch
 	$(BENCH_ENV) $(VPY) benches/runtime_bench.py --convert $(CONVERT) --llama-bench $(BENCH_LLAMA_BIN)/llama-bench \
 		$(if $(BENCH_ISA),--llama-label "llama.cpp ($(BENCH_ISA) build)") \
 		--threads $(BENCH_THREADS) --prompts $(BENCH_PROMPTS) --kernels $(BENCH_KERNELS) \
-		--json $(LOWBIT_CACHE)/bench/runtime$(if $(BENCH_ISA),-$(BENCH_ISA)).json \
+		--depths "$(BENCH_DEPTHS)" --json $(LOWBIT_CACHE)/bench/runtime$(if $(BENCH_ISA),-$(BENCH_ISA)).json \
 		$(OUT)/bench-smollm2.bundle=$(SMOLLM2) $(OUT)/bench-qwen.bundle=$(QWEN) \
 		$(OUT)/bench-gemma.bundle=$(GEMMA) $(OUT)/bench-minicpm8b.bundle=$(MINICPM8B)
 	cargo run -q --release --example vnni_peak -- $(BENCH_THREADS) 7.58

@@ -7,8 +7,14 @@ bundle's buckets) and decode tokens/s for both, their ratios, lowbit's peak resi
 weights + KV cache, and how close decode comes to the memory bandwidth measured in the same run
 (bytes of weights read per token x tokens/s, against numpy summing a 2 GiB buffer).
 
+With --depths, also decode after a prompt of each depth (the KV cache holding that many
+positions: what a long chat or document runs at), lowbit's `bench --prompt-tokens D` beside
+llama-bench's `-p 0 -n GEN -d D`, for the GGUFs of at most --depth-max-gb (the prompts of a
+larger model would take most of the run).
+
 Usage: runtime_bench.py --convert target/release/convert --llama-bench PATH
          [--threads 2] [--prompts 64,512] [--gen 32] [--kernels int8,f32] [--json OUT]
+         [--depths 1024,4000] [--depth-max-gb 1]
          BUNDLE=GGUF [BUNDLE=GGUF ...]
 """
 import argparse
@@ -73,6 +79,17 @@ def llama_bench(exe, gguf, threads, prompts, n):
     return res
 
 
+def llama_depths(exe, gguf, threads, depths, n):
+    """llama-bench: decode of n tokens after each depth in `depths` (tg n @ dD), 2 repetitions;
+    tokens/s by depth."""
+    out = subprocess.run(
+        [exe, "-m", gguf, "-t", str(threads), "-p", "0", "-n", str(n),
+         "-d", ",".join(map(str, depths)), "-r", "2", "-o", "json"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    return {r["n_depth"]: r["avg_ts"] for r in json.loads(out) if r.get("n_gen", 0) > 0}
+
+
 def lowbit_bench(exe, bundle, threads, p, n, kernel):
     out = subprocess.run(
         [exe, "--threads", str(threads), "bench", bundle, "--prompt-tokens", str(p),
@@ -94,15 +111,21 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--llama-label", default="llama.cpp",
                     help="the anchor's name in the table (e.g. that of an AVX2-only build)")
+    ap.add_argument("--depths", default="",
+                    help="decode after prompts of these lengths too (comma-separated; none: skip)")
+    ap.add_argument("--depth-max-gb", type=float, default=1.0,
+                    help="decode at depth only for GGUFs of at most this many GB")
     ap.add_argument("pairs", nargs="+", help="BUNDLE=GGUF")
     a = ap.parse_args()
     prompts = [int(x) for x in a.prompts.split(",")]
+    depths = [int(x) for x in a.depths.split(",") if x]
     cbw = memcpy_gbps()
     bw = read_gbps()
     results = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "memcpy_gbps": cbw,
                            "read_gbps": bw},
                "llama_bench": a.llama_bench, "lowbit_isa": os.environ.get("LOWBIT_ISA"),
-               "threads": a.threads, "prompts": prompts, "gen": a.gen, "models": []}
+               "threads": a.threads, "prompts": prompts, "gen": a.gen, "depths": depths,
+               "models": []}
     print(f"machine: {cpu_name()}, {os.cpu_count()} cores; threads {a.threads}; "
           f"prompts {prompts}, gen {a.gen}; memory read {bw and round(bw, 1)} GB/s, "
           f"copy {cbw and round(cbw, 1)} GB/s; llama-bench {a.llama_bench}; "
@@ -134,6 +157,31 @@ def main():
                   f"{lb['rss_over_weights_plus_kv']:.2f} | {lb['decode_bytes_per_token'] / 1e6:.1f} | "
                   f"{rb:.2f}{frac} |", flush=True)
         results["models"].append(entry)
+    if depths:
+        print(f"\nDecode of {a.gen} tokens after a prompt of each depth (tok/s, vs llama.cpp's "
+              f"`-p 0 -n {a.gen} -d DEPTH`; GGUFs up to {a.depth_max_gb} GB):\n")
+        cols = " | ".join(f"decode @ {d} (vs llama.cpp)" for d in depths)
+        print(f"| model | engine | {cols} |")
+        print("|---|---|" + "---:|" * len(depths))
+        for pair, entry in zip(a.pairs, results["models"]):
+            bundle, gguf = pair.split("=", 1)
+            if os.path.getsize(gguf) > a.depth_max_gb * 1e9:
+                continue
+            ll = llama_depths(a.llama_bench, gguf, a.threads, depths, a.gen)
+            entry["llama_cpp_depths"] = ll
+            name = entry["gguf"]
+            print(f"| {name} | {a.llama_label} | " + " | ".join(
+                f"{ll.get(d, 0):.2f}" for d in depths) + " |", flush=True)
+            k = a.kernels.split(",")[0]
+            runs = {d: lowbit_bench(a.convert, bundle, a.threads, d, a.gen, k) for d in depths}
+            entry["lowbit_depths"] = {k: {str(d): r for d, r in runs.items()}}
+            cells = []
+            for d in depths:
+                t = runs[d]["decode_tokens_per_second"]
+                cells.append(f"{t:.2f} ({t / ll[d]:.2f}x)" if ll.get(d) else f"{t:.2f}")
+            level = runs[depths[0]].get("cpu_level") or "?"
+            print(f"| {name} | lowbit cpu, {k} ({level}) | " + " | ".join(cells) + " |",
+                  flush=True)
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         json.dump(results, open(a.json, "w"), indent=1)

@@ -102,31 +102,34 @@ pub fn detected_path() -> Path {
 /// floating-point operations and their order are the same in both copies (Rust never fuses
 /// or reorders them), so both give the same bits; only the vector width differs.
 ///
+/// One type parameter with one bound may be given (`fn name<T: Bound>(...)`); both copies
+/// are generic over it.
+///
 /// Functions called from the body must be `#[inline(always)]` to be compiled with AVX2 too.
 /// (A closure passed to a `#[target_feature]` function is not: it stays a baseline function,
 /// which is why this is a macro.)
 #[macro_export]
 macro_rules! multiversion {
-    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+    ($(#[$m:meta])* $vis:vis fn $name:ident $(<$g:ident : $gb:path>)? ($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$m])*
         #[allow(clippy::too_many_arguments)]
-        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+        $vis fn $name $(<$g: $gb>)? ($($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
             #[allow(clippy::too_many_arguments)]
-            fn body($($arg: $ty),*) $(-> $ret)? $body
+            fn body $(<$g: $gb>)? ($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx2")]
                 #[allow(clippy::too_many_arguments)]
-                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
-                    body($($arg),*)
+                unsafe fn avx2 $(<$g: $gb>)? ($($arg: $ty),*) $(-> $ret)? {
+                    body $(::<$g>)? ($($arg),*)
                 }
                 if std::is_x86_feature_detected!("avx2") {
                     // SAFETY: AVX2 is present, checked on the line above.
-                    return unsafe { avx2($($arg),*) };
+                    return unsafe { avx2 $(::<$g>)? ($($arg),*) };
                 }
             }
-            body($($arg),*)
+            body $(::<$g>)? ($($arg),*)
         }
     };
 }

@@ -43,7 +43,12 @@ pub enum KvType {
 
 /// One KV cache element type.
 trait KvElem: Copy + Default + Send + Sync {
+    /// Stored as IEEE binary16 bits (`u16`), else as f32 (the vector forms' loads).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    const F16: bool;
     fn store(v: f32) -> Self;
+    /// The element as f32 (exact).
+    fn to_f32(self) -> f32;
     /// Widens `src` into `dst` (same length).
     fn widen(src: &[Self], dst: &mut [f32]);
 }
@@ -58,9 +63,14 @@ crate::multiversion! {
 }
 
 impl KvElem for u16 {
+    const F16: bool = true;
     #[inline(always)]
     fn store(v: f32) -> u16 {
         half::f16::from_f32(v).to_bits()
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        crate::quant::f16_bits_to_f32(self)
     }
     fn widen(src: &[u16], dst: &mut [f32]) {
         widen_f16(src, dst)
@@ -68,26 +78,48 @@ impl KvElem for u16 {
 }
 
 impl KvElem for f32 {
+    const F16: bool = false;
     #[inline(always)]
     fn store(v: f32) -> f32 {
         v
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
     }
     fn widen(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src)
     }
 }
 
-/// K as `[n_layer][n_head_kv][head_dim][n_ctx]` (transposed: each element's positions in a
-/// row, as [`scores_t`] reads them), V as `[n_layer][n_head_kv][n_ctx][head_dim]`.
+/// K as `[n_layer][n_head_kv][head_dim][slots]` (transposed: each element's positions in a
+/// row, as [`scores_t_portable`] reads them), V as `[n_layer][n_head_kv][slots][head_dim]`,
+/// `slots` = [`kv_slots`]`(n_ctx)`.
 enum KvStore {
     F16 { k: Vec<u16>, v: Vec<u16> },
     F32 { k: Vec<f32>, v: Vec<f32> },
 }
 
+/// Positions a KV head's cache holds: `n_ctx` and [`KV_PAD`] unused ones, so that the rows of
+/// the transposed K cache are not a multiple of 4 KiB apart. (At such strides, common since
+/// `n_ctx` is a power of two, every row of a head maps to one L1 set, and at 64 KiB and more
+/// to one or two L2 sets: a decode step's scores, which read a block of positions from each
+/// of `head_dim` rows, missed L2 at every load; Qwen2.5 at 4,000 positions spent 38% of a
+/// decode step there.)
+fn kv_slots(n_ctx: usize) -> usize {
+    n_ctx + KV_PAD
+}
+
+/// See [`kv_slots`]: 32 bytes of f16 a row.
+const KV_PAD: usize = 16;
+
 /// Geometry of one layer's attention over a span of positions.
 struct AttnShape {
     layer_base: usize,
     nctx: usize,
+    /// Positions a KV head's cache holds ([`kv_slots`]; `nctx` in tests that say so): the
+    /// K rows' stride and the V rows' count.
+    slots: usize,
     hd: usize,
     /// Query heads per KV head.
     group: usize,
@@ -111,44 +143,88 @@ impl AttnShape {
 
 crate::multiversion! {
     /// `scores[p] = dot(q, k_p) * kq_scale` for the positions `p` of `kt` (the keys
-    /// transposed: element `i` of position `p` at `kt[i * stride + p]`), 8 positions at a time,
-    /// each with [`matvec::dot`]'s order: element `i` added to lane `i % 8` (a multiply, then an add),
-    /// then `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`. `scores.len()` positions are
-    /// computed, rounded up to a multiple of 8 (`kt` holds them).
-    fn scores_t_portable(q: &[f32], kt: &[f32], stride: usize, kq_scale: f32, scores: &mut [f32]) {
-        for (p0, out) in (0..).step_by(8).zip(scores.chunks_mut(8)) {
-            let mut acc = [[0f32; 8]; 8];
-            let k8 = |i: usize| -> &[f32; 8] {
-                kt[i * stride + p0..i * stride + p0 + 8].try_into().unwrap()
-            };
-            // Eight elements at a time, so that each lane's accumulator is a register.
-            let n8 = q.len() / 8 * 8;
-            for (c, q8) in q[..n8].chunks_exact(8).enumerate() {
-                for (l, &qi) in q8.iter().enumerate() {
-                    let k = k8(c * 8 + l);
-                    for j in 0..8 {
-                        acc[l][j] += qi * k[j];
-                    }
-                }
+    /// transposed: element `i` of position `p` at `kt[i * stride + p]`, f16 or f32), 8
+    /// positions at a time, each with [`matvec::dot`]'s order: element `i` added to lane
+    /// `i % 8` (a multiply, then an add), then `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 +
+    /// l7))`. `kt` needs only the `scores.len()` positions of each row (the last block of
+    /// fewer than 8 is copied first). Panics unless `kt` holds them.
+    fn scores_t_portable<K: KvElem>(q: &[f32], kt: &[K], stride: usize, kq_scale: f32, scores: &mut [f32]) {
+        let (hd, n) = (q.len(), scores.len());
+        if hd == 0 || n == 0 {
+            scores.fill(0.0);
+            return;
+        }
+        assert!(n <= stride && kt.len() >= (hd - 1) * stride + n, "kt too short");
+        let whole = in_place(kt.len(), hd, stride, n, 8);
+        for (p0, out) in (0..whole.min(n)).step_by(8).zip(scores.chunks_mut(8)) {
+            let y = scores8_portable(q, kt, stride, p0);
+            for (o, y) in out.iter_mut().zip(y) {
+                *o = y * kq_scale;
             }
-            for (l, &qi) in q[n8..].iter().enumerate() {
-                let k = k8(n8 + l);
-                for j in 0..8 {
-                    acc[l][j] += qi * k[j];
-                }
+        }
+        if whole < n {
+            let m = n - whole;
+            let mut tail = vec![K::default(); hd * 8];
+            for (i, t) in tail.chunks_exact_mut(8).enumerate() {
+                t[..m].copy_from_slice(&kt[i * stride + whole..i * stride + n]);
             }
-            for (j, o) in out.iter_mut().enumerate() {
-                let a = |l: usize| acc[l][j];
-                *o = (((a(0) + a(4)) + (a(2) + a(6))) + ((a(1) + a(5)) + (a(3) + a(7)))) * kq_scale;
+            let y = scores8_portable(q, &tail, 8, 0);
+            for (o, y) in scores[whole..].iter_mut().zip(y) {
+                *o = y * kq_scale;
             }
         }
     }
 }
 
+/// Positions of the transposed keys' products read in place: the `n` positions rounded up
+/// to `b` where `kt`'s `kt_len` values hold them (a widened span's padded rows; the lanes
+/// past `n` are discarded), else the whole blocks of `b` (the rest is copied first: a
+/// decode step's last position can be the cache's last value).
+#[inline(always)]
+fn in_place(kt_len: usize, hd: usize, stride: usize, n: usize, b: usize) -> usize {
+    let up = n.div_ceil(b) * b;
+    if kt_len >= (hd - 1) * stride + up {
+        up
+    } else {
+        n / b * b
+    }
+}
+
+/// [`scores_t_portable`]'s sums (before `kq_scale`) for the 8 positions from `p0`.
+#[inline(always)]
+fn scores8_portable<K: KvElem>(q: &[f32], kt: &[K], stride: usize, p0: usize) -> [f32; 8] {
+    let mut acc = [[0f32; 8]; 8];
+    let k8 = |i: usize| -> [f32; 8] {
+        let k: &[K; 8] = kt[i * stride + p0..i * stride + p0 + 8].try_into().unwrap();
+        k.map(K::to_f32)
+    };
+    // Eight elements at a time, so that each lane's accumulator is a register.
+    let n8 = q.len() / 8 * 8;
+    for (c, q8) in q[..n8].chunks_exact(8).enumerate() {
+        for (l, &qi) in q8.iter().enumerate() {
+            let k = k8(c * 8 + l);
+            for j in 0..8 {
+                acc[l][j] += qi * k[j];
+            }
+        }
+    }
+    for (l, &qi) in q[n8..].iter().enumerate() {
+        let k = k8(n8 + l);
+        for j in 0..8 {
+            acc[l][j] += qi * k[j];
+        }
+    }
+    std::array::from_fn(|j| {
+        let a = |l: usize| acc[l][j];
+        ((a(0) + a(4)) + (a(2) + a(6))) + ((a(1) + a(5)) + (a(3) + a(7)))
+    })
+}
+
 crate::multiversion! {
-    /// `out = sum_p w[p] * v_p` over the rows of `v` (`out.len()` values each), in position
-    /// order per element (a multiply, then an add, from 0), `out` kept in registers.
-    fn weighted_rows_portable(w: &[f32], v: &[f32], out: &mut [f32]) {
+    /// `out = sum_p w[p] * v_p` over the rows of `v` (`out.len()` values each, f16 or f32),
+    /// in position order per element (a multiply, then an add, from 0), `out` kept in
+    /// registers.
+    fn weighted_rows_portable<V: KvElem>(w: &[f32], v: &[V], out: &mut [f32]) {
         let hd = out.len();
         let mut d = 0;
         // 64 values at a time (eight 256-bit accumulators), then 16, then one by one: the
@@ -156,9 +232,9 @@ crate::multiversion! {
         while d + 64 <= hd {
             let mut acc = [0f32; 64];
             for (p, &wp) in w.iter().enumerate() {
-                let v64: &[f32; 64] = v[p * hd + d..p * hd + d + 64].try_into().unwrap();
+                let v64: &[V; 64] = v[p * hd + d..p * hd + d + 64].try_into().unwrap();
                 for j in 0..64 {
-                    acc[j] += wp * v64[j];
+                    acc[j] += wp * v64[j].to_f32();
                 }
             }
             out[d..d + 64].copy_from_slice(&acc);
@@ -167,9 +243,9 @@ crate::multiversion! {
         while d + 16 <= hd {
             let mut acc = [0f32; 16];
             for (p, &wp) in w.iter().enumerate() {
-                let v16: &[f32; 16] = v[p * hd + d..p * hd + d + 16].try_into().unwrap();
+                let v16: &[V; 16] = v[p * hd + d..p * hd + d + 16].try_into().unwrap();
                 for j in 0..16 {
-                    acc[j] += wp * v16[j];
+                    acc[j] += wp * v16[j].to_f32();
                 }
             }
             out[d..d + 16].copy_from_slice(&acc);
@@ -178,7 +254,7 @@ crate::multiversion! {
         for (j, o) in out.iter_mut().enumerate().skip(d) {
             let mut a = 0f32;
             for (p, &wp) in w.iter().enumerate() {
-                a += wp * v[p * hd + j];
+                a += wp * v[p * hd + j].to_f32();
             }
             *o = a;
         }
@@ -232,7 +308,9 @@ impl AttnForm {
         match self {
             Self::Portable => true,
             #[cfg(target_arch = "x86_64")]
-            Self::Avx2 => std::is_x86_feature_detected!("avx2"),
+            Self::Avx2 => {
+                std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c")
+            }
             #[cfg(target_arch = "x86_64")]
             Self::Avx512 => std::is_x86_feature_detected!("avx512f"),
             #[cfg(not(target_arch = "x86_64"))]
@@ -249,18 +327,19 @@ impl AttnForm {
     }
 }
 
-/// A span's widened keys as the products read them.
+/// A span's keys as the products read them.
 #[derive(Clone, Copy)]
-enum Keys<'a> {
-    /// Transposed: element `i` of position `p` at `kt[i * stride + p]`.
-    T { kt: &'a [f32], stride: usize },
-    /// Rows: position `p`'s `hd` elements at `rows[p * hd..]`.
+enum Keys<'a, K> {
+    /// Transposed: element `i` of position `p` at `kt[i * stride + p]` (the cache itself,
+    /// `K` its element type, or the keys widened to f32).
+    T { kt: &'a [K], stride: usize },
+    /// Rows, widened: position `p`'s `hd` elements at `rows[p * hd..]`.
     Rows { rows: &'a [f32], hd: usize },
 }
 
-impl<'a> Keys<'a> {
+impl<'a, K> Keys<'a, K> {
     /// The keys from position `a` on.
-    fn from(self, a: usize) -> Keys<'a> {
+    fn from(self, a: usize) -> Keys<'a, K> {
         match self {
             Keys::T { kt, stride } => Keys::T {
                 kt: &kt[a..],
@@ -275,13 +354,13 @@ impl<'a> Keys<'a> {
 }
 
 /// [`scores_t_portable`] for `H` queries over the same keys, each with its bits, in `form`
-/// (transposed keys: `kt` then holds the scores' length rounded up to a multiple of 16
-/// positions in each row; rows: `H` queries of a length that is a multiple of 8).
+/// (transposed keys, f16 or f32: `kt` holds the scores' length in each row; rows: `H`
+/// queries of a length that is a multiple of 8).
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-fn scores<const H: usize>(
+fn scores<const H: usize, K: KvElem>(
     form: AttnForm,
     q: [&[f32]; H],
-    keys: Keys,
+    keys: Keys<K>,
     kq_scale: f32,
     scores: [&mut [f32]; H],
 ) {
@@ -298,6 +377,14 @@ fn scores<const H: usize>(
             // SAFETY: AVX-512F is present (asserted); the lengths are checked inside.
             unsafe { attn512::scores_t(q, kt, stride, kq_scale, scores) }
         }
+        #[cfg(target_arch = "x86_64")]
+        Keys::T { kt, stride } if form == AttnForm::Avx2 => {
+            assert!(form.here(), "AVX2 and F16C");
+            for (q, s) in q.into_iter().zip(scores) {
+                // SAFETY: AVX2 and F16C are present (asserted); the lengths are checked inside.
+                unsafe { attn256::scores_t(q, kt, stride, kq_scale, s) }
+            }
+        }
         Keys::T { kt, stride } => {
             for (q, s) in q.into_iter().zip(scores) {
                 scores_t_portable(q, kt, stride, kq_scale, s);
@@ -308,9 +395,14 @@ fn scores<const H: usize>(
     }
 }
 
-/// [`weighted_rows_portable`] for `H` weightings of the same rows, each with its bits, in
-/// `form` (each row loaded once for all `H` in the vector forms).
-fn weighted_rows<const H: usize>(form: AttnForm, w: [&[f32]; H], v: &[f32], out: [&mut [f32]; H]) {
+/// [`weighted_rows_portable`] for `H` weightings of the same rows (f16 or f32), each with its
+/// bits, in `form` (each row loaded once for all `H` in the vector forms).
+fn weighted_rows<const H: usize, V: KvElem>(
+    form: AttnForm,
+    w: [&[f32]; H],
+    v: &[V],
+    out: [&mut [f32]; H],
+) {
     match form {
         #[cfg(target_arch = "x86_64")]
         AttnForm::Avx512 => {
@@ -320,8 +412,8 @@ fn weighted_rows<const H: usize>(form: AttnForm, w: [&[f32]; H], v: &[f32], out:
         }
         #[cfg(target_arch = "x86_64")]
         AttnForm::Avx2 => {
-            assert!(form.here(), "AVX2");
-            // SAFETY: AVX2 is present (asserted); the lengths are checked inside.
+            assert!(form.here(), "AVX2 and F16C");
+            // SAFETY: AVX2 and F16C are present (asserted); the lengths are checked inside.
             unsafe { attn256::weighted_rows(w, v, out) }
         }
         _ => {
@@ -347,13 +439,13 @@ fn heads_shape(a: &[&[f32]], b: &[&mut [f32]]) -> (usize, usize) {
 /// The values `d..` of [`weighted_rows_portable`] for each weighting, one by one (what the
 /// vector forms' passes leave), in its order.
 #[cfg(target_arch = "x86_64")]
-fn weighted_tail(w: &[&[f32]], v: &[f32], out: &mut [&mut [f32]], d: usize) {
+fn weighted_tail<V: KvElem>(w: &[&[f32]], v: &[V], out: &mut [&mut [f32]], d: usize) {
     for (wh, o) in w.iter().zip(out.iter_mut()) {
         let hd = o.len();
         for (j, o) in o.iter_mut().enumerate().skip(d) {
             let mut a = 0f32;
             for (p, &wp) in wh.iter().enumerate() {
-                a += wp * v[p * hd + j];
+                a += wp * v[p * hd + j].to_f32();
             }
             *o = a;
         }
@@ -364,7 +456,96 @@ fn weighted_tail(w: &[&[f32]], v: &[f32], out: &mut [&mut [f32]], d: usize) {
 /// portable forms' (a multiply, then an add; never fused), so the bits are theirs.
 #[cfg(target_arch = "x86_64")]
 mod attn256 {
+    use super::KvElem;
     use std::arch::x86_64::*;
+
+    /// 8 cache elements from `p` as f32 (f16 by `vcvtph2ps`, exact).
+    #[inline(always)]
+    unsafe fn load8<K: KvElem>(p: *const K) -> __m256 {
+        if K::F16 {
+            _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+        } else {
+            _mm256_loadu_ps(p.cast())
+        }
+    }
+
+    /// The 8 positions' sums from `p0` (before `kq_scale`) of [`scores_t`]: lane `j` of
+    /// accumulator `l` is position `p0 + j`'s lane `l`.
+    #[inline(always)]
+    unsafe fn block_t<K: KvElem>(q: &[f32], kp: *const K, stride: usize, p0: usize) -> [__m256; 8] {
+        let (hd, n8) = (q.len(), q.len() / 8 * 8);
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for c in (0..n8).step_by(8) {
+            for (l, a) in acc.iter_mut().enumerate() {
+                let i = c + l;
+                let k = load8(kp.add(i * stride + p0));
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(_mm256_set1_ps(*q.get_unchecked(i)), k));
+            }
+        }
+        for (l, a) in acc.iter_mut().enumerate().take(hd - n8) {
+            let i = n8 + l;
+            let k = load8(kp.add(i * stride + p0));
+            *a = _mm256_add_ps(*a, _mm256_mul_ps(_mm256_set1_ps(*q.get_unchecked(i)), k));
+        }
+        acc
+    }
+
+    /// [`block_t`]'s sums reduced as [`super::scores_t_portable`] reduces them, times
+    /// `scale`, into `out` (up to 8 positions).
+    #[inline(always)]
+    unsafe fn finish_t(a: [__m256; 8], scale: __m256, out: &mut [f32]) {
+        let y = _mm256_add_ps(
+            _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+            _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])),
+        );
+        let mut v = [0f32; 8];
+        _mm256_storeu_ps(v.as_mut_ptr(), _mm256_mul_ps(y, scale));
+        let m = out.len();
+        out.copy_from_slice(&v[..m]);
+    }
+
+    /// [`super::scores_t_portable`] on 256-bit vectors for one query over transposed keys
+    /// (the cache itself: f16 widened by `vcvtph2ps` as they are loaded, or f32), 8 positions
+    /// a vector; the last block of fewer than 8 is copied first, so `kt` needs only the
+    /// scores' positions in each row.
+    ///
+    /// # Safety
+    /// AVX2 and F16C are present. Panics unless `kt` holds `q.len()` rows of `stride` values
+    /// with `scores.len() <= stride` positions in each.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn scores_t<K: KvElem>(
+        q: &[f32],
+        kt: &[K],
+        stride: usize,
+        kq_scale: f32,
+        scores: &mut [f32],
+    ) {
+        let (hd, n) = (q.len(), scores.len());
+        if hd == 0 || n == 0 {
+            scores.fill(0.0);
+            return;
+        }
+        assert!(
+            n <= stride && kt.len() >= (hd - 1) * stride + n,
+            "kt too short"
+        );
+        let scale = _mm256_set1_ps(kq_scale);
+        let whole = super::in_place(kt.len(), hd, stride, n, 8);
+        for p0 in (0..whole.min(n)).step_by(8) {
+            let m = (n - p0).min(8);
+            // SAFETY: kt holds rows i < hd's positions to p0 + 8 <= whole (in_place).
+            let acc = block_t(q, kt.as_ptr(), stride, p0);
+            finish_t(acc, scale, &mut scores[p0..p0 + m]);
+        }
+        if whole < n {
+            let mut tail = vec![K::default(); hd * 8];
+            for (i, t) in tail.chunks_exact_mut(8).enumerate() {
+                t[..n - whole].copy_from_slice(&kt[i * stride + whole..i * stride + n]);
+            }
+            // SAFETY: tail holds hd rows of 8.
+            finish_t(block_t(q, tail.as_ptr(), 8, 0), scale, &mut scores[whole..]);
+        }
+    }
 
     /// [`super::scores_t_portable`]'s last step for four positions at once: lane `l` of
     /// `a[j]` is position `j`'s lane `l`; gives `((l0 + l4) + (l2 + l6)) + ((l1 + l5) +
@@ -528,9 +709,9 @@ mod attn256 {
     /// shared by all.
     #[inline(always)]
     #[allow(clippy::needless_range_loop)]
-    unsafe fn weighted_pass<const H: usize, const C: usize>(
+    unsafe fn weighted_pass<const H: usize, const C: usize, V: KvElem>(
         w: [&[f32]; H],
-        vp: *const f32,
+        vp: *const V,
         hd: usize,
         d: usize,
         out: &mut [&mut [f32]; H],
@@ -539,7 +720,7 @@ mod attn256 {
         for p in 0..w[0].len() {
             let b = w.map(|wh| _mm256_set1_ps(*wh.get_unchecked(p)));
             for j in 0..C {
-                let x = _mm256_loadu_ps(vp.add(p * hd + d + 8 * j));
+                let x = load8(vp.add(p * hd + d + 8 * j));
                 for h in 0..H {
                     acc[h][j] = _mm256_add_ps(acc[h][j], _mm256_mul_ps(b[h], x));
                 }
@@ -557,10 +738,14 @@ mod attn256 {
     /// all: each value's terms in position order from 0, as there.
     ///
     /// # Safety
-    /// AVX2 is present. Panics unless the weightings share a length, the outputs a length
-    /// `hd`, and `v` holds `w.len()` rows of `hd` values.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn weighted_rows<const H: usize>(w: [&[f32]; H], v: &[f32], out: [&mut [f32]; H]) {
+    /// AVX2 and F16C are present. Panics unless the weightings share a length, the outputs a
+    /// length `hd`, and `v` holds `w.len()` rows of `hd` values (f16 or f32).
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn weighted_rows<const H: usize, V: KvElem>(
+        w: [&[f32]; H],
+        v: &[V],
+        out: [&mut [f32]; H],
+    ) {
         let mut out = out;
         let (np, hd) = super::heads_shape(&w, &out);
         assert!(v.len() >= np * hd, "v too short");
@@ -569,19 +754,19 @@ mod attn256 {
         if H == 1 {
             while d + 64 <= hd {
                 // SAFETY: rows p < np hold hd values, d + 64 <= hd (asserted).
-                weighted_pass::<H, 8>(w, vp, hd, d, &mut out);
+                weighted_pass::<H, 8, V>(w, vp, hd, d, &mut out);
                 d += 64;
             }
         } else {
             while d + 32 <= hd {
                 // SAFETY: as above, d + 32 <= hd.
-                weighted_pass::<H, 4>(w, vp, hd, d, &mut out);
+                weighted_pass::<H, 4, V>(w, vp, hd, d, &mut out);
                 d += 32;
             }
         }
         while d + 8 <= hd {
             // SAFETY: as above, d + 8 <= hd.
-            weighted_pass::<H, 1>(w, vp, hd, d, &mut out);
+            weighted_pass::<H, 1, V>(w, vp, hd, d, &mut out);
             d += 8;
         }
         super::weighted_tail(&w, v, &mut out, d);
@@ -592,77 +777,123 @@ mod attn256 {
 /// portable forms' (a multiply, then an add; never fused), so the bits are theirs.
 #[cfg(target_arch = "x86_64")]
 mod attn512 {
+    use super::KvElem;
     use std::arch::x86_64::*;
 
-    /// [`super::scores_t_portable`] for `H` queries of the same length over the same keys,
-    /// with the positions 16 to a vector and each key vector loaded once for all `H`: lane
-    /// `j` of accumulator `l` of query `h` is position `p0 + j`'s lane `l` (elements `i` with
-    /// `i % 8 == l`), each query's terms and order as there.
+    /// 16 cache elements from `p` as f32 (f16 by `vcvtph2ps`, exact).
+    #[inline(always)]
+    unsafe fn load16<K: KvElem>(p: *const K) -> __m512 {
+        if K::F16 {
+            _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+        } else {
+            _mm512_loadu_ps(p.cast())
+        }
+    }
+
+    /// The 16 positions' accumulators from `p0` of [`scores_t`] for `H` queries.
+    #[inline(always)]
+    unsafe fn block_t<const H: usize, K: KvElem>(
+        q: &[&[f32]; H],
+        kp: *const K,
+        stride: usize,
+        p0: usize,
+    ) -> [[__m512; 8]; H] {
+        let hd = q[0].len();
+        let n8 = hd / 8 * 8;
+        let mut acc = [[_mm512_setzero_ps(); 8]; H];
+        for c in (0..n8).step_by(8) {
+            for l in 0..8 {
+                let i = c + l;
+                let k = load16(kp.add(i * stride + p0));
+                for (a, qh) in acc.iter_mut().zip(q) {
+                    let qi = _mm512_set1_ps(*qh.get_unchecked(i));
+                    a[l] = _mm512_add_ps(a[l], _mm512_mul_ps(qi, k));
+                }
+            }
+        }
+        for l in 0..hd - n8 {
+            let k = load16(kp.add((n8 + l) * stride + p0));
+            for (a, qh) in acc.iter_mut().zip(q) {
+                let qi = _mm512_set1_ps(*qh.get_unchecked(n8 + l));
+                a[l] = _mm512_add_ps(a[l], _mm512_mul_ps(qi, k));
+            }
+        }
+        acc
+    }
+
+    /// [`super::scores_t_portable`] for `H` queries of the same length over the same keys
+    /// (the cache itself: f16 widened by `vcvtph2ps` as they are loaded, or f32), with the
+    /// positions 16 to a vector and each key vector loaded once for all `H`: lane `j` of
+    /// accumulator `l` of query `h` is position `p0 + j`'s lane `l` (elements `i` with `i %
+    /// 8 == l`), each query's terms and order as there. The last block of fewer than 16
+    /// positions is copied first, so `kt` needs only the scores' positions in each row.
     ///
     /// # Safety
     /// AVX-512F is present. Panics unless the queries share a length, the score slices a
-    /// length `n`, and `kt` holds `q.len()` rows of `stride` values with `n` rounded up to 16
+    /// length `n`, and `kt` holds `q.len()` rows of `stride` values with `n <= stride`
     /// positions in each.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn scores_t<const H: usize>(
+    pub unsafe fn scores_t<const H: usize, K: KvElem>(
         q: [&[f32]; H],
-        kt: &[f32],
+        kt: &[K],
         stride: usize,
         kq_scale: f32,
         scores: [&mut [f32]; H],
     ) {
         let (hd, n) = super::heads_shape(&q, &scores);
+        let mut scores = scores;
         if hd == 0 || n == 0 {
-            scores.into_iter().for_each(|s| s.fill(0.0));
+            scores.iter_mut().for_each(|s| s.fill(0.0));
             return;
         }
-        let span = n.div_ceil(16) * 16;
         assert!(
-            span <= stride && kt.len() >= (hd - 1) * stride + span,
+            n <= stride && kt.len() >= (hd - 1) * stride + n,
             "kt too short"
         );
-        let (kp, n8) = (kt.as_ptr(), hd / 8 * 8);
         let scale = _mm512_set1_ps(kq_scale);
-        let mut scores = scores;
-        for p0 in (0..n).step_by(16) {
-            let mut acc = [[_mm512_setzero_ps(); 8]; H];
-            for c in (0..n8).step_by(8) {
-                for l in 0..8 {
-                    let i = c + l;
-                    // SAFETY: i < hd and p0 + 16 <= span (asserted above).
-                    let k = _mm512_loadu_ps(kp.add(i * stride + p0));
-                    for (a, qh) in acc.iter_mut().zip(q) {
-                        a[l] = _mm512_add_ps(a[l], _mm512_mul_ps(_mm512_set1_ps(qh[i]), k));
-                    }
-                }
-            }
-            for l in 0..hd - n8 {
-                // SAFETY: as above.
-                let k = _mm512_loadu_ps(kp.add((n8 + l) * stride + p0));
-                for (a, qh) in acc.iter_mut().zip(q) {
-                    a[l] = _mm512_add_ps(a[l], _mm512_mul_ps(_mm512_set1_ps(qh[n8 + l]), k));
-                }
-            }
+        let whole = super::in_place(kt.len(), hd, stride, n, 16);
+        for p0 in (0..whole.min(n)).step_by(16) {
             let m = (n - p0).min(16);
+            // SAFETY: kt holds rows i < hd's positions to p0 + 16 <= whole (in_place).
+            let acc = block_t(&q, kt.as_ptr(), stride, p0);
             for (a, s) in acc.iter().zip(scores.iter_mut()) {
-                let y = _mm512_add_ps(
-                    _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
-                    _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])),
-                );
-                let mut v = [0f32; 16];
-                _mm512_storeu_ps(v.as_mut_ptr(), _mm512_mul_ps(y, scale));
-                s[p0..p0 + m].copy_from_slice(&v[..m]);
+                finish_t(a, scale, &mut s[p0..p0 + m]);
             }
         }
+        if whole < n {
+            let mut tail = vec![K::default(); hd * 16];
+            for (i, t) in tail.chunks_exact_mut(16).enumerate() {
+                t[..n - whole].copy_from_slice(&kt[i * stride + whole..i * stride + n]);
+            }
+            // SAFETY: tail holds hd rows of 16.
+            let acc = block_t(&q, tail.as_ptr(), 16, 0);
+            for (a, s) in acc.iter().zip(scores.iter_mut()) {
+                finish_t(a, scale, &mut s[whole..]);
+            }
+        }
+    }
+
+    /// [`block_t`]'s sums of one query reduced as [`super::scores_t_portable`] reduces them,
+    /// times `scale`, into `out` (up to 16 positions).
+    #[inline(always)]
+    unsafe fn finish_t(a: &[__m512; 8], scale: __m512, out: &mut [f32]) {
+        let y = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+            _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])),
+        );
+        let mut v = [0f32; 16];
+        _mm512_storeu_ps(v.as_mut_ptr(), _mm512_mul_ps(y, scale));
+        let m = out.len();
+        out.copy_from_slice(&v[..m]);
     }
 
     /// `C` 16-value columns from `d` of [`weighted_rows`] for `H` weightings, each row load
     /// shared by all.
     #[inline(always)]
     #[allow(clippy::needless_range_loop)]
-    unsafe fn weighted_pass<const H: usize, const C: usize>(
+    unsafe fn weighted_pass<const H: usize, const C: usize, V: KvElem>(
         w: [&[f32]; H],
-        vp: *const f32,
+        vp: *const V,
         hd: usize,
         d: usize,
         out: &mut [&mut [f32]; H],
@@ -671,7 +902,7 @@ mod attn512 {
         for p in 0..w[0].len() {
             let b = w.map(|wh| _mm512_set1_ps(wh[p]));
             for j in 0..C {
-                let x = _mm512_loadu_ps(vp.add(p * hd + d + 16 * j));
+                let x = load16(vp.add(p * hd + d + 16 * j));
                 for h in 0..H {
                     acc[h][j] = _mm512_add_ps(acc[h][j], _mm512_mul_ps(b[h], x));
                 }
@@ -690,9 +921,13 @@ mod attn512 {
     ///
     /// # Safety
     /// AVX-512F is present. Panics unless the weightings share a length, the outputs a length
-    /// `hd`, and `v` holds `w.len()` rows of `hd` values.
+    /// `hd`, and `v` holds `w.len()` rows of `hd` values (f16 or f32).
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn weighted_rows<const H: usize>(w: [&[f32]; H], v: &[f32], out: [&mut [f32]; H]) {
+    pub unsafe fn weighted_rows<const H: usize, V: KvElem>(
+        w: [&[f32]; H],
+        v: &[V],
+        out: [&mut [f32]; H],
+    ) {
         let mut out = out;
         let (np, hd) = super::heads_shape(&w, &out);
         assert!(v.len() >= np * hd, "v too short");
@@ -700,12 +935,12 @@ mod attn512 {
         let mut d = 0;
         while d + 128 <= hd {
             // SAFETY: rows p < np hold hd values, d + 128 <= hd (asserted).
-            weighted_pass::<H, 8>(w, vp, hd, d, &mut out);
+            weighted_pass::<H, 8, V>(w, vp, hd, d, &mut out);
             d += 128;
         }
         while d + 16 <= hd {
             // SAFETY: as above, d + 16 <= hd.
-            weighted_pass::<H, 1>(w, vp, hd, d, &mut out);
+            weighted_pass::<H, 1, V>(w, vp, hd, d, &mut out);
             d += 16;
         }
         super::weighted_tail(&w, v, &mut out, d);
@@ -718,13 +953,14 @@ mod attn512 {
 /// prefill, so a position's output has the same bits however its tokens were grouped; a head
 /// has the same bits alone or beside another and in every form (two share each load of K and
 /// V: the products read them from the cache, and a prompt's attention is bound by that read).
+/// The keys and values are the cache's own elements `K` (f16 or f32) or widened f32 copies.
 #[allow(clippy::too_many_arguments)]
-fn attend_heads(
+fn attend_heads<K: KvElem>(
     form: AttnForm,
     q: &[&[f32]],
-    keys: Keys,
+    keys: Keys<K>,
     n: usize,
-    v: &[f32],
+    v: &[K],
     kq_scale: f32,
     scores: &mut [Vec<f32>; 2],
     out: &mut [&mut [f32]],
@@ -807,9 +1043,12 @@ fn widen_rows<T: KvElem>(kc: &[T], nctx: usize, lo: usize, m: usize, kr: &mut [f
 
 /// Writes the K and V of the positions `start .. start + n` (`k`, `v`: `[n][n_head_kv *
 /// hd]`), then attends every head of every position over `lo(pos)..=pos` ([`attend_heads`]);
-/// `q` and `out` are `[n][n_head * hd]`. Each KV head's keys and values for the whole span
-/// are widened once (in parallel over KV heads), then the query heads run in parallel, two
-/// of one KV head a task.
+/// `q` and `out` are `[n][n_head * hd]`. The query heads run in parallel, two of one KV head
+/// a task. A decode step (one position) on a vector form reads the keys and values from the
+/// cache itself, f16 widened as they are loaded (widening the whole span first, once per
+/// step, cost more than the products at long contexts), except the AVX2 form's key rows;
+/// a prompt's span widens each KV head's keys and values once (in parallel over KV heads),
+/// which its many queries repay. Either way the same terms in the same order: the same bits.
 #[allow(clippy::too_many_arguments)]
 fn attend<T: KvElem>(
     kc: &mut [T],
@@ -821,18 +1060,18 @@ fn attend<T: KvElem>(
     out: &mut [f32],
     sh: &AttnShape,
 ) {
-    let (hd, nctx, start) = (sh.hd, sh.nctx, sh.start);
+    let (hd, nctx, slots, start) = (sh.hd, sh.nctx, sh.slots, sh.start);
     assert!(
-        start + n <= nctx,
+        start + n <= nctx && nctx <= slots,
         "positions {start} + {n} past the context {nctx}"
     );
     let (nq, nk) = (q.len() / n, k.len() / n);
     let nkv = nk / hd;
     for t in 0..n {
         for kh in 0..nkv {
-            let head = sh.layer_base + kh * nctx * hd;
+            let head = sh.layer_base + kh * slots * hd;
             for d in 0..hd {
-                kc[head + d * nctx + start + t] = T::store(k[t * nk + kh * hd + d]);
+                kc[head + d * slots + start + t] = T::store(k[t * nk + kh * hd + d]);
                 vc[head + (start + t) * hd + d] = T::store(v[t * nk + kh * hd + d]);
             }
         }
@@ -840,30 +1079,39 @@ fn attend<T: KvElem>(
     let (kc, vc) = (&*kc, &*vc);
     let (lo0, end) = (sh.lo(start), start + n);
     let m = end - lo0;
-    let form = sh.form.for_span(n, sh.group, hd);
-    let key_rows = form == AttnForm::Avx2;
-    // Row stride of the widened keys: positions padded to a multiple of 16, and 16 more, so
-    // that scores_t's 8- or 16-position steps from any first position stay inside.
+    let direct = n == 1 && sh.form != AttnForm::Portable;
+    let span_form = sh.form.for_span(n, sh.group, hd);
+    let key_rows = span_form == AttnForm::Avx2;
+    let form = if direct { sh.form } else { span_form };
+    // Row stride of the widened transposed keys: positions padded to a multiple of 16, and
+    // 16 more, so that the products' 8- or 16-position steps from any first position read
+    // their last partial step in place, and rows are not a multiple of 4 KiB apart (which
+    // maps every row's line to one L1 set: the scores ran at half speed with such strides).
     let stride = m.div_ceil(16) * 16 + 16;
-    let widened: Vec<(Vec<f32>, Vec<f32>)> = (0..nkv)
+    let widened: Vec<Widened> = (0..nkv)
         .into_par_iter()
         .map(|kh| {
-            let head = sh.layer_base + kh * nctx * hd;
-            let kt = if key_rows {
+            let head = sh.layer_base + kh * slots * hd;
+            let keys = if key_rows {
                 let mut kr = vec![0f32; m * hd];
-                widen_rows(&kc[head..head + hd * nctx], nctx, lo0, m, &mut kr);
+                widen_rows(&kc[head..head + hd * slots], slots, lo0, m, &mut kr);
                 kr
+            } else if direct {
+                return Widened::InPlace;
             } else {
                 let mut kt = vec![0f32; hd * stride];
                 for (d, row) in kt.chunks_exact_mut(stride).enumerate() {
-                    let at = head + d * nctx + lo0;
+                    let at = head + d * slots + lo0;
                     T::widen(&kc[at..at + m], &mut row[..m]);
                 }
                 kt
             };
+            if direct {
+                return Widened::KeyRows(keys);
+            }
             let mut vr = vec![0f32; m * hd];
             T::widen(&vc[head + lo0 * hd..head + end * hd], &mut vr);
-            (kt, vr)
+            Widened::Both(keys, vr)
         })
         .collect();
     // Tasks of two query heads of one KV head (one where a group is odd), which share each
@@ -879,42 +1127,35 @@ fn attend<T: KvElem>(
     let heads: Vec<Vec<f32>> = units
         .par_iter()
         .map(|&(head, count)| {
-            let (kt, vr) = &widened[head / sh.group];
-            let keys = if key_rows {
-                Keys::Rows { rows: kt, hd }
-            } else {
-                Keys::T { kt, stride }
+            let kh = head / sh.group;
+            let base = sh.layer_base + kh * slots * hd;
+            let u = Unit {
+                form,
+                q,
+                head,
+                count,
+                n,
+                lo0,
+                sh,
             };
-            // [count][n][hd]
-            let mut res = vec![0f32; count * n * hd];
-            let mut scores = [Vec::with_capacity(m), Vec::with_capacity(m)];
-            let (r0, r1) = res.split_at_mut(n * hd);
-            let mut rows: Vec<std::slice::ChunksExactMut<f32>> = vec![r0.chunks_exact_mut(hd)];
-            if count == 2 {
-                rows.push(r1.chunks_exact_mut(hd));
+            match &widened[kh] {
+                Widened::KeyRows(rows) => u.run(Keys::Rows { rows, hd }, &vc[base + lo0 * hd..]),
+                Widened::InPlace => u.run(
+                    Keys::T {
+                        kt: &kc[base + lo0..],
+                        stride: slots,
+                    },
+                    &vc[base + lo0 * hd..],
+                ),
+                Widened::Both(kw, vr) => {
+                    let keys = if key_rows {
+                        Keys::Rows { rows: kw, hd }
+                    } else {
+                        Keys::T { kt: kw, stride }
+                    };
+                    u.run(keys, vr)
+                }
             }
-            for t in 0..n {
-                let pos = start + t;
-                let a = sh.lo(pos) - lo0;
-                let qs: Vec<&[f32]> = (head..head + count)
-                    .map(|h| &q[t * nq + h * hd..t * nq + (h + 1) * hd])
-                    .collect();
-                let mut os: Vec<&mut [f32]> =
-                    rows.iter_mut().map(|r| r.next().expect("n rows")).collect();
-                let vt = &vr[a * hd..(pos + 1 - lo0) * hd];
-                let len = pos + 1 - sh.lo(pos);
-                attend_heads(
-                    form,
-                    &qs,
-                    keys.from(a),
-                    len,
-                    vt,
-                    sh.kq_scale,
-                    &mut scores,
-                    &mut os,
-                );
-            }
-            res
         })
         .collect();
     for (&(head, _), res) in units.iter().zip(&heads) {
@@ -924,6 +1165,68 @@ fn attend<T: KvElem>(
                 out[t * nq + h * hd..t * nq + (h + 1) * hd].copy_from_slice(o);
             }
         }
+    }
+}
+
+/// One KV head's keys and values as [`attend`]'s products read them.
+enum Widened {
+    /// Both read from the cache in place (a decode step on a vector form).
+    InPlace,
+    /// The keys widened as rows, the values read in place (a decode step of the AVX2 form
+    /// where a KV head serves 8 or more query heads).
+    KeyRows(Vec<f32>),
+    /// The keys (rows or transposed) and the values widened (a prompt's span).
+    Both(Vec<f32>, Vec<f32>),
+}
+
+/// One task of [`attend`]: `count` query heads from `head` (of one KV head) at each position
+/// of the span.
+struct Unit<'a> {
+    form: AttnForm,
+    q: &'a [f32],
+    head: usize,
+    count: usize,
+    n: usize,
+    /// First position the span attends (the keys' and values' first).
+    lo0: usize,
+    sh: &'a AttnShape,
+}
+
+impl Unit<'_> {
+    /// The heads' outputs, `[count][n][hd]`, over `keys` and the value rows `v` (both from
+    /// position `lo0`).
+    fn run<K: KvElem>(&self, keys: Keys<K>, v: &[K]) -> Vec<f32> {
+        let (sh, hd, n, head, count) = (self.sh, self.sh.hd, self.n, self.head, self.count);
+        let nq = self.q.len() / n;
+        let mut res = vec![0f32; count * n * hd];
+        let mut scores = [Vec::new(), Vec::new()];
+        let (r0, r1) = res.split_at_mut(n * hd);
+        let mut rows: Vec<std::slice::ChunksExactMut<f32>> = vec![r0.chunks_exact_mut(hd)];
+        if count == 2 {
+            rows.push(r1.chunks_exact_mut(hd));
+        }
+        for t in 0..n {
+            let pos = sh.start + t;
+            let a = sh.lo(pos) - self.lo0;
+            let qs: Vec<&[f32]> = (head..head + count)
+                .map(|h| &self.q[t * nq + h * hd..t * nq + (h + 1) * hd])
+                .collect();
+            let mut os: Vec<&mut [f32]> =
+                rows.iter_mut().map(|r| r.next().expect("n rows")).collect();
+            let vt = &v[a * hd..(pos + 1 - self.lo0) * hd];
+            let len = pos + 1 - sh.lo(pos);
+            attend_heads(
+                self.form,
+                &qs,
+                keys.from(a),
+                len,
+                vt,
+                sh.kq_scale,
+                &mut scores,
+                &mut os,
+            );
+        }
+        res
     }
 }
 
@@ -1083,7 +1386,7 @@ unsafe fn geglu_f16c(g: &mut [f32], u: &[f32], table: &[u16]) {
     geglu_each(&mut g[n8..], &u[n8..], table)
 }
 
-/// Elements of K (and of V) in the KV cache, `n_layer * n_head_kv * n_ctx * head_dim`, when
+/// Elements of K (and of V) in the KV cache, `n_layer * n_head_kv * kv_slots(n_ctx) * head_dim`, when
 /// the cache of `elem_bytes`-byte elements fits this machine's physical memory. The pages are
 /// zero and untouched until a position is written (calloc), so the bound is what the
 /// allocation could come to, not what it costs at once.
@@ -1092,7 +1395,11 @@ fn kv_elements(c: &ModelConfig, elem_bytes: u64) -> Result<usize, RuntimeError> 
         n_ctx: c.n_ctx,
         detail,
     };
-    let n = [c.n_head_kv, c.n_ctx, c.head_dim]
+    let slots = c
+        .n_ctx
+        .checked_add(KV_PAD as u64)
+        .ok_or_else(|| err("the context overflows 64 bits".into()))?;
+    let n = [c.n_head_kv, slots, c.head_dim]
         .iter()
         .try_fold(c.n_layer, |a, &b| a.checked_mul(b))
         .ok_or_else(|| err("the element count overflows 64 bits".into()))?;
@@ -1479,8 +1786,9 @@ impl CpuBackend {
                 trace("Kcur_rope", il, kt);
             }
             let sh = AttnShape {
-                layer_base: il * nkv * nctx * hd,
+                layer_base: il * nkv * kv_slots(nctx) * hd,
                 nctx,
+                slots: kv_slots(nctx),
                 hd,
                 group,
                 start,
@@ -1700,6 +2008,48 @@ mod tests {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
+    /// `x` rounded to f16 (the cache's bits) and those values widened back to f32.
+    fn f16_pair(x: &[f32]) -> (Vec<u16>, Vec<f32>) {
+        let h: Vec<u16> = x.iter().map(|&v| u16::store(v)).collect();
+        let w = h.iter().map(|&b| b.to_f32()).collect();
+        (h, w)
+    }
+
+    /// The portable products read an f16 cache as they read its values widened to f32, and
+    /// need only the scores' positions in each row (the last partial block copied).
+    #[test]
+    fn portable_products_read_f16_as_its_widened_values() {
+        let mut seed = 31u32;
+        let mut rnd = |n: usize| lcg_values(&mut seed, n);
+        for hd in [3, 8, 13, 64, 80] {
+            for n in [1usize, 7, 8, 9, 23, 64] {
+                let stride = n + 2;
+                let q = rnd(hd);
+                let (kt16, kt16w) = f16_pair(&rnd((hd - 1) * stride + n));
+                let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
+                scores_t_portable(&q, &kt16w, stride, 0.3, &mut want);
+                scores_t_portable(&q, &kt16, stride, 0.3, &mut got);
+                assert_eq!(bits(&got), bits(&want), "scores hd {hd} n {n}");
+                // Against the scalar dot of each position in matvec::dot's order.
+                for (p, g) in got.iter().enumerate() {
+                    let mut l = [0f32; 8];
+                    for (i, qi) in q.iter().enumerate() {
+                        l[i % 8] += qi * kt16w[i * stride + p];
+                    }
+                    let y =
+                        (((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))) * 0.3;
+                    assert_eq!(g.to_bits(), y.to_bits(), "position {p} hd {hd} n {n}");
+                }
+                let w = rnd(n);
+                let (v16, v16w) = f16_pair(&rnd(n * hd));
+                let (mut want, mut got) = (vec![0f32; hd], vec![0f32; hd]);
+                weighted_rows_portable(&w, &v16w, &mut want);
+                weighted_rows_portable(&w, &v16, &mut got);
+                assert_eq!(bits(&got), bits(&want), "weighted hd {hd} n {n}");
+            }
+        }
+    }
+
     /// The attention forms this CPU runs (whatever `LOWBIT_ISA` says).
     fn attn_forms() -> Vec<AttnForm> {
         [AttnForm::Portable, AttnForm::Avx2, AttnForm::Avx512]
@@ -1708,7 +2058,8 @@ mod tests {
             .collect()
     }
 
-    /// The attention's AVX2 products (one head, and two at once; the keys as rows) give the
+    /// The attention's AVX2 products (one head, and two at once; the keys as rows, or
+    /// transposed and read in place from an f32 or f16 cache; values f32 or f16) give the
     /// portable forms' bits, at head sizes that leave partial 64- and 32-value passes and
     /// scalar tails (the products of values) and position counts that leave partial blocks
     /// of 8 and 4 positions.
@@ -1717,7 +2068,7 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         {
             if !AttnForm::Avx2.here() {
-                eprintln!("skipped: no AVX2 on this CPU");
+                eprintln!("skipped: no AVX2 and F16C on this CPU");
                 return;
             }
             let mut seed = 13u32;
@@ -1748,6 +2099,38 @@ mod tests {
                         assert_eq!(bits(&a), bits(&want0), "scores pair hd {hd} n {n}");
                         assert_eq!(bits(&b), bits(&want1), "scores pair hd {hd} n {n}");
                     }
+                    // Transposed keys read in place (a decode step's cache): rows of a stride
+                    // longer than the positions, no padding after the last row's positions,
+                    // f32 and f16 (widened as loaded).
+                    let stride = n + 3;
+                    let kt = rnd((hd - 1) * stride + n);
+                    let (kt16, kt16w) = f16_pair(&kt);
+                    for (src, wide) in [(None, &kt), (Some(&kt16), &kt16w)] {
+                        let mut want = vec![0f32; n];
+                        scores_t_portable(&q, &wide[..], stride, 0.3, &mut want);
+                        let mut got = vec![0f32; n];
+                        // SAFETY: AVX2 and F16C checked above; kt holds hd rows of n.
+                        unsafe {
+                            match src {
+                                None => attn256::scores_t(&q, &kt, stride, 0.3, &mut got),
+                                Some(h) => attn256::scores_t(&q, &h[..], stride, 0.3, &mut got),
+                            }
+                        };
+                        assert_eq!(bits(&got), bits(&want), "scores_t hd {hd} n {n}");
+                        if let Some(h) = src {
+                            let mut p = vec![0f32; n];
+                            scores_t_portable(&q, &h[..], stride, 0.3, &mut p);
+                            assert_eq!(bits(&p), bits(&want), "portable f16 hd {hd} n {n}");
+                        }
+                    }
+                    let (v16, v16w) = f16_pair(&v);
+                    let (mut want0, mut got) = (vec![0f32; hd], vec![0f32; hd]);
+                    weighted_rows_portable(&w, &v16w, &mut want0);
+                    // SAFETY: AVX2 and F16C checked above; v16 holds n rows of hd values.
+                    unsafe { attn256::weighted_rows([&w], &v16, [&mut got]) };
+                    assert_eq!(bits(&got), bits(&want0), "weighted f16 hd {hd} n {n}");
+                    weighted_rows_portable(&w, &v16, &mut got);
+                    assert_eq!(bits(&got), bits(&want0), "portable f16 hd {hd} n {n}");
                     let (mut want0, mut want1) = (vec![0f32; hd], vec![0f32; hd]);
                     weighted_rows_portable(&w, &v, &mut want0);
                     weighted_rows_portable(&w1, &v, &mut want1);
@@ -1865,6 +2248,94 @@ mod tests {
                     weighted_rows_portable(&w1, &v, &mut want1);
                     assert_eq!(bits(&a), bits(&want), "weighted pair hd {hd} n {n}");
                     assert_eq!(bits(&b), bits(&want1), "weighted pair hd {hd} n {n}");
+                    // Keys read in place from an f16 cache (no padding after the last row's
+                    // positions) and f16 values, for two heads at once.
+                    let stride = n + 5;
+                    let (kt16, kt16w) = f16_pair(&rnd((hd - 1) * stride + n));
+                    let (v16, v16w) = f16_pair(&v);
+                    let (mut want0, mut want1) = (vec![0f32; n], vec![0f32; n]);
+                    scores_t_portable(&q, &kt16w, stride, 0.3, &mut want0);
+                    scores_t_portable(&q1, &kt16w, stride, 0.3, &mut want1);
+                    let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+                    // SAFETY: AVX-512F checked above; kt16 holds hd rows of n positions.
+                    unsafe { attn512::scores_t([&q, &q1], &kt16, stride, 0.3, [&mut a, &mut b]) };
+                    assert_eq!(bits(&a), bits(&want0), "scores f16 hd {hd} n {n}");
+                    assert_eq!(bits(&b), bits(&want1), "scores f16 hd {hd} n {n}");
+                    let (mut want0, mut want1) = (vec![0f32; hd], vec![0f32; hd]);
+                    weighted_rows_portable(&w, &v16w, &mut want0);
+                    weighted_rows_portable(&w1, &v16w, &mut want1);
+                    let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
+                    // SAFETY: AVX-512F checked above; v16 holds n rows of hd values.
+                    unsafe { attn512::weighted_rows([&w, &w1], &v16, [&mut a, &mut b]) };
+                    assert_eq!(bits(&a), bits(&want0), "weighted f16 hd {hd} n {n}");
+                    assert_eq!(bits(&b), bits(&want1), "weighted f16 hd {hd} n {n}");
+                }
+            }
+        }
+    }
+
+    /// A decode step reads the cache in place on the vector forms: at every position up to
+    /// the context's last, in the cache's last KV head (whose rows end where the cache
+    /// ends), f16 and f32, each form gives the bits of the portable form (which widens the
+    /// span first), at head sizes with partial lanes and groups that take the AVX2 form's
+    /// key rows (8 query heads a KV head) or not, with and without the cache's unused slots.
+    #[test]
+    fn a_decode_step_reads_the_cache_in_place_up_to_the_last_position() {
+        fn run<T: KvElem>(hd: usize, group: usize, window: Option<usize>, pad: usize) {
+            let (nkv, nctx) = (2, 37);
+            let slots = nctx + pad;
+            let (nq, nk) = (nkv * group * hd, nkv * hd);
+            let mut seed = 29u32;
+            let mut rnd = |n: usize| lcg_values(&mut seed, n);
+            let (q, k, v) = (rnd(nctx * nq), rnd(nctx * nk), rnd(nctx * nk));
+            let mut outs = Vec::new();
+            for form in attn_forms() {
+                let (mut kc, mut vc) = (
+                    vec![T::default(); nkv * slots * hd],
+                    vec![T::default(); nkv * slots * hd],
+                );
+                let mut out = vec![0f32; nctx * nq];
+                for t in 0..nctx {
+                    let (qs, ks) = (t * nq..(t + 1) * nq, t * nk..(t + 1) * nk);
+                    let sh = AttnShape {
+                        layer_base: 0,
+                        nctx,
+                        slots,
+                        hd,
+                        group,
+                        start: t,
+                        window,
+                        kq_scale: 0.3,
+                        form,
+                    };
+                    attend(
+                        &mut kc,
+                        &mut vc,
+                        1,
+                        &q[qs.clone()],
+                        &k[ks.clone()],
+                        &v[ks],
+                        &mut out[qs],
+                        &sh,
+                    );
+                }
+                assert!(out.iter().all(|x| x.is_finite()));
+                outs.push((form, out));
+            }
+            let (_, want) = &outs[0];
+            for (form, got) in &outs[1..] {
+                assert_eq!(
+                    bits(got),
+                    bits(want),
+                    "{form:?} hd {hd} group {group} {window:?}"
+                );
+            }
+        }
+        for (hd, group) in [(8, 3), (13, 2), (16, 8), (64, 1), (40, 9)] {
+            for window in [None, Some(20)] {
+                for pad in [0, KV_PAD] {
+                    run::<u16>(hd, group, window, pad);
+                    run::<f32>(hd, group, window, pad);
                 }
             }
         }
@@ -1883,9 +2354,11 @@ mod tests {
             let mut seed = 7u32;
             let mut rnd = |n: usize| lcg_values(&mut seed, n);
             let (q, k, v) = (rnd(total * nq), rnd(total * nk), rnd(total * nk));
+            let slots = kv_slots(nctx);
             let sh = |start| AttnShape {
-                layer_base: nkv * nctx * hd, // the second of two layers
+                layer_base: nkv * slots * hd, // the second of two layers
                 nctx,
+                slots,
                 hd,
                 group,
                 start,
@@ -1895,8 +2368,8 @@ mod tests {
             };
             let cache = || {
                 (
-                    vec![T::default(); 2 * nkv * nctx * hd],
-                    vec![T::default(); 2 * nkv * nctx * hd],
+                    vec![T::default(); 2 * nkv * slots * hd],
+                    vec![T::default(); 2 * nkv * slots * hd],
                 )
             };
             // One at a time.
@@ -2075,6 +2548,7 @@ mod tests {
                             let sh = AttnShape {
                                 layer_base: nkv * nctx * hd,
                                 nctx,
+                                slots: nctx,
                                 hd,
                                 group,
                                 start: a,
