@@ -10,7 +10,8 @@ weights + KV cache, and how close decode comes to the memory bandwidth measured 
 With --depths, also decode after a prompt of each depth (the KV cache holding that many
 positions: what a long chat or document runs at), lowbit's `bench --prompt-tokens D` beside
 llama-bench's `-p 0 -n GEN -d D`, for the GGUFs of at most --depth-max-gb (the prompts of a
-larger model would take most of the run).
+larger model would take most of the run), with the first of --kernels. A depth whose prompt and
+GEN tokens do not fit the bundle's context is reported as refused.
 
 Usage: runtime_bench.py --convert target/release/convert --llama-bench PATH
          [--threads 2] [--prompts 64,512] [--gen 32] [--kernels int8,f32] [--json OUT]
@@ -87,7 +88,7 @@ def llama_depths(exe, gguf, threads, depths, n):
          "-d", ",".join(map(str, depths)), "-r", "2", "-o", "json"],
         capture_output=True, text=True, check=True,
     ).stdout
-    return {r["n_depth"]: r["avg_ts"] for r in json.loads(out) if r.get("n_gen", 0) > 0}
+    return {r.get("n_depth", 0): r["avg_ts"] for r in json.loads(out) if r.get("n_gen", 0) > 0}
 
 
 def lowbit_bench(exe, bundle, threads, p, n, kernel):
@@ -173,13 +174,22 @@ def main():
             print(f"| {name} | {a.llama_label} | " + " | ".join(
                 f"{ll.get(d, 0):.2f}" for d in depths) + " |", flush=True)
             k = a.kernels.split(",")[0]
-            runs = {d: lowbit_bench(a.convert, bundle, a.threads, d, a.gen, k) for d in depths}
+            runs = {}
+            for d in depths:
+                try:
+                    runs[d] = lowbit_bench(a.convert, bundle, a.threads, d, a.gen, k)
+                except subprocess.CalledProcessError as e:
+                    # convert bench refuses a prompt and generation past the bundle's context.
+                    print(f"  {name} @ {d}: {(e.stderr or '').strip()}", file=sys.stderr)
             entry["lowbit_depths"] = {k: {str(d): r for d, r in runs.items()}}
             cells = []
             for d in depths:
+                if d not in runs:
+                    cells.append("refused")
+                    continue
                 t = runs[d]["decode_tokens_per_second"]
                 cells.append(f"{t:.2f} ({t / ll[d]:.2f}x)" if ll.get(d) else f"{t:.2f}")
-            level = runs[depths[0]].get("cpu_level") or "?"
+            level = next((r.get("cpu_level") for r in runs.values()), None) or "?"
             print(f"| {name} | lowbit cpu, {k} ({level}) | " + " | ".join(cells) + " |",
                   flush=True)
     if a.json:

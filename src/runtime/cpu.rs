@@ -1002,12 +1002,12 @@ fn softmax(scores: &mut [f32]) {
 }
 
 /// One KV head's keys of the positions `lo .. lo + m` widened as rows (`kr[p * hd + d]`,
-/// `kr.len() == m * hd`) from the transposed cache (`kc[d * nctx + pos]`, `hd` rows of
-/// `nctx`): eight of its rows at a time widened, then interleaved.
-fn widen_rows<T: KvElem>(kc: &[T], nctx: usize, lo: usize, m: usize, kr: &mut [f32]) {
-    let hd = kc.len() / nctx;
+/// `kr.len() == m * hd`) from the transposed cache (`kc[d * slots + pos]`, `hd` rows of
+/// `slots`): eight of its rows at a time widened, then interleaved.
+fn widen_rows<T: KvElem>(kc: &[T], slots: usize, lo: usize, m: usize, kr: &mut [f32]) {
+    let hd = kc.len() / slots;
     assert!(
-        kr.len() == m * hd && lo + m <= nctx,
+        kr.len() == m * hd && lo + m <= slots,
         "key rows of {m} positions"
     );
     // Blocks of positions whose 8 widened rows stay in L1 (8 KiB).
@@ -1019,7 +1019,7 @@ fn widen_rows<T: KvElem>(kc: &[T], nctx: usize, lo: usize, m: usize, kr: &mut [f
         for d0 in (0..hd).step_by(8) {
             let w = (hd - d0).min(8);
             for j in 0..w {
-                let at = (d0 + j) * nctx + lo + p0;
+                let at = (d0 + j) * slots + lo + p0;
                 T::widen(&kc[at..at + pm], &mut tmp[j * pm..(j + 1) * pm]);
             }
             // Whole 8 x 8 blocks transposed in registers where AVX2 runs.
