@@ -154,7 +154,6 @@ crate::multiversion! {
             scores.fill(0.0);
             return;
         }
-        assert!(n <= stride && kt.len() >= (hd - 1) * stride + n, "kt too short");
         let whole = in_place(kt.len(), hd, stride, n, 8);
         for (p0, out) in (0..whole.min(n)).step_by(8).zip(scores.chunks_mut(8)) {
             let y = scores8_portable(q, kt, stride, p0);
@@ -163,11 +162,7 @@ crate::multiversion! {
             }
         }
         if whole < n {
-            let m = n - whole;
-            let mut tail = vec![K::default(); hd * 8];
-            for (i, t) in tail.chunks_exact_mut(8).enumerate() {
-                t[..m].copy_from_slice(&kt[i * stride + whole..i * stride + n]);
-            }
+            let tail = tail_block(kt, hd, stride, whole, n, 8);
             let y = scores8_portable(q, &tail, 8, 0);
             for (o, y) in scores[whole..].iter_mut().zip(y) {
                 *o = y * kq_scale;
@@ -176,18 +171,40 @@ crate::multiversion! {
     }
 }
 
-/// Positions of the transposed keys' products read in place: the `n` positions rounded up
-/// to `b` where `kt`'s `kt_len` values hold them (a widened span's padded rows; the lanes
-/// past `n` are discarded), else the whole blocks of `b` (the rest is copied first: a
-/// decode step's last position can be the cache's last value).
+/// Positions of the transposed keys' products (`hd >= 1` rows of `stride`, `n >= 1` scores,
+/// blocks of `b`) read in place: the `n` positions rounded up to `b` where `kt`'s `kt_len`
+/// values hold them (a widened span's padded rows; the lanes past `n` are discarded), else
+/// the whole blocks of `b` (the rest goes through [`tail_block`]: a decode step's last
+/// position can be the cache's last value). Panics unless `kt` holds the `n` positions.
 #[inline(always)]
 fn in_place(kt_len: usize, hd: usize, stride: usize, n: usize, b: usize) -> usize {
+    assert!(
+        n <= stride && kt_len >= (hd - 1) * stride + n,
+        "kt too short"
+    );
     let up = n.div_ceil(b) * b;
     if kt_len >= (hd - 1) * stride + up {
         up
     } else {
         n / b * b
     }
+}
+
+/// The positions `whole .. n` of each of `kt`'s `hd` rows (of `stride`) copied into rows of
+/// `b` (the rest default), for the last block that [`in_place`] leaves.
+fn tail_block<K: KvElem>(
+    kt: &[K],
+    hd: usize,
+    stride: usize,
+    whole: usize,
+    n: usize,
+    b: usize,
+) -> Vec<K> {
+    let mut tail = vec![K::default(); hd * b];
+    for (i, t) in tail.chunks_exact_mut(b).enumerate() {
+        t[..n - whole].copy_from_slice(&kt[i * stride + whole..i * stride + n]);
+    }
+    tail
 }
 
 /// [`scores_t_portable`]'s sums (before `kq_scale`) for the 8 positions from `p0`.
@@ -525,10 +542,6 @@ mod attn256 {
             scores.fill(0.0);
             return;
         }
-        assert!(
-            n <= stride && kt.len() >= (hd - 1) * stride + n,
-            "kt too short"
-        );
         let scale = _mm256_set1_ps(kq_scale);
         let whole = super::in_place(kt.len(), hd, stride, n, 8);
         for p0 in (0..whole.min(n)).step_by(8) {
@@ -538,10 +551,7 @@ mod attn256 {
             finish_t(acc, scale, &mut scores[p0..p0 + m]);
         }
         if whole < n {
-            let mut tail = vec![K::default(); hd * 8];
-            for (i, t) in tail.chunks_exact_mut(8).enumerate() {
-                t[..n - whole].copy_from_slice(&kt[i * stride + whole..i * stride + n]);
-            }
+            let tail = super::tail_block(kt, hd, stride, whole, n, 8);
             // SAFETY: tail holds hd rows of 8.
             finish_t(block_t(q, tail.as_ptr(), 8, 0), scale, &mut scores[whole..]);
         }
@@ -846,10 +856,6 @@ mod attn512 {
             scores.iter_mut().for_each(|s| s.fill(0.0));
             return;
         }
-        assert!(
-            n <= stride && kt.len() >= (hd - 1) * stride + n,
-            "kt too short"
-        );
         let scale = _mm512_set1_ps(kq_scale);
         let whole = super::in_place(kt.len(), hd, stride, n, 16);
         for p0 in (0..whole.min(n)).step_by(16) {
@@ -861,10 +867,7 @@ mod attn512 {
             }
         }
         if whole < n {
-            let mut tail = vec![K::default(); hd * 16];
-            for (i, t) in tail.chunks_exact_mut(16).enumerate() {
-                t[..n - whole].copy_from_slice(&kt[i * stride + whole..i * stride + n]);
-            }
+            let tail = super::tail_block(kt, hd, stride, whole, n, 16);
             // SAFETY: tail holds hd rows of 16.
             let acc = block_t(&q, tail.as_ptr(), 16, 0);
             for (a, s) in acc.iter().zip(scores.iter_mut()) {
