@@ -10,7 +10,9 @@
 //!   `theta_i = freq_scale * (theta / factor_i)` and `theta *= base^(-2/n_rot)`, all in f32;
 //!   adjacent pairs (NORM) or halves (NEOX) by the architecture;
 //! - attention per head over positions `lo..=pos` (`lo > 0` on sliding-window layers),
-//!   `softmax(q k^T * scale)` with the max subtracted first and the normalizer summed in f64;
+//!   `softmax(q k^T * scale)` with the max subtracted first, `exp` by Cephes' polynomial in
+//!   plain f32 operations (the same bits in every vector form) and the normalizer summed in
+//!   f64 in eight partial sums;
 //! - the gated FFN `down(act(gate h) * up h)`.
 //!
 //! A prefill chunk runs each matrix as one matrix-matrix product ([`matvec::matmul_with`]:
@@ -476,6 +478,57 @@ mod attn256 {
     use super::KvElem;
     use std::arch::x86_64::*;
 
+    /// [`super::exp_portable`] in 8 lanes: the same operations in the same order.
+    #[inline(always)]
+    unsafe fn exp8(x: __m256) -> __m256 {
+        use super::expc::*;
+        let xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(XMIN)), _mm256_setzero_ps());
+        let round = _mm256_set1_ps(ROUND);
+        let n = _mm256_sub_ps(
+            _mm256_add_ps(_mm256_mul_ps(xc, _mm256_set1_ps(LOG2E)), round),
+            round,
+        );
+        let r = _mm256_sub_ps(
+            _mm256_sub_ps(xc, _mm256_mul_ps(n, _mm256_set1_ps(C1))),
+            _mm256_mul_ps(n, _mm256_set1_ps(C2)),
+        );
+        let z = _mm256_mul_ps(r, r);
+        let mut y = _mm256_set1_ps(P[0]);
+        for &c in &P[1..] {
+            y = _mm256_add_ps(_mm256_mul_ps(y, r), _mm256_set1_ps(c));
+        }
+        let y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, z), r), _mm256_set1_ps(1.0));
+        let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        ));
+        let y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+        let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(XMIN));
+        let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
+        _mm256_blendv_ps(_mm256_andnot_ps(under, y), x, nan)
+    }
+
+    /// [`super::softmax`]'s exponentials of `scores - m` in place and their eight partial
+    /// sums (positions `p % 8 == j` into sum `j`, in order).
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn exp_sums(scores: &mut [f32], m: f32) -> [f64; 8] {
+        let (n8, mv) = (scores.len() / 8 * 8, _mm256_set1_ps(m));
+        let (mut lo, mut hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+        let sp = scores.as_mut_ptr();
+        for p in (0..n8).step_by(8) {
+            // SAFETY: p + 8 <= scores.len().
+            let y = exp8(_mm256_sub_ps(_mm256_loadu_ps(sp.add(p)), mv));
+            _mm256_storeu_ps(sp.add(p), y);
+            lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(y)));
+            hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(y)));
+        }
+        let mut sums = [0f64; 8];
+        _mm256_storeu_pd(sums.as_mut_ptr(), lo);
+        _mm256_storeu_pd(sums.as_mut_ptr().add(4), hi);
+        super::exp_sums_tail(scores, n8, m, &mut sums);
+        sums
+    }
+
     /// 8 cache elements from `p` as f32 (f16 by `vcvtph2ps`, exact).
     #[inline(always)]
     unsafe fn load8<K: KvElem>(p: *const K) -> __m256 {
@@ -790,6 +843,57 @@ mod attn512 {
     use super::KvElem;
     use std::arch::x86_64::*;
 
+    /// [`super::exp_portable`] in 16 lanes: the same operations in the same order.
+    #[inline(always)]
+    unsafe fn exp16(x: __m512) -> __m512 {
+        use super::expc::*;
+        let xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(XMIN)), _mm512_setzero_ps());
+        let round = _mm512_set1_ps(ROUND);
+        let n = _mm512_sub_ps(
+            _mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(LOG2E)), round),
+            round,
+        );
+        let r = _mm512_sub_ps(
+            _mm512_sub_ps(xc, _mm512_mul_ps(n, _mm512_set1_ps(C1))),
+            _mm512_mul_ps(n, _mm512_set1_ps(C2)),
+        );
+        let z = _mm512_mul_ps(r, r);
+        let mut y = _mm512_set1_ps(P[0]);
+        for &c in &P[1..] {
+            y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(c));
+        }
+        let y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, z), r), _mm512_set1_ps(1.0));
+        let e = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+            _mm512_cvtps_epi32(n),
+            _mm512_set1_epi32(127),
+        ));
+        let y = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+        let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(XMIN));
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+        _mm512_mask_mov_ps(_mm512_maskz_mov_ps(!under, y), nan, x)
+    }
+
+    /// [`super::softmax`]'s exponentials of `scores - m` in place and their eight partial
+    /// sums (lane `j` of the f64 accumulator: positions `p % 8 == j`, in order).
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn exp_sums(scores: &mut [f32], m: f32) -> [f64; 8] {
+        let (n16, mv) = (scores.len() / 16 * 16, _mm512_set1_ps(m));
+        let mut acc = _mm512_setzero_pd();
+        let sp = scores.as_mut_ptr();
+        for p in (0..n16).step_by(16) {
+            // SAFETY: p + 16 <= scores.len().
+            let y = exp16(_mm512_sub_ps(_mm512_loadu_ps(sp.add(p)), mv));
+            _mm512_storeu_ps(sp.add(p), y);
+            acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_castps512_ps256(y)));
+            let hi = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(y));
+            acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_castpd_ps(hi)));
+        }
+        let mut sums = [0f64; 8];
+        _mm512_storeu_pd(sums.as_mut_ptr(), acc);
+        super::exp_sums_tail(scores, n16, m, &mut sums);
+        sums
+    }
+
     /// 16 cache elements from `p` as f32 (f16 by `vcvtph2ps`, exact).
     #[inline(always)]
     unsafe fn load16<K: KvElem>(p: *const K) -> __m512 {
@@ -984,31 +1088,99 @@ fn attend_heads<K: KvElem>(
     match (q, &mut *out) {
         ([q0, q1], [o0, o1]) => {
             self::scores(form, [q0, q1], keys, kq_scale, [s0, s1]);
-            softmax(s0);
-            softmax(s1);
+            softmax(form, s0);
+            softmax(form, s1);
             weighted_rows(form, [s0, s1], v, [o0, o1]);
         }
         _ => {
             for (q, o) in q.iter().zip(out.iter_mut()) {
                 self::scores(form, [q], keys, kq_scale, [s0]);
-                softmax(s0);
+                softmax(form, s0);
                 weighted_rows(form, [s0], v, [o]);
             }
         }
     }
 }
 
-/// `scores = exp(scores - max) / sum`, the sum of the exponentials in f64 in position order.
-fn softmax(scores: &mut [f32]) {
+/// `scores = exp(scores - max) / sum` ([`exp_portable`]'s exp in every form), the sum of the
+/// exponentials in f64 in eight partial sums (position `p` into sum `p % 8`, each in position
+/// order, added `((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7))`). `form` picks the
+/// instructions, never the bits.
+fn softmax(form: AttnForm, scores: &mut [f32]) {
     let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    for s in scores.iter_mut() {
-        *s = (*s - m).exp();
-    }
-    // A loop of its own: with the call to `exp` in it, the sum went through memory each time.
-    let sum = scores.iter().fold(0f64, |a, &s| a + s as f64);
+    let s = match form {
+        // SAFETY: the form's instructions are present (AttnForm::here, checked where the form
+        // was chosen).
+        #[cfg(target_arch = "x86_64")]
+        AttnForm::Avx512 => unsafe { attn512::exp_sums(scores, m) },
+        #[cfg(target_arch = "x86_64")]
+        AttnForm::Avx2 => unsafe { attn256::exp_sums(scores, m) },
+        _ => {
+            let mut s = [0f64; 8];
+            exp_sums_tail(scores, 0, m, &mut s);
+            s
+        }
+    };
+    let sum = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
     let inv = (1.0 / sum) as f32;
     for s in scores.iter_mut() {
         *s *= inv;
+    }
+}
+
+/// [`softmax`]'s exponentials from position `p0` on, one at a time, into their partial sums.
+fn exp_sums_tail(scores: &mut [f32], p0: usize, m: f32, sums: &mut [f64; 8]) {
+    for (p, s) in scores.iter_mut().enumerate().skip(p0) {
+        *s = exp_portable(*s - m);
+        sums[p % 8] += *s as f64;
+    }
+}
+
+/// The constants of [`exp_portable`]: Cephes' `expf` (S. Moshier, Cephes Math Library,
+/// `expf.c`), whose polynomial the ggml and Eigen vector exps descend from.
+mod expc {
+    /// Below `ln(2^-126)` the scale `2^n` leaves the normal range: the result is 0.
+    pub const XMIN: f32 = -87.336_55;
+    pub const LOG2E: f32 = std::f32::consts::LOG2_E;
+    /// `1.5 * 2^23`: added and subtracted, it rounds to the nearest integer (ties to even).
+    pub const ROUND: f32 = 12_582_912.0;
+    /// `ln 2` in two parts: `C1` has 9 significant bits, so `n * C1` is exact.
+    pub const C1: f32 = 0.693_359_4;
+    pub const C2: f32 = -2.121_944_4e-4;
+    pub const P: [f32; 6] = [
+        1.987_569_1e-4,
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        0.166_666_65,
+        0.5,
+    ];
+}
+
+/// `exp(x)` for `x <= 0` (softmax's `s - max`; larger `x` give 1), within 1 ulp of the exact
+/// value (the test's): `x = n ln 2 + r` with `n` the nearest integer to `x / ln 2`, `exp(r)` by Cephes'
+/// polynomial, times `2^n` built in the exponent bits; 0 below [`expc::XMIN`] (and for
+/// `-inf`), NaN kept. Plain multiplies and adds in a fixed order, no fused multiply-add, so
+/// the vector forms (`attn256::exp8`, `attn512::exp16`) give these bits in every lane.
+#[inline(always)]
+fn exp_portable(x: f32) -> f32 {
+    use expc::*;
+    let xc = x.clamp(XMIN, 0.0);
+    let n = (xc * LOG2E + ROUND) - ROUND;
+    let r = (xc - n * C1) - n * C2;
+    let z = r * r;
+    let mut y = P[0];
+    for c in &P[1..] {
+        y = y * r + c;
+    }
+    let y = (y * z + r) + 1.0;
+    let y = y * f32::from_bits(((n as i32 + 127) as u32) << 23);
+    if x.is_nan() {
+        x
+    } else if x < XMIN {
+        0.0
+    } else {
+        y
     }
 }
 
@@ -2061,6 +2233,102 @@ mod tests {
         }
     }
 
+    /// The softmax's exp is within 2 ulp of the exact value over the f32s from its underflow
+    /// bound to 0 (1 in 97 of them; all of them, run once with a stride of 1: 0.982 ulp the
+    /// worst), 0 below that bound and at `-inf`, and keeps NaN.
+    #[test]
+    fn the_softmax_exp_is_within_2_ulp() {
+        let mut worst = 0f64;
+        let (lo, hi) = (expc::XMIN.to_bits(), 0x8000_0000u32);
+        // Negative floats: larger bit patterns are smaller values; XMIN .. -0 is hi ..= lo.
+        for b in (hi..=lo)
+            .step_by(97)
+            .chain([lo, hi, 0xbf80_0000, 0xbf31_7218])
+        {
+            let x = f32::from_bits(b);
+            let (got, want) = (exp_portable(x) as f64, (x as f64).exp());
+            // Results below 2^-126 are subnormal: their ulp is 2^-149.
+            let ulp = if want < f32::MIN_POSITIVE as f64 {
+                2f64.powi(-149)
+            } else {
+                2f64.powi(want.log2().floor() as i32 - 23)
+            };
+            let e = (got - want).abs() / ulp;
+            assert!(e <= 2.0, "exp({x:e}) = {got:e}, want {want:e}: {e} ulp");
+            worst = worst.max(e);
+        }
+        eprintln!("worst {worst:.3} ulp");
+        assert_eq!(exp_portable(0.0), 1.0);
+        assert_eq!(exp_portable(-0.0), 1.0);
+        for x in [
+            f32::NEG_INFINITY,
+            -1e30,
+            -100.0,
+            f32::from_bits(expc::XMIN.to_bits() + 1),
+        ] {
+            assert_eq!(exp_portable(x).to_bits(), 0, "exp({x:e})");
+        }
+        assert!(exp_portable(f32::NAN).is_nan());
+    }
+
+    /// Every softmax form gives the portable form's bits (outputs and the normalizer's
+    /// partial sums) at lengths that leave partial vectors, over scores with NaN, infinities,
+    /// values at and past the underflow bound and signed zeros among ordinary ones.
+    #[test]
+    fn softmax_forms_have_the_portable_bits() {
+        let special = [
+            f32::NEG_INFINITY,
+            expc::XMIN,
+            f32::from_bits(expc::XMIN.to_bits() + 1),
+            -87.0,
+            -0.0,
+            0.0,
+            -1e-30,
+            -20.5,
+        ];
+        let mut seed = 7u32;
+        let mut rnd = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1 << 24) as f32
+        };
+        // A NaN score makes every output NaN (its payload is the compiler's choice).
+        let canon = |v: &[f32]| -> Vec<u32> {
+            v.iter()
+                .map(|x| {
+                    if x.is_nan() {
+                        f32::NAN.to_bits()
+                    } else {
+                        x.to_bits()
+                    }
+                })
+                .collect()
+        };
+        for n in (0..50).chain([255, 4000]) {
+            for case in 0..3 {
+                let mut s: Vec<f32> = (0..n)
+                    .map(|i| {
+                        if case > 0 && i % 3 == 1 {
+                            special[i % special.len()]
+                        } else {
+                            (rnd() - 0.9) * 60.0
+                        }
+                    })
+                    .collect();
+                if case == 2 && n > 0 {
+                    s[n / 2] = f32::NAN;
+                }
+                let mut want = s.clone();
+                softmax(AttnForm::Portable, &mut want);
+                assert_eq!(case == 2 && n > 0, want.iter().any(|x| x.is_nan()));
+                for form in attn_forms() {
+                    let mut got = s.clone();
+                    softmax(form, &mut got);
+                    assert_eq!(canon(&got), canon(&want), "{form:?} n {n} case {case}");
+                }
+            }
+        }
+    }
+
     /// The attention forms this CPU runs (whatever `LOWBIT_ISA` says).
     fn attn_forms() -> Vec<AttnForm> {
         [AttnForm::Portable, AttnForm::Avx2, AttnForm::Avx512]
@@ -2535,7 +2803,7 @@ mod tests {
                             let qh = &q[pos * nq + h * hd..pos * nq + (h + 1) * hd];
                             let mut sc = vec![0f32; len];
                             scores_t_portable(qh, &kt, stride, 0.35, &mut sc);
-                            softmax(&mut sc);
+                            softmax(AttnForm::Portable, &mut sc);
                             weighted_rows_portable(
                                 &sc,
                                 &vr,
