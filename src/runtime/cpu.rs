@@ -46,7 +46,10 @@ pub enum KvType {
 /// One KV cache element type.
 trait KvElem: Copy + Default + Send + Sync {
     /// Stored as IEEE binary16 bits (`u16`), else as f32 (the vector forms' loads).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
     const F16: bool;
     fn store(v: f32) -> Self;
     /// The element as f32 (exact).
@@ -295,6 +298,10 @@ enum AttnForm {
     /// 512-bit forms ([`attn512`]): the keys transposed, 16 positions a vector, each key and
     /// value load shared by two query heads.
     Avx512,
+    /// 128-bit NEON forms ([`attn128`], aarch64): the keys transposed, 8 positions a pair of
+    /// vectors for one query head and 4 for two, each key and value load shared by two query
+    /// heads.
+    Neon,
 }
 
 /// Queries a KV head must serve for [`AttnForm::Avx2`]'s key rows: widening the keys as
@@ -304,7 +311,8 @@ const ROWS_MIN_QUERIES: usize = 8;
 
 impl AttnForm {
     /// The form the runtime's level runs ([`crate::isa::detect`], which `LOWBIT_ISA` caps):
-    /// AVX-512 where the level is AVX-512 VNNI, AVX2 where it is AVX2, else portable.
+    /// AVX-512 where the level is AVX-512 VNNI, AVX2 where it is AVX2, NEON where it is one of
+    /// aarch64's (NEON, NEON with `dotprod`), else portable.
     fn detect() -> AttnForm {
         static FORM: std::sync::OnceLock<AttnForm> = std::sync::OnceLock::new();
         *FORM.get_or_init(|| {
@@ -318,6 +326,7 @@ impl AttnForm {
         match isa {
             Isa::Avx512Vnni if avx512f => Self::Avx512,
             Isa::Avx512Vnni | Isa::Avx2 if avx2 => Self::Avx2,
+            Isa::Neon | Isa::NeonDot => Self::Neon,
             _ => Self::Portable,
         }
     }
@@ -332,7 +341,9 @@ impl AttnForm {
             }
             #[cfg(target_arch = "x86_64")]
             Self::Avx512 => std::is_x86_feature_detected!("avx512f"),
-            #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(target_arch = "aarch64")]
+            Self::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[allow(unreachable_patterns)]
             _ => false,
         }
     }
@@ -375,7 +386,10 @@ impl<'a, K> Keys<'a, K> {
 /// [`scores_t_portable`] for `H` queries over the same keys, each with its bits, in `form`
 /// (transposed keys, f16 or f32: `kt` holds the scores' length in each row; rows: `H`
 /// queries of a length that is a multiple of 8).
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(unused_variables)
+)]
 fn scores<const H: usize, K: KvElem>(
     form: AttnForm,
     q: [&[f32]; H],
@@ -403,6 +417,12 @@ fn scores<const H: usize, K: KvElem>(
                 // SAFETY: AVX2 and F16C are present (asserted); the lengths are checked inside.
                 unsafe { attn256::scores_t(q, kt, stride, kq_scale, s) }
             }
+        }
+        #[cfg(target_arch = "aarch64")]
+        Keys::T { kt, stride } if form == AttnForm::Neon => {
+            assert!(form.here(), "NEON");
+            // SAFETY: NEON is present (asserted); the lengths are checked inside.
+            unsafe { attn128::scores_t(q, kt, stride, kq_scale, scores) }
         }
         Keys::T { kt, stride } => {
             for (q, s) in q.into_iter().zip(scores) {
@@ -435,6 +455,12 @@ fn weighted_rows<const H: usize, V: KvElem>(
             // SAFETY: AVX2 and F16C are present (asserted); the lengths are checked inside.
             unsafe { attn256::weighted_rows(w, v, out) }
         }
+        #[cfg(target_arch = "aarch64")]
+        AttnForm::Neon => {
+            assert!(form.here(), "NEON");
+            // SAFETY: NEON is present (asserted); the lengths are checked inside.
+            unsafe { attn128::weighted_rows(w, v, out) }
+        }
         _ => {
             for (w, o) in w.into_iter().zip(out) {
                 weighted_rows_portable(w, v, o);
@@ -445,7 +471,7 @@ fn weighted_rows<const H: usize, V: KvElem>(
 
 /// `(a[0].len(), b[0].len())` of the vector forms' heads (queries and scores, weightings and
 /// outputs); panics unless every `a` has the first's length and every `b` its first's.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn heads_shape(a: &[&[f32]], b: &[&mut [f32]]) -> (usize, usize) {
     let (x, y) = (a[0].len(), b[0].len());
     assert!(
@@ -457,7 +483,7 @@ fn heads_shape(a: &[&[f32]], b: &[&mut [f32]]) -> (usize, usize) {
 
 /// The values `d..` of [`weighted_rows_portable`] for each weighting, one by one (what the
 /// vector forms' passes leave), in its order.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn weighted_tail<V: KvElem>(w: &[&[f32]], v: &[V], out: &mut [&mut [f32]], d: usize) {
     for (wh, o) in w.iter().zip(out.iter_mut()) {
         let hd = o.len();
@@ -1062,6 +1088,308 @@ mod attn512 {
     }
 }
 
+/// The attention's two products and the softmax's exp on 128-bit NEON vectors (every aarch64
+/// CPU), each value's terms and their order the portable forms' (a multiply, then an add;
+/// never fused: `vmulq_f32` and `vaddq_f32` stay two instructions, LLVM contracts nothing
+/// here), so the bits are theirs. f16 keys and values are widened by `fcvtl` (base AdvSIMD,
+/// exact) as they are loaded, so a decode step reads the cache in place.
+#[cfg(target_arch = "aarch64")]
+mod attn128 {
+    use super::KvElem;
+    use std::arch::aarch64::*;
+
+    /// Four binary16 values (bits) as f32 by `fcvtl` (exact). Through `asm!`: the intrinsic
+    /// (`vcvt_f32_f16`) takes a `float16x4_t`, which needs Rust's unstable `f16` type.
+    #[inline(always)]
+    unsafe fn widen4(h: uint16x4_t) -> float32x4_t {
+        let out: float32x4_t;
+        std::arch::asm!(
+            "fcvtl {0:v}.4s, {1:v}.4h",
+            out(vreg) out,
+            in(vreg) h,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+        out
+    }
+
+    /// The upper four of eight binary16 values as f32 by `fcvtl2` (exact).
+    #[inline(always)]
+    unsafe fn widen4_high(h: uint16x8_t) -> float32x4_t {
+        let out: float32x4_t;
+        std::arch::asm!(
+            "fcvtl2 {0:v}.4s, {1:v}.8h",
+            out(vreg) out,
+            in(vreg) h,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+        out
+    }
+
+    /// `4 * V` cache elements from `p` as `V` vectors of f32 (`V` is 1 or 2).
+    #[inline(always)]
+    unsafe fn load<const V: usize, K: KvElem>(p: *const K) -> [float32x4_t; V] {
+        if K::F16 {
+            if V == 2 {
+                let h = vld1q_u16(p.cast());
+                let w = [widen4(vget_low_u16(h)), widen4_high(h)];
+                std::array::from_fn(|j| w[j])
+            } else {
+                std::array::from_fn(|j| widen4(vld1_u16(p.cast::<u16>().add(4 * j))))
+            }
+        } else {
+            std::array::from_fn(|j| vld1q_f32(p.cast::<f32>().add(4 * j)))
+        }
+    }
+
+    /// [`super::exp_portable`] in 4 lanes: the same operations in the same order.
+    #[inline(always)]
+    unsafe fn exp4(x: float32x4_t) -> float32x4_t {
+        use super::expc::*;
+        let xc = vminq_f32(vmaxq_f32(x, vdupq_n_f32(XMIN)), vdupq_n_f32(0.0));
+        let round = vdupq_n_f32(ROUND);
+        let n = vsubq_f32(vaddq_f32(vmulq_f32(xc, vdupq_n_f32(LOG2E)), round), round);
+        let r = vsubq_f32(
+            vsubq_f32(xc, vmulq_f32(n, vdupq_n_f32(C1))),
+            vmulq_f32(n, vdupq_n_f32(C2)),
+        );
+        let z = vmulq_f32(r, r);
+        let mut y = vdupq_n_f32(P[0]);
+        for &c in &P[1..] {
+            y = vaddq_f32(vmulq_f32(y, r), vdupq_n_f32(c));
+        }
+        let y = vaddq_f32(vaddq_f32(vmulq_f32(y, z), r), vdupq_n_f32(1.0));
+        // n is an integer (-126 ..= 0 where the lane is used): truncation is exact.
+        let e = vshlq_n_s32::<23>(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)));
+        let y = vmulq_f32(y, vreinterpretq_f32_s32(e));
+        let under = vcltq_f32(x, vdupq_n_f32(XMIN));
+        let number = vceqq_f32(x, x);
+        vbslq_f32(number, vbslq_f32(under, vdupq_n_f32(0.0), y), x)
+    }
+
+    /// [`super::softmax`]'s exponentials of `scores - m` in place and their eight partial
+    /// sums (positions `p % 8 == j` into sum `j`, in order).
+    ///
+    /// # Safety
+    /// NEON is present (every aarch64 CPU).
+    pub unsafe fn exp_sums(scores: &mut [f32], m: f32) -> [f64; 8] {
+        let (n8, mv) = (scores.len() / 8 * 8, vdupq_n_f32(m));
+        let mut acc = [vdupq_n_f64(0.0); 4];
+        let sp = scores.as_mut_ptr();
+        for p in (0..n8).step_by(8) {
+            for h in 0..2 {
+                // SAFETY: p + 8 <= scores.len().
+                let at = sp.add(p + 4 * h);
+                let y = exp4(vsubq_f32(vld1q_f32(at), mv));
+                vst1q_f32(at, y);
+                acc[2 * h] = vaddq_f64(acc[2 * h], vcvt_f64_f32(vget_low_f32(y)));
+                acc[2 * h + 1] = vaddq_f64(acc[2 * h + 1], vcvt_high_f64_f32(y));
+            }
+        }
+        let mut sums = [0f64; 8];
+        for (j, a) in acc.iter().enumerate() {
+            vst1q_f64(sums.as_mut_ptr().add(2 * j), *a);
+        }
+        super::exp_sums_tail(scores, n8, m, &mut sums);
+        sums
+    }
+
+    /// The `4 * V` positions' accumulators from `p0` of [`scores_t`] for `H` queries: lane
+    /// `j` of `acc[h][v][l]` is position `p0 + 4v + j`'s lane `l` (elements `i` with `i % 8
+    /// == l`) of query `h`.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn block_t<const H: usize, const V: usize, K: KvElem>(
+        q: &[&[f32]; H],
+        kp: *const K,
+        stride: usize,
+        p0: usize,
+    ) -> [[[float32x4_t; 8]; V]; H] {
+        let hd = q[0].len();
+        let n8 = hd / 8 * 8;
+        let mut acc = [[[vdupq_n_f32(0.0); 8]; V]; H];
+        let mut step = |i: usize, l: usize| {
+            let k = load::<V, K>(kp.add(i * stride + p0));
+            for h in 0..H {
+                let qi = *q[h].get_unchecked(i);
+                for v in 0..V {
+                    acc[h][v][l] = vaddq_f32(acc[h][v][l], vmulq_n_f32(k[v], qi));
+                }
+            }
+        };
+        for c in (0..n8).step_by(8) {
+            for l in 0..8 {
+                step(c + l, l);
+            }
+        }
+        for l in 0..hd - n8 {
+            step(n8 + l, l);
+        }
+        acc
+    }
+
+    /// [`block_t`]'s sums of one query's `4 * V` positions reduced as
+    /// [`super::scores_t_portable`] reduces them, times `scale`, into `out` (up to `4 * V`
+    /// positions).
+    #[inline(always)]
+    unsafe fn finish_t<const V: usize>(a: &[[float32x4_t; 8]; V], scale: f32, out: &mut [f32]) {
+        let mut y = [0f32; 8];
+        for (v, a) in a.iter().enumerate() {
+            let s = vaddq_f32(
+                vaddq_f32(vaddq_f32(a[0], a[4]), vaddq_f32(a[2], a[6])),
+                vaddq_f32(vaddq_f32(a[1], a[5]), vaddq_f32(a[3], a[7])),
+            );
+            vst1q_f32(y.as_mut_ptr().add(4 * v), vmulq_n_f32(s, scale));
+        }
+        let m = out.len();
+        out.copy_from_slice(&y[..m]);
+    }
+
+    /// [`scores_t`] with blocks of `4 * V` positions (16 accumulators: `H * V == 2`).
+    #[inline(always)]
+    unsafe fn scores_t_blocks<const H: usize, const V: usize, K: KvElem>(
+        q: [&[f32]; H],
+        kt: &[K],
+        stride: usize,
+        kq_scale: f32,
+        scores: &mut [&mut [f32]; H],
+    ) {
+        let (hd, n, b) = (q[0].len(), scores[0].len(), 4 * V);
+        let whole = super::in_place(kt.len(), hd, stride, n, b);
+        for p0 in (0..whole.min(n)).step_by(b) {
+            let m = (n - p0).min(b);
+            // SAFETY: kt holds rows i < hd's positions to p0 + b <= whole (in_place).
+            let acc = block_t::<H, V, K>(&q, kt.as_ptr(), stride, p0);
+            for (a, s) in acc.iter().zip(scores.iter_mut()) {
+                finish_t(a, kq_scale, &mut s[p0..p0 + m]);
+            }
+        }
+        if whole < n {
+            let tail = super::tail_block(kt, hd, stride, whole, n, b);
+            // SAFETY: tail holds hd rows of b.
+            let acc = block_t::<H, V, K>(&q, tail.as_ptr(), b, 0);
+            for (a, s) in acc.iter().zip(scores.iter_mut()) {
+                finish_t(a, kq_scale, &mut s[whole..]);
+            }
+        }
+    }
+
+    /// [`super::scores_t_portable`] for one or two queries of the same length over the same
+    /// transposed keys (the cache itself: f16 widened by `fcvtl` as they are loaded, or
+    /// f32): 8 positions a block for one query, 4 for two, each key load shared by both,
+    /// each query's terms and order as there. The last partial block is copied first, so
+    /// `kt` needs only the scores' positions in each row.
+    ///
+    /// # Safety
+    /// NEON is present (every aarch64 CPU). Panics unless `H` is 1 or 2, the queries share a
+    /// length, the score slices a length `n`, and `kt` holds `q.len()` rows of `stride`
+    /// values with `n <= stride` positions in each.
+    pub unsafe fn scores_t<const H: usize, K: KvElem>(
+        q: [&[f32]; H],
+        kt: &[K],
+        stride: usize,
+        kq_scale: f32,
+        scores: [&mut [f32]; H],
+    ) {
+        assert!(H == 1 || H == 2, "one or two queries");
+        let (hd, n) = super::heads_shape(&q, &scores);
+        let mut scores = scores;
+        if hd == 0 || n == 0 {
+            scores.iter_mut().for_each(|s| s.fill(0.0));
+            return;
+        }
+        if H == 1 {
+            scores_t_blocks::<H, 2, K>(q, kt, stride, kq_scale, &mut scores)
+        } else {
+            scores_t_blocks::<H, 1, K>(q, kt, stride, kq_scale, &mut scores)
+        }
+    }
+
+    /// `C` 4-value columns from `d` of [`weighted_rows`] for `H` weightings, each row load
+    /// shared by all.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn weighted_pass<const H: usize, const C: usize, V: KvElem>(
+        w: [&[f32]; H],
+        vp: *const V,
+        hd: usize,
+        d: usize,
+        out: &mut [&mut [f32]; H],
+    ) {
+        let mut acc = [[vdupq_n_f32(0.0); C]; H];
+        for p in 0..w[0].len() {
+            let b = w.map(|wh| *wh.get_unchecked(p));
+            let row = vp.add(p * hd + d);
+            let mut j = 0;
+            while j < C {
+                // Two columns a load where two are left (one `ldr q` and `fcvtl`/`fcvtl2`
+                // for f16), else one.
+                if j + 2 <= C {
+                    let x = load::<2, V>(row.add(4 * j));
+                    for h in 0..H {
+                        acc[h][j] = vaddq_f32(acc[h][j], vmulq_n_f32(x[0], b[h]));
+                        acc[h][j + 1] = vaddq_f32(acc[h][j + 1], vmulq_n_f32(x[1], b[h]));
+                    }
+                    j += 2;
+                } else {
+                    let [x] = load::<1, V>(row.add(4 * j));
+                    for h in 0..H {
+                        acc[h][j] = vaddq_f32(acc[h][j], vmulq_n_f32(x, b[h]));
+                    }
+                    j += 1;
+                }
+            }
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for (j, a) in a.iter().enumerate() {
+                vst1q_f32(o[d + 4 * j..d + 4 * j + 4].as_mut_ptr(), *a);
+            }
+        }
+    }
+
+    /// [`super::weighted_rows_portable`] for `H` weightings of the same rows: 64 values (16
+    /// accumulators) a pass for one weighting, 32 for two, then 16, then 4, then one by one,
+    /// each row load shared by all: each value's terms in position order from 0, as there.
+    ///
+    /// # Safety
+    /// NEON is present (every aarch64 CPU). Panics unless the weightings share a length, the
+    /// outputs a length `hd`, and `v` holds `w.len()` rows of `hd` values (f16 or f32).
+    pub unsafe fn weighted_rows<const H: usize, V: KvElem>(
+        w: [&[f32]; H],
+        v: &[V],
+        out: [&mut [f32]; H],
+    ) {
+        let mut out = out;
+        let (np, hd) = super::heads_shape(&w, &out);
+        assert!(v.len() >= np * hd, "v too short");
+        let vp = v.as_ptr();
+        let mut d = 0;
+        if H == 1 {
+            while d + 64 <= hd {
+                // SAFETY: rows p < np hold hd values, d + 64 <= hd (asserted).
+                weighted_pass::<H, 16, V>(w, vp, hd, d, &mut out);
+                d += 64;
+            }
+        } else {
+            while d + 32 <= hd {
+                // SAFETY: as above, d + 32 <= hd.
+                weighted_pass::<H, 8, V>(w, vp, hd, d, &mut out);
+                d += 32;
+            }
+        }
+        while d + 16 <= hd {
+            // SAFETY: as above, d + 16 <= hd.
+            weighted_pass::<H, 4, V>(w, vp, hd, d, &mut out);
+            d += 16;
+        }
+        while d + 4 <= hd {
+            // SAFETY: as above, d + 4 <= hd.
+            weighted_pass::<H, 1, V>(w, vp, hd, d, &mut out);
+            d += 4;
+        }
+        super::weighted_tail(&w, v, &mut out, d);
+    }
+}
+
 /// One or two query heads of one KV head at one position: for each, `softmax(q k^T *
 /// kq_scale) v` over the attended positions (`n` of them in `keys` and in `v`'s rows), the
 /// max subtracted first, the normalizer summed in f64. The one definition for decode and
@@ -1115,6 +1443,8 @@ fn softmax(form: AttnForm, scores: &mut [f32]) {
         AttnForm::Avx512 => unsafe { attn512::exp_sums(scores, m) },
         #[cfg(target_arch = "x86_64")]
         AttnForm::Avx2 => unsafe { attn256::exp_sums(scores, m) },
+        #[cfg(target_arch = "aarch64")]
+        AttnForm::Neon => unsafe { attn128::exp_sums(scores, m) },
         _ => {
             let mut s = [0f64; 8];
             exp_sums_tail(scores, 0, m, &mut s);
@@ -2345,14 +2675,17 @@ mod tests {
             let mut want = src.to_vec();
             let mut ws = [0f64; 8];
             exp_sums_tail(&mut want, 0, 0.0, &mut ws);
-            #[cfg(target_arch = "x86_64")]
             for form in attn_forms() {
                 let mut got = src.to_vec();
                 // SAFETY: the form is present (attn_forms).
                 let gs = match form {
+                    #[cfg(target_arch = "x86_64")]
                     AttnForm::Avx512 => unsafe { attn512::exp_sums(&mut got, 0.0) },
+                    #[cfg(target_arch = "x86_64")]
                     AttnForm::Avx2 => unsafe { attn256::exp_sums(&mut got, 0.0) },
-                    AttnForm::Portable => continue,
+                    #[cfg(target_arch = "aarch64")]
+                    AttnForm::Neon => unsafe { attn128::exp_sums(&mut got, 0.0) },
+                    _ => continue,
                 };
                 assert_eq!(
                     bits(&got),
@@ -2366,10 +2699,15 @@ mod tests {
 
     /// The attention forms this CPU runs (whatever `LOWBIT_ISA` says).
     fn attn_forms() -> Vec<AttnForm> {
-        [AttnForm::Portable, AttnForm::Avx2, AttnForm::Avx512]
-            .into_iter()
-            .filter(|f| f.here())
-            .collect()
+        [
+            AttnForm::Portable,
+            AttnForm::Avx2,
+            AttnForm::Avx512,
+            AttnForm::Neon,
+        ]
+        .into_iter()
+        .filter(|f| f.here())
+        .collect()
     }
 
     /// The attention's AVX2 products (one head, and two at once; the keys as rows, or
@@ -2472,7 +2810,9 @@ mod tests {
         assert_eq!(AttnForm::of_level(Isa::Avx2, true, true), Avx2);
         assert_eq!(AttnForm::of_level(Isa::Avx2, false, false), Portable);
         assert_eq!(AttnForm::of_level(Isa::Portable, true, true), Portable);
-        assert_eq!(AttnForm::of_level(Isa::NeonDot, false, false), Portable);
+        assert_eq!(AttnForm::of_level(Isa::NeonDot, false, false), Neon);
+        assert_eq!(AttnForm::of_level(Isa::Neon, false, false), Neon);
+        assert_eq!(Neon.for_span(1, 1, 5), Neon);
         // Queries a KV head serves: positions times query heads a KV head.
         assert_eq!(Avx2.for_span(1, 8, 64), Avx2);
         assert_eq!(Avx2.for_span(4, 2, 128), Avx2);
@@ -2481,6 +2821,109 @@ mod tests {
         assert_eq!(Avx2.for_span(16, 4, 12), Portable);
         assert_eq!(Avx512.for_span(1, 1, 5), Avx512);
         assert_eq!(Portable.for_span(64, 8, 64), Portable);
+    }
+
+    /// The attention's NEON products (one head, and two at once; the keys transposed, read
+    /// in place from an f32 or f16 cache; values f32 or f16) give the portable forms' bits,
+    /// at head sizes that leave partial 64-, 32-, 16- and 4-value passes and scalar tails,
+    /// and position counts that leave partial blocks of 8 and 4 positions.
+    #[test]
+    fn attention_products_have_the_portable_bits_on_neon() {
+        #[cfg(target_arch = "aarch64")]
+        {
+            let mut seed = 19u32;
+            let mut rnd = |n: usize| lcg_values(&mut seed, n);
+            for hd in [3, 5, 8, 13, 16, 20, 40, 64, 72, 80, 100, 128, 144, 256] {
+                for n in [1usize, 2, 3, 4, 5, 7, 8, 9, 12, 17, 40, 129] {
+                    let (q, q1) = (rnd(hd), rnd(hd));
+                    let (w, w1, v) = (rnd(n), rnd(n), rnd(n * hd));
+                    // Rows of a stride longer than the positions, no padding after the last
+                    // row's positions (a decode step's cache), and a widened span's padded
+                    // rows; f32 and f16 (widened as loaded).
+                    for stride in [n + 3, n.div_ceil(16) * 16 + 16] {
+                        let kt = rnd((hd - 1) * stride + n);
+                        let (kt16, kt16w) = f16_pair(&kt);
+                        for (src, wide) in [(None, &kt), (Some(&kt16), &kt16w)] {
+                            let (mut want0, mut want1) = (vec![0f32; n], vec![0f32; n]);
+                            scores_t_portable(&q, &wide[..], stride, 0.3, &mut want0);
+                            scores_t_portable(&q1, &wide[..], stride, 0.3, &mut want1);
+                            let (mut a, mut b, mut c) =
+                                (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
+                            // SAFETY: NEON is on every aarch64 CPU; kt holds hd rows of n.
+                            unsafe {
+                                match src {
+                                    None => {
+                                        attn128::scores_t([&q], &kt, stride, 0.3, [&mut a]);
+                                        attn128::scores_t(
+                                            [&q, &q1],
+                                            &kt,
+                                            stride,
+                                            0.3,
+                                            [&mut b, &mut c],
+                                        );
+                                    }
+                                    Some(h) => {
+                                        attn128::scores_t([&q], &h[..], stride, 0.3, [&mut a]);
+                                        attn128::scores_t(
+                                            [&q, &q1],
+                                            &h[..],
+                                            stride,
+                                            0.3,
+                                            [&mut b, &mut c],
+                                        );
+                                    }
+                                }
+                            };
+                            let f16 = src.is_some();
+                            assert_eq!(bits(&a), bits(&want0), "scores hd {hd} n {n} f16 {f16}");
+                            assert_eq!(
+                                bits(&b),
+                                bits(&want0),
+                                "scores pair hd {hd} n {n} f16 {f16}"
+                            );
+                            assert_eq!(
+                                bits(&c),
+                                bits(&want1),
+                                "scores pair hd {hd} n {n} f16 {f16}"
+                            );
+                        }
+                    }
+                    let (v16, v16w) = f16_pair(&v);
+                    for (src, wide) in [(None, &v), (Some(&v16), &v16w)] {
+                        let (mut want0, mut want1) = (vec![0f32; hd], vec![0f32; hd]);
+                        weighted_rows_portable(&w, &wide[..], &mut want0);
+                        weighted_rows_portable(&w1, &wide[..], &mut want1);
+                        let (mut a, mut b, mut c) =
+                            (vec![0f32; hd], vec![0f32; hd], vec![0f32; hd]);
+                        // SAFETY: NEON is on every aarch64 CPU; v holds n rows of hd values.
+                        unsafe {
+                            match src {
+                                None => {
+                                    attn128::weighted_rows([&w], &v, [&mut a]);
+                                    attn128::weighted_rows([&w, &w1], &v, [&mut b, &mut c]);
+                                }
+                                Some(h) => {
+                                    attn128::weighted_rows([&w], &h[..], [&mut a]);
+                                    attn128::weighted_rows([&w, &w1], &h[..], [&mut b, &mut c]);
+                                }
+                            }
+                        };
+                        let f16 = src.is_some();
+                        assert_eq!(bits(&a), bits(&want0), "weighted hd {hd} n {n} f16 {f16}");
+                        assert_eq!(
+                            bits(&b),
+                            bits(&want0),
+                            "weighted pair hd {hd} n {n} f16 {f16}"
+                        );
+                        assert_eq!(
+                            bits(&c),
+                            bits(&want1),
+                            "weighted pair hd {hd} n {n} f16 {f16}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     /// The key rows ([`widen_rows`]) hold the transposed cache's keys, from f16 and f32
