@@ -555,6 +555,32 @@ mod attn256 {
         sums
     }
 
+    /// [`super::swiglu_slice`] on 8 lanes ([`super::silu`]'s operations); returns the
+    /// values done (whole vectors), the caller does the rest.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn swiglu(g: &mut [f32], u: &[f32]) -> usize {
+        let n8 = g.len().min(u.len()) / 8 * 8;
+        let (one, sign, zero) = (
+            _mm256_set1_ps(1.0),
+            _mm256_set1_ps(-0.0),
+            _mm256_setzero_ps(),
+        );
+        let gp = g.as_mut_ptr();
+        for i in (0..n8).step_by(8) {
+            // SAFETY: i + 8 <= both lengths.
+            let x = _mm256_loadu_ps(gp.add(i));
+            let t = exp8(_mm256_or_ps(x, sign));
+            let num =
+                _mm256_blendv_ps(_mm256_mul_ps(x, t), x, _mm256_cmp_ps::<_CMP_GE_OQ>(x, zero));
+            let s = _mm256_div_ps(num, _mm256_add_ps(one, t));
+            _mm256_storeu_ps(
+                gp.add(i),
+                _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr().add(i))),
+            );
+        }
+        n8
+    }
+
     /// 8 cache elements from `p` as f32 (f16 by `vcvtph2ps`, exact).
     #[inline(always)]
     unsafe fn load8<K: KvElem>(p: *const K) -> __m256 {
@@ -920,6 +946,35 @@ mod attn512 {
         sums
     }
 
+    /// [`super::swiglu_slice`] on 16 lanes ([`super::silu`]'s operations); returns the
+    /// values done (whole vectors), the caller does the rest.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn swiglu(g: &mut [f32], u: &[f32]) -> usize {
+        let n16 = g.len().min(u.len()) / 16 * 16;
+        let (one, sign, zero) = (
+            _mm512_set1_ps(1.0),
+            _mm512_set1_epi32(i32::MIN),
+            _mm512_setzero_ps(),
+        );
+        let gp = g.as_mut_ptr();
+        for i in (0..n16).step_by(16) {
+            // SAFETY: i + 16 <= both lengths.
+            let x = _mm512_loadu_ps(gp.add(i));
+            let t = exp16(_mm512_castsi512_ps(_mm512_or_si512(
+                _mm512_castps_si512(x),
+                sign,
+            )));
+            let ge = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, zero);
+            let num = _mm512_mask_mov_ps(_mm512_mul_ps(x, t), ge, x);
+            let s = _mm512_div_ps(num, _mm512_add_ps(one, t));
+            _mm512_storeu_ps(
+                gp.add(i),
+                _mm512_mul_ps(s, _mm512_loadu_ps(u.as_ptr().add(i))),
+            );
+        }
+        n16
+    }
+
     /// 16 cache elements from `p` as f32 (f16 by `vcvtph2ps`, exact).
     #[inline(always)]
     unsafe fn load16<K: KvElem>(p: *const K) -> __m512 {
@@ -970,7 +1025,7 @@ mod attn512 {
     ///
     /// # Safety
     /// AVX-512F is present. Panics unless the queries share a length, the score slices a
-    /// length `n`, and `kt` holds `q.len()` rows of `stride` values with `n <= stride`
+    /// length `n`, and `kt` holds `q[0].len()` rows of `stride` values with `n <= stride`
     /// positions in each.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn scores_t<const H: usize, K: KvElem>(
@@ -1099,7 +1154,9 @@ mod attn128 {
     use std::arch::aarch64::*;
 
     /// Four binary16 values (bits) as f32 by `fcvtl` (exact). Through `asm!`: the intrinsic
-    /// (`vcvt_f32_f16`) takes a `float16x4_t`, which needs Rust's unstable `f16` type.
+    /// (`vcvt_f32_f16`) takes a `float16x4_t`, which needs Rust's unstable `f16` type. Not
+    /// `preserves_flags`: a signaling NaN sets FPSR's invalid-operation bit (the cache holds
+    /// only quiet NaNs, but the promise would be false).
     #[inline(always)]
     unsafe fn widen4(h: uint16x4_t) -> float32x4_t {
         let out: float32x4_t;
@@ -1107,7 +1164,7 @@ mod attn128 {
             "fcvtl {0:v}.4s, {1:v}.4h",
             out(vreg) out,
             in(vreg) h,
-            options(pure, nomem, nostack, preserves_flags)
+            options(pure, nomem, nostack)
         );
         out
     }
@@ -1120,7 +1177,7 @@ mod attn128 {
             "fcvtl2 {0:v}.4s, {1:v}.8h",
             out(vreg) out,
             in(vreg) h,
-            options(pure, nomem, nostack, preserves_flags)
+            options(pure, nomem, nostack)
         );
         out
     }
@@ -1191,6 +1248,26 @@ mod attn128 {
         }
         super::exp_sums_tail(scores, n8, m, &mut sums);
         sums
+    }
+
+    /// [`super::swiglu_slice`] on 4 lanes ([`super::silu`]'s operations); returns the
+    /// values done (whole vectors), the caller does the rest.
+    ///
+    /// # Safety
+    /// NEON is present (every aarch64 CPU).
+    pub unsafe fn swiglu(g: &mut [f32], u: &[f32]) -> usize {
+        let n4 = g.len().min(u.len()) / 4 * 4;
+        let (one, zero) = (vdupq_n_f32(1.0), vdupq_n_f32(0.0));
+        let gp = g.as_mut_ptr();
+        for i in (0..n4).step_by(4) {
+            // SAFETY: i + 4 <= both lengths.
+            let x = vld1q_f32(gp.add(i));
+            let t = exp4(vnegq_f32(vabsq_f32(x)));
+            let num = vbslq_f32(vcgeq_f32(x, zero), x, vmulq_f32(x, t));
+            let s = vdivq_f32(num, vaddq_f32(one, t));
+            vst1q_f32(gp.add(i), vmulq_f32(s, vld1q_f32(u.as_ptr().add(i))));
+        }
+        n4
     }
 
     /// The `4 * V` positions' accumulators from `p0` of [`scores_t`] for `H` queries: lane
@@ -1281,7 +1358,7 @@ mod attn128 {
     ///
     /// # Safety
     /// NEON is present (every aarch64 CPU). Panics unless `H` is 1 or 2, the queries share a
-    /// length, the score slices a length `n`, and `kt` holds `q.len()` rows of `stride`
+    /// length, the score slices a length `n`, and `kt` holds `q[0].len()` rows of `stride`
     /// values with `n <= stride` positions in each.
     pub unsafe fn scores_t<const H: usize, K: KvElem>(
         q: [&[f32]; H],
@@ -1491,8 +1568,9 @@ mod expc {
 /// `exp(x)` for `x <= 0` (softmax's `s - max`; larger `x` give 1), within 1 ulp of the exact
 /// value (0.982 ulp the worst over every f32 in `[XMIN, 0]`): `x = n ln 2 + r` with `n` the
 /// nearest integer to `x / ln 2`, `exp(r)` by Cephes' polynomial, times `2^n` built in the
-/// exponent bits; 0 below [`expc::XMIN`] (and for `-inf`), NaN kept. Plain multiplies and adds in a fixed order, no fused multiply-add, so
-/// the vector forms (`attn256::exp8`, `attn512::exp16`) give these bits in every lane.
+/// exponent bits; 0 below [`expc::XMIN`] (and for `-inf`), NaN kept. Plain multiplies and
+/// adds in a fixed order, no fused multiply-add, so the vector forms (`attn256::exp8`,
+/// `attn512::exp16`, `attn128::exp4`) give these bits in every lane.
 #[inline(always)]
 fn exp_portable(x: f32) -> f32 {
     use expc::*;
@@ -1799,9 +1877,44 @@ fn trace(name: &str, il: usize, v: &[f32]) {
     );
 }
 
-/// `x / (1 + exp(-x))`.
+/// `x / (1 + exp(-x))` with [`exp_portable`]'s exp, so the same bits on every CPU, libm and
+/// vector form ([`swiglu_slice`]): `t = exp(-|x|)` (never overflows), then `x / (1 + t)` for
+/// `x >= 0` and `x t / (1 + t)` (that is, `x / (1 + 1/t)`) below 0. Within 3 ulp of the exact
+/// value (checked once over every f32 from -87.34 to 88.8; the unit test takes 1 in 61);
+/// below -87.34 it gives -0.0 where the exact value is under 1.1e-36 in magnitude. NaN and
+/// -inf give NaN (as the formula does in f32).
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    let t = exp_portable(-x.abs());
+    if x >= 0.0 {
+        x / (1.0 + t)
+    } else {
+        (x * t) / (1.0 + t)
+    }
+}
+
+/// `g[i] = silu(g[i]) * u[i]` (SwiGLU's gating; [`silu`]'s bits) in the attention's vector
+/// form ([`AttnForm::detect`]: 16, 8 or 4 lanes), the same operations in every lane.
+pub fn swiglu_slice(g: &mut [f32], u: &[f32]) {
+    swiglu_in(AttnForm::detect(), g, u)
+}
+
+/// [`swiglu_slice`] in `form`.
+fn swiglu_in(form: AttnForm, g: &mut [f32], u: &[f32]) {
+    assert_eq!(g.len(), u.len(), "swiglu_slice lengths");
+    assert!(form.here(), "{form:?} needs instructions this CPU lacks");
+    let done = match form {
+        // SAFETY: the form's instructions are present (asserted), the lengths equal.
+        #[cfg(target_arch = "x86_64")]
+        AttnForm::Avx512 => unsafe { attn512::swiglu(g, u) },
+        #[cfg(target_arch = "x86_64")]
+        AttnForm::Avx2 => unsafe { attn256::swiglu(g, u) },
+        #[cfg(target_arch = "aarch64")]
+        AttnForm::Neon => unsafe { attn128::swiglu(g, u) },
+        _ => 0,
+    };
+    for (gi, ui) in g[done..].iter_mut().zip(&u[done..]) {
+        *gi = silu(*gi) * ui;
+    }
 }
 
 /// `gelu(x)` for every f16 `x`, rounded to f16: ggml's `ggml_table_gelu_f16`, built as
@@ -2339,10 +2452,7 @@ impl CpuBackend {
                 .zip(u.par_chunks(GATE_CHUNK))
                 .for_each(|(g, u)| match gelu {
                     Some(table) => geglu_slice(g, u, table),
-                    None => g
-                        .iter_mut()
-                        .zip(u)
-                        .for_each(|(gi, ui)| *gi = silu(*gi) * ui),
+                    None => swiglu_slice(g, u),
                 });
             trace("ffn_swiglu", il, &g[..nff]);
             self.mm(&layer.w_down, &g, &mut o);
@@ -2840,8 +2950,14 @@ mod tests {
                     // Rows of a stride longer than the positions, no padding after the last
                     // row's positions (a decode step's cache), and a widened span's padded
                     // rows; f32 and f16 (widened as loaded).
-                    for stride in [n + 3, n.div_ceil(16) * 16 + 16] {
-                        let kt = rnd((hd - 1) * stride + n);
+                    for (stride, padded) in [(n + 3, false), (n.div_ceil(16) * 16 + 16, true)] {
+                        // The cache ends at the last row's last position; a widened span's
+                        // rows are whole (the partial block read in place).
+                        let kt = rnd(if padded {
+                            hd * stride
+                        } else {
+                            (hd - 1) * stride + n
+                        });
                         let (kt16, kt16w) = f16_pair(&kt);
                         for (src, wide) in [(None, &kt), (Some(&kt16), &kt16w)] {
                             let (mut want0, mut want1) = (vec![0f32; n], vec![0f32; n]);
@@ -3094,6 +3210,87 @@ mod tests {
                     run::<u16>(hd, group, window, pad);
                     run::<f32>(hd, group, window, pad);
                 }
+            }
+        }
+    }
+
+    /// `silu` is within 3 ulp of `x / (1 + exp(-x))` computed in f64, over every 61st f32
+    /// from -87.3 to 88.8 (and -0.0 where the exact value is under 1.1e-36 below that), and
+    /// keeps zeros' signs, +inf and NaN.
+    #[test]
+    fn silu_is_within_3_ulp() {
+        let ord = |x: f32| -> i64 {
+            let b = x.to_bits() as i32 as i64;
+            if b < 0 {
+                i32::MIN as i64 - b
+            } else {
+                b
+            }
+        };
+        let mut worst = 0i64;
+        for b in (0..=u32::MAX).step_by(61) {
+            let x = f32::from_bits(b);
+            if x.is_nan() || !(-88.0..=88.8).contains(&x) {
+                continue;
+            }
+            let xd = x as f64;
+            let want = (xd / (1.0 + (-xd).exp())) as f32;
+            let got = silu(x);
+            if x < expc::XMIN {
+                assert!(
+                    got == 0.0 && want.abs() < 1.1e-36,
+                    "{x:e}: {got:e} vs {want:e}"
+                );
+                continue;
+            }
+            let d = (ord(got) - ord(want)).abs();
+            worst = worst.max(d);
+            assert!(d <= 3, "silu({x:e}) = {got:e}, exact {want:e}: {d} ulp");
+        }
+        assert!(worst >= 1, "a sweep this wide rounds somewhere");
+        assert_eq!(silu(0.0).to_bits(), 0.0f32.to_bits());
+        assert_eq!(silu(-0.0).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(silu(f32::INFINITY), f32::INFINITY);
+        // -inf / (1 + exp(inf)) is NaN, as in libm's and ggml's `x / (1 + expf(-x))`.
+        assert!(silu(f32::NEG_INFINITY).is_nan());
+        assert!(silu(f32::NAN).is_nan());
+        assert_eq!(silu(1e30), 1e30);
+    }
+
+    /// Every vector form of `swiglu_slice` gives `silu(g) * u`'s bits, at lengths that leave
+    /// partial vectors, over a sweep of f32 bit patterns of every sign and exponent (zeros,
+    /// subnormals, infinities, NaN, the underflow bound of the exp).
+    #[test]
+    fn swiglu_forms_have_the_scalar_bits() {
+        let mut g: Vec<f32> = (0..=u32::MAX)
+            .step_by(4093)
+            .map(f32::from_bits)
+            .chain([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN])
+            .chain([expc::XMIN, -expc::XMIN, 87.4, -87.4, 88.8, -88.8])
+            .collect();
+        let mut seed = 23u32;
+        g.extend(lcg_values(&mut seed, 1000).iter().map(|v| v * 40.0));
+        let u: Vec<f32> = (0..g.len())
+            .map(|i| [1.0, -0.5, 3.25, 1e-3][i % 4])
+            .collect();
+        let canon = |v: &[f32]| -> Vec<u32> {
+            v.iter()
+                .map(|x| {
+                    if x.is_nan() {
+                        f32::NAN.to_bits()
+                    } else {
+                        x.to_bits()
+                    }
+                })
+                .collect()
+        };
+        for len in [g.len(), 37, 16, 15, 3, 0] {
+            let (g, u) = (&g[g.len() - len..], &u[u.len() - len..]);
+            let want: Vec<f32> = g.iter().zip(u).map(|(a, b)| silu(*a) * b).collect();
+            for form in attn_forms() {
+                let mut got = g.to_vec();
+                swiglu_in(form, &mut got, u);
+                assert_eq!(canon(&got), canon(&want), "{form:?} {len} values");
             }
         }
     }
