@@ -314,6 +314,130 @@ unsafe fn palette_rows_gather(
     }
 }
 
+/// [`palette_rows`] for 4- and 6-bit indices on AVX-512, no row buffer, no gather: rows in
+/// pairs, the pair's 8 columns in one 512-bit vector (lanes 0-7 row `2p`, lanes 8-15 row `2p +
+/// 1`, as [`palette_tile_avx512`] lays them out), each group's table (its f16 entries widened
+/// exactly) in registers, both rows' entries looked up together: at 4 bits by one `vpermt2ps`
+/// over the two rows' 16-entry tables (the second row's indices plus 16), at 6 bits by two
+/// `vpermt2ps` and a blend on index bit 5 (twice, and a blend of the halves, where the two
+/// rows' groups differ); `x`'s 8 columns in both halves. Each lane is [`dot`]'s lane of its row
+/// (a multiply, then an add, in column order); the tail columns and the final sum as
+/// [`dot`]'s. So the bits of rebuilding the row and taking [`dot`]. An odd last row is paired
+/// with itself.
+///
+/// # Safety
+/// The CPU must have AVX-512F and AVX2; `v.bits == BITS` (4 or 6); `x` holds `v.cols` values
+/// and the rows `r0 .. r0 + ys.len()` exist.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn palette_rows_perm<const BITS: u32>(
+    v: &crate::palette::PaletteView,
+    x: &[f32],
+    ys: &mut [f32],
+    r0: usize,
+) {
+    use std::arch::x86_64::*;
+    debug_assert!(v.bits == BITS && matches!(BITS, 4 | 6) && x.len() >= v.cols);
+    /// A group's table: its number, widened entries and their 4 registers of 16.
+    #[derive(Clone, Copy)]
+    struct Lut {
+        g: usize,
+        t: [f32; 256],
+        z: [__m512; 4],
+    }
+    let lut = |r: usize| -> Lut {
+        let t = v.table_f32(r);
+        Lut {
+            g: r / v.group_size,
+            t,
+            z: std::array::from_fn(|q| _mm512_loadu_ps(t.as_ptr().add(16 * q))),
+        }
+    };
+    let (cols, rb) = (v.cols, v.row_bytes);
+    let n8 = cols / 8 * 8;
+    let m0f = _mm_set1_epi8(0x0F);
+    let second = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16);
+    let shifts6 = _mm512_setr_epi32(0, 6, 12, 18, 0, 6, 12, 18, 0, 6, 12, 18, 0, 6, 12, 18);
+    let (m6, bit5) = (_mm512_set1_epi32(0x3F), _mm512_set1_epi32(32));
+    // Entries 0-63 of one table: bit 4 picks the register of a pair, bit 5 the pair.
+    let look6 = |z: &[__m512; 4], i: __m512i| {
+        _mm512_mask_blend_ps(
+            _mm512_test_epi32_mask(i, bit5),
+            _mm512_permutex2var_ps(z[0], i, z[1]),
+            _mm512_permutex2var_ps(z[2], i, z[3]),
+        )
+    };
+    let (mut la, mut lb) = (lut(r0), lut(r0));
+    let k = ys.len();
+    let mut j = 0;
+    while j < k {
+        let (ra, rb2) = (r0 + j, r0 + (j + 1).min(k - 1));
+        if ra / v.group_size != la.g {
+            la = lut(ra);
+        }
+        if rb2 / v.group_size != lb.g {
+            lb = if rb2 / v.group_size == la.g {
+                la
+            } else {
+                lut(rb2)
+            };
+        }
+        let (ia, ib) = (
+            &v.indices[ra * rb..(ra + 1) * rb],
+            &v.indices[rb2 * rb..(rb2 + 1) * rb],
+        );
+        let mut acc = _mm512_setzero_ps();
+        let mut c = 0;
+        while c < n8 {
+            let wv = if BITS == 4 {
+                // 8 indices of each row: 4 bytes, low nibble first.
+                let wa = (ia.as_ptr().add(c / 2) as *const u32).read_unaligned() as u64;
+                let wb = (ib.as_ptr().add(c / 2) as *const u32).read_unaligned() as u64;
+                let w = _mm_cvtsi64_si128((wa | (wb << 32)) as i64);
+                let lo = _mm_and_si128(w, m0f);
+                let hi = _mm_and_si128(_mm_srli_epi16::<4>(w), m0f);
+                let ix = _mm512_or_si512(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), second);
+                _mm512_permutex2var_ps(la.z[0], ix, lb.z[0])
+            } else {
+                // 8 indices of each row: 6 bytes, indices 0-3 from the first three as one
+                // 24-bit word (LSB first), 4-7 from the next three.
+                let w3 =
+                    |b: &[u8], o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], 0]) as i32;
+                let o = c / 8 * 6;
+                let (a0, a1, b0, b1) = (w3(ia, o), w3(ia, o + 3), w3(ib, o), w3(ib, o + 3));
+                let w = _mm512_setr_epi32(
+                    a0, a0, a0, a0, a1, a1, a1, a1, b0, b0, b0, b0, b1, b1, b1, b1,
+                );
+                let ix = _mm512_and_si512(_mm512_srlv_epi32(w, shifts6), m6);
+                if la.g == lb.g {
+                    look6(&la.z, ix)
+                } else {
+                    _mm512_mask_blend_ps(0xFF00, look6(&la.z, ix), look6(&lb.z, ix))
+                }
+            };
+            let xv = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(
+                x.as_ptr().add(c),
+            ))));
+            acc = _mm512_add_ps(acc, _mm512_mul_ps(wv, xv));
+            c += 8;
+        }
+        let mut l = [0f32; 16];
+        _mm512_storeu_ps(l.as_mut_ptr(), acc);
+        let (mut a, mut b) = ([0f32; 8], [0f32; 8]);
+        a.copy_from_slice(&l[..8]);
+        b.copy_from_slice(&l[8..]);
+        for (i, col) in (n8..cols).enumerate() {
+            a[i] += la.t[crate::palette::index_at(ia, BITS, col) as usize] * x[col];
+            b[i] += lb.t[crate::palette::index_at(ib, BITS, col) as usize] * x[col];
+        }
+        ys[j] = hsum8(&a);
+        if j + 1 < k {
+            ys[j + 1] = hsum8(&b);
+        }
+        j += 2;
+    }
+}
+
 /// Rows (row pairs on AVX-512) per register block of the multi-token palette kernels.
 const PAL_ROWS: usize = 4;
 /// Tokens per register block of the portable and AVX2 multi-token palette kernels.
@@ -946,6 +1070,20 @@ fn rows(
         (WeightData::Ternary { words, scales }, _) => ternary_rows(words, scales, cols, x, ys, r0),
         (WeightData::Palette(v), _) => {
             #[cfg(target_arch = "x86_64")]
+            if matches!(v.bits, 4 | 6) && palette_tokens_avx512_ok(isa) {
+                // SAFETY: AVX-512F and AVX2 are present (palette_tokens_avx512_ok); the
+                // indices' width is the kernel's; x holds cols values, the rows exist (the
+                // caller's tiles).
+                unsafe {
+                    if v.bits == 4 {
+                        palette_rows_perm::<4>(v, x, ys, r0)
+                    } else {
+                        palette_rows_perm::<6>(v, x, ys, r0)
+                    }
+                };
+                return;
+            }
+            #[cfg(target_arch = "x86_64")]
             if matches!(v.bits, 8 | 6 | 4) && palette_gather_ok() {
                 // SAFETY: AVX2 and F16C are present (palette_gather_ok).
                 unsafe { palette_rows_gather(v, x, ys, r0) };
@@ -1228,6 +1366,71 @@ mod tests {
                 want.iter().map(|a| a.to_bits()).collect::<Vec<_>>(),
                 "bits {bits} cols {cols}"
             );
+        }
+    }
+
+    /// The 4- and 6-bit single-token kernels of AVX-512 (row pairs, tables by `vpermt2ps`)
+    /// give the rebuilt rows' bits: odd row counts (the last row paired with itself), first rows that
+    /// put a pair across a group boundary (groups of 3 and 1 rows), row lengths below 8, not a
+    /// multiple of 8 and SmolLM2's 576, and `x` with zeros of both signs.
+    #[test]
+    fn palette_perm_paths_give_the_rebuilt_rows_bits() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !palette_tokens_avx512_ok(q8::detect()) {
+                eprintln!("skipped: no AVX-512 level here");
+                return;
+            }
+            let mut seed = 41u64;
+            let rows = 23;
+            for (bits, cols) in [4u32, 6]
+                .into_iter()
+                .flat_map(|b| [3usize, 8, 16, 77, 576].map(|c| (b, c)))
+            {
+                for g in [1usize, 3, 32] {
+                    let (tables, indices) = palette_case(rows, cols, bits, g, &mut seed);
+                    let v = crate::palette::PaletteView {
+                        bits,
+                        group_size: g,
+                        cols,
+                        row_bytes: crate::palette::row_bytes(cols as u64, bits) as usize,
+                        tables: &tables,
+                        indices: &indices,
+                    };
+                    let x: Vec<f32> = (0..cols)
+                        .map(|i| match i % 29 {
+                            0 => 0.0,
+                            1 => -0.0,
+                            _ => (lcg(&mut seed) % 2001) as f32 / 1000.0 - 1.0,
+                        })
+                        .collect();
+                    for (r0, k) in [(0usize, rows), (1, 22), (2, 7), (5, 1), (22, 1)] {
+                        let mut want = vec![0f32; k];
+                        palette_rows(
+                            &v,
+                            &x,
+                            &mut want,
+                            r0,
+                            &mut vec![0f32; cols],
+                            &mut vec![0u8; cols],
+                        );
+                        let mut got = vec![f32::NAN; k];
+                        // SAFETY: AVX-512F and AVX2 checked above; the rows r0 .. r0 + k exist.
+                        unsafe {
+                            if bits == 4 {
+                                palette_rows_perm::<4>(&v, &x, &mut got, r0)
+                            } else {
+                                palette_rows_perm::<6>(&v, &x, &mut got, r0)
+                            }
+                        };
+                        assert_eq!(
+                            bits_of(&got),
+                            bits_of(&want),
+                            "bits {bits} cols {cols} group {g} rows {r0} + {k}"
+                        );
+                    }
+                }
+            }
         }
     }
 
