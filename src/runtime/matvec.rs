@@ -256,7 +256,8 @@ fn palette_gather_ok() -> bool {
 /// rebuilding the row and taking [`dot`].
 ///
 /// # Safety
-/// The CPU must have AVX2.
+/// The CPU must have AVX2. Panics unless `x` holds `v.cols` values and a row's bytes hold its
+/// indices.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn palette_rows_gather(
@@ -267,6 +268,13 @@ unsafe fn palette_rows_gather(
 ) {
     use std::arch::x86_64::*;
     let cols = v.cols;
+    assert!(
+        x.len() >= cols && v.row_bytes * 8 >= cols * v.bits as usize,
+        "palette_rows_gather: {} bits, {cols} columns, {} bytes a row, x of {}",
+        v.bits,
+        v.row_bytes,
+        x.len()
+    );
     let n8 = cols / 8 * 8;
     let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
     let m4 = _mm256_set1_epi32(0xF);
@@ -315,8 +323,8 @@ unsafe fn palette_rows_gather(
 }
 
 /// [`palette_rows`] for 4- and 6-bit indices on AVX-512, no row buffer, no gather: rows in
-/// pairs, the pair's 8 columns in one 512-bit vector (lanes 0-7 row `2p`, lanes 8-15 row `2p +
-/// 1`, as [`palette_tile_avx512`] lays them out), each group's table (its f16 entries widened
+/// pairs, the pair's 8 columns in one 512-bit vector (lanes 0-7 the pair's first row, lanes
+/// 8-15 its second, as [`palette_tile_avx512`] lays them out), each group's table (its f16 entries widened
 /// exactly) in registers, both rows' entries looked up together: at 4 bits by one `vpermt2ps`
 /// over the two rows' 16-entry tables (the second row's indices plus 16), at 6 bits by two
 /// `vpermt2ps` and a blend on index bit 5 (twice, and a blend of the halves, where the two
@@ -326,8 +334,9 @@ unsafe fn palette_rows_gather(
 /// with itself.
 ///
 /// # Safety
-/// The CPU must have AVX-512F and AVX2; `v.bits == BITS` (4 or 6); `x` holds `v.cols` values
-/// and the rows `r0 .. r0 + ys.len()` exist.
+/// The CPU must have AVX-512F and AVX2. Panics unless `v.bits == BITS` (4 or 6), `x` holds
+/// `v.cols` values and a row's bytes hold its indices (the rows `r0 .. r0 + ys.len()` are
+/// sliced with bounds checks).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2")]
 unsafe fn palette_rows_perm<const BITS: u32>(
@@ -337,7 +346,19 @@ unsafe fn palette_rows_perm<const BITS: u32>(
     r0: usize,
 ) {
     use std::arch::x86_64::*;
-    debug_assert!(v.bits == BITS && matches!(BITS, 4 | 6) && x.len() >= v.cols);
+    // The unchecked reads below rely on these (a bundle's reader checks `row_bytes`; this
+    // runs once per tile of rows).
+    assert!(
+        v.bits == BITS
+            && matches!(BITS, 4 | 6)
+            && x.len() >= v.cols
+            && v.row_bytes * 8 >= v.cols * BITS as usize,
+        "palette_rows_perm: {} bits, {} columns, {} bytes a row, x of {}",
+        v.bits,
+        v.cols,
+        v.row_bytes,
+        x.len()
+    );
     /// A group's table: its number, widened entries and their 4 registers of 16.
     #[derive(Clone, Copy)]
     struct Lut {
@@ -367,7 +388,8 @@ unsafe fn palette_rows_perm<const BITS: u32>(
             _mm512_permutex2var_ps(z[2], i, z[3]),
         )
     };
-    let (mut la, mut lb) = (lut(r0), lut(r0));
+    let mut la = lut(r0);
+    let mut lb = la;
     let k = ys.len();
     let mut j = 0;
     while j < k {
@@ -470,8 +492,8 @@ fn palette_tokens_avx512_ok(isa: q8::Isa) -> bool {
 /// from its group's LUT once per call (not once per token), then every (row, token) pair is
 /// summed in [`dot`]'s order — 8 lanes over the columns in steps of 8, the `cols % 8` tail
 /// into lanes `0..`, the same pairwise tree, separate multiply and add — so each value has
-/// the bits of [`palette_rows`] and [`palette_rows_gather`] (the single-token kernels `rows`
-/// picks), on every path: [`palette_tokens_avx512`] where `isa` allows it
+/// the bits of [`palette_rows`], [`palette_rows_perm`] and [`palette_rows_gather`] (the
+/// single-token kernels `rows` picks), on every path: [`palette_tokens_avx512`] where `isa` allows it
 /// ([`palette_tokens_avx512_ok`]), else [`palette_tokens_avx2`] where it allows AVX2, else
 /// [`palette_tokens_portable`] (compiled for the baseline and AVX2). `s.rows` holds the
 /// rebuilt rows, `s.idx` one row's indices.
