@@ -1411,14 +1411,7 @@ mod tests {
             {
                 for g in [1usize, 3, 32] {
                     let (tables, indices) = palette_case(rows, cols, bits, g, &mut seed);
-                    let v = crate::palette::PaletteView {
-                        bits,
-                        group_size: g,
-                        cols,
-                        row_bytes: crate::palette::row_bytes(cols as u64, bits) as usize,
-                        tables: &tables,
-                        indices: &indices,
-                    };
+                    let v = palette_view(&tables, &indices, bits, g, cols);
                     let x: Vec<f32> = (0..cols)
                         .map(|i| match i % 29 {
                             0 => 0.0,
@@ -1453,6 +1446,24 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The view of [`palette_case`]'s matrix (`bits`-bit indices, groups of `g` rows).
+    fn palette_view<'a>(
+        tables: &'a [u8],
+        indices: &'a [u8],
+        bits: u32,
+        g: usize,
+        cols: usize,
+    ) -> crate::palette::PaletteView<'a> {
+        crate::palette::PaletteView {
+            bits,
+            group_size: g,
+            cols,
+            row_bytes: crate::palette::row_bytes(cols as u64, bits) as usize,
+            tables,
+            indices,
         }
     }
 
@@ -1507,14 +1518,7 @@ mod tests {
             for cols in [5usize, 77, 203, 576] {
                 for g in [3usize, 32, rows] {
                     let (tables, indices) = palette_case(rows, cols, bits, g, &mut seed);
-                    let v = crate::palette::PaletteView {
-                        bits,
-                        group_size: g,
-                        cols,
-                        row_bytes: crate::palette::row_bytes(cols as u64, bits) as usize,
-                        tables: &tables,
-                        indices: &indices,
-                    };
+                    let v = palette_view(&tables, &indices, bits, g, cols);
                     for n in [2usize, 3, 4, 16, 17] {
                         let xs: Vec<f32> = (0..n * cols)
                             .map(|i| match i % 53 {
