@@ -238,6 +238,25 @@ crate::multiversion! {
     }
 }
 
+/// The eight 6-bit indices at byte `o` of `indices` (six bytes, LSB first) as two 24-bit
+/// words in one u64: bytes 0-2 (indices 0-3) in the low 32 bits, bytes 3-5 (indices 4-7) in
+/// the high 32, so that lane `j` of a vector holding word `j / 4` gives index `j` by a shift
+/// of `6 (j % 4)` and a mask. Reads the 8 bytes at `o` where they lie inside `indices` (the
+/// two past the six are the next row's and go unused), else the six.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn six_bit_words(indices: &[u8], o: usize) -> u64 {
+    let u = match indices.get(o..o + 8) {
+        Some(b) => u64::from_le_bytes(b.try_into().expect("8 bytes")),
+        None => {
+            let mut b = [0u8; 8];
+            b[..6].copy_from_slice(&indices[o..o + 6]);
+            u64::from_le_bytes(b)
+        }
+    };
+    (u & 0xFFFF_FFFF) | ((u >> 24) << 32)
+}
+
 #[cfg(target_arch = "x86_64")]
 fn palette_gather_ok() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -250,10 +269,11 @@ fn palette_gather_ok() -> bool {
 
 /// [`palette_rows`] for 8-, 6- and 4-bit indices without the row buffer: eight indices at a
 /// time are widened to i32 lanes (6 bits: the eight come from 6 bytes, LSB first, indices 0-3
-/// from the first three as one 24-bit word and 4-7 from the next three), their entries
-/// gathered from the group's f32 table and multiplied with `x` into the eight lanes of [`dot`]
-/// (separate multiply and add, the same order), so the result has the same bits as
-/// rebuilding the row and taking [`dot`].
+/// from the first three as one 24-bit word and 4-7 from the next three, [`six_bit_words`]),
+/// their entries taken from the group's f32 table (8 and 6 bits: gathered; 4 bits: the 16
+/// entries held in two registers, two `vpermps` and a blend on index bit 3) and multiplied
+/// with `x` into the eight lanes of [`dot`] (separate multiply and add, the same order), so
+/// the result has the same bits as rebuilding the row and taking [`dot`].
 ///
 /// # Safety
 /// The CPU must have AVX2. Panics unless `x` holds `v.cols` values and a row's bytes hold its
@@ -279,37 +299,49 @@ unsafe fn palette_rows_gather(
     let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
     let m4 = _mm256_set1_epi32(0xF);
     let shifts6 = _mm256_setr_epi32(0, 6, 12, 18, 0, 6, 12, 18);
-    let m6 = _mm256_set1_epi32(0x3F);
+    let (m6, spread) = (
+        _mm256_set1_epi32(0x3F),
+        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+    );
     let mut group = usize::MAX;
     let mut table = [0f32; 256];
+    // 4 bits: the table's 16 entries in two registers.
+    let (mut t0, mut t1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     for (i, yo) in ys.iter_mut().enumerate() {
         let r = r0 + i;
         if r / v.group_size != group {
             group = r / v.group_size;
             table = v.table_f32(r);
+            t0 = _mm256_loadu_ps(table.as_ptr());
+            t1 = _mm256_loadu_ps(table.as_ptr().add(8));
         }
         let row = &v.indices[r * v.row_bytes..(r + 1) * v.row_bytes];
         let mut acc = _mm256_setzero_ps();
         let mut c = 0;
         while c < n8 {
-            let ix = if v.bits == 8 {
-                _mm256_cvtepu8_epi32(_mm_loadl_epi64(row.as_ptr().add(c) as *const __m128i))
+            let w = if v.bits == 8 {
+                let ix =
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(row.as_ptr().add(c) as *const __m128i));
+                _mm256_i32gather_ps::<4>(table.as_ptr(), ix)
             } else if v.bits == 6 {
-                let b = &row[c / 4 * 3..c / 4 * 3 + 6];
-                let lo = u32::from_le_bytes([b[0], b[1], b[2], 0]) as i32;
-                let hi = u32::from_le_bytes([b[3], b[4], b[5], 0]) as i32;
-                let w = _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi);
-                _mm256_and_si256(_mm256_srlv_epi32(w, shifts6), m6)
+                let u = six_bit_words(v.indices, r * v.row_bytes + c / 4 * 3);
+                let w = _mm256_permutevar8x32_epi32(
+                    _mm256_castsi128_si256(_mm_cvtsi64_si128(u as i64)),
+                    spread,
+                );
+                let ix = _mm256_and_si256(_mm256_srlv_epi32(w, shifts6), m6);
+                _mm256_i32gather_ps::<4>(table.as_ptr(), ix)
             } else {
-                let w = u32::from_le_bytes([
-                    row[c / 2],
-                    row[c / 2 + 1],
-                    row[c / 2 + 2],
-                    row[c / 2 + 3],
-                ]);
-                _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w as i32), shifts), m4)
+                let w = (row.as_ptr().add(c / 2) as *const u32).read_unaligned();
+                let ix =
+                    _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w as i32), shifts), m4);
+                // Entry ix & 7 of both halves, the second where bit 3 (moved to the sign) is set.
+                _mm256_blendv_ps(
+                    _mm256_permutevar8x32_ps(t0, ix),
+                    _mm256_permutevar8x32_ps(t1, ix),
+                    _mm256_castsi256_ps(_mm256_slli_epi32::<28>(ix)),
+                )
             };
-            let w = _mm256_i32gather_ps::<4>(table.as_ptr(), ix);
             acc = _mm256_add_ps(acc, _mm256_mul_ps(w, _mm256_loadu_ps(x.as_ptr().add(c))));
             c += 8;
         }
@@ -380,6 +412,7 @@ unsafe fn palette_rows_perm<const BITS: u32>(
     let second = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16);
     let shifts6 = _mm512_setr_epi32(0, 6, 12, 18, 0, 6, 12, 18, 0, 6, 12, 18, 0, 6, 12, 18);
     let (m6, bit5) = (_mm512_set1_epi32(0x3F), _mm512_set1_epi32(32));
+    let spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     // Entries 0-63 of one table: bit 4 picks the register of a pair, bit 5 the pair.
     let look6 = |z: &[__m512; 4], i: __m512i| {
         _mm512_mask_blend_ps(
@@ -422,13 +455,16 @@ unsafe fn palette_rows_perm<const BITS: u32>(
                 _mm512_permutex2var_ps(la.z[0], ix, lb.z[0])
             } else {
                 // 8 indices of each row: 6 bytes, indices 0-3 from the first three as one
-                // 24-bit word (LSB first), 4-7 from the next three.
-                let w3 =
-                    |b: &[u8], o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], 0]) as i32;
+                // 24-bit word (LSB first), 4-7 from the next three; the four words spread
+                // over their lanes by one permute.
                 let o = c / 8 * 6;
-                let (a0, a1, b0, b1) = (w3(ia, o), w3(ia, o + 3), w3(ib, o), w3(ib, o + 3));
-                let w = _mm512_setr_epi32(
-                    a0, a0, a0, a0, a1, a1, a1, a1, b0, b0, b0, b0, b1, b1, b1, b1,
+                let (wa, wb) = (
+                    six_bit_words(v.indices, ra * rb + o),
+                    six_bit_words(v.indices, rb2 * rb + o),
+                );
+                let w = _mm512_permutexvar_epi32(
+                    spread,
+                    _mm512_castsi128_si512(_mm_set_epi64x(wb as i64, wa as i64)),
                 );
                 let ix = _mm512_and_si512(_mm512_srlv_epi32(w, shifts6), m6);
                 if la.g == lb.g {
