@@ -139,6 +139,12 @@ fn aarch64_build_gives_this_builds_bits() {
         &["--bits", "4", "--min-elements", "0"],
     );
     same_as_host(&arm, &b, &["int8"]);
+    let (_p6, b) = make(
+        &tiny("minicpm-tiny-f16.gguf"),
+        "palettize",
+        &["--bits", "6", "--min-elements", "0"],
+    );
+    same_as_host(&arm, &b, &["int8"]);
     // Q4_1 and Q8_0 (SmolLM2); Q4_K, Q5_0, Q6_K and Q8_0 (Qwen2.5, Gemma 3); gguf-py's Q4_0,
     // Q8_0 and TQ2_0 of SmolLM2 (made by `make test`).
     let models = [

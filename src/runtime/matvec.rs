@@ -246,15 +246,24 @@ crate::multiversion! {
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn six_bit_words(indices: &[u8], o: usize) -> u64 {
-    let u = match indices.get(o..o + 8) {
+    let u = six_bytes_at(indices, o);
+    (u & 0xFFFF_FFFF) | ((u >> 24) << 32)
+}
+
+/// The six bytes at `o` of `indices` (eight 6-bit indices) as the low 48 bits of a
+/// little-endian u64, by one 8-byte read where the 8 bytes lie inside `indices` (the top two
+/// are then the next bytes, whatever they hold), else by the six.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[inline(always)]
+fn six_bytes_at(indices: &[u8], o: usize) -> u64 {
+    match indices.get(o..o + 8) {
         Some(b) => u64::from_le_bytes(b.try_into().expect("8 bytes")),
         None => {
             let mut b = [0u8; 8];
             b[..6].copy_from_slice(&indices[o..o + 6]);
             u64::from_le_bytes(b)
         }
-    };
-    (u & 0xFFFF_FFFF) | ((u >> 24) << 32)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -493,6 +502,111 @@ unsafe fn palette_rows_perm<const BITS: u32>(
             ys[j + 1] = hsum8(&b);
         }
         j += 2;
+    }
+}
+
+/// [`palette_rows`] for 4- and 6-bit indices on aarch64 (NEON), no row buffer: the group's
+/// table (its f16 entries widened exactly) as the bytes of 4 (4 bits) or 16 (6 bits) table
+/// registers, an 8-column step's entries looked up as bytes by `tbl` (6 bits: one `tbl` over
+/// entries 0-15 and three `tbx` over the next 16 each), 4 entries a lookup: byte `4e + k` of
+/// the table is byte `k` of entry `e`. The 8 indices of a step: 4 bytes split into nibbles
+/// (4 bits), or 6 bytes whose byte pairs are put into 16-bit lanes by a `tbl` and shifted into
+/// place (6 bits). Lanes 0-3 and 4-7 of [`dot`] are two vectors, a multiply then an add in
+/// column order; the tail and the final sum as [`dot`]'s. So the bits of rebuilding the row
+/// and taking [`dot`].
+///
+/// # Safety
+/// NEON (every aarch64 target has it). Panics unless `v.bits == BITS` (4 or 6), `x` holds
+/// `v.cols` values and a row's bytes hold its indices.
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+unsafe fn palette_rows_neon<const BITS: u32>(
+    v: &crate::palette::PaletteView,
+    x: &[f32],
+    ys: &mut [f32],
+    r0: usize,
+) {
+    use std::arch::aarch64::*;
+    assert!(
+        v.bits == BITS
+            && matches!(BITS, 4 | 6)
+            && x.len() >= v.cols
+            && v.row_bytes * 8 >= v.cols * BITS as usize,
+        "palette_rows_neon: {} bits, {} columns, {} bytes a row, x of {}",
+        v.bits,
+        v.cols,
+        v.row_bytes,
+        x.len()
+    );
+    let (cols, rb) = (v.cols, v.row_bytes);
+    let n8 = cols / 8 * 8;
+    // Byte k of each of four entries: the entry's index times 4 in all four bytes, plus k.
+    let dup_lo: [u8; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3];
+    let dup_hi: [u8; 16] = [4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7];
+    let (dup_lo, dup_hi) = (vld1q_u8(dup_lo.as_ptr()), vld1q_u8(dup_hi.as_ptr()));
+    let k4 = vld1q_u8([0u8, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3].as_ptr());
+    // 6 bits: index j is bits 6j .. 6j + 5 of the six bytes; the byte pair holding them
+    // into 16-bit lane j, then shifted right by 6j mod 8.
+    let pairs = vld1q_u8([0u8, 1, 0, 1, 1, 2, 2, 3, 3, 4, 3, 4, 4, 5, 5, 6].as_ptr());
+    let shr = vld1q_s16([0i16, -6, -4, -2, 0, -6, -4, -2].as_ptr());
+    let (m4, m6) = (vdup_n_u8(0x0F), vdupq_n_u16(0x3F));
+    let (b64, b128, b192) = (vdupq_n_u8(64), vdupq_n_u8(128), vdupq_n_u8(192));
+    let mut group = usize::MAX;
+    let mut table = [0f32; 256];
+    let z = vdupq_n_u8(0);
+    let mut tq = [uint8x16x4_t(z, z, z, z); 4];
+    for (i, yo) in ys.iter_mut().enumerate() {
+        let r = r0 + i;
+        if r / v.group_size != group {
+            group = r / v.group_size;
+            table = v.table_f32(r);
+            let tp = table.as_ptr() as *const u8;
+            for (q, t) in tq.iter_mut().enumerate().take(1usize << (BITS - 4)) {
+                *t = vld1q_u8_x4(tp.add(64 * q));
+            }
+        }
+        let row = &v.indices[r * rb..(r + 1) * rb];
+        let (mut acc0, mut acc1) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
+        let mut c = 0;
+        while c < n8 {
+            let e = if BITS == 4 {
+                // 4 bytes, low nibble first: nibbles interleaved back into column order.
+                let w = vcreate_u8((row.as_ptr().add(c / 2) as *const u32).read_unaligned() as u64);
+                vzip1_u8(vand_u8(w, m4), vshr_n_u8::<4>(w))
+            } else {
+                let u = six_bytes_at(v.indices, r * rb + c / 8 * 6);
+                let b = vcombine_u8(vcreate_u8(u), vcreate_u8(0));
+                let h = vshlq_u16(vreinterpretq_u16_u8(vqtbl1q_u8(b, pairs)), shr);
+                vmovn_u16(vandq_u16(h, m6))
+            };
+            let e4 = vshl_n_u8::<2>(e);
+            let e4 = vcombine_u8(e4, e4);
+            let ilo = vaddq_u8(vqtbl1q_u8(e4, dup_lo), k4);
+            let ihi = vaddq_u8(vqtbl1q_u8(e4, dup_hi), k4);
+            let look = |ix: uint8x16_t| {
+                let mut t = vqtbl4q_u8(tq[0], ix);
+                if BITS == 6 {
+                    // Entries 16-31, 32-47, 48-63: bytes 64-255, each range's bytes
+                    // brought to 0-63 (the others wrap past 63 and leave t as it is).
+                    t = vqtbx4q_u8(t, tq[1], vsubq_u8(ix, b64));
+                    t = vqtbx4q_u8(t, tq[2], vsubq_u8(ix, b128));
+                    t = vqtbx4q_u8(t, tq[3], vsubq_u8(ix, b192));
+                }
+                vreinterpretq_f32_u8(t)
+            };
+            let (wlo, whi) = (look(ilo), look(ihi));
+            let xp = x.as_ptr().add(c);
+            acc0 = vaddq_f32(acc0, vmulq_f32(wlo, vld1q_f32(xp)));
+            acc1 = vaddq_f32(acc1, vmulq_f32(whi, vld1q_f32(xp.add(4))));
+            c += 8;
+        }
+        let mut l = [0f32; 8];
+        vst1q_f32(l.as_mut_ptr(), acc0);
+        vst1q_f32(l.as_mut_ptr().add(4), acc1);
+        for (j, k) in (n8..cols).enumerate() {
+            l[j] += table[crate::palette::index_at(row, BITS, k) as usize] * x[k];
+        }
+        *yo = hsum8(&l);
     }
 }
 
@@ -1141,6 +1255,21 @@ fn rows(
                 };
                 return;
             }
+            #[cfg(target_arch = "aarch64")]
+            if matches!(v.bits, 4 | 6)
+                && matches!(crate::isa::usable(isa), q8::Isa::Neon | q8::Isa::NeonDot)
+            {
+                // SAFETY: NEON is part of every aarch64 target; the indices' width is the
+                // kernel's; x holds cols values, the rows exist (the caller's tiles).
+                unsafe {
+                    if v.bits == 4 {
+                        palette_rows_neon::<4>(v, x, ys, r0)
+                    } else {
+                        palette_rows_neon::<6>(v, x, ys, r0)
+                    }
+                };
+                return;
+            }
             #[cfg(target_arch = "x86_64")]
             if matches!(v.bits, 8 | 6 | 4) && palette_gather_ok() {
                 // SAFETY: AVX2 and F16C are present (palette_gather_ok).
@@ -1427,57 +1556,61 @@ mod tests {
         }
     }
 
-    /// The 4- and 6-bit single-token kernels of AVX-512 (row pairs, tables by `vpermt2ps`)
-    /// give the rebuilt rows' bits: odd row counts (the last row paired with itself), first rows that
+    /// The 4- and 6-bit single-token kernels with the tables in registers (AVX-512: row
+    /// pairs, `vpermt2ps`; aarch64: `tbl`) give the rebuilt rows' bits: odd row counts (the last row paired with itself), first rows that
     /// put a pair across a group boundary (groups of 3 and 1 rows), row lengths below 8, not a
     /// multiple of 8 and SmolLM2's 576, and `x` with zeros of both signs.
     #[test]
     fn palette_perm_paths_give_the_rebuilt_rows_bits() {
+        type Kernel = unsafe fn(&crate::palette::PaletteView, &[f32], &mut [f32], usize);
+        let mut kernels: Vec<(&str, Kernel, Kernel)> = Vec::new();
         #[cfg(target_arch = "x86_64")]
+        if palette_tokens_avx512_ok(q8::detect()) {
+            kernels.push(("avx512", palette_rows_perm::<4>, palette_rows_perm::<6>));
+        }
+        #[cfg(target_arch = "aarch64")]
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            kernels.push(("neon", palette_rows_neon::<4>, palette_rows_neon::<6>));
+        }
+        if kernels.is_empty() {
+            eprintln!("skipped: no AVX-512 level or NEON here");
+            return;
+        }
+        let mut seed = 41u64;
+        let rows = 23;
+        for (bits, cols) in [4u32, 6]
+            .into_iter()
+            .flat_map(|b| [3usize, 8, 16, 77, 576].map(|c| (b, c)))
         {
-            if !palette_tokens_avx512_ok(q8::detect()) {
-                eprintln!("skipped: no AVX-512 level here");
-                return;
-            }
-            let mut seed = 41u64;
-            let rows = 23;
-            for (bits, cols) in [4u32, 6]
-                .into_iter()
-                .flat_map(|b| [3usize, 8, 16, 77, 576].map(|c| (b, c)))
-            {
-                for g in [1usize, 3, 32] {
-                    let (tables, indices) = palette_case(rows, cols, bits, g, &mut seed);
-                    let v = palette_view(&tables, &indices, bits, g, cols);
-                    let x: Vec<f32> = (0..cols)
-                        .map(|i| match i % 29 {
-                            0 => 0.0,
-                            1 => -0.0,
-                            _ => (lcg(&mut seed) % 2001) as f32 / 1000.0 - 1.0,
-                        })
-                        .collect();
-                    for (r0, k) in [(0usize, rows), (1, 22), (2, 7), (5, 1), (22, 1)] {
-                        let mut want = vec![0f32; k];
-                        palette_rows(
-                            &v,
-                            &x,
-                            &mut want,
-                            r0,
-                            &mut vec![0f32; cols],
-                            &mut vec![0u8; cols],
-                        );
+            for g in [1usize, 3, 32] {
+                let (tables, indices) = palette_case(rows, cols, bits, g, &mut seed);
+                let v = palette_view(&tables, &indices, bits, g, cols);
+                let x: Vec<f32> = (0..cols)
+                    .map(|i| match i % 29 {
+                        0 => 0.0,
+                        1 => -0.0,
+                        _ => (lcg(&mut seed) % 2001) as f32 / 1000.0 - 1.0,
+                    })
+                    .collect();
+                for (r0, k) in [(0usize, rows), (1, 22), (2, 7), (5, 1), (22, 1)] {
+                    let mut want = vec![0f32; k];
+                    palette_rows(
+                        &v,
+                        &x,
+                        &mut want,
+                        r0,
+                        &mut vec![0f32; cols],
+                        &mut vec![0u8; cols],
+                    );
+                    for &(name, k4, k6) in &kernels {
                         let mut got = vec![f32::NAN; k];
-                        // SAFETY: AVX-512F and AVX2 checked above; the rows r0 .. r0 + k exist.
-                        unsafe {
-                            if bits == 4 {
-                                palette_rows_perm::<4>(&v, &x, &mut got, r0)
-                            } else {
-                                palette_rows_perm::<6>(&v, &x, &mut got, r0)
-                            }
-                        };
+                        // SAFETY: the kernels' features checked above (NEON: every aarch64
+                        // target); the rows r0 .. r0 + k exist.
+                        unsafe { (if bits == 4 { k4 } else { k6 })(&v, &x, &mut got, r0) };
                         assert_eq!(
                             bits_of(&got),
                             bits_of(&want),
-                            "bits {bits} cols {cols} group {g} rows {r0} + {k}"
+                            "{name}: bits {bits} cols {cols} group {g} rows {r0} + {k}"
                         );
                     }
                 }
@@ -1545,7 +1678,8 @@ mod tests {
                 isas.push(q8::Isa::Avx512Vnni);
             }
         }
-        // The palette kernels have no NEON form: the aarch64 levels take the portable one.
+        // The multi-token palette kernels have no NEON form: the aarch64 levels take the
+        // portable one.
         #[cfg(target_arch = "aarch64")]
         isas.push(q8::detect());
         let mut seed = 31u64;
