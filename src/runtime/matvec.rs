@@ -242,7 +242,8 @@ crate::multiversion! {
 /// words in one u64: bytes 0-2 (indices 0-3) in the low 32 bits, bytes 3-5 (indices 4-7) in
 /// the high 32, so that lane `j` of a vector holding word `j / 4` gives index `j` by a shift
 /// of `6 (j % 4)` and a mask. Reads the 8 bytes at `o` where they lie inside `indices` (the
-/// two past the six are the next row's and go unused), else the six.
+/// two past the six, the row's next indices or at its end the next row's, go unused), else
+/// the six.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn six_bit_words(indices: &[u8], o: usize) -> u64 {
@@ -285,8 +286,8 @@ fn palette_gather_ok() -> bool {
 /// the result has the same bits as rebuilding the row and taking [`dot`].
 ///
 /// # Safety
-/// The CPU must have AVX2. Panics unless `x` holds `v.cols` values and a row's bytes hold its
-/// indices.
+/// The CPU must have AVX2. Panics unless `v.bits` is 4, 6 or 8, `x` holds `v.cols` values and
+/// a row's bytes hold its indices.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn palette_rows_gather(
@@ -297,8 +298,9 @@ unsafe fn palette_rows_gather(
 ) {
     use std::arch::x86_64::*;
     let cols = v.cols;
+    // The unchecked reads below rely on these (4 bits: one 4-byte read a step).
     assert!(
-        x.len() >= cols && v.row_bytes * 8 >= cols * v.bits as usize,
+        matches!(v.bits, 4 | 6 | 8) && x.len() >= cols && v.row_bytes * 8 >= cols * v.bits as usize,
         "palette_rows_gather: {} bits, {cols} columns, {} bytes a row, x of {}",
         v.bits,
         v.row_bytes,
@@ -571,7 +573,8 @@ unsafe fn palette_rows_neon<const BITS: u32>(
         while c < n8 {
             let e = if BITS == 4 {
                 // 4 bytes, low nibble first: nibbles interleaved back into column order.
-                let w = vcreate_u8((row.as_ptr().add(c / 2) as *const u32).read_unaligned() as u64);
+                let b4 = &row[c / 2..c / 2 + 4];
+                let w = vcreate_u8(u32::from_le_bytes([b4[0], b4[1], b4[2], b4[3]]) as u64);
                 vzip1_u8(vand_u8(w, m4), vshr_n_u8::<4>(w))
             } else {
                 let u = six_bytes_at(v.indices, r * rb + c / 8 * 6);
@@ -1556,8 +1559,9 @@ mod tests {
         }
     }
 
-    /// The 4- and 6-bit single-token kernels with the tables in registers (AVX-512: row
-    /// pairs, `vpermt2ps`; aarch64: `tbl`) give the rebuilt rows' bits: odd row counts (the last row paired with itself), first rows that
+    /// The 4- and 6-bit single-token kernels without the row buffer (AVX-512: row pairs,
+    /// `vpermt2ps`; AVX2: `vpermps` at 4 bits, gathers at 6; aarch64: `tbl`) give the rebuilt
+    /// rows' bits: odd row counts (the last row paired with itself), first rows that
     /// put a pair across a group boundary (groups of 3 and 1 rows), row lengths below 8, not a
     /// multiple of 8 and SmolLM2's 576, and `x` with zeros of both signs.
     #[test]
@@ -1565,15 +1569,21 @@ mod tests {
         type Kernel = unsafe fn(&crate::palette::PaletteView, &[f32], &mut [f32], usize);
         let mut kernels: Vec<(&str, Kernel, Kernel)> = Vec::new();
         #[cfg(target_arch = "x86_64")]
-        if palette_tokens_avx512_ok(q8::detect()) {
-            kernels.push(("avx512", palette_rows_perm::<4>, palette_rows_perm::<6>));
+        {
+            if palette_tokens_avx512_ok(q8::detect()) {
+                kernels.push(("avx512", palette_rows_perm::<4>, palette_rows_perm::<6>));
+            }
+            // AVX2: registers at 4 bits, gathers at 6 (matvec takes it only below AVX-512).
+            if palette_gather_ok() {
+                kernels.push(("avx2", palette_rows_gather, palette_rows_gather));
+            }
         }
         #[cfg(target_arch = "aarch64")]
         if std::arch::is_aarch64_feature_detected!("neon") {
             kernels.push(("neon", palette_rows_neon::<4>, palette_rows_neon::<6>));
         }
         if kernels.is_empty() {
-            eprintln!("skipped: no AVX-512 level or NEON here");
+            eprintln!("skipped: no AVX2, AVX-512 or NEON here");
             return;
         }
         let mut seed = 41u64;
