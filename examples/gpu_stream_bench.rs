@@ -19,7 +19,19 @@
 //! its own output: no barriers, the read throughput with the launch gaps hidden).
 //!
 //! Usage: `gpu_stream_bench [MB ...]` (default 4.4 17.4 34.8 247: the 8B shape's 4096 x 4096,
-//! 4096 x 16384 and 32768 x 4096 ternary weights and its Q6_K head). The adapter is the one
+//! 4096 x 16384 and 32768 x 4096 ternary weights and its Q6_K head).
+//!
+//! `gpu_stream_bench step`: the floor of a one-op-per-dispatch decode step of the 8B ternary
+//! shape (MiniCPM4-8B: 32 layers, 4096 x 4096 output, 4608 x 4096 Q/K/V, 32768 x 4096
+//! gate/up, 4096 x 16384 down at 2 bits with f32 block scales, a 73,448 x 4096 Q6_K head)
+//! on this stack: the step's 261 dispatches in their order (per layer: quantize, Q/K/V,
+//! attention, combine, output, quantize, gate/up, down; then the norm, the head, the scales),
+//! each only reading its own buffer of the bytes that op reads (the weights; x, the KV cache
+//! at position 512, the attention's partials for the small ops) with the fastest layout of
+//! the table above for its size, one pass, every dispatch writing the same output so wgpu
+//! puts a barrier between each two, as between the step's dependent ops. Also the 129
+//! weight reads alone (every small op fused away), and both without barriers (each
+//! dispatch its own output: the reads overlap). The weights (2.26 GB) pass through L2 once a step, so they come from memory. The adapter is the one
 //! `convert run --backend gpu` picks (`LOWBIT_GPU_ADAPTER`: an index or a name substring).
 //! Times from timestamp queries around the pass where the adapter has them, else wall clock.
 use lowbit::runtime::gpu::{AdapterSelector, ContextOptions, GpuContext};
@@ -67,7 +79,224 @@ fn source(wg: u32, l: u32, looped: bool) -> String {
     )
 }
 
+/// The bytes each dispatch of the 8B shape's decode step reads at position 512, in step
+/// order, and whether it is a weight product.
+fn step_reads() -> Vec<(u64, bool)> {
+    // Ternary: 2 bits a weight and one f32 scale per 256-block (the q8g4 kernels' scales).
+    let tern = |rows: u64, cols: u64| rows * cols / 4 + rows * (cols / 256) * 4;
+    let x = 4096 * 4; // one f32 activation vector
+    let kv = 2 * 2 * 128 * 512 * 2; // K and V, 2 KV heads, head_dim 128, 512 positions, f16
+    let partials = 32 * 17 * (128 + 2) * 4; // 32 heads, 17 splits of (128 values, max, sum)
+    let mut v = vec![(4096 * 144 / 256, false)]; // the embedding row (Q4_K)
+    for _ in 0..32 {
+        v.extend([
+            (x, false),
+            (tern(4608, 4096), true),
+            (kv, false),
+            (partials, false),
+            (tern(4096, 4096), true),
+            (x, false),
+            (tern(32768, 4096), true),
+            (tern(4096, 16384), true),
+        ]);
+    }
+    v.push((x, false)); // the final norm
+    v.push((73_448 * 4096 / 256 * 210, true)); // the Q6_K head
+    v.push((73_448 * 4, false)); // the logits' scale (MiniCPM's logit multiplier)
+    v.push((x, false)); // the embedding scale (first in the real step; its bytes here)
+    v
+}
+
+/// `gpu_stream_bench step` (the module's doc).
+fn step_floor(ctx: &GpuContext) -> anyhow::Result<()> {
+    let dev = &ctx.device;
+    // A read past the adapter's largest binding (the Q6_K head on an adapter of 128 MiB
+    // bindings) is cut to it, and said.
+    let cap = ctx.max_binding_bytes / 16 * 16;
+    let mut reads = step_reads();
+    for r in reads.iter_mut().filter(|r| r.0 > cap) {
+        println!(
+            "a read of {} bytes cut to the adapter's largest binding, {cap}",
+            r.0
+        );
+        r.0 = cap;
+    }
+    let total: u64 = reads.iter().map(|r| r.0).sum();
+    println!(
+        "8B step: {} dispatches ({} weight products), {:.3} GB read",
+        reads.len(),
+        reads.iter().filter(|r| r.1).count(),
+        total as f64 / 1e9
+    );
+    // (WG, L, looped workgroups) by size: the fastest of the table's layouts at 4.4, 17.4,
+    // 34.8 and 247 MB on an H200 (BENCHMARKS.md), one load an invocation below 1 MB.
+    let layout = |bytes: u64| -> (u32, u32, Option<u32>) {
+        match bytes {
+            b if b < 1 << 20 => (128, 1, None),
+            b if b < 10_000_000 => (256, 8, None),
+            b if b < 100_000_000 => (256, 4, Some(528)),
+            _ => (256, 8, Some(528)),
+        }
+    };
+    let mut pipelines = std::collections::HashMap::new();
+    for &(b, _) in &reads {
+        let (wg, l, looped) = layout(b);
+        pipelines
+            .entry((wg, l, looped.is_some()))
+            .or_insert_with(|| {
+                let desc = wgpu::ShaderModuleDescriptor {
+                    label: Some("step read"),
+                    source: wgpu::ShaderSource::Wgsl(source(wg, l, looped.is_some()).into()),
+                };
+                // SAFETY: as in `main`: every load is clamped into its buffer, the one store is
+                // to element 0.
+                let module = unsafe {
+                    dev.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+                };
+                dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some("step read"),
+                    layout: None,
+                    module: &module,
+                    entry_point: Some("main"),
+                    compilation_options: Default::default(),
+                    cache: None,
+                })
+            });
+    }
+    // Each dispatch: its pipeline key, grid, its buffer, its params, its own output.
+    struct D {
+        key: (u32, u32, bool),
+        grid: (u32, u32),
+        w: wgpu::Buffer,
+        p: wgpu::Buffer,
+        own: wgpu::Buffer,
+        weight: bool,
+    }
+    let mut ds = Vec::with_capacity(reads.len());
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for (i, &(bytes, weight)) in reads.iter().enumerate() {
+        let n = (bytes as usize).div_ceil(16);
+        // Random words (the contents do not change a read's time); zeros would do as well.
+        let data: Vec<u32> = (0..n * 4)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed as u32
+            })
+            .collect();
+        let (wg, l, looped) = layout(bytes);
+        let per = (wg * l) as usize;
+        let groups = match looped {
+            Some(g) => (g as usize).min(n.div_ceil(per)),
+            None => n.div_ceil(per),
+        };
+        let gx = groups.min(65_535);
+        let gy = groups.div_ceil(gx);
+        let params: [u32; 4] = [n as u32, gx as u32, groups as u32, 0];
+        ds.push(D {
+            key: (wg, l, looped.is_some()),
+            grid: (gx as u32, gy as u32),
+            w: ctx.upload_bytes(&format!("w{i}"), bytemuck::cast_slice(&data))?,
+            p: {
+                let ub = dev.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("params"),
+                    size: 16,
+                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                ctx.queue
+                    .write_buffer(&ub, 0, bytemuck::cast_slice(&params));
+                ub
+            },
+            own: ctx.vector_buffer(&format!("o{i}"), 1),
+            weight,
+        });
+    }
+    let shared = ctx.vector_buffer("out", 1);
+    let bind = |d: &D, o: &wgpu::Buffer| {
+        let layout = pipelines[&d.key].get_bind_group_layout(0);
+        dev.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &layout,
+            entries: &[
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: d.w.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: o.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 2,
+                    resource: d.p.as_entire_binding(),
+                },
+            ],
+        })
+    };
+    let chain: Vec<wgpu::BindGroup> = ds.iter().map(|d| bind(d, &shared)).collect();
+    let own: Vec<wgpu::BindGroup> = ds.iter().map(|d| bind(d, &d.own)).collect();
+    // Median of 9 passes of one step each (after one to warm up), us.
+    let time = |groups: &[wgpu::BindGroup], weights_only: bool| -> anyhow::Result<(f64, usize)> {
+        let mut ts = Vec::new();
+        let mut count = 0;
+        for rep in 0..10 {
+            count = 0;
+            let t = ctx.time_pass(&mut |pass| {
+                for (d, g) in ds.iter().zip(groups) {
+                    if weights_only && !d.weight {
+                        continue;
+                    }
+                    pass.set_pipeline(&pipelines[&d.key]);
+                    pass.set_bind_group(0, g, &[]);
+                    pass.dispatch_workgroups(d.grid.0, d.grid.1, 1);
+                    count += 1;
+                }
+            })?;
+            if rep > 0 {
+                ts.push(t.ns / 1e3);
+            }
+        }
+        ts.sort_by(f64::total_cmp);
+        Ok((ts[ts.len() / 2], count))
+    };
+    println!("| form | dispatches | step us (median of 9) | tok/s at that step | GB/s |");
+    println!("|---|---:|---:|---:|---:|");
+    let weight_bytes: u64 = reads.iter().filter(|r| r.1).map(|r| r.0).sum();
+    for (name, groups, weights_only) in [
+        ("every op, barriers (the design's floor)", &chain, false),
+        ("weight products only, barriers", &chain, true),
+        ("every op, no barriers", &own, false),
+        ("weight products only, no barriers", &own, true),
+    ] {
+        let (us, count) = time(groups, weights_only)?;
+        let b = if weights_only { weight_bytes } else { total };
+        println!(
+            "| {name} | {count} | {us:.1} | {:.0} | {:.0} |",
+            1e6 / us,
+            b as f64 / us / 1e3
+        );
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
+    if std::env::args().nth(1).as_deref() == Some("step") {
+        let adapter = match std::env::var("LOWBIT_GPU_ADAPTER") {
+            Ok(s) => Some(s.parse::<AdapterSelector>()?),
+            Err(_) => None,
+        };
+        let ctx = GpuContext::new(&ContextOptions {
+            adapter,
+            ..Default::default()
+        })?;
+        println!(
+            "adapter: {} ({:?}, driver {} {})",
+            ctx.info.name, ctx.info.backend, ctx.info.driver, ctx.info.driver_info
+        );
+        return step_floor(&ctx);
+    }
     let sizes: Vec<f64> = match std::env::args().skip(1).map(|s| s.parse()).collect() {
         Ok(v) if !Vec::<f64>::is_empty(&v) => v,
         Ok(_) => vec![4.4, 17.4, 34.8, 247.0],
