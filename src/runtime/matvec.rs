@@ -365,19 +365,20 @@ unsafe fn palette_rows_gather(
     }
 }
 
-/// [`palette_rows`] for 4- and 6-bit indices on AVX-512, no row buffer, no gather: rows in
+/// [`palette_rows`] for 4-, 6- and 8-bit indices on AVX-512, no row buffer, no gather: rows in
 /// pairs, the pair's 8 columns in one 512-bit vector (lanes 0-7 the pair's first row, lanes
 /// 8-15 its second, as [`palette_tile_avx512`] lays them out), each group's table (its f16 entries widened
 /// exactly) in registers, both rows' entries looked up together: at 4 bits by one `vpermt2ps`
 /// over the two rows' 16-entry tables (the second row's indices plus 16), at 6 bits by two
-/// `vpermt2ps` and a blend on index bit 5 (twice, and a blend of the halves, where the two
-/// rows' groups differ); `x`'s 8 columns in both halves. Each lane is [`dot`]'s lane of its row
+/// `vpermt2ps` and a blend on index bit 5, at 8 bits by eight and a tree of blends on bits 5,
+/// 6 and 7 (the 256 entries in 16 registers) (6 and 8 bits: twice, and a blend of the halves,
+/// where the two rows' groups differ); `x`'s 8 columns in both halves. Each lane is [`dot`]'s lane of its row
 /// (a multiply, then an add, in column order); the tail columns and the final sum as
 /// [`dot`]'s. So the bits of rebuilding the row and taking [`dot`]. An odd last row is paired
 /// with itself.
 ///
 /// # Safety
-/// The CPU must have AVX-512F and AVX2. Panics unless `v.bits == BITS` (4 or 6), `x` holds
+/// The CPU must have AVX-512F and AVX2. Panics unless `v.bits == BITS` (4, 6 or 8), `x` holds
 /// `v.cols` values and a row's bytes hold its indices (the rows `r0 .. r0 + ys.len()` are
 /// sliced with bounds checks).
 #[cfg(target_arch = "x86_64")]
@@ -393,7 +394,7 @@ unsafe fn palette_rows_perm<const BITS: u32>(
     // runs once per tile of rows).
     assert!(
         v.bits == BITS
-            && matches!(BITS, 4 | 6)
+            && matches!(BITS, 4 | 6 | 8)
             && x.len() >= v.cols
             && v.row_bytes * 8 >= v.cols * BITS as usize,
         "palette_rows_perm: {} bits, {} columns, {} bytes a row, x of {}",
@@ -402,19 +403,26 @@ unsafe fn palette_rows_perm<const BITS: u32>(
         v.row_bytes,
         x.len()
     );
-    /// A group's table: its number, widened entries and their 4 registers of 16.
+    /// A group's table: its number, widened entries and their registers of 16 (4, or 16 at
+    /// 8 bits).
     #[derive(Clone, Copy)]
     struct Lut {
         g: usize,
         t: [f32; 256],
-        z: [__m512; 4],
+        z: [__m512; 16],
     }
     let lut = |r: usize| -> Lut {
         let t = v.table_f32(r);
         Lut {
             g: r / v.group_size,
             t,
-            z: std::array::from_fn(|q| _mm512_loadu_ps(t.as_ptr().add(16 * q))),
+            z: std::array::from_fn(|q| {
+                if q < 1 << (BITS - 4) {
+                    _mm512_loadu_ps(t.as_ptr().add(16 * q))
+                } else {
+                    _mm512_setzero_ps()
+                }
+            }),
         }
     };
     let (cols, rb) = (v.cols, v.row_bytes);
@@ -425,11 +433,33 @@ unsafe fn palette_rows_perm<const BITS: u32>(
     let (m6, bit5) = (_mm512_set1_epi32(0x3F), _mm512_set1_epi32(32));
     let spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     // Entries 0-63 of one table: bit 4 picks the register of a pair, bit 5 the pair.
-    let look6 = |z: &[__m512; 4], i: __m512i| {
+    let look6 = |z: &[__m512; 16], i: __m512i| {
         _mm512_mask_blend_ps(
             _mm512_test_epi32_mask(i, bit5),
             _mm512_permutex2var_ps(z[0], i, z[1]),
             _mm512_permutex2var_ps(z[2], i, z[3]),
+        )
+    };
+    // Entries 0-255 (8 bits): 32 at a time from register pairs, then a blend tree on index
+    // bits 5, 6 and 7.
+    let (bit6, bit7) = (_mm512_set1_epi32(64), _mm512_set1_epi32(128));
+    let look8 = |z: &[__m512; 16], i: __m512i| {
+        let (m5, m6, m7) = (
+            _mm512_test_epi32_mask(i, bit5),
+            _mm512_test_epi32_mask(i, bit6),
+            _mm512_test_epi32_mask(i, bit7),
+        );
+        let q = |k: usize| {
+            _mm512_mask_blend_ps(
+                m5,
+                _mm512_permutex2var_ps(z[4 * k], i, z[4 * k + 1]),
+                _mm512_permutex2var_ps(z[4 * k + 2], i, z[4 * k + 3]),
+            )
+        };
+        _mm512_mask_blend_ps(
+            m7,
+            _mm512_mask_blend_ps(m6, q(0), q(1)),
+            _mm512_mask_blend_ps(m6, q(2), q(3)),
         )
     };
     let mut la = lut(r0);
@@ -464,6 +494,16 @@ unsafe fn palette_rows_perm<const BITS: u32>(
                 let hi = _mm_and_si128(_mm_srli_epi16::<4>(w), m0f);
                 let ix = _mm512_or_si512(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), second);
                 _mm512_permutex2var_ps(la.z[0], ix, lb.z[0])
+            } else if BITS == 8 {
+                // 8 indices of each row: 8 bytes.
+                let wa = (ia.as_ptr().add(c) as *const u64).read_unaligned();
+                let wb = (ib.as_ptr().add(c) as *const u64).read_unaligned();
+                let ix = _mm512_cvtepu8_epi32(_mm_set_epi64x(wb as i64, wa as i64));
+                if la.g == lb.g {
+                    look8(&la.z, ix)
+                } else {
+                    _mm512_mask_blend_ps(0xFF00, look8(&la.z, ix), look8(&lb.z, ix))
+                }
             } else {
                 // 8 indices of each row: 6 bytes, indices 0-3 from the first three as one
                 // 24-bit word (LSB first), 4-7 from the next three; the four words spread
@@ -1245,15 +1285,15 @@ fn rows(
         (WeightData::Ternary { words, scales }, _) => ternary_rows(words, scales, cols, x, ys, r0),
         (WeightData::Palette(v), _) => {
             #[cfg(target_arch = "x86_64")]
-            if matches!(v.bits, 4 | 6) && palette_tokens_avx512_ok(isa) {
+            if matches!(v.bits, 4 | 6 | 8) && palette_tokens_avx512_ok(isa) {
                 // SAFETY: AVX-512F and AVX2 are present (palette_tokens_avx512_ok); the
                 // indices' width is the kernel's; x holds cols values, the rows exist (the
                 // caller's tiles).
                 unsafe {
-                    if v.bits == 4 {
-                        palette_rows_perm::<4>(v, x, ys, r0)
-                    } else {
-                        palette_rows_perm::<6>(v, x, ys, r0)
+                    match v.bits {
+                        4 => palette_rows_perm::<4>(v, x, ys, r0),
+                        6 => palette_rows_perm::<6>(v, x, ys, r0),
+                        _ => palette_rows_perm::<8>(v, x, ys, r0),
                     }
                 };
                 return;
@@ -1559,28 +1599,35 @@ mod tests {
         }
     }
 
-    /// The 4- and 6-bit single-token kernels without the row buffer (AVX-512: row pairs,
-    /// `vpermt2ps`; AVX2: `vpermps` at 4 bits, gathers at 6; aarch64: `tbl`) give the rebuilt
-    /// rows' bits: odd row counts (the last row paired with itself), first rows that
+    /// The single-token palette kernels without the row buffer (AVX-512: row pairs,
+    /// `vpermt2ps`, 4, 6 and 8 bits; AVX2: `vpermps` at 4 bits, gathers at 6 and 8; aarch64:
+    /// `tbl`, 4 and 6 bits) give the rebuilt rows' bits: odd row counts (the last row paired with itself), first rows that
     /// put a pair across a group boundary (groups of 3 and 1 rows), row lengths below 8, not a
     /// multiple of 8 and SmolLM2's 576, and `x` with zeros of both signs.
     #[test]
     fn palette_perm_paths_give_the_rebuilt_rows_bits() {
         type Kernel = unsafe fn(&crate::palette::PaletteView, &[f32], &mut [f32], usize);
-        let mut kernels: Vec<(&str, Kernel, Kernel)> = Vec::new();
+        // (level, index width, kernel)
+        let mut kernels: Vec<(&str, u32, Kernel)> = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {
             if palette_tokens_avx512_ok(q8::detect()) {
-                kernels.push(("avx512", palette_rows_perm::<4>, palette_rows_perm::<6>));
+                kernels.push(("avx512", 4, palette_rows_perm::<4>));
+                kernels.push(("avx512", 6, palette_rows_perm::<6>));
+                kernels.push(("avx512", 8, palette_rows_perm::<8>));
             }
-            // AVX2: registers at 4 bits, gathers at 6 (matvec takes it only below AVX-512).
+            // AVX2: registers at 4 bits, gathers at 6 and 8 (matvec takes it only below
+            // AVX-512).
             if palette_gather_ok() {
-                kernels.push(("avx2", palette_rows_gather, palette_rows_gather));
+                for bits in [4, 6, 8] {
+                    kernels.push(("avx2", bits, palette_rows_gather));
+                }
             }
         }
         #[cfg(target_arch = "aarch64")]
         if std::arch::is_aarch64_feature_detected!("neon") {
-            kernels.push(("neon", palette_rows_neon::<4>, palette_rows_neon::<6>));
+            kernels.push(("neon", 4, palette_rows_neon::<4>));
+            kernels.push(("neon", 6, palette_rows_neon::<6>));
         }
         if kernels.is_empty() {
             eprintln!("skipped: no AVX2, AVX-512 or NEON here");
@@ -1588,7 +1635,7 @@ mod tests {
         }
         let mut seed = 41u64;
         let rows = 23;
-        for (bits, cols) in [4u32, 6]
+        for (bits, cols) in [4u32, 6, 8]
             .into_iter()
             .flat_map(|b| [3usize, 8, 16, 77, 576].map(|c| (b, c)))
         {
@@ -1612,11 +1659,11 @@ mod tests {
                         &mut vec![0f32; cols],
                         &mut vec![0u8; cols],
                     );
-                    for &(name, k4, k6) in &kernels {
+                    for &(name, _, kernel) in kernels.iter().filter(|kn| kn.1 == bits) {
                         let mut got = vec![f32::NAN; k];
                         // SAFETY: the kernels' features checked above (NEON: every aarch64
                         // target); the rows r0 .. r0 + k exist.
-                        unsafe { (if bits == 4 { k4 } else { k6 })(&v, &x, &mut got, r0) };
+                        unsafe { kernel(&v, &x, &mut got, r0) };
                         assert_eq!(
                             bits_of(&got),
                             bits_of(&want),
