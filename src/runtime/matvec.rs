@@ -1551,8 +1551,12 @@ mod tests {
         }
     }
 
+    /// `matvec` on palettized weights (whichever single-token kernel this CPU's level takes:
+    /// the AVX-512 table in registers, the AVX2 one, the row rebuilt) gives the rebuilt rows'
+    /// bits; every kernel at every width is run directly by
+    /// `palette_perm_paths_give_the_rebuilt_rows_bits`.
     #[test]
-    fn palette_gather_path_gives_the_rebuilt_rows_bits() {
+    fn palette_matvec_gives_the_rebuilt_rows_bits() {
         let mut seed = 9u64;
         for (bits, cols) in [(4u32, 77usize), (8, 77), (6, 77), (6, 64), (6, 5)] {
             let (rows, g) = (12usize, 4usize);
