@@ -238,6 +238,40 @@ crate::multiversion! {
     }
 }
 
+/// The checks a single-token palette kernel's unchecked reads rely on (run once per tile of
+/// rows; a bundle's reader checks `row_bytes`): `width_ok` (the kernel takes `v.bits`), `x`
+/// holding `v.cols` values, a row's bytes holding its indices. Panics naming `kernel`.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn assert_palette_args(kernel: &str, v: &crate::palette::PaletteView, x: &[f32], width_ok: bool) {
+    assert!(
+        width_ok && x.len() >= v.cols && v.row_bytes * 8 >= v.cols * v.bits as usize,
+        "{kernel}: {} bits, {} columns, {} bytes a row, x of {}",
+        v.bits,
+        v.cols,
+        v.row_bytes,
+        x.len()
+    );
+}
+
+/// A palette row's result from its [`dot`] lanes `l` over the first `n8` columns: the tail
+/// columns `n8 .. x.len()` (at most 7, `table` entries of `row`'s `bits`-bit indices) added
+/// to lanes 0.. as [`dot`] adds them, then [`hsum8`].
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[inline(always)]
+fn palette_row_end(
+    mut l: [f32; 8],
+    table: &[f32; 256],
+    row: &[u8],
+    bits: u32,
+    x: &[f32],
+    n8: usize,
+) -> f32 {
+    for (j, k) in (n8..x.len()).enumerate() {
+        l[j] += table[crate::palette::index_at(row, bits, k) as usize] * x[k];
+    }
+    hsum8(&l)
+}
+
 /// The eight 6-bit indices at byte `o` of `indices` (six bytes, LSB first) as two 24-bit
 /// words in one u64: bytes 0-2 (indices 0-3) in the low 32 bits, bytes 3-5 (indices 4-7) in
 /// the high 32, so that lane `j` of a vector holding word `j / 4` gives index `j` by a shift
@@ -298,14 +332,8 @@ unsafe fn palette_rows_gather(
 ) {
     use std::arch::x86_64::*;
     let cols = v.cols;
-    // The unchecked reads below rely on these (4 bits: one 4-byte read a step).
-    assert!(
-        matches!(v.bits, 4 | 6 | 8) && x.len() >= cols && v.row_bytes * 8 >= cols * v.bits as usize,
-        "palette_rows_gather: {} bits, {cols} columns, {} bytes a row, x of {}",
-        v.bits,
-        v.row_bytes,
-        x.len()
-    );
+    // 4 bits: one unchecked 4-byte read a step.
+    assert_palette_args("palette_rows_gather", v, x, matches!(v.bits, 4 | 6 | 8));
     let n8 = cols / 8 * 8;
     let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
     let m4 = _mm256_set1_epi32(0xF);
@@ -358,10 +386,7 @@ unsafe fn palette_rows_gather(
         }
         let mut l = [0f32; 8];
         _mm256_storeu_ps(l.as_mut_ptr(), acc);
-        for (j, k) in (n8..cols).enumerate() {
-            l[j] += table[crate::palette::index_at(row, v.bits, k) as usize] * x[k];
-        }
-        *yo = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+        *yo = palette_row_end(l, &table, row, v.bits, &x[..cols], n8);
     }
 }
 
@@ -390,19 +415,8 @@ unsafe fn palette_rows_perm<const BITS: u32>(
     r0: usize,
 ) {
     use std::arch::x86_64::*;
-    // The unchecked reads below rely on these (a bundle's reader checks `row_bytes`; this
-    // runs once per tile of rows).
-    assert!(
-        v.bits == BITS
-            && matches!(BITS, 4 | 6 | 8)
-            && x.len() >= v.cols
-            && v.row_bytes * 8 >= v.cols * BITS as usize,
-        "palette_rows_perm: {} bits, {} columns, {} bytes a row, x of {}",
-        v.bits,
-        v.cols,
-        v.row_bytes,
-        x.len()
-    );
+    let width_ok = v.bits == BITS && matches!(BITS, 4 | 6 | 8);
+    assert_palette_args("palette_rows_perm", v, x, width_ok);
     /// A group's table: its number, widened entries and their registers of 16 (4, or 16 at
     /// 8 bits).
     #[derive(Clone, Copy)]
@@ -532,16 +546,14 @@ unsafe fn palette_rows_perm<const BITS: u32>(
         }
         let mut l = [0f32; 16];
         _mm512_storeu_ps(l.as_mut_ptr(), acc);
-        let (mut a, mut b) = ([0f32; 8], [0f32; 8]);
-        a.copy_from_slice(&l[..8]);
-        b.copy_from_slice(&l[8..]);
-        for (i, col) in (n8..cols).enumerate() {
-            a[i] += la.t[crate::palette::index_at(ia, BITS, col) as usize] * x[col];
-            b[i] += lb.t[crate::palette::index_at(ib, BITS, col) as usize] * x[col];
-        }
-        ys[j] = hsum8(&a);
+        let (a, b): ([f32; 8], [f32; 8]) = (
+            l[..8].try_into().expect("8 lanes"),
+            l[8..].try_into().expect("8 lanes"),
+        );
+        let x = &x[..cols];
+        ys[j] = palette_row_end(a, &la.t, ia, BITS, x, n8);
         if j + 1 < k {
-            ys[j + 1] = hsum8(&b);
+            ys[j + 1] = palette_row_end(b, &lb.t, ib, BITS, x, n8);
         }
         j += 2;
     }
@@ -569,16 +581,11 @@ unsafe fn palette_rows_neon<const BITS: u32>(
     r0: usize,
 ) {
     use std::arch::aarch64::*;
-    assert!(
-        v.bits == BITS
-            && matches!(BITS, 4 | 6)
-            && x.len() >= v.cols
-            && v.row_bytes * 8 >= v.cols * BITS as usize,
-        "palette_rows_neon: {} bits, {} columns, {} bytes a row, x of {}",
-        v.bits,
-        v.cols,
-        v.row_bytes,
-        x.len()
+    assert_palette_args(
+        "palette_rows_neon",
+        v,
+        x,
+        v.bits == BITS && matches!(BITS, 4 | 6),
     );
     let (cols, rb) = (v.cols, v.row_bytes);
     let n8 = cols / 8 * 8;
@@ -646,10 +653,7 @@ unsafe fn palette_rows_neon<const BITS: u32>(
         let mut l = [0f32; 8];
         vst1q_f32(l.as_mut_ptr(), acc0);
         vst1q_f32(l.as_mut_ptr().add(4), acc1);
-        for (j, k) in (n8..cols).enumerate() {
-            l[j] += table[crate::palette::index_at(row, BITS, k) as usize] * x[k];
-        }
-        *yo = hsum8(&l);
+        *yo = palette_row_end(l, &table, row, BITS, &x[..cols], n8);
     }
 }
 
