@@ -79,6 +79,107 @@ fn source(wg: u32, l: u32, looped: bool) -> String {
     )
 }
 
+/// A read kernel's layout: `wg` invocations a workgroup, `l` loads in flight each, and
+/// `looped`: that many workgroups striding over the buffer (else one pass, `tile`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Layout {
+    wg: u32,
+    l: u32,
+    looped: Option<u32>,
+}
+
+impl Layout {
+    /// The workgroups that read `n` vectors, and the grid (x, y) holding them (y past 65,535).
+    fn grid(self, n: usize) -> (usize, u32, u32) {
+        let per = (self.wg * self.l) as usize;
+        let groups = match self.looped {
+            Some(g) => (g as usize).min(n.div_ceil(per)),
+            None => n.div_ceil(per),
+        };
+        let gx = groups.min(65_535);
+        (groups, gx as u32, groups.div_ceil(gx) as u32)
+    }
+
+    /// The kernel's pipeline.
+    fn pipeline(self, dev: &wgpu::Device, label: &str) -> wgpu::ComputePipeline {
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: wgpu::ShaderSource::Wgsl(source(self.wg, self.l, self.looped.is_some()).into()),
+        };
+        // SAFETY: every load's index is clamped to `p.n - 1` (the buffer's last vector) and
+        // the one store is to element 0: no access leaves its buffer. Compiled as the backend
+        // compiles its own kernels (without wgpu's checks).
+        let module = unsafe {
+            dev.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+        };
+        dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(label),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        })
+    }
+
+    /// The kernel's parameters for `n` vectors, as its uniform buffer.
+    fn params(self, ctx: &GpuContext, n: usize) -> wgpu::Buffer {
+        let (groups, gx, _) = self.grid(n);
+        let params: [u32; 4] = [n as u32, gx, groups as u32, 0];
+        let ub = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("params"),
+            size: 16,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        ctx.queue
+            .write_buffer(&ub, 0, bytemuck::cast_slice(&params));
+        ub
+    }
+}
+
+/// A read kernel's bind group: the buffer `w` it reads, the word `o` it XORs into, its
+/// parameters `ub`.
+fn bind(
+    dev: &wgpu::Device,
+    pipeline: &wgpu::ComputePipeline,
+    w: &wgpu::Buffer,
+    o: &wgpu::Buffer,
+    ub: &wgpu::Buffer,
+) -> wgpu::BindGroup {
+    dev.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &[
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: w.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: o.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: ub.as_entire_binding(),
+            },
+        ],
+    })
+}
+
+/// `n` pseudo-random words (xorshift64 from `seed`, which moves on): the contents do not
+/// change a read's time, but the fold checks them.
+fn random_words(n: usize, seed: &mut u64) -> Vec<u32> {
+    (0..n)
+        .map(|_| {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            *seed as u32
+        })
+        .collect()
+}
+
 /// The bytes each dispatch of the 8B shape's decode step reads at position 512, in step
 /// order, and whether it is a weight product.
 fn step_reads() -> Vec<(u64, bool)> {
@@ -128,44 +229,27 @@ fn step_floor(ctx: &GpuContext) -> anyhow::Result<()> {
         reads.iter().filter(|r| r.1).count(),
         total as f64 / 1e9
     );
-    // (WG, L, looped workgroups) by size: the fastest of the table's layouts at 4.4, 17.4,
-    // 34.8 and 247 MB on an H200 (BENCHMARKS.md), one load an invocation below 1 MB.
-    let layout = |bytes: u64| -> (u32, u32, Option<u32>) {
-        match bytes {
+    // The layout by size: the fastest of the table's at 4.4, 17.4, 34.8 and 247 MB on an
+    // H200 (BENCHMARKS.md), one load an invocation below 1 MB.
+    let layout = |bytes: u64| -> Layout {
+        let (wg, l, looped) = match bytes {
             b if b < 1 << 20 => (128, 1, None),
             b if b < 10_000_000 => (256, 8, None),
             b if b < 100_000_000 => (256, 4, Some(528)),
             _ => (256, 8, Some(528)),
-        }
+        };
+        Layout { wg, l, looped }
     };
     let mut pipelines = std::collections::HashMap::new();
     for &(b, _) in &reads {
-        let (wg, l, looped) = layout(b);
+        let lay = layout(b);
         pipelines
-            .entry((wg, l, looped.is_some()))
-            .or_insert_with(|| {
-                let desc = wgpu::ShaderModuleDescriptor {
-                    label: Some("step read"),
-                    source: wgpu::ShaderSource::Wgsl(source(wg, l, looped.is_some()).into()),
-                };
-                // SAFETY: as in `main`: every load is clamped into its buffer, the one store is
-                // to element 0.
-                let module = unsafe {
-                    dev.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
-                };
-                dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some("step read"),
-                    layout: None,
-                    module: &module,
-                    entry_point: Some("main"),
-                    compilation_options: Default::default(),
-                    cache: None,
-                })
-            });
+            .entry(lay)
+            .or_insert_with(|| lay.pipeline(dev, "step read"));
     }
-    // Each dispatch: its pipeline key, grid, its buffer, its params, its own output.
+    // Each dispatch: its layout, grid, its buffer, its params, its own output.
     struct D {
-        key: (u32, u32, bool),
+        lay: Layout,
         grid: (u32, u32),
         w: wgpu::Buffer,
         p: wgpu::Buffer,
@@ -176,65 +260,20 @@ fn step_floor(ctx: &GpuContext) -> anyhow::Result<()> {
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     for (i, &(bytes, weight)) in reads.iter().enumerate() {
         let n = (bytes as usize).div_ceil(16);
-        // Random words (the contents do not change a read's time); zeros would do as well.
-        let data: Vec<u32> = (0..n * 4)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed as u32
-            })
-            .collect();
-        let (wg, l, looped) = layout(bytes);
-        let per = (wg * l) as usize;
-        let groups = match looped {
-            Some(g) => (g as usize).min(n.div_ceil(per)),
-            None => n.div_ceil(per),
-        };
-        let gx = groups.min(65_535);
-        let gy = groups.div_ceil(gx);
-        let params: [u32; 4] = [n as u32, gx as u32, groups as u32, 0];
+        let data = random_words(n * 4, &mut seed);
+        let lay = layout(bytes);
+        let (_, gx, gy) = lay.grid(n);
         ds.push(D {
-            key: (wg, l, looped.is_some()),
-            grid: (gx as u32, gy as u32),
+            lay,
+            grid: (gx, gy),
             w: ctx.upload_bytes(&format!("w{i}"), bytemuck::cast_slice(&data))?,
-            p: {
-                let ub = dev.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("params"),
-                    size: 16,
-                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                });
-                ctx.queue
-                    .write_buffer(&ub, 0, bytemuck::cast_slice(&params));
-                ub
-            },
+            p: lay.params(ctx, n),
             own: ctx.vector_buffer(&format!("o{i}"), 1),
             weight,
         });
     }
     let shared = ctx.vector_buffer("out", 1);
-    let bind = |d: &D, o: &wgpu::Buffer| {
-        let layout = pipelines[&d.key].get_bind_group_layout(0);
-        dev.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &layout,
-            entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: d.w.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: o.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 2,
-                    resource: d.p.as_entire_binding(),
-                },
-            ],
-        })
-    };
+    let bind = |d: &D, o: &wgpu::Buffer| bind(dev, &pipelines[&d.lay], &d.w, o, &d.p);
     let chain: Vec<wgpu::BindGroup> = ds.iter().map(|d| bind(d, &shared)).collect();
     let own: Vec<wgpu::BindGroup> = ds.iter().map(|d| bind(d, &d.own)).collect();
     // Median of 9 passes of one step each (after one to warm up), us.
@@ -248,7 +287,7 @@ fn step_floor(ctx: &GpuContext) -> anyhow::Result<()> {
                     if weights_only && !d.weight {
                         continue;
                     }
-                    pass.set_pipeline(&pipelines[&d.key]);
+                    pass.set_pipeline(&pipelines[&d.lay]);
                     pass.set_bind_group(0, g, &[]);
                     pass.dispatch_workgroups(d.grid.0, d.grid.1, 1);
                     count += 1;
@@ -282,25 +321,12 @@ fn step_floor(ctx: &GpuContext) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
-    if std::env::args().nth(1).as_deref() == Some("step") {
-        let adapter = match std::env::var("LOWBIT_GPU_ADAPTER") {
-            Ok(s) => Some(s.parse::<AdapterSelector>()?),
-            Err(_) => None,
-        };
-        let ctx = GpuContext::new(&ContextOptions {
-            adapter,
-            ..Default::default()
-        })?;
-        println!(
-            "adapter: {} ({:?}, driver {} {})",
-            ctx.info.name, ctx.info.backend, ctx.info.driver, ctx.info.driver_info
-        );
-        return step_floor(&ctx);
-    }
+    let step = std::env::args().nth(1).as_deref() == Some("step");
     let sizes: Vec<f64> = match std::env::args().skip(1).map(|s| s.parse()).collect() {
+        _ if step => Vec::new(),
         Ok(v) if !Vec::<f64>::is_empty(&v) => v,
         Ok(_) => vec![4.4, 17.4, 34.8, 247.0],
-        Err(e) => anyhow::bail!("usage: gpu_stream_bench [MB ...]: {e}"),
+        Err(e) => anyhow::bail!("usage: gpu_stream_bench [MB ...] | step: {e}"),
     };
     let adapter = match std::env::var("LOWBIT_GPU_ADAPTER") {
         Ok(s) => Some(s.parse::<AdapterSelector>()?),
@@ -314,6 +340,9 @@ fn main() -> anyhow::Result<()> {
         "adapter: {} ({:?}, driver {} {})",
         ctx.info.name, ctx.info.backend, ctx.info.driver, ctx.info.driver_info
     );
+    if step {
+        return step_floor(&ctx);
+    }
     let dev = &ctx.device;
     println!(
         "timing: {}",
@@ -323,16 +352,26 @@ fn main() -> anyhow::Result<()> {
             "wall clock, submit to done"
         }
     );
-    // (name, WG, L, looped workgroups)
-    let mut layouts: Vec<(String, u32, u32, Option<u32>)> = Vec::new();
+    // (name, layout)
+    let mut layouts: Vec<(String, Layout)> = Vec::new();
     for wg in [128u32, 256] {
         for l in [1u32, 2, 4, 8] {
-            layouts.push((format!("tile_wg{wg}_l{l}"), wg, l, None));
+            let lay = Layout {
+                wg,
+                l,
+                looped: None,
+            };
+            layouts.push((format!("tile_wg{wg}_l{l}"), lay));
         }
     }
     for groups in [132u32 * 4, 132 * 8, 132 * 16] {
         for l in [2u32, 4, 8] {
-            layouts.push((format!("loop{groups}_wg256_l{l}"), 256, l, Some(groups)));
+            let lay = Layout {
+                wg: 256,
+                l,
+                looped: Some(groups),
+            };
+            layouts.push((format!("loop{groups}_wg256_l{l}"), lay));
         }
     }
     println!("| MB | layout | workgroups | chain us | chain GB/s | overlap us | overlap GB/s |");
@@ -345,15 +384,7 @@ fn main() -> anyhow::Result<()> {
         let n = ((mb * 1e6) as usize / 16).max(1);
         let bytes = (n * 16) as u64;
         let copies = (1u64 << 30).div_ceil(bytes).clamp(1, 256) as usize;
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let data: Vec<u32> = (0..n * 4)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed as u32
-            })
-            .collect();
+        let data = random_words(n * 4, &mut 0x2545_f491_4f6c_dd1du64);
         let want = data.iter().fold(0u32, |a, &v| a ^ v);
         let bufs: Vec<wgpu::Buffer> = (0..copies)
             .map(|i| ctx.upload_bytes(&format!("w{i}"), bytemuck::cast_slice(&data)))
@@ -361,62 +392,11 @@ fn main() -> anyhow::Result<()> {
         let outs: Vec<wgpu::Buffer> = (0..copies)
             .map(|i| ctx.vector_buffer(&format!("o{i}"), 1))
             .collect();
-        for (name, wg, l, looped) in &layouts {
-            let per = (*wg * *l) as usize;
-            let groups = match looped {
-                Some(g) => (*g as usize).min(n.div_ceil(per)),
-                None => n.div_ceil(per),
-            };
-            let gx = groups.min(65_535);
-            let gy = groups.div_ceil(gx);
-            let params: [u32; 4] = [n as u32, gx as u32, groups as u32, 0];
-            let ub = dev.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("params"),
-                size: 16,
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            ctx.queue
-                .write_buffer(&ub, 0, bytemuck::cast_slice(&params));
-            let desc = wgpu::ShaderModuleDescriptor {
-                label: Some(name),
-                source: wgpu::ShaderSource::Wgsl(source(*wg, *l, looped.is_some()).into()),
-            };
-            // SAFETY: every load's index is clamped to `p.n - 1` (the buffer's last vector)
-            // and the one store is to element 0: no access leaves its buffer. Compiled as
-            // the backend compiles its own kernels (without wgpu's checks).
-            let module = unsafe {
-                dev.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
-            };
-            let pipeline = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(name),
-                layout: None,
-                module: &module,
-                entry_point: Some("main"),
-                compilation_options: Default::default(),
-                cache: None,
-            });
-            let layout = pipeline.get_bind_group_layout(0);
-            let bind = |w: &wgpu::Buffer, o: &wgpu::Buffer| {
-                dev.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: None,
-                    layout: &layout,
-                    entries: &[
-                        wgpu::BindGroupEntry {
-                            binding: 0,
-                            resource: w.as_entire_binding(),
-                        },
-                        wgpu::BindGroupEntry {
-                            binding: 1,
-                            resource: o.as_entire_binding(),
-                        },
-                        wgpu::BindGroupEntry {
-                            binding: 2,
-                            resource: ub.as_entire_binding(),
-                        },
-                    ],
-                })
-            };
+        for (name, lay) in &layouts {
+            let (groups, gx, gy) = lay.grid(n);
+            let ub = lay.params(&ctx, n);
+            let pipeline = lay.pipeline(dev, name);
+            let bind = |w: &wgpu::Buffer, o: &wgpu::Buffer| bind(dev, &pipeline, w, o, &ub);
             let chain: Vec<wgpu::BindGroup> = bufs.iter().map(|b| bind(b, &outs[0])).collect();
             let own: Vec<wgpu::BindGroup> =
                 bufs.iter().zip(&outs).map(|(b, o)| bind(b, o)).collect();
@@ -429,7 +409,7 @@ fn main() -> anyhow::Result<()> {
                         pass.set_pipeline(&pipeline);
                         for i in 0..k {
                             pass.set_bind_group(0, &groups[i % groups.len()], &[]);
-                            pass.dispatch_workgroups(gx as u32, gy as u32, 1);
+                            pass.dispatch_workgroups(gx, gy, 1);
                         }
                     })?;
                     best = best.min(t.ns / 1e3 / k as f64);
