@@ -14,6 +14,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use lowbit::runtime::gpu::kernels::{ATTENTION_COMBINE_Q8, COMBINE_Q8};
 use lowbit::runtime::{self, Backend, BackendKind, LoadOptions, Sampler, SamplerConfig};
 use serde_json::Value;
 
@@ -709,33 +710,25 @@ fn decode_uses_the_bundles_int8_kernels() {
         ternary.iter().any(|l| l.contains("_p1+q8_quantize_rms ")),
         "{ternary:?}"
     );
-    assert_eq!(
-        int8.iter()
-            .filter(|l| *l == lowbit::runtime::gpu::kernels::COMBINE_Q8)
-            .count(),
-        2,
-        "{int8:?}"
-    );
-    // The prefill graph's ternary products: the int8 prefill product, each with its
-    // quantization pass (one item; `mmq` in the label).
-    let mmq: Vec<&String> = prefill.iter().filter(|l| l.contains("_mmq_")).collect();
-    assert_eq!(mmq.len(), 2 * 4, "{prefill:?}");
-    assert!(
-        prefill
-            .iter()
-            .all(|l| !l.starts_with("weights_ternary2_matmul")),
-        "{prefill:?}"
-    );
-    // Attention: one head per workgroup in decode (the subgroup kernel where subgroups hold
-    // its clusters and unpack2x16float exists); in prefill the tiled kernel where it runs
-    // for the tiny model's head dimension, else its 4 query heads over 2 KV heads in groups
-    // of 2.
-    let decode_attention = if ctx.subgroup_ops(lowbit::runtime::gpu::ops::DECODE_ATTENTION_LANES)
-        && ctx.has_f16_in_f32()
-    {
-        "op_attention_decode"
+    // That combine is the decode attention's last workgroups' on Vulkan where subgroups hold
+    // the attention's clusters (op_attention_decode_combine_q8: one dispatch for both), else
+    // a dispatch of its own after the attention.
+    let decode_subgroups =
+        ctx.subgroup_ops(lowbit::runtime::gpu::ops::DECODE_ATTENTION_LANES) && ctx.has_f16_in_f32();
+    let merged = decode_subgroups && ctx.info.backend == wgpu::Backend::Vulkan;
+    let (combine, other) = if merged {
+        (ATTENTION_COMBINE_Q8, COMBINE_Q8)
     } else {
-        "op_attention"
+        (COMBINE_Q8, ATTENTION_COMBINE_Q8)
+    };
+    assert_eq!(int8.iter().filter(|l| *l == combine).count(), 2, "{int8:?}");
+    assert!(!int8.iter().any(|l| l == other), "{int8:?}");
+    // (The attention and the combine apart, where they are merged here, run on Metal and with
+    // `LOWBIT_GPU_ATTN_MERGE=0`: tests/gpu_ops.rs holds the merged kernel to that pair.)
+    let decode_attention = match (decode_subgroups, merged) {
+        (true, true) => ATTENTION_COMBINE_Q8,
+        (true, false) => "op_attention_decode",
+        _ => "op_attention",
     };
     assert!(int8.iter().any(|l| l == decode_attention), "{int8:?}");
     assert!(
@@ -784,7 +777,8 @@ fn a_bundle_without_the_newer_kernels_falls_back() {
     let newer = |n: &str| {
         n.starts_with("ternary_matvec_q8g_")
             || n.starts_with("ternary_matvec_q8g4_")
-            || n == lowbit::runtime::gpu::kernels::COMBINE_Q8
+            || n == COMBINE_Q8
+            || n == ATTENTION_COMBINE_Q8
             || n.starts_with("ternary_q8_quantize")
             || n == "op_attention_decode"
             || n.starts_with("op_attention_g")
@@ -864,7 +858,7 @@ fn a_bundle_with_the_f16_scale_products_runs_them() {
     let model = runtime::open_model(&b).unwrap();
     let mut sources = lowbit::runtime::gpu::kernels::from_bundle(&model.bundle).unwrap();
     sources.retain(|n, _| {
-        !n.starts_with("ternary_matvec_q8g4_") && n != lowbit::runtime::gpu::kernels::COMBINE_Q8
+        !n.starts_with("ternary_matvec_q8g4_") && n != COMBINE_Q8 && n != ATTENTION_COMBINE_Q8
     });
     let mut added = 0;
     // (Those bundles had no per-16-group products either.)

@@ -744,6 +744,166 @@ fn decode_attention_folds_rope_and_the_kv_store() {
     }
 }
 
+/// The decode attention with its combine done by the last workgroup of each block
+/// (`op_attention_decode_combine_q8`) against what it replaces: `op_attention_decode`, then
+/// `op_attention_combine_q8`, on the same inputs. The partials, both caches, the merged
+/// values and the int8 x come out bit for bit the same, and every count is back at 0 after
+/// each dispatch (the next layer's dispatch reuses them: here the same counts serve three
+/// dispatches in a row at different positions). Head dims 64, 96 (blocks that straddle
+/// heads: a workgroup may merge two), 128 (the 8B shape's 32 heads over 2 KV heads) and 256;
+/// splits with and without positions; a sliding window.
+#[test]
+fn decode_attention_merges_in_its_last_workgroup() {
+    use lowbit::runtime::gpu::kernels::{ATTENTION_COMBINE_Q8, COMBINE_Q8};
+    let Some(ctx) = ctx() else { return };
+    if !ctx.subgroup_ops(ops::DECODE_ATTENTION_LANES) || !ctx.has_f16_in_f32() {
+        eprintln!(
+            "note: no subgroups of {} or more or no unpack2x16float here: {ATTENTION_COMBINE_Q8} not run",
+            ops::DECODE_ATTENTION_LANES
+        );
+        return;
+    }
+    let mut seed = 77u64;
+    // (heads, kv_heads, head_dim, n_ctx, splits, window, positions)
+    for (heads, kv_heads, hd, n_ctx, splits, window, positions) in [
+        (
+            32usize,
+            2usize,
+            128usize,
+            1024usize,
+            64usize,
+            0usize,
+            [512u32, 3, 700],
+        ),
+        (4, 1, 64, 256, 8, 0, [100, 0, 255]),
+        (8, 2, 96, 256, 4, 0, [64, 200, 1]),
+        (2, 1, 256, 128, 2, 0, [127, 40, 64]),
+        (4, 2, 64, 256, 8, 48, [150, 30, 255]),
+    ] {
+        let chunk = n_ctx.div_ceil(splits);
+        let (nq, nk) = (heads * hd, kv_heads * hd);
+        let n_rot = hd;
+        let mut table = vec![0f32; n_ctx * n_rot];
+        for (pos, row) in table.chunks_exact_mut(n_rot).enumerate() {
+            cpu::rope_cache(pos, n_rot, 10000.0, 1.0, 1.0, None, row);
+        }
+        let tb = buf(&ctx, &table);
+        // Both caches start from the same random f16 rows.
+        let fill: Vec<u32> = (0..kv_heads * n_ctx * hd / 2)
+            .map(|_| 0x3c003c00 ^ (lcg_u32(&mut seed) & 0x03ff03ff))
+            .collect();
+        let (kc_a, vc_a) = (u32buf(&ctx, &fill), u32buf(&ctx, &fill));
+        let (kc_b, vc_b) = (u32buf(&ctx, &fill), u32buf(&ctx, &fill));
+        let blocks = nq / 256;
+        let done = u32buf(&ctx, &vec![0u32; blocks]);
+        let kq_scale = 1.0 / (hd as f32).sqrt();
+        for pos in positions {
+            let grain = ops::DECODE_SPLIT_GRAIN;
+            let what =
+                format!("h{heads}/{kv_heads} hd{hd} splits {splits} window {window} pos {pos}");
+            let st = step(&ctx, pos, 1);
+            let ap = params(
+                &ctx,
+                &[
+                    heads as u32,
+                    kv_heads as u32,
+                    hd as u32,
+                    n_ctx as u32,
+                    splits as u32,
+                    chunk as u32,
+                    window as u32,
+                    kq_scale.to_bits(),
+                    grain,
+                    n_rot as u32,
+                    0,
+                    1f32.to_bits(),
+                ],
+            );
+            let cp = params(
+                &ctx,
+                &[
+                    heads as u32,
+                    hd as u32,
+                    splits as u32,
+                    chunk as u32,
+                    grain,
+                    0,
+                    0,
+                    0,
+                ],
+            );
+            let q: Vec<f32> = (0..nq).map(|_| lcg(&mut seed)).collect();
+            let k: Vec<f32> = (0..nk).map(|_| lcg(&mut seed) * 2.0).collect();
+            let v: Vec<f32> = (0..nk).map(|_| lcg(&mut seed)).collect();
+            let (qb, kb, vb) = (buf(&ctx, &q), buf(&ctx, &k), buf(&ctx, &v));
+            let xq_len = (nq + nq / 8) / 4;
+            // A: the attention, then the combine.
+            let part_a = ctx.vector_buffer("part a", heads * splits * (hd + 2));
+            let (out_a, xq_a) = (
+                ctx.vector_buffer("out a", nq),
+                ctx.vector_buffer("xq a", xq_len),
+            );
+            run(
+                &ctx,
+                "op_attention_decode",
+                &[&qb, &kb, &vb, &tb, &kc_a, &vc_a, &part_a, &ap, &st],
+                (heads as u32, splits as u32, 1),
+            );
+            run(
+                &ctx,
+                COMBINE_Q8,
+                &[&part_a, &out_a, &xq_a, &cp, &st],
+                (blocks as u32, 1, 1),
+            );
+            // B: one dispatch.
+            let part_b = ctx.vector_buffer("part b", heads * splits * (hd + 2));
+            let (out_b, xq_b) = (
+                ctx.vector_buffer("out b", nq),
+                ctx.vector_buffer("xq b", xq_len),
+            );
+            run(
+                &ctx,
+                ATTENTION_COMBINE_Q8,
+                &[
+                    &qb, &kb, &vb, &tb, &kc_b, &vc_b, &part_b, &ap, &st, &out_b, &xq_b, &done,
+                ],
+                (heads as u32, splits as u32, 1),
+            );
+            let n = kv_heads * n_ctx * hd / 2;
+            assert!(
+                read_u32(&ctx, &kc_a, n) == read_u32(&ctx, &kc_b, n),
+                "{what}: K caches"
+            );
+            assert!(
+                read_u32(&ctx, &vc_a, n) == read_u32(&ctx, &vc_b, n),
+                "{what}: V caches"
+            );
+            let np = heads * splits * (hd + 2);
+            let bits = |b: &wgpu::Buffer, n: usize| -> Vec<u32> {
+                read(&ctx, b, n).iter().map(|v| v.to_bits()).collect()
+            };
+            assert!(bits(&part_a, np) == bits(&part_b, np), "{what}: partials");
+            let (a, b) = (bits(&out_a, nq), bits(&out_b, nq));
+            let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+            assert_eq!(differ, 0, "{what}: {differ} of {nq} merged values differ");
+            assert_eq!(
+                read_u32(&ctx, &xq_a, xq_len),
+                read_u32(&ctx, &xq_b, xq_len),
+                "{what}: int8 x"
+            );
+            assert_eq!(
+                read_u32(&ctx, &done, blocks),
+                vec![0u32; blocks],
+                "{what}: counts"
+            );
+            assert!(
+                read(&ctx, &out_b, nq).iter().any(|v| v.abs() > 1e-3),
+                "{what}"
+            );
+        }
+    }
+}
+
 /// Attention of `tokens` queries at `pos0..` over a cache filled for positions
 /// `0..pos0 + n`, against an f64 softmax over the same f16-rounded keys and values.
 #[allow(clippy::too_many_arguments)]

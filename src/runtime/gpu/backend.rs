@@ -19,7 +19,7 @@
 //! other orders than the CPU's, so logits differ by f32 rounding (bounded per op in
 //! `tests/gpu_ops.rs` and `tests/gpu_backend.rs`).
 
-use super::kernels::COMBINE_Q8;
+use super::kernels::{ATTENTION_COMBINE_Q8, COMBINE_Q8};
 use super::ops::{self, grid_1d, Bindable, BufView, OpDispatch, Step, MAX_HEAD_DIM};
 use super::weights::{Bound, GpuWeight, WeightFormat};
 use super::{q8_quantize_name, ContextOptions, Epilogue, Fuse, GpuContext, GpuError};
@@ -942,6 +942,18 @@ fn build_graph(
     // The combine that writes the output product's int8 x, where the sources carry it.
     let combine_q8 = ctx.has_source(COMBINE_Q8)
         && std::env::var("LOWBIT_GPU_COMBINE_Q8").map_or(true, |v| v != "0");
+    // That combine done by the decode attention's last workgroup of each block of 256
+    // outputs (`op_attention_decode_combine_q8`, one dispatch and one barrier fewer a layer)
+    // where the sources carry it, on Vulkan only (its workgroups pass their partials through
+    // device-scope barriers and atomics, which naga's Metal output does not give across
+    // threadgroups) and where a kernel may have its 10 storage bindings;
+    // `LOWBIT_GPU_ATTN_MERGE=0`: not (a measuring knob). Its counts (one per block), shared
+    // by every layer's dispatch: each is back at 0 when its dispatch ends.
+    let merge = ctx.has_source(ATTENTION_COMBINE_Q8)
+        && ctx.info.backend == wgpu::Backend::Vulkan
+        && ctx.limits.max_storage_buffers_per_shader_stage >= 10
+        && std::env::var("LOWBIT_GPU_ATTN_MERGE").map_or(true, |v| v != "0");
+    let merge_counts = ctx.vector_buffer("attention merge counts", (nh * hd).div_ceil(256));
     // The attention kernel, its query heads per workgroup and its split grain. Decode:
     // `op_attention_decode` (one cluster of invocations per score, splits that follow the
     // position) where the adapter has subgroups of at least its cluster size and
@@ -1310,7 +1322,44 @@ fn build_graph(
             neox,
             q_scale,
         ]);
-        if attention == DECODE_ATTENTION {
+        let x_view = BufView::whole(&a.x);
+        // The output product, with the residual add in its epilogue where no norm comes
+        // between (bound here: whether it quantizes x itself decides the combine).
+        let mut wo_residual = match &lv.post_attn_norm {
+            Some(_) => None,
+            None => Some(mm_with(&lw.wo, &a.attn, &x_view, residual)?),
+        };
+        // Decode with an int8 output product that quantizes x itself: the combine writes that
+        // int8 x (op_attention_combine_q8) and the product's own quantize dispatch goes
+        // (`LOWBIT_GPU_COMBINE_Q8=0`: not, a measuring knob); with `merge`, in the
+        // attention's dispatch.
+        let q8_combine = s == 1
+            && combine_q8
+            && hd >= 64
+            && (nh * hd).is_multiple_of(256)
+            && splits <= 128
+            && matches!(&wo_residual, Some(Item::Weight(b)) if b.has_pre(q8_quantize_name(false)));
+        let merged = q8_combine && merge && attention == DECODE_ATTENTION;
+        if merged {
+            items.push(op(
+                ATTENTION_COMBINE_Q8,
+                &[
+                    qf,
+                    kf,
+                    &a.v,
+                    table,
+                    kc,
+                    vc,
+                    &a.part,
+                    &p,
+                    &a.step,
+                    &a.attn,
+                    &ctx.q8_vec_scratch(nh * hd),
+                    &merge_counts,
+                ],
+                (nh as u32, splits as u32, 1),
+            )?);
+        } else if attention == DECODE_ATTENTION {
             items.push(op(
                 attention,
                 &[qf, kf, &a.v, table, kc, vc, &a.part, &p, &a.step],
@@ -1355,7 +1404,6 @@ fn build_graph(
             0,
             0,
         ]);
-        let x_view = BufView::whole(&a.x);
         // The residual add in the product's epilogue unless a norm comes between.
         match &lv.post_attn_norm {
             Some(w) => {
@@ -1369,23 +1417,16 @@ fn build_graph(
                 h_ready = post_norm_add(&mut items, &a.o, w, next)?;
             }
             None => {
-                let mut wo = mm_with(&lw.wo, &a.attn, &x_view, residual)?;
-                // Decode with an int8 output product that quantizes x itself: the combine
-                // writes that int8 x (op_attention_combine_q8) and the product's own
-                // quantize dispatch goes (`LOWBIT_GPU_COMBINE_Q8=0`: not, a measuring knob).
-                let fold = s == 1
-                    && combine_q8
-                    && hd >= 64
-                    && (nh * hd).is_multiple_of(256)
-                    && splits <= 128
-                    && matches!(&wo, Item::Weight(b) if b.has_pre(q8_quantize_name(false)));
-                if fold {
+                let mut wo = wo_residual.take().expect("bound above where no norm comes");
+                if q8_combine && !merged {
                     let xq = ctx.q8_vec_scratch(nh * hd);
                     items.push(op(
                         COMBINE_Q8,
                         &[&a.part, &a.attn, &xq, &p, &a.step],
                         ((nh * hd / 256) as u32, 1, 1),
                     )?);
+                }
+                if q8_combine {
                     if let Item::Weight(b) = &mut wo {
                         b.drop_pre(q8_quantize_name(false));
                     }

@@ -78,6 +78,10 @@ pub fn ternary_matvec_configs() -> Vec<MatvecConfig> {
 /// ([`super::combine_q8_source`]).
 pub const COMBINE_Q8: &str = "op_attention_combine_q8";
 
+/// The decode attention with [`COMBINE_Q8`] done by the last workgroup of each block of 256
+/// outputs ([`super::attention_decode_combine_q8_source`]): one dispatch for both.
+pub const ATTENTION_COMBINE_Q8: &str = "op_attention_decode_combine_q8";
+
 /// Whether `wgsl` is this binary's own source of kernel `name` ([`all`], byte for byte).
 pub fn is_builtin(name: &str, wgsl: &str) -> bool {
     static BUILTIN: std::sync::OnceLock<HashMap<String, String>> = std::sync::OnceLock::new();
@@ -140,6 +144,10 @@ pub fn all() -> Vec<KernelSource> {
     v.push(KernelSource {
         name: COMBINE_Q8.to_string(),
         wgsl: super::combine_q8_source(),
+    });
+    v.push(KernelSource {
+        name: ATTENTION_COMBINE_Q8.to_string(),
+        wgsl: super::attention_decode_combine_q8_source(),
     });
     v.extend(super::ops::sources());
     v.extend(super::weights::sources());

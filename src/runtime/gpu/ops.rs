@@ -49,7 +49,7 @@ const OPS: &[(&str, &str)] = &[
 pub const MAX_HEAD_DIM: usize = 256;
 
 /// The op modules that use subgroup operations (compiled only where the adapter has them).
-pub const SUBGROUP_OPS: &[&str] = &["op_attention_decode"];
+pub const SUBGROUP_OPS: &[&str] = &["op_attention_decode", super::kernels::ATTENTION_COMBINE_Q8];
 
 /// Invocations per score of `op_attention_decode` (`LANES` in attention_decode.wgsl): it runs
 /// only where every subgroup has at least this many (wgpu's smallest subgroup is 4).
@@ -268,6 +268,17 @@ fn expand_heads(template: &str, group: usize) -> String {
     out
 }
 
+/// attention_decode.wgsl with its `//@each` blocks expanded (without common.wgsl): what
+/// `op_attention_decode` compiles after common.wgsl, and the attention of
+/// [`super::attention_decode_combine_q8_source`].
+pub(crate) fn attention_decode_body() -> String {
+    let (_, body) = OPS
+        .iter()
+        .find(|(stem, _)| *stem == "attention_decode")
+        .expect("attention_decode is an op module");
+    expand_heads(body, DECODE_ATTENTION_UNROLL)
+}
+
 /// The op modules as complete WGSL sources, named `op_{stem}`, and the grouped prefill
 /// attention's variants ([`attention_name`], 2 to [`MAX_ATTENTION_GROUP`] query heads per
 /// workgroup).
@@ -277,7 +288,7 @@ pub fn sources() -> Vec<KernelSource> {
         .map(|(stem, body)| {
             // The decode attention's unrolled blocks (the others have none).
             let body = if *stem == "attention_decode" {
-                expand_heads(body, DECODE_ATTENTION_UNROLL)
+                attention_decode_body()
             } else {
                 body.to_string()
             };
@@ -574,8 +585,9 @@ mod tests {
         );
         // The default grain is a whole number of tiles (TILE = WG / LANES positions).
         assert_eq!(DECODE_SPLIT_GRAIN % (64 / DECODE_ATTENTION_LANES), 0);
+        let all = super::super::kernels::all();
         for stem in SUBGROUP_OPS {
-            assert!(sources().iter().any(|k| k.name == *stem), "{stem}");
+            assert!(all.iter().any(|k| k.name == *stem), "{stem}");
         }
         // Every position of every context lands in a split, none past the last, for the
         // fixed chunk (grain 0) and the position-dependent one.

@@ -783,14 +783,16 @@ pub fn kernel_name(format: WeightFormat, op: WeightOp, reduction: Reduction) -> 
 /// [`super::MatvecConfig::name`]) and `weights_ternary2_*`, `palette_b4` for
 /// `weights_palette_b4_*`; also `ternary2` for the kernels that exist only for the int8
 /// ternary decode products: their quantize kernels (`ternary_q8_quantize*`) and the
-/// attention's combine that writes their int8 x (`op_attention_combine_q8`); `None` for every
+/// attention's combine that writes their int8 x (`op_attention_combine_q8`, and the
+/// attention with it folded in, `op_attention_decode_combine_q8`); `None` for every
 /// other kernel (the ops, the prefill quantize kernel, any kernel not named for an encoding).
 /// A bundle carries
 /// the kernels of its own tensors' encodings and every kernel of no encoding
 /// ([`super::kernels::needed`]).
 pub fn kernel_encoding(name: &str) -> Option<String> {
-    let int8_ternary =
-        name.starts_with("ternary_q8_quantize") || name == super::kernels::COMBINE_Q8;
+    let int8_ternary = name.starts_with("ternary_q8_quantize")
+        || name == super::kernels::COMBINE_Q8
+        || name == super::kernels::ATTENTION_COMBINE_Q8;
     if name.starts_with("ternary_matvec") || int8_ternary {
         return Some(Decoder::Ternary.stem());
     }
