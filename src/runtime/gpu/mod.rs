@@ -62,8 +62,9 @@
 //! quantizes all of x into workgroup memory itself) is the fallback for a bundle whose
 //! kernels predate it and `LOWBIT_GPU_Q8_PRE=0`; both give the same int8 values. Two ops
 //! write a product's int8 x themselves, so that its quantize dispatch goes: the decode
-//! attention's combine (`op_attention_combine_q8`, [`combine_q8_source`]) for the output
-//! product, and the gate/up product (`_y16`: its 16 rows a workgroup quantized as one group)
+//! attention's combine (`op_attention_combine_q8`, [`combine_q8_source`]; on Vulkan done by
+//! the attention's last workgroups, `op_attention_decode_combine_q8`,
+//! [`attention_decode_combine_q8_source`]) for the output product, and the gate/up product (`_y16`: its 16 rows a workgroup quantized as one group)
 //! for the down product (`_x16`: each group's integer dot product times its own `da`;
 //! [`Q16_LAYOUT`], [`GpuContext::q16_vec_scratch`]).
 //!
