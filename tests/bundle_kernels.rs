@@ -229,8 +229,8 @@ fn written_bundle_lists_and_hashes_every_kernel() {
 /// prefill quantize), no other encoding's: the tiny MiniCPM has ternary products (with the
 /// kernels only their int8 form uses: decode quantize, the combine that writes their x), an
 /// F16 embedding and a Q8_0 head (and F32 vectors, which run no weight kernel), so its kernels
-/// are those three encodings' and the others of no encoding, 133 modules of the registry's
-/// 307.
+/// are those three encodings' and the others of no encoding, 134 modules of the registry's
+/// 372.
 #[test]
 fn a_bundle_carries_the_kernels_of_its_encodings_only() {
     use lowbit::runtime::gpu::weights::kernel_encoding;
