@@ -3,7 +3,8 @@
 # attention with its combine merged in its last workgroups (op_attention_decode_combine_q8,
 # this build's default) against the two dispatches (LOWBIT_GPU_ATTN_MERGE=0:
 # op_attention_decode, then op_attention_combine_q8), same binary and bundle, alternating:
-# `convert bench --backend gpu` on the 8B-shape bundle, decode profiles at position 512, and the GPU's first-step logits and 48 greedy ids of both forms compared bit for bit.
+# `convert bench --backend gpu` on the 8B-shape bundle, decode profiles at position 512, and
+# the GPU's first-step logits and 48 greedy ids of both forms compared bit for bit.
 # On an H200 also run 29's floor (`gpu_stream_bench step`, twice). Carry .gpubin
 # (convert, gpu_decode_profile, gpu_stream_bench) and .anchor (debs, gguf wheel,
 # gen_minicpm8b.py, tokenizer.json).
