@@ -1485,8 +1485,8 @@ const COMBINE_Q8_PRELOADED: &str = r#"    // Element e's weighted values over th
     //@end
 "#;
 
-/// Element `e`'s remaining groups of four splits from `{FIRST}`, added in order.
-const COMBINE_Q8_SPLITS: &str = r#"    for (var sp = {FIRST}; sp < used; sp += 4u) {
+/// Element `e`'s groups of four splits after the preloaded ones, added in order.
+const COMBINE_Q8_SPLITS: &str = r#"    for (var sp = 4u * PRE; sp < used; sp += 4u) {
         let i1 = min(sp + 1u, used - 1u);
         let i2 = min(sp + 2u, used - 1u);
         let i3 = min(sp + 3u, used - 1u);
@@ -1577,7 +1577,7 @@ pub fn combine_q8_source() -> String {
         COMBINE_Q8_MAIN,
         COMBINE_Q8_WEIGHTS,
         COMBINE_Q8_PRELOADED,
-        &COMBINE_Q8_SPLITS.replace("{FIRST}", "4u * PRE"),
+        COMBINE_Q8_SPLITS,
         COMBINE_Q8_STORE,
         COMBINE_Q8_GROUPS,
     ] {
@@ -1630,6 +1630,10 @@ pub fn attention_decode_combine_q8_source() -> String {
         1,
         "attention_decode.wgsl's entry point"
     );
+    assert!(
+        attention.contains(&format!("const WG: u32 = {DECODE_ATTENTION_WG}u;")),
+        "attention_decode.wgsl's workgroup size"
+    );
     let attention = attention.replace(
         DECODE_ATTENTION_ENTRY,
         "fn attend(lid: u32, wid: vec3<u32>, sg: u32, lane: u32, nsg: u32, sg_size: u32) {",
@@ -1674,27 +1678,36 @@ fn combine_block(blk: u32, lid: u32) {
             .into(),
     );
     let mut raw = String::from(COMBINE_Q8_WEIGHTS);
+    // The invocation's 256 / WG elements side by side (`//@for R ELEMS`, expanded below):
+    // each group of four splits' values of all of them loaded at once, then added to each
+    // element's own sums as the combine adds them (COMBINE_Q8_SPLITS' operations in its
+    // order: the same bits), so that their loads are in flight together.
     raw.push_str(
-        r#"    for (var r = 0u; r < 256u / WG; r++) {
-        let el = r * WG + lid;
-        let e = blk * 256u + el;
-        let lh = e / hd - h0;
-        let dim = e % hd;
-        let b = lh * MAX_SPLITS;
-        let o = (e / hd) * p.splits * stride + 2u + dim;
-        var a = vec4<f32>(0.0);
-"#,
-    );
-    for line in COMBINE_Q8_SPLITS.replace("{FIRST}", "0u").lines() {
-        raw.push_str("    ");
-        raw.push_str(line);
-        raw.push('\n');
+        r#"    //@for R ELEMS
+    let e{R} = blk * 256u + {R}u * WG + lid;
+    let lh{R} = e{R} / hd - h0;
+    let b{R} = lh{R} * MAX_SPLITS;
+    let o{R} = (e{R} / hd) * p.splits * stride + 2u + e{R} % hd;
+    var acc{R} = vec4<f32>(0.0);
+    //@end
+    for (var sp = 0u; sp < used; sp += 4u) {
+        let i1 = min(sp + 1u, used - 1u);
+        let i2 = min(sp + 2u, used - 1u);
+        let i3 = min(sp + 3u, used - 1u);
+        let live = vec4<u32>(sp, sp + 1u, sp + 2u, sp + 3u) < vec4<u32>(used);
+        //@for R ELEMS
+        let pv{R} = vec4<f32>(part[o{R} + sp * stride], part[o{R} + i1 * stride], part[o{R} + i2 * stride], part[o{R} + i3 * stride]);
+        //@end
+        //@for R ELEMS
+        let wv{R} = vec4<f32>(ws[b{R} + sp], ws[b{R} + i1], ws[b{R} + i2], ws[b{R} + i3]);
+        acc{R} += select(vec4<f32>(0.0), wv{R} * pv{R}, (wv{R} > vec4<f32>(0.0)) & live);
+        //@end
     }
-    raw.push_str(
-        r#"        let v = (((a.x + a.y) + a.z) + a.w) * hinv[lh];
-        attn_out[e] = v;
-        xs[el] = v;
-    }
+    //@for R ELEMS
+    let v{R} = (((acc{R}.x + acc{R}.y) + acc{R}.z) + acc{R}.w) * hinv[lh{R}];
+    attn_out[e{R}] = v{R};
+    xs[{R}u * WG + lid] = v{R};
+    //@end
     workgroupBarrier();
 "#,
     );
@@ -1749,8 +1762,11 @@ fn main(
 }"#
         .into(),
     );
-    m
+    ops::expand_for(&m, &[("ELEMS", 256 / DECODE_ATTENTION_WG)])
 }
+
+/// Invocations per workgroup of `op_attention_decode` (`WG` in attention_decode.wgsl).
+const DECODE_ATTENTION_WG: usize = 64;
 
 /// Invocations per workgroup of `op_attention_combine_q8` ([`combine_q8_source`]): one per
 /// output of a 256-block.
