@@ -686,7 +686,7 @@ fn smollm2_tq2_recipe_builds_to_its_digests() {
     let t = text(&o);
     assert!(o.status.success(), "{t}");
     for want in [
-        "smollm2-tq2/ternary  digest f03afe8703868709",
+        "smollm2-tq2/ternary  digest 14c206f8d81aa2ed",
         "smollm2-tq2/pack  digest 75c7849269a6605a",
         "26542080 ternary elements compared, 0 mismatched, max |diff| 0 -> PASSED",
         "argmax agreement 1.0000",

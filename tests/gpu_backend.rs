@@ -715,7 +715,9 @@ fn decode_uses_the_bundles_int8_kernels() {
     // a dispatch of its own after the attention.
     let decode_subgroups =
         ctx.subgroup_ops(lowbit::runtime::gpu::ops::DECODE_ATTENTION_LANES) && ctx.has_f16_in_f32();
-    let merged = decode_subgroups && ctx.info.backend == wgpu::Backend::Vulkan;
+    let merged = decode_subgroups
+        && ctx.merges_decode_attention()
+        && std::env::var("LOWBIT_GPU_ATTN_MERGE").map_or(true, |v| v != "0");
     let (combine, other) = if merged {
         (ATTENTION_COMBINE_Q8, COMBINE_Q8)
     } else {
@@ -725,6 +727,20 @@ fn decode_uses_the_bundles_int8_kernels() {
     assert!(!int8.iter().any(|l| l == other), "{int8:?}");
     // (The attention and the combine apart, where they are merged here, run on Metal and with
     // `LOWBIT_GPU_ATTN_MERGE=0`: tests/gpu_ops.rs holds the merged kernel to that pair.)
+    // The prefill graph's ternary products: the int8 prefill product, each with its
+    // quantization pass (one item; `mmq` in the label).
+    let mmq: Vec<&String> = prefill.iter().filter(|l| l.contains("_mmq_")).collect();
+    assert_eq!(mmq.len(), 2 * 4, "{prefill:?}");
+    assert!(
+        prefill
+            .iter()
+            .all(|l| !l.starts_with("weights_ternary2_matmul")),
+        "{prefill:?}"
+    );
+    // Attention: one head per workgroup in decode (the subgroup kernel where subgroups hold
+    // its clusters and unpack2x16float exists, with its combine merged in where it may be);
+    // in prefill the tiled kernel where it runs for the tiny model's head dimension, else
+    // its 4 query heads over 2 KV heads in groups of 2.
     let decode_attention = match (decode_subgroups, merged) {
         (true, true) => ATTENTION_COMBINE_Q8,
         (true, false) => "op_attention_decode",

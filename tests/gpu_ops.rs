@@ -756,9 +756,13 @@ fn decode_attention_folds_rope_and_the_kv_store() {
 fn decode_attention_merges_in_its_last_workgroup() {
     use lowbit::runtime::gpu::kernels::{ATTENTION_COMBINE_Q8, COMBINE_Q8};
     let Some(ctx) = ctx() else { return };
-    if !ctx.subgroup_ops(ops::DECODE_ATTENTION_LANES) || !ctx.has_f16_in_f32() {
+    if !ctx.subgroup_ops(ops::DECODE_ATTENTION_LANES)
+        || !ctx.has_f16_in_f32()
+        || !ctx.merges_decode_attention()
+    {
         eprintln!(
-            "note: no subgroups of {} or more or no unpack2x16float here: {ATTENTION_COMBINE_Q8} not run",
+            "note: no subgroups of {} or more, no unpack2x16float, or not a Vulkan adapter with \
+             MEMORY_DECORATION_COHERENT and 10 storage bindings here: {ATTENTION_COMBINE_Q8} not run",
             ops::DECODE_ATTENTION_LANES
         );
         return;

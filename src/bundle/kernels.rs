@@ -61,10 +61,13 @@ pub const ENTRY_POINT: &str = "main";
 /// What WGSL modules may use: what [`crate::runtime::gpu::GpuContext::new`] asks a device for
 /// (SUBGROUP), and unpack2x16float (SHADER_FLOAT16_IN_FLOAT32, wgpu's downlevel flag
 /// SHADER_F16_IN_F32: the host runs `op_attention_decode`, its one user, only where the
-/// adapter has it). A kernel that needs another feature adds its capability here and its
-/// feature there.
-pub const CAPABILITIES: Capabilities =
-    Capabilities::SUBGROUP.union(Capabilities::SHADER_FLOAT16_IN_FLOAT32);
+/// adapter has it), and the `@coherent` decoration (MEMORY_DECORATION_COHERENT: the partials
+/// of `op_attention_decode_combine_q8`, which the host runs only where the device has the
+/// feature). A kernel that needs another feature adds its capability here and its feature
+/// there.
+pub const CAPABILITIES: Capabilities = Capabilities::SUBGROUP
+    .union(Capabilities::SHADER_FLOAT16_IN_FLOAT32)
+    .union(Capabilities::MEMORY_DECORATION_COHERENT);
 
 /// `MAX_KERNEL_BYTES`: the largest kernel file accepted in a manifest (the registry's modules
 /// are a few KiB; this bounds what naga is asked to parse).

@@ -946,14 +946,15 @@ fn build_graph(
     // outputs (`op_attention_decode_combine_q8`, one dispatch and one barrier fewer a layer)
     // where the sources carry it, on Vulkan only (its workgroups pass their partials through
     // device-scope barriers and atomics, which naga's Metal output does not give across
-    // threadgroups) and where a kernel may have its 10 storage bindings;
+    // threadgroups; `GpuContext::merges_decode_attention`);
     // `LOWBIT_GPU_ATTN_MERGE=0`: not (a measuring knob). Its counts (one per block), shared
     // by every layer's dispatch: each is back at 0 when its dispatch ends.
-    let merge = ctx.has_source(ATTENTION_COMBINE_Q8)
-        && ctx.info.backend == wgpu::Backend::Vulkan
-        && ctx.limits.max_storage_buffers_per_shader_stage >= 10
+    let merge = ctx.merges_decode_attention()
         && std::env::var("LOWBIT_GPU_ATTN_MERGE").map_or(true, |v| v != "0");
-    let merge_counts = ctx.vector_buffer("attention merge counts", (nh * hd).div_ceil(256));
+    let merge_counts = ctx.vector_buffer(
+        "attention merge counts",
+        if merge { (nh * hd).div_ceil(256) } else { 1 },
+    );
     // The attention kernel, its query heads per workgroup and its split grain. Decode:
     // `op_attention_decode` (one cluster of invocations per score, splits that follow the
     // position) where the adapter has subgroups of at least its cluster size and

@@ -62,9 +62,10 @@
 //! quantizes all of x into workgroup memory itself) is the fallback for a bundle whose
 //! kernels predate it and `LOWBIT_GPU_Q8_PRE=0`; both give the same int8 values. Two ops
 //! write a product's int8 x themselves, so that its quantize dispatch goes: the decode
-//! attention's combine (`op_attention_combine_q8`, [`combine_q8_source`]; on Vulkan done by
-//! the attention's last workgroups, `op_attention_decode_combine_q8`,
-//! [`attention_decode_combine_q8_source`]) for the output product, and the gate/up product (`_y16`: its 16 rows a workgroup quantized as one group)
+//! attention's combine (`op_attention_combine_q8`, [`combine_q8_source`]; on Vulkan done
+//! by the attention's last workgroups, `op_attention_decode_combine_q8`,
+//! [`attention_decode_combine_q8_source`]) for the output product, and the gate/up
+//! product (`_y16`: its 16 rows a workgroup quantized as one group)
 //! for the down product (`_x16`: each group's integer dot product times its own `da`;
 //! [`Q16_LAYOUT`], [`GpuContext::q16_vec_scratch`]).
 //!
@@ -1614,9 +1615,12 @@ fn main(
 /// The partials cross workgroups through memory: every workgroup's stores, then
 /// `storageBarrier()` (naga's SPIR-V: a control barrier with device-scope acquire-release on
 /// storage memory), then its count (an atomic); the last workgroup's count, then
-/// `storageBarrier()` again before it reads the others' partials. That is the release /
-/// acquire pattern of SPIR-V's memory model at device scope; naga's MSL for the same barrier
-/// orders memory within a threadgroup only, so the backend runs this kernel on Vulkan only.
+/// `storageBarrier()` again before it reads the others' partials: the release / acquire
+/// fence pattern at device scope. The partials' binding is `@coherent` (SPIR-V's Coherent:
+/// under the GLSL450 memory model naga emits, only such accesses take part in that ordering
+/// between invocations; wgpu's MEMORY_DECORATION_COHERENT, which every Vulkan adapter has).
+/// naga's MSL for the same barrier orders memory within a threadgroup only, so the backend
+/// runs this kernel on Vulkan only.
 /// No workgroup waits for another (no forward-progress assumption): whichever is last
 /// does the merge. Bindings: `op_attention_decode`'s (0 to 8), the merged values (9), the
 /// int8 x (10), the counts (11, `heads * head_dim / 256` u32, zero before the first
@@ -1638,6 +1642,16 @@ pub fn attention_decode_combine_q8_source() -> String {
         DECODE_ATTENTION_ENTRY,
         "fn attend(lid: u32, wid: vec3<u32>, sg: u32, lane: u32, nsg: u32, sg_size: u32) {",
     );
+    // The partials `@coherent`: other workgroups read them in this dispatch (SPIR-V's
+    // Coherent decoration, without which the GLSL450 memory model naga emits does not order
+    // plain accesses between invocations).
+    const PART: &str = "@group(0) @binding(6) var<storage, read_write> part: array<f32>;";
+    assert_eq!(
+        attention.matches(PART).count(),
+        1,
+        "attention_decode.wgsl's part"
+    );
+    let attention = attention.replace(PART, &format!("@coherent {PART}"));
     let mut m = String::new();
     let mut w = |line: String| {
         let _ = writeln!(m, "{line}");
@@ -2910,7 +2924,9 @@ impl GpuContext {
         let info = adapter.get_info();
         let device_memory =
             device_local_heap(&adapter).map(|b| (b, "its largest Vulkan device-local memory heap"));
-        let wanted = wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let wanted = wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::MEMORY_DECORATION_COHERENT;
         let features = adapter.features() & wanted;
         let limits = adapter.limits();
         let f16_in_f32 = adapter
@@ -2994,6 +3010,22 @@ impl GpuContext {
         self.has_subgroups()
             && !self.force_workgroup_reduction
             && self.info.subgroup_min_size >= min_size
+    }
+
+    /// Whether the decode attention may merge its own splits here
+    /// (`op_attention_decode_combine_q8`, [`attention_decode_combine_q8_source`]): the sources
+    /// carry it, the adapter is a Vulkan one (its workgroups hand their partials over through
+    /// device-scope barriers and atomics, which naga's Metal output gives within a
+    /// threadgroup only; DX12 and GL not tried), the device has the `@coherent` decoration
+    /// (MEMORY_DECORATION_COHERENT) and a kernel may have its 10 storage bindings. The
+    /// backend also needs the decode attention itself to run here ([`Self::subgroup_ops`]).
+    pub fn merges_decode_attention(&self) -> bool {
+        self.has_source(kernels::ATTENTION_COMBINE_Q8)
+            && self.info.backend == wgpu::Backend::Vulkan
+            && self
+                .features
+                .contains(wgpu::Features::MEMORY_DECORATION_COHERENT)
+            && self.limits.max_storage_buffers_per_shader_stage >= 10
     }
 
     /// Whether shaders may convert f16 bits with unpack2x16float here (wgpu's downlevel flag
