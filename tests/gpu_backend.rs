@@ -710,14 +710,14 @@ fn decode_uses_the_bundles_int8_kernels() {
         ternary.iter().any(|l| l.contains("_p1+q8_quantize_rms ")),
         "{ternary:?}"
     );
-    // That combine is the decode attention's last workgroups' on Vulkan where subgroups hold
-    // the attention's clusters (op_attention_decode_combine_q8: one dispatch for both), else
-    // a dispatch of its own after the attention.
+    // That combine is a dispatch of its own after the attention, or with
+    // `LOWBIT_GPU_ATTN_MERGE=1` on Vulkan where subgroups hold the attention's clusters the
+    // attention's last workgroups' (op_attention_decode_combine_q8: one dispatch for both).
     let decode_subgroups =
         ctx.subgroup_ops(lowbit::runtime::gpu::ops::DECODE_ATTENTION_LANES) && ctx.has_f16_in_f32();
     let merged = decode_subgroups
         && ctx.merges_decode_attention()
-        && std::env::var("LOWBIT_GPU_ATTN_MERGE").map_or(true, |v| v != "0");
+        && std::env::var("LOWBIT_GPU_ATTN_MERGE").is_ok_and(|v| v == "1");
     let (combine, other) = if merged {
         (ATTENTION_COMBINE_Q8, COMBINE_Q8)
     } else {
@@ -725,8 +725,7 @@ fn decode_uses_the_bundles_int8_kernels() {
     };
     assert_eq!(int8.iter().filter(|l| *l == combine).count(), 2, "{int8:?}");
     assert!(!int8.iter().any(|l| l == other), "{int8:?}");
-    // (The attention and the combine apart, where they are merged here, run on Metal and with
-    // `LOWBIT_GPU_ATTN_MERGE=0`: tests/gpu_ops.rs holds the merged kernel to that pair.)
+    // (tests/gpu_ops.rs holds the merged kernel to the two dispatches.)
     // The prefill graph's ternary products: the int8 prefill product, each with its
     // quantization pass (one item; `mmq` in the label).
     let mmq: Vec<&String> = prefill.iter().filter(|l| l.contains("_mmq_")).collect();

@@ -946,11 +946,13 @@ fn build_graph(
     // outputs (`op_attention_decode_combine_q8`, one dispatch and one barrier fewer a layer)
     // where the sources carry it, on Vulkan only (its workgroups pass their partials through
     // device-scope barriers and atomics, which naga's Metal output does not give across
-    // threadgroups; `GpuContext::merges_decode_attention`);
-    // `LOWBIT_GPU_ATTN_MERGE=0`: not (a measuring knob). Its counts (one per block), shared
+    // threadgroups; `GpuContext::merges_decode_attention`), only with
+    // `LOWBIT_GPU_ATTN_MERGE=1` (a measuring knob): on an H100 (run 33, BENCHMARKS.md) the
+    // merged attention took 36.2 us a layer against 18.3 + 13.3 for the two dispatches and
+    // the 8B decode 370 tok/s against 400, the same bits. Its counts (one per block), shared
     // by every layer's dispatch: each is back at 0 when its dispatch ends.
     let merge = ctx.merges_decode_attention()
-        && std::env::var("LOWBIT_GPU_ATTN_MERGE").map_or(true, |v| v != "0");
+        && std::env::var("LOWBIT_GPU_ATTN_MERGE").is_ok_and(|v| v == "1");
     let merge_counts = ctx.vector_buffer(
         "attention merge counts",
         if merge { (nh * hd).div_ceil(256) } else { 1 },

@@ -62,9 +62,10 @@
 //! quantizes all of x into workgroup memory itself) is the fallback for a bundle whose
 //! kernels predate it and `LOWBIT_GPU_Q8_PRE=0`; both give the same int8 values. Two ops
 //! write a product's int8 x themselves, so that its quantize dispatch goes: the decode
-//! attention's combine (`op_attention_combine_q8`, [`combine_q8_source`]; on Vulkan done
-//! by the attention's last workgroups, `op_attention_decode_combine_q8`,
-//! [`attention_decode_combine_q8_source`]) for the output product, and the gate/up
+//! attention's combine (`op_attention_combine_q8`, [`combine_q8_source`]; on Vulkan with
+//! `LOWBIT_GPU_ATTN_MERGE=1`, slower on an H100, done by the attention's last workgroups,
+//! `op_attention_decode_combine_q8`, [`attention_decode_combine_q8_source`]) for the output
+//! product, and the gate/up
 //! product (`_y16`: its 16 rows a workgroup quantized as one group)
 //! for the down product (`_x16`: each group's integer dot product times its own `da`;
 //! [`Q16_LAYOUT`], [`GpuContext::q16_vec_scratch`]).
@@ -1610,7 +1611,8 @@ fn main(
 /// block as [`combine_q8_source`] merges it (the same operations in the same order for each
 /// element: the same values and int8 x, the values at binding 9, the int8 x at 10) and
 /// sets its count back to 0 for the next dispatch. One dispatch and one barrier fewer a
-/// layer than the attention, then the combine.
+/// layer than the attention, then the combine, but slower on an H100 (run 33, BENCHMARKS.md:
+/// 36.2 us a layer against 31.6): the backend runs it only with `LOWBIT_GPU_ATTN_MERGE=1`.
 ///
 /// The partials cross workgroups through memory: every workgroup's stores, then
 /// `storageBarrier()` (naga's SPIR-V: a control barrier with device-scope acquire-release on
