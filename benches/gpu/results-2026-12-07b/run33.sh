@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device run 33 (twenty-fifth session, 2026-12-07; asked for nvidia-h200): the decode
 # attention with its combine merged in its last workgroups (op_attention_decode_combine_q8,
-# this build's default) against the two dispatches (LOWBIT_GPU_ATTN_MERGE=0:
+# the default of the build it ran with, 7fe4403; LOWBIT_GPU_ATTN_MERGE=1 since 71d891a, set
+# here for both) against the two dispatches (LOWBIT_GPU_ATTN_MERGE=0:
 # op_attention_decode, then op_attention_combine_q8), same binary and bundle, alternating:
 # `convert bench --backend gpu` on the 8B-shape bundle, decode profiles at position 512, and
 # the GPU's first-step logits and 48 greedy ids of both forms compared bit for bit.
@@ -18,7 +19,7 @@ el "setup"
 A="--backend gpu --prompt-tokens 512 --gen-tokens 128 --repeats 3 --json"
 for i in 1 2; do
   LOWBIT_GPU_ATTN_MERGE=0 $B/convert bench /tmp/minicpm8b.bundle $A > $W/apart-$i.json; summary $W/apart-$i.json
-  $B/convert bench /tmp/minicpm8b.bundle $A > $W/merged-$i.json; summary $W/merged-$i.json
+  LOWBIT_GPU_ATTN_MERGE=1 $B/convert bench /tmp/minicpm8b.bundle $A > $W/merged-$i.json; summary $W/merged-$i.json
 done
 el "bench"; save
 for pos in 512; do
