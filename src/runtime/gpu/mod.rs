@@ -1734,17 +1734,12 @@ fn combine_block(blk: u32, lid: u32) {
         r#"    // The next block this workgroup merges rewrites the workgroup memory read above.
     workgroupBarrier();
 }
-
-@compute @workgroup_size(WG)
-fn main(
-    @builtin(local_invocation_index) lid: u32,
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(subgroup_id) sg: u32,
-    @builtin(subgroup_invocation_id) lane: u32,
-    @builtin(num_subgroups) nsg: u32,
-    @builtin(subgroup_size) sg_size: u32,
-) {
-    attend(lid, wid, sg, lane, nsg, sg_size);
+"#
+        .into(),
+    );
+    // The entry point of attention_decode.wgsl, now calling its body.
+    w(DECODE_ATTENTION_ENTRY.into());
+    w(r#"    attend(lid, wid, sg, lane, nsg, sg_size);
     // This workgroup's partial, stored by several invocations, visible on the device before
     // its count (release).
     storageBarrier();
@@ -1776,8 +1771,7 @@ fn main(
         }
     }
 }"#
-        .into(),
-    );
+    .into());
     ops::expand_for(&m, &[("ELEMS", 256 / DECODE_ATTENTION_WG)])
 }
 
