@@ -31,8 +31,18 @@
 //! the table above for its size, one pass, every dispatch writing the same output so wgpu
 //! puts a barrier between each two, as between the step's dependent ops. Also the 129
 //! weight reads alone (every small op fused away), and both without barriers (each
-//! dispatch its own output: the reads overlap). The weights (2.26 GB) pass through L2 once a step, so they come from memory. The adapter is the one
-//! `convert run --backend gpu` picks (`LOWBIT_GPU_ADAPTER`: an index or a name substring).
+//! dispatch its own output: the reads overlap). The weights (2.26 GB) pass through L2 once a
+//! step, so they come from memory.
+//!
+//! `gpu_stream_bench persistent [G ...]` (default 132 264 528): `step`'s table, then the same
+//! reads as the phases of one dispatch of G workgroups with a grid-wide barrier between
+//! phases ([`persistent_source`]): the floor of a decode step run as one persistent kernel.
+//! The barrier assumes every workgroup is resident at once (WGSL and Vulkan do not promise
+//! it, wgpu cannot tell): a spin that waits too long gives up, and the row says how many
+//! did ("barriers void"; the time is then meaningless). `LOWBIT_STREAM_LAYERS` = N shortens
+//! the step (a smoke test; lavapipe runs it, with void or miscounted barriers at G > 1).
+//!
+//! The adapter is the one `convert run --backend gpu` picks (`LOWBIT_GPU_ADAPTER`: an index or a name substring).
 //! Times from timestamp queries around the pass where the adapter has them, else wall clock.
 use lowbit::runtime::gpu::{AdapterSelector, ContextOptions, GpuContext};
 
@@ -182,14 +192,14 @@ fn random_words(n: usize, seed: &mut u64) -> Vec<u32> {
 
 /// The bytes each dispatch of the 8B shape's decode step reads at position 512, in step
 /// order, and whether it is a weight product.
-fn step_reads() -> Vec<(u64, bool)> {
+fn step_reads(layers: usize) -> Vec<(u64, bool)> {
     // Ternary: 2 bits a weight and one f32 scale per 256-block (the q8g4 kernels' scales).
     let tern = |rows: u64, cols: u64| rows * cols / 4 + rows * (cols / 256) * 4;
     let x = 4096 * 4; // one f32 activation vector
     let kv = 2 * 2 * 128 * 512 * 2; // K and V, 2 KV heads, head_dim 128, 512 positions, f16
     let partials = 32 * 17 * (128 + 2) * 4; // 32 heads, 17 splits of (128 values, max, sum)
     let mut v = vec![(4096 * 144 / 256, false)]; // the embedding row (Q4_K)
-    for _ in 0..32 {
+    for _ in 0..layers {
         v.extend([
             (x, false),
             (tern(4608, 4096), true),
@@ -214,7 +224,7 @@ fn step_floor(ctx: &GpuContext) -> anyhow::Result<()> {
     // A read past the adapter's largest binding (the Q6_K head on an adapter of 128 MiB
     // bindings) is cut to it, and said.
     let cap = ctx.max_binding_bytes / 16 * 16;
-    let mut reads = step_reads();
+    let mut reads = step_reads(32);
     for r in reads.iter_mut().filter(|r| r.0 > cap) {
         println!(
             "a read of {} bytes cut to the adapter's largest binding, {cap}",
@@ -320,13 +330,395 @@ fn step_floor(ctx: &GpuContext) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Buffers the persistent kernel binds its phases' bytes from (each at most the adapter's
+/// largest binding and 1 GiB).
+const PERSIST_BUFFERS: usize = 4;
+
+/// The persistent read kernel (`gpu_stream_bench persistent`): `p.groups` workgroups of 256
+/// invocations walk the phases in `ph` in order, each phase's vectors striding over the
+/// workgroups with 8 loads in flight an invocation (`loop` of the table), and between two
+/// phases (where `p.barriers` is set) a grid-wide barrier: every workgroup publishes
+/// (`storageBarrier`), its invocation 0 adds one to `sync[0]` and spins until the count shows
+/// every workgroup arrived (`(k + 1) * groups` past `p.base`, the count before this
+/// dispatch), and the workgroup then acquires (`workgroupBarrier`, `storageBarrier`). A spin
+/// gives up after `MAX_SPIN` loads and counts itself in `sync[1]` (the workgroups were not all
+/// resident at once: the figure is then void), and every spin stops once one has (the host
+/// clears `sync[1]` before each form). With `prefetch`, each workgroup issues its
+/// first 8 loads of the next phase (weights do not depend on the previous phase) after its
+/// publish and before its arrival, so they are in flight while it waits. The fold of every
+/// vector read is XORed into `sync[2]`.
+fn persistent_source(prefetch: bool, flag: bool) -> String {
+    let mut s = String::from(
+        "const WG: u32 = 256u;\n\
+         const MAX_SPIN: u32 = 1048576u;\n\
+         struct Ph { buf: u32, off: u32, n: u32, weight: u32 }\n\
+         struct P { phases: u32, groups: u32, base: u32, barriers: u32, gbase: u32, p0: u32, p1: u32, p2: u32 }\n",
+    );
+    for b in 0..PERSIST_BUFFERS {
+        s.push_str(&format!(
+            "@group(0) @binding({b}) var<storage, read> w{b}: array<vec4<u32>>;\n"
+        ));
+    }
+    let nb = PERSIST_BUFFERS;
+    s.push_str(&format!(
+        "@group(0) @binding({nb}) var<storage, read> ph: array<Ph>;\n\
+         @group(0) @binding({}) var<storage, read_write> sync: array<atomic<u32>>;\n\
+         @group(0) @binding({}) var<uniform> p: P;\n",
+        nb + 1,
+        nb + 2
+    ));
+    // Vector i (clamped to the phase) of phase d.
+    s.push_str("fn rd(d: Ph, i: u32) -> vec4<u32> {\n    let j = d.off + min(i, d.n - 1u);\n    switch d.buf {\n");
+    for b in 0..PERSIST_BUFFERS {
+        let case = if b + 1 == PERSIST_BUFFERS {
+            "default".to_string()
+        } else {
+            format!("case {b}u")
+        };
+        s.push_str(&format!("        {case}: {{ return w{b}[j]; }}\n"));
+    }
+    s.push_str("    }\n}\n");
+    // 8 loads from `i`, 256 apart, zero past the phase's end.
+    s.push_str(
+        "fn load8(d: Ph, i: u32) -> array<vec4<u32>, 8> {\n\
+         \x20   var v: array<vec4<u32>, 8>;\n",
+    );
+    for j in 0..8 {
+        s.push_str(&format!(
+            "    v[{j}] = select(vec4<u32>(0u), rd(d, i + {j}u * WG), i + {j}u * WG < d.n);\n"
+        ));
+    }
+    s.push_str("    return v;\n}\n");
+    s.push_str(
+        "fn fold8(v: array<vec4<u32>, 8>) -> vec4<u32> {\n\
+         \x20   return ((v[0] ^ v[1]) ^ (v[2] ^ v[3])) ^ ((v[4] ^ v[5]) ^ (v[6] ^ v[7]));\n}\n",
+    );
+    s.push_str(
+        "@compute @workgroup_size(WG)\n\
+         fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {\n\
+         \x20   let first = wid.x * WG * 8u + lid;\n\
+         \x20   let stride = p.groups * WG * 8u;\n\
+         \x20   var acc = vec4<u32>(0u);\n",
+    );
+    if prefetch {
+        s.push_str("    var pre = load8(ph[0], first);\n");
+    }
+    s.push_str(
+        "    for (var k = 0u; k < p.phases; k++) {\n\
+         \x20       let d = ph[k];\n\
+         \x20       var i = first;\n",
+    );
+    if prefetch {
+        s.push_str("        acc ^= fold8(pre);\n        i += stride;\n");
+    }
+    s.push_str(
+        "        for (; i < d.n; i += stride) {\n\
+         \x20           acc ^= fold8(load8(d, i));\n\
+         \x20       }\n\
+         \x20       if p.barriers != 0u && k + 1u < p.phases {\n\
+         \x20           storageBarrier();\n",
+    );
+    if prefetch {
+        s.push_str("            pre = load8(ph[k + 1u], first);\n");
+    }
+    // The arrival, and what the spin waits for: the count itself, or (`flag`) a generation
+    // word in another 128-byte line that the last workgroup to arrive moves on.
+    let (arrive, done) = if flag {
+        (
+            "if atomicAdd(&sync[0], 1u) - p.base == want - 1u {\n\
+             \x20                   atomicAdd(&sync[32], 1u);\n\
+             \x20               }",
+            "atomicLoad(&sync[32]) - p.gbase >= k + 1u",
+        )
+    } else {
+        (
+            "atomicAdd(&sync[0], 1u);",
+            "atomicLoad(&sync[0]) - p.base >= want",
+        )
+    };
+    s.push_str(&format!(
+        "            if lid == 0u {{\n\
+         \x20               let want = (k + 1u) * p.groups;\n\
+         \x20               {arrive}\n\
+         \x20               var spins = 0u;\n\
+         \x20               loop {{\n\
+         \x20                   if {done} {{\n\
+         \x20                       break;\n\
+         \x20                   }}\n\
+         \x20                   spins += 1u;\n\
+         \x20                   if (spins & 1023u) == 0u && (spins >= MAX_SPIN || atomicLoad(&sync[1]) != 0u) {{\n\
+         \x20                       if spins >= MAX_SPIN {{\n\
+         \x20                           atomicAdd(&sync[1], 1u);\n\
+         \x20                       }}\n\
+         \x20                       break;\n\
+         \x20                   }}\n\
+         \x20               }}\n\
+         \x20           }}\n\
+         \x20           workgroupBarrier();\n\
+         \x20           storageBarrier();\n\
+         \x20       }}"
+    ));
+    if prefetch {
+        s.push_str(
+            " else if k + 1u < p.phases {\n\
+             \x20           pre = load8(ph[k + 1u], first);\n\
+             \x20       }\n",
+        );
+    } else {
+        s.push('\n');
+    }
+    s.push_str(
+        "    }\n\
+         \x20   let f = (acc.x ^ acc.y) ^ (acc.z ^ acc.w);\n\
+         \x20   if f != 0u {\n        atomicXor(&sync[2], f);\n    }\n}\n",
+    );
+    s
+}
+
+/// `gpu_stream_bench persistent [G ...]`: the step's reads (`step_reads`) as the phases of one
+/// dispatch of G workgroups with a grid-wide barrier between phases (`persistent_source`),
+/// with and without each workgroup's next weights in flight across the barrier, beside the
+/// same reads without the barriers; every op's phases and the weight products' only.
+/// `LOWBIT_STREAM_LAYERS` = N (default 32) shortens the step (a smoke test on a small
+/// adapter). Run after `step`'s table, in the same process.
+fn persistent(ctx: &GpuContext, groups: &[u32]) -> anyhow::Result<()> {
+    let dev = &ctx.device;
+    let layers = match std::env::var("LOWBIT_STREAM_LAYERS") {
+        Ok(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| (1..=32).contains(&n))
+            .ok_or_else(|| anyhow::anyhow!("LOWBIT_STREAM_LAYERS={v}: 1 to 32"))?,
+        Err(_) => 32,
+    };
+    let cap = ctx.max_binding_bytes.min(1 << 30) / 16 * 16;
+    let mut reads = step_reads(layers);
+    for r in reads.iter_mut().filter(|r| r.0 > cap) {
+        println!("a read of {} bytes cut to {cap}", r.0);
+        r.0 = cap;
+    }
+    // Phases packed into buffers in step order: [buf, offset, n, weight] in vectors.
+    let mut table: Vec<[u32; 4]> = Vec::new();
+    let mut sizes = vec![0u64];
+    for &(bytes, weight) in &reads {
+        let b = bytes.div_ceil(16) * 16;
+        if sizes.last().copied().unwrap_or(0) + b > cap {
+            sizes.push(0);
+        }
+        let i = sizes.len() - 1;
+        anyhow::ensure!(
+            i < PERSIST_BUFFERS,
+            "the step's {} bytes need more than {PERSIST_BUFFERS} buffers of {cap} bytes",
+            reads.iter().map(|r| r.0).sum::<u64>()
+        );
+        table.push([
+            i as u32,
+            (sizes[i] / 16) as u32,
+            (b / 16) as u32,
+            weight as u32,
+        ]);
+        sizes[i] += b;
+    }
+    let mut seed = 0x51_7cc1_b727_220au64;
+    let mut want_all = 0u32;
+    let mut want_weights = 0u32;
+    let mut bufs = Vec::new();
+    for (i, &size) in sizes.iter().enumerate() {
+        let words = random_words((size / 4).max(4) as usize, &mut seed);
+        for t in table.iter().filter(|t| t[0] as usize == i) {
+            let f = words[t[1] as usize * 4..(t[1] + t[2]) as usize * 4]
+                .iter()
+                .fold(0u32, |a, &v| a ^ v);
+            want_all ^= f;
+            if t[3] != 0 {
+                want_weights ^= f;
+            }
+        }
+        bufs.push(ctx.upload_bytes(&format!("w{i}"), bytemuck::cast_slice(&words))?);
+    }
+    while bufs.len() < PERSIST_BUFFERS {
+        bufs.push(ctx.vector_buffer("unused", 4));
+    }
+    let weights: Vec<[u32; 4]> = table.iter().copied().filter(|t| t[3] != 0).collect();
+    let tables = [
+        ctx.upload_bytes("phases", bytemuck::cast_slice(&table))?,
+        ctx.upload_bytes("weight phases", bytemuck::cast_slice(&weights))?,
+    ];
+    let counts = [table.len() as u32, weights.len() as u32];
+    let total: u64 = reads.iter().map(|r| r.0).sum();
+    let weight_bytes: u64 = reads.iter().filter(|r| r.1).map(|r| r.0).sum();
+    let sync = ctx.vector_buffer("sync", 64);
+    let ub = dev.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("params"),
+        size: 32,
+        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    println!(
+        "persistent: {} phases ({} weight products) of {layers} layers, {:.3} GB in {} buffers",
+        table.len(),
+        weights.len(),
+        total as f64 / 1e9,
+        sizes.len()
+    );
+    println!(
+        "| workgroups | form | phases | barriers void | step us (median of 9) | tok/s | GB/s |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|");
+    // The count `sync[0]` keeps rising across dispatches: `base` is its value before one.
+    let mut base = 0u32;
+    let mut passes = [0usize; 2];
+    // The generation word's value before a dispatch (the `flag` barrier's).
+    let mut gbase = 0u32;
+    for (prefetch, flag) in [(false, false), (true, false), (true, true)] {
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some("persistent read"),
+            source: wgpu::ShaderSource::Wgsl(persistent_source(prefetch, flag).into()),
+        };
+        // SAFETY: every load's index is clamped into its phase, which lies inside its buffer
+        // (the table is built above from the buffers' sizes); the stores are to words 0-2 of
+        // `sync`. Compiled as the backend compiles its own kernels.
+        let module = unsafe {
+            dev.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+        };
+        let pipeline = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("persistent read"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        for (t, table_buf) in tables.iter().enumerate() {
+            let mut entries: Vec<wgpu::BindGroupEntry> = bufs
+                .iter()
+                .enumerate()
+                .map(|(i, b)| wgpu::BindGroupEntry {
+                    binding: i as u32,
+                    resource: b.as_entire_binding(),
+                })
+                .collect();
+            for (i, b) in [table_buf, &sync, &ub].into_iter().enumerate() {
+                entries.push(wgpu::BindGroupEntry {
+                    binding: (PERSIST_BUFFERS + i) as u32,
+                    resource: b.as_entire_binding(),
+                });
+            }
+            let bg = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            });
+            for &g in groups {
+                for barriers in [true, false] {
+                    if !barriers && (prefetch || flag) {
+                        continue;
+                    }
+                    ctx.queue.write_buffer(&sync, 4, &[0u8; 4]);
+                    let mut ts = Vec::new();
+                    for rep in 0..10 {
+                        let params = [counts[t], g, base, u32::from(barriers), gbase, 0, 0, 0];
+                        ctx.queue
+                            .write_buffer(&ub, 0, bytemuck::cast_slice(&params));
+                        let pt = ctx.time_pass(&mut |pass| {
+                            pass.set_pipeline(&pipeline);
+                            pass.set_bind_group(0, &bg, &[]);
+                            pass.dispatch_workgroups(g, 1, 1);
+                        })?;
+                        if barriers {
+                            base = base.wrapping_add((counts[t] - 1) * g);
+                            if flag {
+                                gbase = gbase.wrapping_add(counts[t] - 1);
+                            }
+                        }
+                        passes[t] += 1;
+                        if rep > 0 {
+                            ts.push(pt.ns / 1e3);
+                        }
+                    }
+                    let void = u32::from_le_bytes(ctx.read_buffer(&sync, 8)?[4..8].try_into()?);
+                    ts.sort_by(f64::total_cmp);
+                    let us = ts[ts.len() / 2];
+                    let form = format!(
+                        "{}, {}",
+                        if t == 0 {
+                            "every op"
+                        } else {
+                            "weight products only"
+                        },
+                        match (barriers, prefetch, flag) {
+                            (false, _, _) => "no barriers",
+                            (true, false, _) => "grid barriers",
+                            (true, true, false) => "grid barriers, next weights in flight",
+                            (true, true, true) => {
+                                "grid barriers (generation word), next weights in flight"
+                            }
+                        }
+                    );
+                    let b = if t == 0 { total } else { weight_bytes };
+                    println!(
+                        "| {g} | {form} | {} | {void} | {us:.1} | {:.0} | {:.0} |",
+                        counts[t],
+                        1e6 / us,
+                        b as f64 / us / 1e3
+                    );
+                }
+            }
+        }
+    }
+    // Checks: each pass XORs its table's fold into sync[2], and the count is where the
+    // barriers put it. Reported, not fatal (a void figure is said in its row).
+    let raw = ctx.read_buffer(&sync, 33 * 4)?;
+    let raw: &[u32] = bytemuck::cast_slice(&raw);
+    let mut want = 0u32;
+    if passes[0] % 2 == 1 {
+        want ^= want_all;
+    }
+    if passes[1] % 2 == 1 {
+        want ^= want_weights;
+    }
+    println!(
+        "checks: fold {:#x} (expected {want:#x}: {}), barrier count {} (expected {base}: {}), \
+         generation {} (expected {gbase}: {})",
+        raw[2],
+        if raw[2] == want { "ok" } else { "MISMATCH" },
+        raw[0],
+        if raw[0] == base { "ok" } else { "MISMATCH" },
+        raw[32],
+        if raw[32] == gbase { "ok" } else { "MISMATCH" }
+    );
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
-    let step = std::env::args().nth(1).as_deref() == Some("step");
+    let mode = std::env::args().nth(1);
+    let step = mode.as_deref() == Some("step");
+    let persist = mode.as_deref() == Some("persistent");
+    let groups: Vec<u32> = if persist {
+        let g: Vec<u32> = std::env::args()
+            .skip(2)
+            .map(|s| s.parse::<u32>())
+            .collect::<Result<_, _>>()
+            .map_err(|e| anyhow::anyhow!("usage: gpu_stream_bench persistent [G ...]: {e}"))?;
+        anyhow::ensure!(
+            g.iter().all(|&g| (1..=65_535).contains(&g)),
+            "persistent: workgroup counts from 1 to 65,535"
+        );
+        if g.is_empty() {
+            vec![132, 264, 528]
+        } else {
+            g
+        }
+    } else {
+        Vec::new()
+    };
     let sizes: Vec<f64> = match std::env::args().skip(1).map(|s| s.parse()).collect() {
-        _ if step => Vec::new(),
+        _ if step || persist => Vec::new(),
         Ok(v) if !Vec::<f64>::is_empty(&v) => v,
         Ok(_) => vec![4.4, 17.4, 34.8, 247.0],
-        Err(e) => anyhow::bail!("usage: gpu_stream_bench [MB ...] | step: {e}"),
+        Err(e) => {
+            anyhow::bail!("usage: gpu_stream_bench [MB ...] | step | persistent [G ...]: {e}")
+        }
     };
     let adapter = match std::env::var("LOWBIT_GPU_ADAPTER") {
         Ok(s) => Some(s.parse::<AdapterSelector>()?),
@@ -342,6 +734,12 @@ fn main() -> anyhow::Result<()> {
     );
     if step {
         return step_floor(&ctx);
+    }
+    if persist {
+        if std::env::var("LOWBIT_STREAM_LAYERS").is_err() {
+            step_floor(&ctx)?;
+        }
+        return persistent(&ctx, &groups);
     }
     let dev = &ctx.device;
     println!(
