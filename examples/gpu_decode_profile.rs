@@ -13,6 +13,15 @@
 //! PROMPT_TOKENS, so the table is per chunk. With `LOWBIT_PROFILE_SKIP=op_attention_combine`
 //! (label substrings, comma-separated) the one-pass step leaves those items out (wrong
 //! outputs; their cost inside the chain is the difference to the full step).
+//!
+//! Kernel variants (a development knob, for this example only; `convert` compiles only what
+//! a bundle carries): `LOWBIT_PROFILE_DUMP=DIR` writes the kernels the profile would compile,
+//! `DIR/NAME.wgsl`, and exits; `LOWBIT_PROFILE_SOURCES=DIR` compiles each `DIR/NAME.wgsl` in
+//! place of kernel NAME (a name the sources lack is an error), and first compares the logits
+//! of one decode step after the prompt with the variants against those without (bit for bit,
+//! or the largest difference), so a variant meant to keep every bit is checked where it is
+//! timed. Compare with `LOWBIT_GPU_UNCHECKED=1` on both sides (a replaced kernel is not the
+//! binary's own and would otherwise keep wgpu's bounds checks).
 use std::collections::BTreeMap;
 
 use lowbit::runtime::gpu::backend::GpuBackend;
@@ -33,17 +42,110 @@ fn main() -> anyhow::Result<()> {
     } else {
         Some(lowbit::runtime::gpu::kernels::from_bundle(&model.bundle)?)
     };
-    let mut be = GpuBackend::new(
-        model,
-        &LoadOptions {
-            gpu_sources,
-            ..Default::default()
-        },
-    )?;
+    let base: std::collections::HashMap<String, String> = match gpu_sources {
+        Some(m) => m,
+        None => lowbit::runtime::gpu::kernels::all()
+            .into_iter()
+            .map(|k| (k.name, k.wgsl))
+            .collect(),
+    };
+    if let Some(dir) = std::env::var_os("LOWBIT_PROFILE_DUMP") {
+        std::fs::create_dir_all(&dir)?;
+        for (name, wgsl) in &base {
+            std::fs::write(
+                std::path::Path::new(&dir).join(format!("{name}.wgsl")),
+                wgsl,
+            )?;
+        }
+        println!(
+            "{} kernels written to {}",
+            base.len(),
+            dir.to_string_lossy()
+        );
+        return Ok(());
+    }
+    let mut sources = base.clone();
+    let variants = std::env::var_os("LOWBIT_PROFILE_SOURCES");
+    if let Some(dir) = &variants {
+        let mut names = Vec::new();
+        for e in std::fs::read_dir(dir)? {
+            let path = e?.path();
+            let Some(name) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".wgsl"))
+            else {
+                continue;
+            };
+            anyhow::ensure!(
+                sources.contains_key(name),
+                "{}: no kernel {name} in the sources",
+                path.display()
+            );
+            sources.insert(name.to_string(), std::fs::read_to_string(&path)?);
+            names.push(name.to_string());
+        }
+        names.sort();
+        println!("variants: {}", names.join(", "));
+    }
+    let load = |sources: std::collections::HashMap<String, String>| {
+        let model = runtime::open_model(std::path::Path::new(path))?;
+        GpuBackend::new(
+            model,
+            &LoadOptions {
+                gpu_sources: Some(sources),
+                ..Default::default()
+            },
+        )
+        .map_err(anyhow::Error::from)
+    };
+    drop(model);
+    let mut be = load(sources)?;
     let vocab = be.n_vocab() as u32;
     let ids: Vec<u32> = (0..prompt as u32)
         .map(|i| (i * 7919 + 13) % vocab)
         .collect();
+    if variants.is_some() {
+        // One decode step's logits after the prompt, with and without the variants.
+        let first = |be: &mut GpuBackend| -> anyhow::Result<Vec<f32>> {
+            runtime::run_prompt(be, &ids, 0)?;
+            be.decode(ids[0], prompt)?;
+            let l = be.logits()?.to_vec();
+            be.reset();
+            Ok(l)
+        };
+        let with = first(&mut be)?;
+        let without = {
+            let mut b0 = load(base)?;
+            first(&mut b0)?
+        };
+        let differ = with
+            .iter()
+            .zip(&without)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        let worst = with
+            .iter()
+            .zip(&without)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, |m, d| {
+                if d.is_nan() || m.is_nan() {
+                    f32::NAN
+                } else {
+                    m.max(d)
+                }
+            });
+        println!(
+            "logits of the decode step at position {prompt} with the variants against without: \
+             {} ({differ} of {} differ, largest difference {worst:e})",
+            if differ == 0 {
+                "identical"
+            } else {
+                "DIFFERENT"
+            },
+            with.len()
+        );
+    }
     runtime::run_prompt(&mut be, &ids, 0)?;
     let mut step_ns = Vec::new();
     let mut by_label: BTreeMap<String, (f64, usize)> = BTreeMap::new();

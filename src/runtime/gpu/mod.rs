@@ -1327,10 +1327,14 @@ fn q8_quantize_source_as(load: Q8Load) -> String {
 }
 
 /// Groups of four splits whose values `op_attention_combine_q8` loads before its first barrier,
-/// beside the splits' m and l (the 8B shape's decode step at position 512 merges 33 splits).
+/// beside the splits' m and l (measured when the 8B shape's decode step at position 512
+/// merged 33 splits; with the split grain of 32 it merges 17 there, 65 at 2048).
 /// On an H200 (BENCHMARKS.md), with 4 the step took 2358-2361 us, with 0 (every group in the
 /// loop after the barriers) 2371-2375, with 9 (36 splits) 2381-2390: the first loads help,
 /// 36 values an invocation held across the barriers cost more than the round trips saved.
+/// The loop after them adds one group a pass; four a pass with every load first (the same
+/// bits) took the H100's step at 2048 from 2621-2632 to 2603-2607 us (run 38, BENCHMARKS.md):
+/// not kept for under 1%, which would change every ternary bundle's kernel digests.
 const COMBINE_Q8_PRE: u32 = 4;
 
 /// `op_attention_combine_q8`'s parameters and bindings.
