@@ -42,24 +42,36 @@ fn gpu_err(e: GpuError) -> RuntimeError {
 enum Item {
     Op(OpDispatch),
     Weight(Bound),
+    /// The decode attention (`op_attention_decode`, one workgroup per query head and split),
+    /// dispatched with only the splits that hold positions at the step's position:
+    /// `min(splits, pos / c + 1)` with `c` = [`ops::split_chunk`] of these `[splits, chunk,
+    /// grain]`, the splits the combine reads. The others would only write an empty state no
+    /// op reads (on the 8B shape at position 512: 17 of 128 splits).
+    Splits(OpDispatch, [u32; 3]),
 }
 
 impl Item {
-    fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+    /// The item's dispatches for a span starting at position `pos0`.
+    fn encode(&self, pass: &mut wgpu::ComputePass<'_>, pos0: usize) {
         match self {
             Item::Op(o) => o.encode(pass),
             Item::Weight(b) => b.encode(pass),
+            Item::Splits(o, [splits, chunk, grain]) => {
+                let pos = pos0 as u32;
+                let c = ops::split_chunk(pos, *splits, (*chunk).max(1), *grain);
+                o.encode_rows(pass, (*splits).min(pos / c.max(1) + 1));
+            }
         }
     }
     fn dispatches(&self) -> usize {
         match self {
-            Item::Op(_) => 1,
+            Item::Op(_) | Item::Splits(..) => 1,
             Item::Weight(b) => b.dispatches(),
         }
     }
     fn label(&self) -> String {
         match self {
-            Item::Op(o) => o.name.to_string(),
+            Item::Op(o) | Item::Splits(o, _) => o.name.to_string(),
             Item::Weight(b) => b.label.clone(),
         }
     }
@@ -683,7 +695,7 @@ impl GpuBackend {
                 match it {
                     _ if holds(&skip, &label) => {}
                     Item::Weight(b) if holds(&skip_pre, &label) => b.encode_with(&mut pass, false),
-                    _ => it.encode(&mut pass),
+                    _ => it.encode(&mut pass, pos),
                 }
             }
         }
@@ -692,7 +704,7 @@ impl GpuBackend {
                 label: None,
                 timestamp_writes: writes(i + 1),
             });
-            it.encode(&mut pass);
+            it.encode(&mut pass, pos);
         }
         enc.resolve_query_set(&qs, 0..(2 * n) as u32, &resolve, 0);
         q.submit([enc.finish()]);
@@ -1363,11 +1375,22 @@ fn build_graph(
                 (nh as u32, splits as u32, 1),
             )?);
         } else if attention == DECODE_ATTENTION {
-            items.push(op(
-                attention,
-                &[qf, kf, &a.v, table, kc, vc, &a.part, &p, &a.step],
-                (nh as u32, splits as u32, 1),
-            )?);
+            let o = ctx
+                .bind_op(
+                    attention,
+                    &[qf, kf, &a.v, table, kc, vc, &a.part, &p, &a.step],
+                    (nh as u32, splits as u32, 1),
+                )
+                .map_err(gpu_err)?;
+            // Only the splits that hold positions (`Item::Splits`); `LOWBIT_GPU_ATTN_ALL_SPLITS=1`
+            // dispatches every split, as before (a measuring knob: the same bits).
+            items.push(
+                if std::env::var("LOWBIT_GPU_ATTN_ALL_SPLITS").is_ok_and(|v| v == "1") {
+                    Item::Op(o)
+                } else {
+                    Item::Splits(o, [splits as u32, chunk as u32, grain])
+                },
+            );
         } else {
             let pr = u32s(&[
                 nh as u32,
@@ -1609,7 +1632,7 @@ impl GpuBackend {
                 timestamp_writes: None,
             });
             for it in g.items.iter().chain(extra) {
-                it.encode(&mut pass);
+                it.encode(&mut pass, pos0);
             }
             if slot.is_some() {
                 self.argmax.encode(&mut pass);

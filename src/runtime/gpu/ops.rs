@@ -415,9 +415,15 @@ pub struct OpDispatch {
 
 impl OpDispatch {
     pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+        self.encode_rows(pass, self.grid.1);
+    }
+
+    /// The dispatch with `rows` workgroups along y (at most its grid's) in place of its
+    /// grid's: the decode attention's splits that hold positions at the step's position.
+    pub fn encode_rows(&self, pass: &mut wgpu::ComputePass<'_>, rows: u32) {
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &self.bind, &[]);
-        pass.dispatch_workgroups(self.grid.0, self.grid.1, self.grid.2);
+        pass.dispatch_workgroups(self.grid.0, rows.min(self.grid.1), self.grid.2);
     }
 }
 
