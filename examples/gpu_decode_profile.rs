@@ -35,117 +35,140 @@ fn main() -> anyhow::Result<()> {
     let prompt: usize = a.get(2).map_or(Ok(512), |s| s.parse())?;
     let steps: usize = a.get(3).map_or(Ok(8), |s| s.parse())?;
     let model = runtime::open_model(std::path::Path::new(path))?;
+    use anyhow::Context;
+    use std::collections::HashMap;
     // The bundle's own kernels, as `convert run` compiles them (LOWBIT_PROFILE_BUILTIN=1: the
-    // ones built into this binary).
+    // ones built into this binary, `None`: the context then also generates the variants it
+    // makes on demand).
     let gpu_sources = if std::env::var_os("LOWBIT_PROFILE_BUILTIN").is_some() {
         None
     } else {
         Some(lowbit::runtime::gpu::kernels::from_bundle(&model.bundle)?)
     };
-    let base: std::collections::HashMap<String, String> = match gpu_sources {
-        Some(m) => m,
-        None => lowbit::runtime::gpu::kernels::all()
-            .into_iter()
-            .map(|k| (k.name, k.wgsl))
-            .collect(),
+    let listed = || -> HashMap<String, String> {
+        match &gpu_sources {
+            Some(m) => m.clone(),
+            None => lowbit::runtime::gpu::kernels::all()
+                .into_iter()
+                .map(|k| (k.name, k.wgsl))
+                .collect(),
+        }
     };
     if let Some(dir) = std::env::var_os("LOWBIT_PROFILE_DUMP") {
-        std::fs::create_dir_all(&dir)?;
-        for (name, wgsl) in &base {
-            std::fs::write(
-                std::path::Path::new(&dir).join(format!("{name}.wgsl")),
-                wgsl,
-            )?;
+        let dir = std::path::PathBuf::from(dir);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("LOWBIT_PROFILE_DUMP: {}", dir.display()))?;
+        let all = listed();
+        for (name, wgsl) in &all {
+            let f = dir.join(format!("{name}.wgsl"));
+            std::fs::write(&f, wgsl)
+                .with_context(|| format!("LOWBIT_PROFILE_DUMP: {}", f.display()))?;
         }
-        println!(
-            "{} kernels written to {}",
-            base.len(),
-            dir.to_string_lossy()
-        );
+        println!("{} kernels written to {}", all.len(), dir.display());
         return Ok(());
     }
-    let mut sources = base.clone();
-    let variants = std::env::var_os("LOWBIT_PROFILE_SOURCES");
-    if let Some(dir) = &variants {
-        let mut names = Vec::new();
-        for e in std::fs::read_dir(dir)? {
-            let path = e?.path();
-            let Some(name) = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.strip_suffix(".wgsl"))
-            else {
-                continue;
-            };
-            anyhow::ensure!(
-                sources.contains_key(name),
-                "{}: no kernel {name} in the sources",
-                path.display()
-            );
-            sources.insert(name.to_string(), std::fs::read_to_string(&path)?);
-            names.push(name.to_string());
+    // The variants: the sources with each DIR/NAME.wgsl in place of NAME's (with
+    // LOWBIT_PROFILE_BUILTIN=1 the built-in kernels as a fixed set: those the binary makes on
+    // demand, such as LOWBIT_GPU_Q8G's, are then absent).
+    let variants = match std::env::var_os("LOWBIT_PROFILE_SOURCES") {
+        None => None,
+        Some(dir) => {
+            let dir = std::path::PathBuf::from(dir);
+            let ctx = || format!("LOWBIT_PROFILE_SOURCES: {}", dir.display());
+            let mut sources = listed();
+            let mut names = Vec::new();
+            for e in std::fs::read_dir(&dir).with_context(ctx)? {
+                let path = e.with_context(ctx)?.path();
+                let Some(name) = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(|n| n.strip_suffix(".wgsl"))
+                else {
+                    continue;
+                };
+                anyhow::ensure!(
+                    sources.contains_key(name),
+                    "{}: no kernel {name} in the sources",
+                    path.display()
+                );
+                let wgsl = std::fs::read_to_string(&path)
+                    .with_context(|| format!("LOWBIT_PROFILE_SOURCES: {}", path.display()))?;
+                sources.insert(name.to_string(), wgsl);
+                names.push(name.to_string());
+            }
+            anyhow::ensure!(!names.is_empty(), "{}: no NAME.wgsl files in it", ctx());
+            names.sort();
+            println!("variants: {}", names.join(", "));
+            Some(sources)
         }
-        names.sort();
-        println!("variants: {}", names.join(", "));
-    }
-    let load = |sources: std::collections::HashMap<String, String>| {
+    };
+    drop(model);
+    let load = |sources: Option<HashMap<String, String>>| {
         let model = runtime::open_model(std::path::Path::new(path))?;
         GpuBackend::new(
             model,
             &LoadOptions {
-                gpu_sources: Some(sources),
+                gpu_sources: sources,
                 ..Default::default()
             },
         )
         .map_err(anyhow::Error::from)
     };
-    drop(model);
-    let mut be = load(sources)?;
-    let vocab = be.n_vocab() as u32;
-    let ids: Vec<u32> = (0..prompt as u32)
-        .map(|i| (i * 7919 + 13) % vocab)
-        .collect();
-    if variants.is_some() {
-        // One decode step's logits after the prompt, with and without the variants.
-        let first = |be: &mut GpuBackend| -> anyhow::Result<Vec<f32>> {
-            runtime::run_prompt(be, &ids, 0)?;
-            be.decode(ids[0], prompt)?;
-            let l = be.logits()?.to_vec();
-            be.reset();
-            Ok(l)
-        };
-        let with = first(&mut be)?;
-        let without = {
-            let mut b0 = load(base)?;
-            first(&mut b0)?
-        };
-        let differ = with
-            .iter()
-            .zip(&without)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        let worst = with
-            .iter()
-            .zip(&without)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, |m, d| {
-                if d.is_nan() || m.is_nan() {
-                    f32::NAN
+    let ids = |vocab: u32| -> Vec<u32> {
+        (0..prompt as u32)
+            .map(|i| (i * 7919 + 13) % vocab)
+            .collect()
+    };
+    // One decode step's logits after the prompt (then the backend reset).
+    let first = |be: &mut GpuBackend| -> anyhow::Result<Vec<f32>> {
+        let ids = ids(be.n_vocab() as u32);
+        runtime::run_prompt(be, &ids, 0)?;
+        be.decode(ids[0], prompt)?;
+        let l = be.logits()?.to_vec();
+        be.reset();
+        Ok(l)
+    };
+    let mut be = match variants {
+        None => load(gpu_sources.clone())?,
+        Some(sources) => {
+            // Without the variants first, dropped before the variants load (one model on
+            // the device at a time).
+            let without = {
+                let mut b0 = load(gpu_sources.clone())?;
+                first(&mut b0)?
+            };
+            let mut be = load(Some(sources))?;
+            let with = first(&mut be)?;
+            let differ = with
+                .iter()
+                .zip(&without)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            let worst = with
+                .iter()
+                .zip(&without)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, |m, d| {
+                    if d.is_nan() || m.is_nan() {
+                        f32::NAN
+                    } else {
+                        m.max(d)
+                    }
+                });
+            println!(
+                "logits of the decode step at position {prompt} with the variants against \
+                 without: {} ({differ} of {} differ, largest difference {worst:e})",
+                if differ == 0 {
+                    "identical"
                 } else {
-                    m.max(d)
-                }
-            });
-        println!(
-            "logits of the decode step at position {prompt} with the variants against without: \
-             {} ({differ} of {} differ, largest difference {worst:e})",
-            if differ == 0 {
-                "identical"
-            } else {
-                "DIFFERENT"
-            },
-            with.len()
-        );
-    }
+                    "DIFFERENT"
+                },
+                with.len()
+            );
+            be
+        }
+    };
+    let ids = ids(be.n_vocab() as u32);
     runtime::run_prompt(&mut be, &ids, 0)?;
     let mut step_ns = Vec::new();
     let mut by_label: BTreeMap<String, (f64, usize)> = BTreeMap::new();

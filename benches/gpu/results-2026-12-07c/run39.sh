@@ -5,7 +5,8 @@
 # others only wrote an empty state no op reads). Same binary and bundle: profiles at 512
 # (and, with BENCH=1, at 2048 and `convert bench --backend gpu` twice each, alternating;
 # left out with the session's device time nearly spent), and the 48 greedy ids and
-# first-step logits of both compared. Carry .gpubin (convert, gpu_decode_profile of this
+# first-step logits of both compared (`--dump-logits` writes the prompt's logits, which the
+# prefill graph computes without Item::Splits: only the greedy ids cover the changed path). Carry .gpubin (convert, gpu_decode_profile of this
 # build) and .anchor.
 set -u
 cd "$(dirname "$0")/../../.."

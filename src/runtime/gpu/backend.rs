@@ -46,7 +46,10 @@ enum Item {
     /// dispatched with only the splits that hold positions at the step's position:
     /// `min(splits, pos / c + 1)` with `c` = [`ops::split_chunk`] of these `[splits, chunk,
     /// grain]`, the splits the combine reads. The others would only write an empty state no
-    /// op reads (on the 8B shape at position 512: 17 of 128 splits).
+    /// op reads (on the 8B shape at position 512: 17 of 128 splits). The rows are counted
+    /// when the item is encoded, from the position given to [`Item::encode`]: a command
+    /// buffer encoded for one position must run with that position in the step uniform (as
+    /// every submission here writes it), never be replayed at another.
     Splits(OpDispatch, [u32; 3]),
 }
 
@@ -864,7 +867,8 @@ const DECODE_ATTENTION: &str = "op_attention_decode";
 /// decode splits long contexts into up to 128 chunks of at least 64 positions (flash-decoding:
 /// enough workgroups to fill a GPU when there are few heads, each workgroup's serial work
 /// short; `op_attention_decode` spreads the positions up to the current one over the
-/// splits, [`ops::split_chunk`], and splits past them exit at once); prefill chunks into up
+/// splits, [`ops::split_chunk`], and only the splits that hold positions are dispatched,
+/// `Item::Splits`); prefill chunks into up
 /// to 8 (with the tiled prefill attention on an H200, splits of 256 positions gave the
 /// same prompt speed as 1024: BENCHMARKS.md). At most `MAX_SPLITS` of
 /// attention_combine.wgsl.
@@ -1384,13 +1388,22 @@ fn build_graph(
                 .map_err(gpu_err)?;
             // Only the splits that hold positions (`Item::Splits`); `LOWBIT_GPU_ATTN_ALL_SPLITS=1`
             // dispatches every split, as before (a measuring knob: the same bits).
-            items.push(
-                if std::env::var("LOWBIT_GPU_ATTN_ALL_SPLITS").is_ok_and(|v| v == "1") {
-                    Item::Op(o)
-                } else {
-                    Item::Splits(o, [splits as u32, chunk as u32, grain])
-                },
-            );
+            let all = match std::env::var("LOWBIT_GPU_ATTN_ALL_SPLITS") {
+                Ok(v) if v == "1" => true,
+                Ok(v) if v == "0" => false,
+                Ok(v) => {
+                    eprintln!(
+                        "warning: LOWBIT_GPU_ATTN_ALL_SPLITS={v} is neither 0 nor 1: using 0"
+                    );
+                    false
+                }
+                Err(_) => false,
+            };
+            items.push(if all {
+                Item::Op(o)
+            } else {
+                Item::Splits(o, [splits as u32, chunk as u32, grain])
+            });
         } else {
             let pr = u32s(&[
                 nh as u32,
