@@ -3,7 +3,11 @@
 # per-head reductions (M and sum w l over the splits, one invocation a head walking every
 # split) as four chains in four invocations each, combined in the vector form's order
 # (variants/c2; the same bits: checked on lavapipe at positions 100-470 of the tiny MiniCPM),
-# and c2 with c1's four groups a pass (variants/c12), against the kernels of the bundle, at
+# and c2 with c1's four groups a pass (variants/c12); and the decode attention in workgroups
+# of 128 (variants/w128: tiles of 32 positions, one tile a split at the grain of 32 where
+# tiles of 16 take two round trips; NOT the same bits: the tile is the online softmax's
+# unit, so its rounding moves, by up to 1e-6 in the tiny MiniCPM's logits on lavapipe; a
+# timing probe first), against the kernels of the bundle, at
 # positions 512 and 2048, alternating, each with gpu_decode_profile's logits check. Carry
 # .gpubin (convert, gpu_decode_profile of the build these variants were dumped from: the
 # bundle's op_attention_combine_q8 must be the one they edit) and .anchor.
@@ -21,6 +25,6 @@ prof() { # NAME POS [VARIANT]
   echo "== $1"; grep -h "logits\|step (one pass)\|op_attention\|Error" $W/profile-$1.md | sed 's/items in passes.*//'
 }
 for pos in 512 2048; do
-  for i in 1 2; do prof base-$pos-$i $pos; prof c2-$pos-$i $pos c2; prof c12-$pos-$i $pos c12; done
+  for i in 1 2; do prof base-$pos-$i $pos; prof c2-$pos-$i $pos c2; prof c12-$pos-$i $pos c12; prof w128-$pos-$i $pos w128; done
   el "$pos"; save
 done
