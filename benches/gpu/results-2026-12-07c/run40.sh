@@ -7,7 +7,9 @@
 # of 128 (variants/w128: tiles of 32 positions, one tile a split at the grain of 32 where
 # tiles of 16 take two round trips; NOT the same bits: the tile is the online softmax's
 # unit, so its rounding moves, by up to 1e-6 in the tiny MiniCPM's logits on lavapipe; a
-# timing probe first), against the kernels of the bundle, at
+# timing probe first); and a probe with wrong outputs, p_attn_fewbar (the attention's tile
+# loop without its two write-after-read barriers: what two barriers a tile cost), against
+# the kernels of the bundle, at
 # positions 512 and 2048, alternating, each with gpu_decode_profile's logits check. Carry
 # .gpubin (convert, gpu_decode_profile of the build these variants were dumped from: the
 # bundle's op_attention_combine_q8 must be the one they edit) and .anchor.
@@ -26,5 +28,6 @@ prof() { # NAME POS [VARIANT]
 }
 for pos in 512 2048; do
   for i in 1 2; do prof base-$pos-$i $pos; prof c2-$pos-$i $pos c2; prof c12-$pos-$i $pos c12; prof w128-$pos-$i $pos w128; done
+  prof p_attn_fewbar-$pos $pos p_attn_fewbar
   el "$pos"; save
 done
