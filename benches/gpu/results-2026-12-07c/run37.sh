@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Device run 37 (twenty-sixth session, 2026-12-07): where the decode attention's and the
 # combine's time goes in the 8B step, and one candidate that keeps every bit. Each
-# variants/NAME/ holds a kernel source that `gpu_decode_profile` compiles in place of the
-# one of the same name (LOWBIT_PROFILE_SOURCES; it first compares one decode step's logits
+# variant (variants/NAME.patch, built by `variants/make.sh .gpubin/gpu_decode_profile BUNDLE
+# .gpubin/variants` here before the run) is a kernel source that `gpu_decode_profile`
+# compiles in place of the one of the same name (LOWBIT_PROFILE_SOURCES; it first compares one decode step's logits
 # with and without the variant): a1 (the attention's first tile of cache words loaded
 # before q is staged: the same bits), and probes with wrong outputs (p_attn_exit: the
 # attention's workgroups exit at once; p_attn_noloop: staging and stores without the tile
@@ -12,7 +13,7 @@
 set -u
 cd "$(dirname "$0")/../../.."
 RUN=run37; . benches/gpu/device_env.sh
-V=$R/benches/gpu/results-2026-12-07c/variants
+V=$B/variants
 save() { tar czf $O/run37.tar.gz -C $W .; }
 rm -rf /tmp/minicpm8b.bundle
 $B/convert gguf-to-ternary -q -o /tmp/minicpm8b.bundle /tmp/minicpm8b.gguf

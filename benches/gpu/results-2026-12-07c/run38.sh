@@ -5,11 +5,12 @@
 # group, waits, adds, loads the next: the same additions in the same order (the logits
 # check says so). Baseline and variants alternate at position 512 (17 splits: 16 preloaded,
 # one group after them: c1 changes little there), then base and c1 at 2048 (65 splits: 13
-# groups after the preloaded, 4 passes of c1). As run37.sh otherwise.
+# groups after the preloaded, 4 passes of c1). As run37.sh otherwise (the variants built by
+# variants/make.sh into .gpubin/variants).
 set -u
 cd "$(dirname "$0")/../../.."
 RUN=run38; . benches/gpu/device_env.sh
-V=$R/benches/gpu/results-2026-12-07c/variants
+V=$B/variants
 save() { tar czf $O/run38.tar.gz -C $W .; }
 [ -d /tmp/minicpm8b.bundle ] || $B/convert gguf-to-ternary -q -o /tmp/minicpm8b.bundle /tmp/minicpm8b.gguf
 el "setup"

@@ -11,12 +11,13 @@
 # loop without its two write-after-read barriers: what two barriers a tile cost), against
 # the kernels of the bundle, at
 # positions 512 and 2048, alternating, each with gpu_decode_profile's logits check. Carry
-# .gpubin (convert, gpu_decode_profile of the build these variants were dumped from: the
-# bundle's op_attention_combine_q8 must be the one they edit) and .anchor.
+# .gpubin (convert, gpu_decode_profile, and variants/ built from the patches by
+# `variants/make.sh .gpubin/gpu_decode_profile BUNDLE .gpubin/variants` with that binary: the
+# bundle's kernels must be the ones the patches edit) and .anchor.
 set -u
 cd "$(dirname "$0")/../../.."
 RUN=run40; . benches/gpu/device_env.sh
-V=$R/benches/gpu/results-2026-12-07c/variants
+V=$B/variants
 save() { tar czf $O/run40.tar.gz -C $W .; }
 [ -d /tmp/minicpm8b.bundle ] || $B/convert gguf-to-ternary -q -o /tmp/minicpm8b.bundle /tmp/minicpm8b.gguf
 el "setup"
