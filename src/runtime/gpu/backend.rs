@@ -863,6 +863,23 @@ struct Shared<'a> {
 /// [`GpuContext::has_f16_in_f32`]).
 const DECODE_ATTENTION: &str = "op_attention_decode";
 
+/// A measuring knob that is 0 or 1: `default` where `name` is unset, and where it holds
+/// anything else (said on stderr).
+fn env_switch(name: &str, default: bool) -> bool {
+    match std::env::var(name) {
+        Ok(v) if v == "1" => true,
+        Ok(v) if v == "0" => false,
+        Ok(v) => {
+            eprintln!(
+                "warning: {name}={v} is neither 0 nor 1: using {}",
+                u8::from(default)
+            );
+            default
+        }
+        Err(_) => default,
+    }
+}
+
 /// Attention splits for `s` tokens over `n_ctx` positions and the most positions each takes:
 /// decode splits long contexts into up to 128 chunks of at least 64 positions (flash-decoding:
 /// enough workgroups to fill a GPU when there are few heads, each workgroup's serial work
@@ -969,6 +986,9 @@ fn build_graph(
     // by every layer's dispatch: each is back at 0 when its dispatch ends.
     let merge = ctx.merges_decode_attention()
         && std::env::var("LOWBIT_GPU_ATTN_MERGE").is_ok_and(|v| v == "1");
+    // The decode attention dispatches every split, not only those that hold positions
+    // (`Item::Splits`), with `LOWBIT_GPU_ATTN_ALL_SPLITS=1` (a measuring knob: the same bits).
+    let all_splits = s == 1 && env_switch("LOWBIT_GPU_ATTN_ALL_SPLITS", false);
     let merge_counts = ctx.vector_buffer(
         "attention merge counts",
         if merge { (nh * hd).div_ceil(256) } else { 1 },
@@ -990,15 +1010,7 @@ fn build_graph(
     // the H200 a 256-token chunk's attention of the 8B shape took 0.55 ms a layer against
     // 1.9 with groups of 4.
     let (attention, group, grain) = if s == 1 {
-        let forced_off = match std::env::var("LOWBIT_GPU_ATTN_DECODE") {
-            Ok(v) if v == "0" => true,
-            Ok(v) if v == "1" => false,
-            Ok(v) => {
-                eprintln!("warning: LOWBIT_GPU_ATTN_DECODE={v} is neither 0 nor 1: using 1");
-                false
-            }
-            Err(_) => false,
-        };
+        let forced_off = !env_switch("LOWBIT_GPU_ATTN_DECODE", true);
         // A bundle's kernel may predate clusters of 4 (its `LANES` then needs subgroups of 8).
         let lanes = ctx
             .source_constant(DECODE_ATTENTION, "LANES")
@@ -1386,20 +1398,8 @@ fn build_graph(
                     (nh as u32, splits as u32, 1),
                 )
                 .map_err(gpu_err)?;
-            // Only the splits that hold positions (`Item::Splits`); `LOWBIT_GPU_ATTN_ALL_SPLITS=1`
-            // dispatches every split, as before (a measuring knob: the same bits).
-            let all = match std::env::var("LOWBIT_GPU_ATTN_ALL_SPLITS") {
-                Ok(v) if v == "1" => true,
-                Ok(v) if v == "0" => false,
-                Ok(v) => {
-                    eprintln!(
-                        "warning: LOWBIT_GPU_ATTN_ALL_SPLITS={v} is neither 0 nor 1: using 0"
-                    );
-                    false
-                }
-                Err(_) => false,
-            };
-            items.push(if all {
+            // Only the splits that hold positions (`Item::Splits`), unless `all_splits`.
+            items.push(if all_splits {
                 Item::Op(o)
             } else {
                 Item::Splits(o, [splits as u32, chunk as u32, grain])
