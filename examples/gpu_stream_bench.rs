@@ -89,6 +89,33 @@ fn source(wg: u32, l: u32, looped: bool) -> String {
     )
 }
 
+/// The compute pipeline of `wgsl` (entry point `main`), compiled as the backend compiles its
+/// own kernels: without wgpu's bounds checks.
+///
+/// # Safety
+/// Every access the kernel makes stays inside the buffer it indexes.
+unsafe fn unchecked_pipeline(
+    dev: &wgpu::Device,
+    label: &str,
+    wgsl: String,
+) -> wgpu::ComputePipeline {
+    let desc = wgpu::ShaderModuleDescriptor {
+        label: Some(label),
+        source: wgpu::ShaderSource::Wgsl(wgsl.into()),
+    };
+    // SAFETY: the caller's promise.
+    let module =
+        unsafe { dev.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) };
+    dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(label),
+        layout: None,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    })
+}
+
 /// A read kernel's layout: `wg` invocations a workgroup, `l` loads in flight each, and
 /// `looped`: that many workgroups striding over the buffer (else one pass, `tile`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -112,24 +139,10 @@ impl Layout {
 
     /// The kernel's pipeline.
     fn pipeline(self, dev: &wgpu::Device, label: &str) -> wgpu::ComputePipeline {
-        let desc = wgpu::ShaderModuleDescriptor {
-            label: Some(label),
-            source: wgpu::ShaderSource::Wgsl(source(self.wg, self.l, self.looped.is_some()).into()),
-        };
+        let wgsl = source(self.wg, self.l, self.looped.is_some());
         // SAFETY: every load's index is clamped to `p.n - 1` (the buffer's last vector) and
-        // the one store is to element 0: no access leaves its buffer. Compiled as the backend
-        // compiles its own kernels (without wgpu's checks).
-        let module = unsafe {
-            dev.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
-        };
-        dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(label),
-            layout: None,
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
-        })
+        // the one store is to element 0: no access leaves its buffer.
+        unsafe { unchecked_pipeline(dev, label, wgsl) }
     }
 
     /// The kernel's parameters for `n` vectors, as its uniform buffer.
@@ -580,24 +593,12 @@ fn persistent(ctx: &GpuContext, groups: &[u32]) -> anyhow::Result<()> {
     // The generation word's value before a dispatch (the `flag` barrier's).
     let mut gbase = 0u32;
     for (prefetch, flag) in [(false, false), (true, false), (true, true)] {
-        let desc = wgpu::ShaderModuleDescriptor {
-            label: Some("persistent read"),
-            source: wgpu::ShaderSource::Wgsl(persistent_source(prefetch, flag).into()),
-        };
         // SAFETY: every load's index is clamped into its phase, which lies inside its buffer
-        // (the table is built above from the buffers' sizes); the stores are to words 0-2 of
-        // `sync`. Compiled as the backend compiles its own kernels.
-        let module = unsafe {
-            dev.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+        // (the table is built above from the buffers' sizes); the stores are to words 0-2 and
+        // 32 of `sync` (64 words).
+        let pipeline = unsafe {
+            unchecked_pipeline(dev, "persistent read", persistent_source(prefetch, flag))
         };
-        let pipeline = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some("persistent read"),
-            layout: None,
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
-        });
         for (t, table_buf) in tables.iter().enumerate() {
             let mut entries: Vec<wgpu::BindGroupEntry> = bufs
                 .iter()
