@@ -1680,32 +1680,39 @@ fn attend<T: KvElem>(
     // their last partial step in place, and rows are not a multiple of 4 KiB apart (which
     // maps every row's line to one L1 set: the scores ran at half speed with such strides).
     let stride = m.div_ceil(16) * 16 + 16;
-    let widened: Vec<Widened> = (0..nkv)
-        .into_par_iter()
-        .map(|kh| {
-            let head = sh.layer_base + kh * slots * hd;
-            let keys = if key_rows {
-                let mut kr = vec![0f32; m * hd];
-                widen_rows(&kc[head..head + hd * slots], slots, lo0, m, &mut kr);
-                kr
-            } else if direct {
-                return Widened::InPlace;
-            } else {
-                let mut kt = vec![0f32; hd * stride];
-                for (d, row) in kt.chunks_exact_mut(stride).enumerate() {
-                    let at = head + d * slots + lo0;
-                    T::widen(&kc[at..at + m], &mut row[..m]);
-                }
-                kt
-            };
-            if direct {
-                return Widened::KeyRows(keys);
+    // A decode step over a short span runs on this thread: there a fork-join over the pool
+    // cost more than the work (Gemma 3 at ~40 positions: 1.22 ms of attention a step on two
+    // threads, 0.81 on one; BENCHMARKS.md, "Decode below llama.cpp on the Intel VM"). Each
+    // unit computes the same values wherever it runs.
+    let serial = n == 1 && m * nq <= ATTN_SERIAL_WORK;
+    let widen = |kh: usize| {
+        let head = sh.layer_base + kh * slots * hd;
+        let keys = if key_rows {
+            let mut kr = vec![0f32; m * hd];
+            widen_rows(&kc[head..head + hd * slots], slots, lo0, m, &mut kr);
+            kr
+        } else if direct {
+            return Widened::InPlace;
+        } else {
+            let mut kt = vec![0f32; hd * stride];
+            for (d, row) in kt.chunks_exact_mut(stride).enumerate() {
+                let at = head + d * slots + lo0;
+                T::widen(&kc[at..at + m], &mut row[..m]);
             }
-            let mut vr = vec![0f32; m * hd];
-            T::widen(&vc[head + lo0 * hd..head + end * hd], &mut vr);
-            Widened::Both(keys, vr)
-        })
-        .collect();
+            kt
+        };
+        if direct {
+            return Widened::KeyRows(keys);
+        }
+        let mut vr = vec![0f32; m * hd];
+        T::widen(&vc[head + lo0 * hd..head + end * hd], &mut vr);
+        Widened::Both(keys, vr)
+    };
+    let widened: Vec<Widened> = if serial {
+        (0..nkv).map(widen).collect()
+    } else {
+        (0..nkv).into_par_iter().map(widen).collect()
+    };
     // Tasks of two query heads of one KV head (one where a group is odd), which share each
     // load of the keys and values.
     let units: Vec<(usize, usize)> = (0..nq / hd / sh.group)
@@ -1716,40 +1723,42 @@ fn attend<T: KvElem>(
                 .map(move |h| (h, (first + sh.group - h).min(2)))
         })
         .collect();
-    let heads: Vec<Vec<f32>> = units
-        .par_iter()
-        .map(|&(head, count)| {
-            let kh = head / sh.group;
-            let base = sh.layer_base + kh * slots * hd;
-            let u = Unit {
-                form,
-                q,
-                head,
-                count,
-                n,
-                lo0,
-                sh,
-            };
-            match &widened[kh] {
-                Widened::KeyRows(rows) => u.run(Keys::Rows { rows, hd }, &vc[base + lo0 * hd..]),
-                Widened::InPlace => u.run(
-                    Keys::T {
-                        kt: &kc[base + lo0..],
-                        stride: slots,
-                    },
-                    &vc[base + lo0 * hd..],
-                ),
-                Widened::Both(kw, vr) => {
-                    let keys = if key_rows {
-                        Keys::Rows { rows: kw, hd }
-                    } else {
-                        Keys::T { kt: kw, stride }
-                    };
-                    u.run(keys, vr)
-                }
+    let run = |&(head, count): &(usize, usize)| {
+        let kh = head / sh.group;
+        let base = sh.layer_base + kh * slots * hd;
+        let u = Unit {
+            form,
+            q,
+            head,
+            count,
+            n,
+            lo0,
+            sh,
+        };
+        match &widened[kh] {
+            Widened::KeyRows(rows) => u.run(Keys::Rows { rows, hd }, &vc[base + lo0 * hd..]),
+            Widened::InPlace => u.run(
+                Keys::T {
+                    kt: &kc[base + lo0..],
+                    stride: slots,
+                },
+                &vc[base + lo0 * hd..],
+            ),
+            Widened::Both(kw, vr) => {
+                let keys = if key_rows {
+                    Keys::Rows { rows: kw, hd }
+                } else {
+                    Keys::T { kt: kw, stride }
+                };
+                u.run(keys, vr)
             }
-        })
-        .collect();
+        }
+    };
+    let heads: Vec<Vec<f32>> = if serial {
+        units.iter().map(run).collect()
+    } else {
+        units.par_iter().map(run).collect()
+    };
     for (&(head, _), res) in units.iter().zip(&heads) {
         for (c, per_head) in res.chunks_exact(n * hd).enumerate() {
             let h = head + c;
@@ -1759,6 +1768,11 @@ fn attend<T: KvElem>(
         }
     }
 }
+
+/// The most `span x query dims` (half the multiply-accumulates of a decode step's attention
+/// in one layer) that [`attend`] runs on the calling thread: 131,072 is Gemma 3 270M's 1,024
+/// query dims over 128 positions, SmolLM2's 576 over 227, the 8B shape's 4,096 over 32.
+const ATTN_SERIAL_WORK: usize = 1 << 17;
 
 /// One KV head's keys and values as [`attend`]'s products read them.
 enum Widened {
