@@ -25,6 +25,7 @@ use rayon::prelude::*;
 
 use super::matvec::{self, Kernel, WeightData};
 use super::model::{Model, Weight, WeightKind};
+use super::team;
 use super::RuntimeError;
 use super::{Backend, BackendInfo, LoadOptions};
 use crate::arch::{Activation, RopeMode};
@@ -1711,7 +1712,7 @@ fn attend<T: KvElem>(
     let widened: Vec<Widened> = if serial {
         (0..nkv).map(widen).collect()
     } else {
-        (0..nkv).into_par_iter().map(widen).collect()
+        team::map(nkv, widen)
     };
     // Tasks of two query heads of one KV head (one where a group is odd), which share each
     // load of the keys and values.
@@ -1757,7 +1758,7 @@ fn attend<T: KvElem>(
     let heads: Vec<Vec<f32>> = if serial {
         units.iter().map(run).collect()
     } else {
-        units.par_iter().map(run).collect()
+        team::map(units.len(), |i| run(&units[i]))
     };
     for (&(head, _), res) in units.iter().zip(&heads) {
         for (c, per_head) in res.chunks_exact(n * hd).enumerate() {
@@ -2325,10 +2326,20 @@ impl CpuBackend {
         start: usize,
         rows: Option<(usize, &mut Vec<f32>)>,
     ) -> Result<(), RuntimeError> {
+        // A single token (a decode step) runs with a team of the pool's workers spinning
+        // between its loops (`team`); a prompt's loops are long enough for rayon's.
+        let step = tokens.len() == 1;
+        let go = || {
+            if step {
+                team::decode_step(|| self.forward(tokens, start, rows))
+            } else {
+                self.forward(tokens, start, rows)
+            }
+        };
         let r = if rayon::current_thread_index().is_none() {
-            rayon::scope(|_| self.forward(tokens, start, rows))
+            rayon::scope(|_| go())
         } else {
-            self.forward(tokens, start, rows)
+            go()
         };
         self.has_logits = r.is_ok();
         r
@@ -2462,12 +2473,14 @@ impl CpuBackend {
             drop(acts);
             // Element by element (the same bits on any split), over the threads: an `exp` a
             // value, 16,384 a token on the 8B shape.
-            g.par_chunks_mut(GATE_CHUNK)
-                .zip(u.par_chunks(GATE_CHUNK))
-                .for_each(|(g, u)| match gelu {
+            let u = &u;
+            team::chunks_mut(&mut g, GATE_CHUNK, |i, g| {
+                let u = &u[i * GATE_CHUNK..i * GATE_CHUNK + g.len()];
+                match gelu {
                     Some(table) => geglu_slice(g, u, table),
                     None => swiglu_slice(g, u),
-                });
+                }
+            });
             trace("ffn_swiglu", il, &g[..nff]);
             self.mm(&layer.w_down, &g, &mut o);
             for (xt, ot) in x.chunks_exact_mut(e).zip(o.chunks_exact_mut(e)) {

@@ -12,6 +12,7 @@
 use rayon::prelude::*;
 
 use super::q8;
+use super::team;
 use crate::ggml::GgmlType;
 use crate::quant::{self, f16_bits_to_f32};
 
@@ -1355,11 +1356,35 @@ fn matvec_prepared(
         _ => false,
     });
     let isa = q8::detect();
+    if team::in_step() {
+        // A decode step's team: items of several tasks (about ITEMS_PER_THREAD a thread,
+        // each claimed by one atomic operation), each task's rows as rayon's tasks run them.
+        let tasks = y.len().div_ceil(ROWS_PER_TASK);
+        let per_item = (tasks / (rayon::current_num_threads() * ITEMS_PER_THREAD)).max(1);
+        let size = per_item * ROWS_PER_TASK;
+        return team::chunks_mut(y, size, |i, ys| {
+            STEP_SCRATCH.with_borrow_mut(|s| {
+                for (j, ys) in ys.chunks_mut(ROWS_PER_TASK).enumerate() {
+                    rows(&w, cols, x, a, isa, ys, i * size + j * ROWS_PER_TASK, s)
+                }
+            })
+        });
+    }
     y.par_chunks_mut(ROWS_PER_TASK)
         .enumerate()
         .for_each_init(Scratch::default, |s, (t, ys)| {
             rows(&w, cols, x, a, isa, ys, t * ROWS_PER_TASK, s)
         });
+}
+
+/// Items a thread of a decode step's team takes from one single-token product, about: fewer
+/// mean fewer atomic claims, more a shorter wait for the last.
+const ITEMS_PER_THREAD: usize = 8;
+
+thread_local! {
+    /// The scratch of a team thread's tasks ([`matvec_prepared`] in a decode step), kept
+    /// between products.
+    static STEP_SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
 }
 
 /// One tile of [`matmul_with`]: `(r0, k, tile, scratch)` fills `tile[j * n + i]` with row

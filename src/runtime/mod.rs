@@ -33,6 +33,7 @@ pub mod gpu;
 pub mod matvec;
 pub mod model;
 pub mod q8;
+mod team;
 pub mod validate;
 
 use std::path::Path;
