@@ -753,3 +753,20 @@ fn generate_inner(
     stats.generated = out.len();
     Ok((out, stats))
 }
+
+/// A measuring knob that is 0 or 1: `default` where `name` is unset, and where it holds
+/// anything else (said on stderr).
+pub(crate) fn env_switch(name: &str, default: bool) -> bool {
+    match std::env::var(name) {
+        Ok(v) if v == "1" => true,
+        Ok(v) if v == "0" => false,
+        Ok(v) => {
+            eprintln!(
+                "warning: {name}={v} is neither 0 nor 1: using {}",
+                u8::from(default)
+            );
+            default
+        }
+        Err(_) => default,
+    }
+}

@@ -75,15 +75,7 @@ thread_local! {
 /// Whether [`decode_step`] forms a team (`LOWBIT_CPU_TEAM`, default on).
 fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| match std::env::var("LOWBIT_CPU_TEAM") {
-        Ok(v) if v == "0" => false,
-        Ok(v) if v == "1" => true,
-        Ok(v) => {
-            eprintln!("warning: LOWBIT_CPU_TEAM={v} is neither 0 nor 1: using 1");
-            true
-        }
-        Err(_) => true,
-    })
+    *ON.get_or_init(|| super::env_switch("LOWBIT_CPU_TEAM", true))
 }
 
 /// Waits for `ready`: spins, then yields the core between checks (a helper whose step thread

@@ -25,7 +25,7 @@ use super::weights::{Bound, GpuWeight, WeightFormat};
 use super::{q8_quantize_name, ContextOptions, Epilogue, Fuse, GpuContext, GpuError};
 use crate::arch::{Activation, RopeMode};
 use crate::runtime::model::{Model, Weight};
-use crate::runtime::{Backend, BackendInfo, LoadOptions, RuntimeError};
+use crate::runtime::{env_switch, Backend, BackendInfo, LoadOptions, RuntimeError};
 
 /// Ids the argmax kernel can exclude (`--ignore-eos` bans a handful); more fall back to
 /// reading the logits.
@@ -862,23 +862,6 @@ struct Shared<'a> {
 /// subgroups of at least [`ops::DECODE_ATTENTION_LANES`] and unpack2x16float,
 /// [`GpuContext::has_f16_in_f32`]).
 const DECODE_ATTENTION: &str = "op_attention_decode";
-
-/// A measuring knob that is 0 or 1: `default` where `name` is unset, and where it holds
-/// anything else (said on stderr).
-fn env_switch(name: &str, default: bool) -> bool {
-    match std::env::var(name) {
-        Ok(v) if v == "1" => true,
-        Ok(v) if v == "0" => false,
-        Ok(v) => {
-            eprintln!(
-                "warning: {name}={v} is neither 0 nor 1: using {}",
-                u8::from(default)
-            );
-            default
-        }
-        Err(_) => default,
-    }
-}
 
 /// Attention splits for `s` tokens over `n_ctx` positions and the most positions each takes:
 /// decode splits long contexts into up to 128 chunks of at least 64 positions (flash-decoding:
